@@ -1,0 +1,422 @@
+//! One core: its run queue, its reactor, its timers, its mesh rings, and the loop that drives
+//! them. A `Core` lives on one thread and is reached through a thread-local pointer while that
+//! thread runs it; `CoreShared` is the part other threads may touch (inbox, sleep flag, doorbell).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use crate::driver::Driver;
+use crate::mesh::Mesh;
+use crate::poller::Poller;
+use crate::stats::{bump, Stats};
+use crate::task::raw::{Header, RawJoin, RawTask, CANCELLED, COMPLETE};
+use crate::task::{JoinError, JoinHandle};
+use crate::time::Timers;
+use crate::wake::{Doorbell, WakeState};
+
+/// What other threads hand a core.
+pub(crate) enum InboxItem {
+    /// A task of this core woken from another thread.
+    Task(RawTask),
+}
+
+// SAFETY: a RawTask only ever travels to its owner core, which is the only thread that touches
+// anything but its atomic state.
+unsafe impl Send for InboxItem {}
+
+/// The core's doorbell: an eventfd the reactor keeps a read (io_uring) or interest (epoll) on.
+pub(crate) struct EventFd(pub(crate) OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> std::io::Result<EventFd> {
+        // SAFETY: plain syscall; the fd is owned from here on.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh, valid descriptor we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+}
+
+impl Doorbell for EventFd {
+    fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd; EAGAIN (counter saturated) still
+        // leaves the fd readable, which is all the sleeper needs.
+        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+}
+
+pub(crate) struct CoreShared {
+    pub(crate) index: usize,
+    pub(crate) wake: WakeState<InboxItem, EventFd>,
+    pub(crate) stop: AtomicBool,
+}
+
+impl CoreShared {
+    pub(crate) fn new(index: usize) -> std::io::Result<Arc<Self>> {
+        Ok(Arc::new(CoreShared { index, wake: WakeState::new(EventFd::new()?), stop: AtomicBool::new(false) }))
+    }
+
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.doorbell.ring();
+    }
+}
+
+impl Drop for CoreShared {
+    fn drop(&mut self) {
+        // Tasks still referenced from the inbox are only freed here; their futures were dropped
+        // by the core's shutdown.
+        let mut v = Vec::new();
+        self.wake.drain_into(&mut v);
+    }
+}
+
+pub(crate) struct CoreConfig {
+    pub(crate) budget: usize,
+    pub(crate) idle_spin: Duration,
+}
+
+pub(crate) struct Core {
+    pub(crate) shared: Arc<CoreShared>,
+    pub(crate) cpu: Option<usize>,
+    run_queue: RefCell<VecDeque<RawTask>>,
+    tasks_head: Cell<Option<NonNull<Header>>>,
+    pub(crate) driver: Driver,
+    pub(crate) timers: Timers,
+    pollers: RefCell<Vec<Box<dyn Poller>>>,
+    pub(crate) mesh: Mesh,
+    pub(crate) stats: Stats,
+    config: CoreConfig,
+    inbox_spare: RefCell<Vec<InboxItem>>,
+}
+
+thread_local! {
+    static CURRENT: Cell<*const Core> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with this thread's core. Panics outside a barewire core, like tokio's `spawn`
+/// outside a runtime: that is a programming error, not a runtime condition.
+pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> R {
+    try_with_core(f).expect("not inside a barewire runtime: call this from Runtime::block_on or a task it spawned")
+}
+
+/// Like `with_core`, or `None` when the thread runs no core.
+pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
+    let ptr = CURRENT.with(|c| c.get());
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: CURRENT is set only by `Core::enter`, whose guard clears it before the Core can be
+    // dropped or moved; the Core is only used from this thread.
+    Some(f(unsafe { &*ptr }))
+}
+
+/// Puts a woken task on its owner's queue: the local run queue on the owner's thread, the
+/// owner's inbox otherwise.
+pub(crate) fn schedule_task(task: RawTask) {
+    let owner = &task.header().owner;
+    let local = try_with_core(|c| {
+        if Arc::ptr_eq(&c.shared, owner) {
+            Some(c.run_queue.borrow_mut().push_back(task.clone()))
+        } else {
+            None
+        }
+    })
+    .flatten();
+    if local.is_none() {
+        let owner = task.header().owner.clone();
+        owner.wake.push(InboxItem::Task(task));
+    }
+}
+
+/// Spawns a `!Send` future on the current core.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let data = std::rc::Rc::new(5); // !Send is fine: the task never leaves this core
+///     let d = data.clone();
+///     let h = barewire_engine::spawn_local(async move { *d * 2 });
+///     assert_eq!(h.await.unwrap(), 10);
+/// });
+/// ```
+pub fn spawn_local<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    with_core(|core| core.spawn(future))
+}
+
+struct MainWaker {
+    woken: AtomicBool,
+    shared: Arc<CoreShared>,
+}
+
+impl Wake for MainWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+        self.shared.wake.notify();
+    }
+}
+
+/// Clears CURRENT when the loop exits, even by unwinding.
+struct EnterGuard(*const Core);
+
+impl Drop for EnterGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
+
+impl Core {
+    pub(crate) fn new(shared: Arc<CoreShared>, cpu: Option<usize>, driver: Driver, mesh: Mesh, config: CoreConfig) -> Core {
+        Core {
+            shared,
+            cpu,
+            run_queue: RefCell::new(VecDeque::with_capacity(256)),
+            tasks_head: Cell::new(None),
+            driver,
+            timers: Timers::default(),
+            pollers: RefCell::new(Vec::new()),
+            mesh,
+            stats: Stats::default(),
+            config,
+            inbox_spare: RefCell::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn index(&self) -> usize {
+        self.shared.index
+    }
+
+    fn enter(&self) -> EnterGuard {
+        let prev = CURRENT.with(|c| c.replace(self as *const Core));
+        assert!(prev.is_null() || prev == self as *const Core, "block_on called from inside a barewire runtime");
+        EnterGuard(prev)
+    }
+
+    pub(crate) fn spawn<F>(&self, future: F) -> JoinHandle<F::Output>
+    where
+        F: Future + 'static,
+        F::Output: 'static,
+    {
+        let ptr = RawTask::allocate(future, self.shared.clone());
+        bump(&self.stats.tasks_spawned);
+        // SAFETY: allocate handed out three references: list, JoinHandle, run queue.
+        unsafe {
+            self.link(ptr);
+            self.run_queue.borrow_mut().push_back(RawTask::from_raw(ptr));
+            JoinHandle::local(RawJoin::new(ptr))
+        }
+    }
+
+    pub(crate) fn register_poller(&self, p: Box<dyn Poller>) {
+        self.pollers.borrow_mut().push(p);
+    }
+
+    /// # Safety
+    /// `ptr` is a live task of this core; the list takes over one reference.
+    unsafe fn link(&self, ptr: NonNull<Header>) {
+        // SAFETY: owner thread; list links are only touched here.
+        let h = unsafe { ptr.as_ref() };
+        h.next.set(self.tasks_head.get());
+        if let Some(old) = self.tasks_head.get() {
+            // SAFETY: the old head is alive (the list holds a reference to it).
+            unsafe { old.as_ref() }.prev.set(Some(ptr));
+        }
+        self.tasks_head.set(Some(ptr));
+    }
+
+    /// Removes a task from the list and returns the list's reference.
+    fn unlink(&self, h: &Header) -> RawTask {
+        let (prev, next) = (h.prev.take(), h.next.take());
+        match prev {
+            // SAFETY: list neighbours are alive (the list holds references to them).
+            Some(p) => unsafe { p.as_ref() }.next.set(next),
+            None => self.tasks_head.set(next),
+        }
+        if let Some(n) = next {
+            // SAFETY: as above.
+            unsafe { n.as_ref() }.prev.set(prev);
+        }
+        // SAFETY: the list held one reference, handed over here.
+        unsafe { RawTask::from_raw(NonNull::from(h)) }
+    }
+
+    /// Runs up to `budget` tasks. Returns how many ran.
+    fn run_tasks(&self) -> usize {
+        let mut ran = 0;
+        while ran < self.config.budget {
+            let Some(task) = self.run_queue.borrow_mut().pop_front() else { break };
+            let prev = task.clear_scheduled();
+            if prev & COMPLETE != 0 {
+                continue;
+            }
+            ran += 1;
+            bump(&self.stats.tasks_polled);
+            let done = if prev & CANCELLED != 0 {
+                task.abort(JoinError::Cancelled);
+                true
+            } else {
+                task.poll()
+            };
+            if done {
+                task.complete();
+                drop(self.unlink(task.header()));
+            }
+        }
+        ran
+    }
+
+    fn drain_inbox(&self) -> bool {
+        let mut items = std::mem::take(&mut *self.inbox_spare.borrow_mut());
+        self.shared.wake.drain_into(&mut items);
+        let any = !items.is_empty();
+        for item in items.drain(..) {
+            let InboxItem::Task(t) = item;
+            self.run_queue.borrow_mut().push_back(t);
+        }
+        *self.inbox_spare.borrow_mut() = items;
+        any
+    }
+
+    /// One pass over every completion source. True if any made progress.
+    fn poll_sources(&self) -> bool {
+        bump(&self.stats.poller_passes);
+        let mut did = self.drain_inbox();
+        did |= self.mesh.receive(&self.stats) > 0;
+        did |= self.timers.fire(Instant::now());
+        did |= self.driver.poll(&self.stats);
+        did |= self.poll_user_pollers();
+        did |= self.mesh.flush();
+        did
+    }
+
+    fn poll_user_pollers(&self) -> bool {
+        // Taken out while polled, so a poller may register another one.
+        let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
+        let mut did = false;
+        for p in pollers.iter_mut() {
+            did |= p.poll();
+        }
+        let mut slot = self.pollers.borrow_mut();
+        pollers.append(&mut slot);
+        *slot = pollers;
+        did
+    }
+
+    fn pure_poll(&self) -> bool {
+        !self.run_queue.borrow().is_empty()
+            || self.shared.wake.has_pending()
+            || self.mesh.has_pending()
+            || self.mesh.has_backlog()
+            || self.timers.pure_poll(Instant::now())
+            || self.driver.pure_poll()
+            || self.pollers.borrow_mut().iter_mut().any(|p| p.pure_poll())
+    }
+
+    /// Sleeps in the reactor unless something is pending. See `wake.rs` for the handshake.
+    fn sleep(&self, main_woken: &AtomicBool) {
+        self.shared.wake.prepare_sleep();
+        let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
+        let mut entered = 0;
+        let mut ok = true;
+        for p in pollers.iter_mut() {
+            if !p.try_enter_interrupt_mode() {
+                ok = false;
+                break;
+            }
+            entered += 1;
+        }
+        if ok && !self.pure_poll() && !main_woken.load(Ordering::Acquire) && !self.shared.stop.load(Ordering::SeqCst) {
+            let timeout = self.timers.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+            bump(&self.stats.sleeps);
+            self.driver.park(timeout, &self.stats);
+        }
+        self.shared.wake.cancel_sleep();
+        for p in pollers.iter_mut().take(entered) {
+            p.exit_interrupt_mode();
+        }
+        let mut slot = self.pollers.borrow_mut();
+        pollers.append(&mut slot);
+        *slot = pollers;
+    }
+
+    /// Drives the loop until `main` completes, or (with no main) until a stop is requested.
+    pub(crate) fn run<F: Future>(&self, mut main: Option<Pin<&mut F>>) -> Option<F::Output> {
+        let _guard = self.enter();
+        let main_waker = Arc::new(MainWaker { woken: AtomicBool::new(true), shared: self.shared.clone() });
+        let waker = Waker::from(main_waker.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            if let Some(fut) = main.as_mut() {
+                if main_waker.woken.swap(false, Ordering::AcqRel) {
+                    if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                        self.mesh.flush();
+                        return Some(v);
+                    }
+                }
+            } else if self.shared.stop.load(Ordering::Acquire) {
+                return None;
+            }
+            let ran = self.run_tasks();
+            let did = self.poll_sources();
+            if ran > 0 || did || main_waker.woken.load(Ordering::Acquire) {
+                idle_since = None;
+                continue;
+            }
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if now.duration_since(since) < self.config.idle_spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.sleep(&main_waker.woken);
+            idle_since = None;
+        }
+    }
+
+    /// Drops every task (on this thread, where their `!Send` state belongs), then waits for the
+    /// kernel to hand back every buffer of an operation still in flight.
+    pub(crate) fn shutdown(&self) {
+        let _guard = self.enter();
+        loop {
+            // Dropping futures may wake or spawn others; repeat until nothing is left.
+            self.drain_inbox();
+            let mut progressed = false;
+            while let Some(head) = self.tasks_head.get() {
+                // SAFETY: the head is alive (the list holds a reference).
+                let task = self.unlink(unsafe { head.as_ref() });
+                task.abort(JoinError::Cancelled);
+                task.complete();
+                progressed = true;
+            }
+            let queued: Vec<RawTask> = self.run_queue.borrow_mut().drain(..).collect();
+            progressed |= !queued.is_empty();
+            drop(queued);
+            progressed |= self.mesh.receive(&self.stats) > 0;
+            if !progressed {
+                break;
+            }
+        }
+        self.pollers.borrow_mut().clear();
+        self.driver.drain(&self.stats);
+        self.mesh.flush();
+    }
+}

@@ -1,0 +1,337 @@
+//! The io_uring reactor.
+//!
+//! Setup flags are probed, strongest first, because each needs a newer kernel and some
+//! container runtimes refuse some of them:
+//! - `IORING_SETUP_SINGLE_ISSUER` (6.0): only this core's thread submits, so the kernel skips
+//!   its submission locking. True by construction: each core builds its own ring.
+//! - `IORING_SETUP_DEFER_TASKRUN` (6.1): completions are run only when we enter the kernel to
+//!   reap, never by interrupting the thread mid-task. With `IORING_SETUP_TASKRUN_FLAG` the kernel
+//!   tells us through `IORING_SQ_TASKRUN` when such work waits, so an idle pass costs no syscall.
+//! - `IORING_SETUP_COOP_TASKRUN` (5.19): the fallback that also avoids interrupting IPIs.
+//!
+//! See io_uring_setup(2) and io_uring_enter(2).
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use slab::Slab;
+
+use super::lifecycle::{Lifecycle, OpState, OrphanFn};
+use crate::stats::Stats;
+
+/// user_data of the always-armed read on the core's wake eventfd.
+const WAKE_TOKEN: u64 = u64::MAX;
+/// user_data of internal operations whose completion is ignored (cancels, park timeouts).
+const IGNORE_TOKEN: u64 = u64::MAX - 1;
+
+/// Which setup flags the kernel accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UringFlags {
+    /// SINGLE_ISSUER + DEFER_TASKRUN + TASKRUN_FLAG.
+    DeferTaskrun,
+    /// SINGLE_ISSUER + COOP_TASKRUN + TASKRUN_FLAG.
+    CoopTaskrun,
+    /// No optional flags.
+    Plain,
+}
+
+pub(crate) struct Uring {
+    ring: RefCell<IoUring>,
+    ops: RefCell<Slab<OpState>>,
+    wake_fd: RawFd,
+    wake_buf: Box<Cell<u64>>,
+    wake_armed: Cell<bool>,
+    pub(crate) flags: UringFlags,
+    ext_arg: bool,
+    reaped: RefCell<Vec<(u64, i32, u32)>>,
+    park_ts: Box<std::cell::UnsafeCell<types::Timespec>>,
+}
+
+impl Uring {
+    pub(crate) fn new(entries: u32, wake_fd: RawFd) -> io::Result<Uring> {
+        let attempts: [(UringFlags, fn(&mut io_uring::Builder)); 3] = [
+            (UringFlags::DeferTaskrun, |b| {
+                b.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
+            }),
+            (UringFlags::CoopTaskrun, |b| {
+                b.setup_single_issuer().setup_coop_taskrun().setup_taskrun_flag();
+            }),
+            (UringFlags::Plain, |_| {}),
+        ];
+        let mut last_err = None;
+        for (flags, apply) in attempts {
+            let mut builder = IoUring::builder();
+            apply(&mut builder);
+            builder.setup_cqsize(entries.saturating_mul(4));
+            match builder.build(entries) {
+                Ok(ring) => {
+                    let ext_arg = ring.params().is_feature_ext_arg();
+                    let u = Uring {
+                        ring: RefCell::new(ring),
+                        ops: RefCell::new(Slab::with_capacity(entries as usize)),
+                        wake_fd,
+                        wake_buf: Box::new(Cell::new(0)),
+                        wake_armed: Cell::new(false),
+                        flags,
+                        ext_arg,
+                        reaped: RefCell::new(Vec::with_capacity(64)),
+                        park_ts: Box::new(std::cell::UnsafeCell::new(types::Timespec::new())),
+                    };
+                    return Ok(u);
+                }
+                // EINVAL: the kernel does not know a flag; try the next set. Anything else
+                // (ENOSYS, EPERM from seccomp or kernel.io_uring_disabled) ends the probe.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| io::Error::other("io_uring setup failed")))
+    }
+
+    /// Queues an SQE; submits first if the submission queue is full.
+    pub(crate) fn push(&self, entry: squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        loop {
+            // SAFETY: every entry built by the ops in this crate points at memory owned by the
+            // op's parked data (Lifecycle) or by the driver, which outlives the operation.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            if let Err(e) = ring.submit() {
+                if e.raw_os_error() != Some(libc::EBUSY) {
+                    panic!("io_uring submit failed with a full submission queue: {e}");
+                }
+            }
+            // EBUSY: the completion queue is backed up; reaping happens at the next poll.
+            drop(ring);
+            self.reap();
+            ring = self.ring.borrow_mut();
+        }
+    }
+
+    /// Registers a new operation and queues its SQE. Returns the slot key.
+    pub(crate) fn submit_op(&self, entry: squeue::Entry, multi: bool) -> usize {
+        let key = self.ops.borrow_mut().insert(OpState::new(multi));
+        self.push(entry.user_data(key as u64));
+        key
+    }
+
+    /// Polls a one-shot operation.
+    pub(crate) fn poll_op(&self, key: usize, cx: &mut std::task::Context<'_>) -> std::task::Poll<(i32, u32)> {
+        let mut ops = self.ops.borrow_mut();
+        let state = &mut ops[key];
+        match &mut state.life {
+            Lifecycle::Completed(res, flags) => {
+                let out = (*res, *flags);
+                ops.remove(key);
+                std::task::Poll::Ready(out)
+            }
+            Lifecycle::Waiting(w) if w.will_wake(cx.waker()) => std::task::Poll::Pending,
+            life => {
+                *life = Lifecycle::Waiting(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+
+    /// Polls a multishot operation for its next completion; `None` after the last.
+    pub(crate) fn poll_multi(&self, key: usize, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<(i32, u32)>> {
+        let mut ops = self.ops.borrow_mut();
+        let Lifecycle::Multi { queue, waker, done } = &mut ops[key].life else {
+            unreachable!("poll_multi on a one-shot operation")
+        };
+        if let Some(c) = queue.pop_front() {
+            return std::task::Poll::Ready(Some(c));
+        }
+        if *done {
+            return std::task::Poll::Ready(None);
+        }
+        *waker = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+
+    /// The future was dropped: park its data until the kernel is done, and ask for a cancel.
+    pub(crate) fn orphan(&self, key: usize, data: Box<dyn Any>, on_cqe: Option<OrphanFn>) {
+        let mut ops = self.ops.borrow_mut();
+        let state = &mut ops[key];
+        match &mut state.life {
+            Lifecycle::Completed(..) => {
+                ops.remove(key);
+                drop(ops);
+                drop(data);
+            }
+            Lifecycle::Multi { queue, done: true, .. } => {
+                let mut data = data;
+                if let Some(f) = on_cqe {
+                    for (res, flags) in queue.drain(..) {
+                        f(data.as_mut(), res, flags);
+                    }
+                }
+                ops.remove(key);
+            }
+            life => {
+                let mut data = data;
+                if let (Lifecycle::Multi { queue, .. }, Some(f)) = (&mut *life, on_cqe) {
+                    for (res, flags) in queue.drain(..) {
+                        f(data.as_mut(), res, flags);
+                    }
+                }
+                *life = Lifecycle::Ignored(data, on_cqe);
+                drop(ops);
+                self.push(opcode::AsyncCancel::new(key as u64).build().user_data(IGNORE_TOKEN));
+            }
+        }
+    }
+
+    /// True if the CQ holds completions or the kernel has deferred work for us.
+    pub(crate) fn pure_poll(&self) -> bool {
+        let mut ring = self.ring.borrow_mut();
+        !ring.completion().is_empty() || ring.submission().taskrun()
+    }
+
+    /// Submits queued SQEs and reaps completions. True if anything happened.
+    pub(crate) fn poll(&self, stats: &Stats) -> bool {
+        {
+            let mut ring = self.ring.borrow_mut();
+            let pending = ring.submission().len();
+            let taskrun = ring.submission().taskrun() || ring.submission().cq_overflow();
+            if pending > 0 || taskrun {
+                stats.ops_submitted.set(stats.ops_submitted.get() + pending as u64);
+                match ring.submit() {
+                    Ok(_) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EINTR | libc::EAGAIN)) => {}
+                    Err(e) => panic!("io_uring_enter failed: {e}"),
+                }
+            }
+        }
+        let n = self.reap();
+        stats.ops_completed.set(stats.ops_completed.get() + n as u64);
+        n > 0
+    }
+
+    /// Moves completions out of the CQ, then wakes waiters with no driver borrow held.
+    fn reap(&self) -> usize {
+        let mut reaped = self.reaped.borrow_mut();
+        {
+            let mut ring = self.ring.borrow_mut();
+            let mut cq = ring.completion();
+            cq.sync();
+            for cqe in &mut cq {
+                reaped.push((cqe.user_data(), cqe.result(), cqe.flags()));
+            }
+        }
+        let n = reaped.len();
+        let mut finished: Vec<OpState> = Vec::new();
+        for (user_data, res, flags) in reaped.drain(..) {
+            match user_data {
+                WAKE_TOKEN => self.wake_armed.set(false),
+                IGNORE_TOKEN => {}
+                key => {
+                    let key = key as usize;
+                    let (waker, done) = {
+                        let mut ops = self.ops.borrow_mut();
+                        match ops.get_mut(key) {
+                            Some(state) => state.complete(res, flags),
+                            None => (None, false),
+                        }
+                    };
+                    if done {
+                        // Dropped outside the borrow: parked data may run arbitrary destructors.
+                        finished.push(self.ops.borrow_mut().remove(key));
+                    }
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                }
+            }
+        }
+        drop(reaped);
+        drop(finished);
+        n
+    }
+
+    fn arm_wake_read(&self) {
+        if self.wake_armed.replace(true) {
+            return;
+        }
+        let entry = opcode::Read::new(types::Fd(self.wake_fd), self.wake_buf.as_ptr() as *mut u8, 8)
+            .build()
+            .user_data(WAKE_TOKEN);
+        self.push(entry);
+    }
+
+    /// Sleeps until a completion, the wake eventfd, or `timeout`.
+    pub(crate) fn park(&self, timeout: Option<Duration>) {
+        self.arm_wake_read();
+        let ring = self.ring.borrow();
+        let res = match timeout {
+            None => ring.submit_and_wait(1),
+            Some(t) if self.ext_arg => {
+                let ts = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                ring.submitter().submit_with_args(1, &args)
+            }
+            Some(t) => {
+                drop(ring);
+                // Kernels before 5.11 lack EXT_ARG: a timeout SQE bounds the wait instead.
+                // The kernel copies the timespec when it prepares the SQE, so one slot owned by
+                // the driver serves every park.
+                let ts_ptr = self.park_ts.get();
+                // SAFETY: the driver is single-threaded and nothing else references park_ts.
+                unsafe { *ts_ptr = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos()) };
+                self.push(opcode::Timeout::new(ts_ptr).build().user_data(IGNORE_TOKEN));
+                let ring = self.ring.borrow();
+                ring.submit_and_wait(1)
+            }
+        };
+        match res {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e) => panic!("io_uring_enter (wait) failed: {e}"),
+        }
+    }
+
+    /// Number of operations the kernel still owns.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.ops.borrow().len()
+    }
+
+    /// Cancels everything and waits (bounded) for the kernel to give every buffer back. What it
+    /// still holds after the bound is leaked rather than freed under the kernel's feet.
+    pub(crate) fn drain(&self, stats: &Stats) {
+        let keys: Vec<usize> = self.ops.borrow().iter().map(|(k, _)| k).collect();
+        for key in keys {
+            self.push(opcode::AsyncCancel::new(key as u64).build().user_data(IGNORE_TOKEN));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while self.in_flight() > 0 && std::time::Instant::now() < deadline {
+            self.poll(stats);
+            if self.in_flight() > 0 {
+                self.park(Some(Duration::from_millis(10)));
+            }
+        }
+        if self.in_flight() > 0 {
+            let ops = std::mem::take(&mut *self.ops.borrow_mut());
+            std::mem::forget(ops);
+        }
+    }
+
+    /// Raw access for registration calls (buffers, buffer rings).
+    pub(crate) fn with_submitter<R>(&self, f: impl FnOnce(&io_uring::Submitter<'_>) -> R) -> R {
+        let ring = self.ring.borrow();
+        f(&ring.submitter())
+    }
+}
+
+impl Drop for Uring {
+    fn drop(&mut self) {
+        if self.wake_armed.get() {
+            // The eventfd read may still reference wake_buf: it is cheap to leak.
+            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new(Cell::new(0))));
+        }
+    }
+}

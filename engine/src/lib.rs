@@ -1,0 +1,60 @@
+//! barewire-engine: a thread-per-core, run-to-completion runtime.
+//!
+//! One executor per core, pinned; tasks are `!Send` and stay on their core. Each core's loop
+//! runs ready tasks up to a budget, then polls every [`Poller`]: the io_uring (or epoll)
+//! reactor, timers, the cross-core mesh, and whatever other crates register (the RDMA drivers
+//! register their completion queues). When nothing is ready it spins for a configurable time,
+//! then sleeps in the reactor until an fd, a timer or a cross-core wake.
+//!
+//! ```
+//! use barewire_engine::{Runtime, spawn_local, net::{TcpListener, TcpStream}};
+//!
+//! let rt = Runtime::builder().cores(1).pin(false).build().unwrap();
+//! rt.block_on(async {
+//!     let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+//!     let addr = listener.local_addr().unwrap();
+//!     let server = spawn_local(async move {
+//!         let (stream, _) = listener.accept().await.unwrap();
+//!         let (n, buf) = stream.read(vec![0u8; 64]).await;
+//!         let (_, _) = stream.write_all(buf[..n.unwrap()].to_vec()).await;
+//!     });
+//!     let client = TcpStream::connect(addr).await.unwrap();
+//!     let (r, _) = client.write_all(b"hello".to_vec()).await;
+//!     r.unwrap();
+//!     let (n, buf) = client.read(vec![0u8; 64]).await;
+//!     assert_eq!(&buf[..n.unwrap()], b"hello");
+//!     server.await.unwrap();
+//! });
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod buf;
+mod core;
+mod driver;
+mod error;
+mod mesh;
+pub mod net;
+mod op;
+mod poller;
+pub mod pool;
+mod runtime;
+mod shim;
+mod spsc;
+mod stats;
+pub mod sync;
+mod task;
+pub mod time;
+mod wake;
+pub mod fs;
+
+pub use crate::core::spawn_local;
+pub use driver::{Reactor, ReactorKind, UringFlags};
+pub use error::Error;
+pub use op::poll_fd::{poll_readable, poll_writable};
+pub use poller::Poller;
+pub use runtime::{
+    current_core, current_cpu, num_cores, reactor, register_poller, spawn_on, stats, yield_now, Builder, Runtime,
+};
+pub use stats::CoreStats;
+pub use task::{task_overhead_bytes, JoinError, JoinHandle};

@@ -1,0 +1,9 @@
+//! TCP with owned-buffer I/O. Both types set `TCP_NODELAY` by default: this is a latency engine,
+//! and Nagle's algorithm would hold back small messages for up to 40 ms.
+
+pub(crate) mod addr;
+mod tcp_listener;
+mod tcp_stream;
+
+pub use tcp_listener::{Incoming, TcpListener};
+pub use tcp_stream::TcpStream;

@@ -1,0 +1,76 @@
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use super::TcpStream;
+use crate::net::addr::socket_addr;
+use crate::op::accept::{self, Incoming as RawIncoming};
+use crate::op::SharedFd;
+
+/// A listening TCP socket.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::net::{TcpListener, TcpStream};
+/// rt.block_on(async {
+///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+///     let addr = l.local_addr().unwrap();
+///     let mut incoming = l.incoming(); // one multishot accept on io_uring
+///     let _c1 = TcpStream::connect(addr).await.unwrap();
+///     let _c2 = TcpStream::connect(addr).await.unwrap();
+///     let s1 = incoming.next().await.unwrap();
+///     let s2 = incoming.next().await.unwrap();
+///     assert_ne!(s1.peer_addr().unwrap(), s2.peer_addr().unwrap());
+/// });
+/// ```
+pub struct TcpListener {
+    fd: SharedFd,
+}
+
+impl TcpListener {
+    /// Binds and listens (backlog 1024, `SO_REUSEADDR` as std sets it).
+    pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        let l = std::net::TcpListener::bind(addr)?;
+        l.set_nonblocking(true)?;
+        let fd = OwnedFd::from(l);
+        // SAFETY: plain syscall on a listening socket we own; raises std's backlog of 128.
+        unsafe { libc::listen(fd.as_raw_fd(), 1024) };
+        Ok(TcpListener { fd: SharedFd::new(fd) })
+    }
+
+    /// Accepts one connection.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let (fd, addr) = accept::accept(&self.fd).await?;
+        Ok((TcpStream::from_owned(fd)?, addr))
+    }
+
+    /// A stream of connections: on io_uring one multishot accept serves them all.
+    pub fn incoming(&self) -> Incoming<'_> {
+        Incoming { listener: self, raw: RawIncoming::new() }
+    }
+
+    /// The bound address (useful after binding port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        socket_addr(self.fd.raw(), false)
+    }
+}
+
+impl AsRawFd for TcpListener {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.raw()
+    }
+}
+
+/// See [`TcpListener::incoming`].
+pub struct Incoming<'a> {
+    listener: &'a TcpListener,
+    raw: RawIncoming,
+}
+
+impl Incoming<'_> {
+    /// The next accepted connection.
+    pub async fn next(&mut self) -> io::Result<TcpStream> {
+        let (fd, _) = self.raw.next(&self.listener.fd).await?;
+        TcpStream::from_owned(fd)
+    }
+}

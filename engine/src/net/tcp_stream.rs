@@ -1,0 +1,176 @@
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use crate::buf::{BufResult, BufRing, IoBuf, IoBufMut, ProvidedBuf};
+use crate::net::addr::socket_addr;
+use crate::op::{self, SharedFd};
+
+/// A TCP connection owned by one core.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::net::{TcpListener, TcpStream};
+/// rt.block_on(async {
+///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+///     let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+///     let (s, _) = l.accept().await.unwrap();
+///     // A header and a payload from separate buffers, one syscall.
+///     let (r, _) = c.writev(vec![b"head:".to_vec(), b"body".to_vec()]).await;
+///     assert_eq!(r.unwrap(), 9);
+///     let (r, buf) = s.read_exact(vec![0u8; 9]).await;
+///     r.unwrap();
+///     assert_eq!(&buf, b"head:body");
+/// });
+/// ```
+pub struct TcpStream {
+    fd: SharedFd,
+}
+
+impl TcpStream {
+    pub(crate) fn from_owned(fd: OwnedFd) -> io::Result<TcpStream> {
+        let s = TcpStream { fd: SharedFd::new(fd) };
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    /// Connects to `addr`.
+    pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        let fd = op::connect::socket(&addr)?;
+        let shared = SharedFd::new(fd);
+        op::connect::connect(&shared, addr).await?;
+        let s = TcpStream { fd: shared };
+        s.set_nodelay(true)?;
+        Ok(s)
+    }
+
+    /// Adopts a std stream (switched to non-blocking).
+    pub fn from_std(s: std::net::TcpStream) -> io::Result<TcpStream> {
+        s.set_nonblocking(true)?;
+        TcpStream::from_owned(OwnedFd::from(s))
+    }
+
+    /// Reads once into `buf` (from its start, up to its capacity). `Ok(0)` is end of stream.
+    pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
+        op::recv::recv(&self.fd, buf).await
+    }
+
+    /// Reads until `buf` is full (`bytes_total` bytes); end of stream first is `UnexpectedEof`.
+    pub async fn read_exact(&self, mut buf: Vec<u8>) -> BufResult<(), Vec<u8>> {
+        let want = buf.len().max(buf.capacity());
+        buf.clear();
+        while buf.len() < want {
+            let rest = Vec::with_capacity(want - buf.len());
+            let (r, rest) = self.read(rest).await;
+            match r {
+                Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), buf),
+                Ok(_) => buf.extend_from_slice(&rest),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Reads once into a buffer the kernel picks from `ring` (a provided-buffer ring). An empty
+    /// buffer means end of stream.
+    pub async fn recv_provided(&self, ring: &BufRing) -> io::Result<ProvidedBuf> {
+        op::recv_provided::recv_provided(&self.fd, ring).await
+    }
+
+    /// Writes once; it may write less than the whole buffer.
+    pub async fn write<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        op::send::send(&self.fd, buf, 0).await
+    }
+
+    /// Writes the whole buffer.
+    pub async fn write_all<B: IoBuf>(&self, mut buf: B) -> BufResult<(), B> {
+        let total = buf.bytes_init();
+        let mut done = 0;
+        while done < total {
+            let (r, b) = op::send::send(&self.fd, buf, done).await;
+            buf = b;
+            match r {
+                Ok(0) => return (Err(io::ErrorKind::WriteZero.into()), buf),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Writes the buffers in order with one gather call (`sendmsg`); it may write less than all.
+    pub async fn writev<B: IoBuf>(&self, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
+        op::writev::writev(&self.fd, bufs).await
+    }
+
+    /// Zero-copy send (`IORING_OP_SEND_ZC`): the kernel sends straight from `buf`'s pages and
+    /// hands it back once the network stack has released them. Worth it for large buffers
+    /// (tens of KiB and up); for small ones the notification costs more than the copy saves.
+    pub async fn send_zc<B: IoBuf>(&self, buf: B) -> BufResult<usize, B> {
+        op::send_zc::send_zc(&self.fd, buf).await
+    }
+
+    /// Sets `TCP_NODELAY` (on by default).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        setsockopt(self.fd.raw(), libc::IPPROTO_TCP, libc::TCP_NODELAY, on as libc::c_int)
+    }
+
+    /// Reads `TCP_NODELAY`.
+    pub fn nodelay(&self) -> io::Result<bool> {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: v is a c_int buffer of len bytes.
+        let rc = unsafe { libc::getsockopt(self.fd.raw(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &mut v as *mut _ as *mut libc::c_void, &mut len) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(v != 0)
+    }
+
+    /// The local address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        socket_addr(self.fd.raw(), false)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        socket_addr(self.fd.raw(), true)
+    }
+
+    /// Shuts down one or both directions.
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let how = match how {
+            Shutdown::Read => libc::SHUT_RD,
+            Shutdown::Write => libc::SHUT_WR,
+            Shutdown::Both => libc::SHUT_RDWR,
+        };
+        // SAFETY: plain syscall on our fd.
+        if unsafe { libc::shutdown(self.fd.raw(), how) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl AsRawFd for TcpStream {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.raw()
+    }
+}
+
+pub(crate) fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: v is a c_int of the stated size.
+    let rc = unsafe { libc::setsockopt(fd, level, name, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for TcpStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpStream").field("fd", &self.fd.raw()).field("peer", &self.peer_addr().ok()).finish()
+    }
+}

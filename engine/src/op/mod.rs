@@ -1,0 +1,215 @@
+//! I/O operations, one per file: each holds the io_uring submission and completion of its
+//! opcode, and the readiness-based equivalent for the epoll reactor.
+
+pub(crate) mod accept;
+pub(crate) mod connect;
+pub(crate) mod poll_fd;
+pub(crate) mod recv;
+pub(crate) mod recv_provided;
+pub(crate) mod rw;
+pub(crate) mod send;
+pub(crate) mod send_zc;
+pub(crate) mod writev;
+
+use std::any::Any;
+use std::cell::Cell;
+use std::future::Future;
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use io_uring::squeue;
+
+use crate::core::{try_with_core, with_core};
+use crate::driver::epoll::Direction;
+use crate::driver::lifecycle::OrphanFn;
+use crate::driver::Driver;
+
+/// True when the current core runs io_uring.
+pub(crate) fn is_uring() -> bool {
+    with_core(|c| matches!(c.driver, Driver::Uring(_)))
+}
+
+fn with_uring<R>(f: impl FnOnce(&crate::driver::uring::Uring) -> R) -> R {
+    with_core(|c| match &c.driver {
+        Driver::Uring(u) => f(u),
+        Driver::Epoll(_) => unreachable!("io_uring op on an epoll core"),
+    })
+}
+
+/// A CQE result as `io::Result`.
+pub(crate) fn cvt(res: i32) -> io::Result<u32> {
+    if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else {
+        Ok(res as u32)
+    }
+}
+
+/// A syscall's return as `io::Result`.
+pub(crate) fn cvt_sys(res: isize) -> io::Result<usize> {
+    if res < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(res as usize)
+    }
+}
+
+/// A one-shot io_uring operation that owns `T` (its buffers, its sockaddr) until the kernel is
+/// done. `!Send`: it belongs to the core whose ring it was submitted to.
+pub(crate) struct Op<T: 'static> {
+    key: usize,
+    data: Option<T>,
+    orphan: Option<OrphanFn>,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<T: 'static> Op<T> {
+    /// Builds the SQE from the data at its final heap address and submits it.
+    pub(crate) fn submit(mut data: T, build: impl FnOnce(&mut T) -> squeue::Entry) -> Op<T> {
+        let entry = build(&mut data);
+        let key = with_uring(|u| u.submit_op(entry, false));
+        Op { key, data: Some(data), orphan: None, _not_send: PhantomData }
+    }
+
+    /// What to do with completions that arrive after the future was dropped.
+    pub(crate) fn on_orphan(mut self, f: OrphanFn) -> Self {
+        self.orphan = Some(f);
+        self
+    }
+}
+
+impl<T: 'static> Future for Op<T> {
+    /// (result, CQE flags, the data back).
+    type Output = (i32, u32, T);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let (res, flags) = std::task::ready!(with_uring(|u| u.poll_op(this.key, cx)));
+        Poll::Ready((res, flags, this.data.take().expect("Op polled after completion")))
+    }
+}
+
+impl<T: 'static> Unpin for Op<T> {}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        let Some(data) = self.data.take() else { return };
+        let parked = try_with_core(|c| match &c.driver {
+            Driver::Uring(u) => {
+                u.orphan(self.key, Box::new(data) as Box<dyn Any>, self.orphan);
+                true
+            }
+            Driver::Epoll(_) => unreachable!(),
+        });
+        if parked.is_none() {
+            // No core on this thread any more: nobody can tell when the kernel is done with the
+            // memory, so it is leaked rather than freed.
+            std::mem::forget(self.data.take());
+        }
+    }
+}
+
+/// A multishot io_uring operation: a stream of completions.
+pub(crate) struct MultiOp {
+    key: usize,
+    orphan: Option<OrphanFn>,
+    finished: bool,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl MultiOp {
+    pub(crate) fn submit(entry: squeue::Entry, orphan: Option<OrphanFn>) -> MultiOp {
+        let key = with_uring(|u| u.submit_op(entry, true));
+        MultiOp { key, orphan, finished: false, _not_send: PhantomData }
+    }
+
+    pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(i32, u32)>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        let r = std::task::ready!(with_uring(|u| u.poll_multi(self.key, cx)));
+        if r.is_none() {
+            self.finished = true;
+        }
+        Poll::Ready(r)
+    }
+}
+
+impl Drop for MultiOp {
+    fn drop(&mut self) {
+        let key = self.key;
+        let orphan = self.orphan;
+        try_with_core(|c| {
+            if let Driver::Uring(u) = &c.driver {
+                u.orphan(key, Box::new(()), orphan);
+            }
+        });
+    }
+}
+
+/// An owned fd plus, on epoll cores, its registration (made on first wait).
+pub(crate) struct SharedFd {
+    fd: OwnedFd,
+    epoll_key: Cell<Option<usize>>,
+}
+
+impl SharedFd {
+    pub(crate) fn new(fd: OwnedFd) -> Self {
+        SharedFd { fd, epoll_key: Cell::new(None) }
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn key(&self) -> io::Result<usize> {
+        if let Some(k) = self.epoll_key.get() {
+            return Ok(k);
+        }
+        let k = with_core(|c| match &c.driver {
+            Driver::Epoll(e) => e.register(self.raw()),
+            Driver::Uring(_) => unreachable!("epoll registration on an io_uring core"),
+        })?;
+        self.epoll_key.set(Some(k));
+        Ok(k)
+    }
+
+    /// epoll: runs `f` until it stops saying `WouldBlock`, waiting for readiness in between.
+    pub(crate) async fn retry<R>(&self, dir: Direction, mut f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
+        loop {
+            match f() {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let key = self.key()?;
+                    with_core(|c| match &c.driver {
+                        Driver::Epoll(e) => e.clear(key, dir),
+                        Driver::Uring(_) => unreachable!(),
+                    });
+                    std::future::poll_fn(|cx| {
+                        with_core(|c| match &c.driver {
+                            Driver::Epoll(e) => e.poll_ready(key, dir, cx),
+                            Driver::Uring(_) => unreachable!(),
+                        })
+                    })
+                    .await;
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Drop for SharedFd {
+    fn drop(&mut self) {
+        if let Some(key) = self.epoll_key.get() {
+            let fd = self.raw();
+            try_with_core(|c| {
+                if let Driver::Epoll(e) = &c.driver {
+                    e.deregister(fd, key);
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! recv into a buffer the kernel picks from a provided-buffer ring (`IORING_REGISTER_PBUF_RING`,
+//! 5.19, and `IOSQE_BUFFER_SELECT`). A core with many idle connections then needs buffers only
+//! for the data that actually arrives, not one per pending recv.
+//!
+//! On epoll cores the same ring is a free list and `recv(2)` fills the buffer it hands out.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use io_uring::types::BufRingEntry;
+use io_uring::{opcode, squeue, types};
+
+use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
+use crate::core::{try_with_core, with_core};
+use crate::driver::epoll::Direction;
+use crate::driver::Driver;
+
+/// `IORING_CQE_F_BUFFER`: the upper 16 bits of the CQE flags name the buffer used.
+const CQE_F_BUFFER: u32 = 1 << 0;
+const CQE_BUFFER_SHIFT: u32 = 16;
+
+thread_local! {
+    static NEXT_BGID: Cell<u16> = const { Cell::new(0) };
+}
+
+struct Inner {
+    bgid: u16,
+    mask: u16,
+    buf_size: usize,
+    /// The ring of `BufRingEntry`, page-aligned as the kernel requires.
+    ring: *mut BufRingEntry,
+    ring_layout: std::alloc::Layout,
+    mem: Box<[u8]>,
+    tail: Cell<u16>,
+    uring: bool,
+    free: RefCell<Vec<u16>>,
+}
+
+/// A ring of equal-sized receive buffers shared by every `recv_provided` on one core.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::{buf::BufRing, net::{TcpListener, TcpStream}};
+/// rt.block_on(async {
+///     let ring = BufRing::new(16, 4096).unwrap();
+///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+///     let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+///     let (s, _) = l.accept().await.unwrap();
+///     c.write_all(b"ping".to_vec()).await.0.unwrap();
+///     let got = s.recv_provided(&ring).await.unwrap();
+///     assert_eq!(&*got, b"ping"); // the buffer goes back to the ring when `got` drops
+/// });
+/// ```
+#[derive(Clone)]
+pub struct BufRing {
+    inner: Rc<Inner>,
+}
+
+impl BufRing {
+    /// `entries` buffers (a power of two, at most 32768) of `buf_size` bytes each.
+    pub fn new(entries: u16, buf_size: usize) -> io::Result<BufRing> {
+        if entries == 0 || !entries.is_power_of_two() || entries > 32768 || buf_size == 0 || buf_size > u32::MAX as usize {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "BufRing needs a power-of-two entry count (1..=32768) and a non-zero buffer size"));
+        }
+        let uring = is_uring();
+        let bgid = NEXT_BGID.with(|n| {
+            let id = n.get();
+            n.set(id.wrapping_add(1));
+            id
+        });
+        let ring_layout = std::alloc::Layout::from_size_align(entries as usize * std::mem::size_of::<BufRingEntry>(), 4096)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: non-zero size layout.
+        let ring = unsafe { std::alloc::alloc_zeroed(ring_layout) } as *mut BufRingEntry;
+        if ring.is_null() {
+            return Err(io::ErrorKind::OutOfMemory.into());
+        }
+        let mem = vec![0u8; entries as usize * buf_size].into_boxed_slice();
+        let inner = Rc::new(Inner {
+            bgid,
+            mask: entries - 1,
+            buf_size,
+            ring,
+            ring_layout,
+            mem,
+            tail: Cell::new(0),
+            uring,
+            free: RefCell::new(Vec::new()),
+        });
+        if uring {
+            let res = with_core(|c| match &c.driver {
+                // SAFETY: the ring memory stays allocated until Inner's Drop unregisters it.
+                Driver::Uring(u) => u.with_submitter(|s| unsafe { s.register_buf_ring_with_flags(ring as u64, entries, bgid, 0) }),
+                Driver::Epoll(_) => unreachable!(),
+            });
+            if let Err(e) = res {
+                // Not registered: don't unregister on drop.
+                let inner = Rc::into_inner(inner).expect("sole owner");
+                let mut inner = inner;
+                inner.uring = false;
+                drop(inner);
+                return Err(e);
+            }
+        }
+        for bid in 0..entries {
+            inner.recycle(bid);
+        }
+        Ok(BufRing { inner })
+    }
+
+    /// Size of each buffer.
+    pub fn buf_size(&self) -> usize {
+        self.inner.buf_size
+    }
+}
+
+impl Inner {
+    fn buf_ptr(&self, bid: u16) -> *mut u8 {
+        self.mem.as_ptr().wrapping_add(bid as usize * self.buf_size) as *mut u8
+    }
+
+    /// Gives buffer `bid` back to the kernel (or the free list).
+    fn recycle(&self, bid: u16) {
+        if !self.uring {
+            self.free.borrow_mut().push(bid);
+            return;
+        }
+        let tail = self.tail.get();
+        // SAFETY: the slot index is masked into the ring; the kernel only reads entries below
+        // the published tail, and this one is at the tail, so it is ours to write.
+        let entry = unsafe { &mut *self.ring.add((tail & self.mask) as usize) };
+        entry.set_addr(self.buf_ptr(bid) as u64);
+        entry.set_len(self.buf_size as u32);
+        entry.set_bid(bid);
+        let tail = tail.wrapping_add(1);
+        self.tail.set(tail);
+        // SAFETY: the tail field lives in the ring's first entry and is read by the kernel; a
+        // release store publishes the entry written above.
+        unsafe { (*(BufRingEntry::tail(self.ring) as *const AtomicU16)).store(tail, Ordering::Release) };
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.uring {
+            let bgid = self.bgid;
+            let unregistered = try_with_core(|c| match &c.driver {
+                Driver::Uring(u) => u.with_submitter(|s| s.unregister_buf_ring(bgid)).is_ok(),
+                Driver::Epoll(_) => false,
+            });
+            if unregistered != Some(true) {
+                // The kernel may still pick these buffers: leak them.
+                std::mem::forget(std::mem::take(&mut self.mem));
+                return;
+            }
+        }
+        // SAFETY: allocated with this layout in `new`, no longer registered.
+        unsafe { std::alloc::dealloc(self.ring as *mut u8, self.ring_layout) };
+    }
+}
+
+/// A filled buffer from a [`BufRing`]; it returns to the ring when dropped.
+pub struct ProvidedBuf {
+    ring: Rc<Inner>,
+    /// None for end-of-stream, which consumes no buffer.
+    bid: Option<u16>,
+    len: usize,
+}
+
+impl std::ops::Deref for ProvidedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let Some(bid) = self.bid else { return &[] };
+        // SAFETY: the kernel (or recv) wrote `len` bytes into this buffer, which nobody else
+        // uses until it is recycled in Drop.
+        unsafe { std::slice::from_raw_parts(self.ring.buf_ptr(bid), self.len) }
+    }
+}
+
+impl Drop for ProvidedBuf {
+    fn drop(&mut self) {
+        if let Some(bid) = self.bid {
+            self.ring.recycle(bid);
+        }
+    }
+}
+
+/// A completion for a dropped recv still consumed a buffer: give it back.
+fn recycle_orphan(data: &mut dyn Any, _res: i32, flags: u32) {
+    if flags & CQE_F_BUFFER != 0 {
+        if let Some(ring) = data.downcast_ref::<Rc<Inner>>() {
+            ring.recycle((flags >> CQE_BUFFER_SHIFT) as u16);
+        }
+    }
+}
+
+pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<ProvidedBuf> {
+    let inner = ring.inner.clone();
+    if inner.uring {
+        let op = Op::submit(inner, |r| {
+            opcode::Recv::new(types::Fd(fd.raw()), std::ptr::null_mut(), r.buf_size as u32)
+                .buf_group(r.bgid)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT)
+        })
+        .on_orphan(recycle_orphan);
+        let (res, flags, inner) = op.await;
+        let buffer = (flags & CQE_F_BUFFER != 0).then(|| (flags >> CQE_BUFFER_SHIFT) as u16);
+        match (cvt(res), buffer) {
+            (Ok(n), Some(bid)) => Ok(ProvidedBuf { ring: inner, bid: Some(bid), len: n as usize }),
+            (Ok(_), None) => Ok(ProvidedBuf { ring: inner, bid: None, len: 0 }),
+            (Err(e), Some(bid)) => {
+                inner.recycle(bid);
+                Err(e)
+            }
+            (Err(e), None) => Err(e),
+        }
+    } else {
+        let Some(bid) = inner.free.borrow_mut().pop() else {
+            return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+        };
+        let mut buf = ProvidedBuf { ring: inner.clone(), bid: Some(bid), len: 0 };
+        let ptr = inner.buf_ptr(bid);
+        let n = fd
+            .retry(Direction::Read, || {
+                // SAFETY: the buffer `bid` is checked out to `buf`, owned by this future.
+                cvt_sys(unsafe { libc::recv(fd.raw(), ptr as *mut libc::c_void, inner.buf_size, 0) })
+            })
+            .await?;
+        buf.len = n;
+        Ok(buf)
+    }
+}

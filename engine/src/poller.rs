@@ -1,0 +1,35 @@
+//! The `Poller` contract: how a completion source plugs into a core's loop.
+//!
+//! Each pass of a core's loop runs ready tasks (up to a budget), then calls [`Poller::poll`] on
+//! every poller: the built-in ones (io_uring or epoll completions, timers, the cross-core mesh)
+//! and the ones other crates register with [`register_poller`](crate::register_poller) — the
+//! drivers register one per verbs completion queue, the software RDMA provider one for its
+//! progress engine.
+//!
+//! When a pass finds nothing to do, the core spins for the configured idle time, calling `poll`
+//! and [`Poller::pure_poll`]. Then it asks every poller to [`Poller::try_enter_interrupt_mode`]:
+//! a poller arms whatever will wake the core (for a verbs CQ, `ibv_req_notify_cq` with the
+//! completion channel's fd watched by an io_uring `POLL_ADD`) and returns `true`, or returns
+//! `false` if work is already pending and sleeping would miss it. If every poller agreed the core
+//! sleeps in the reactor until an fd, a timer or a cross-core wake; then every poller that entered
+//! interrupt mode gets [`Poller::exit_interrupt_mode`], whether or not the core slept.
+
+/// A completion source polled by a core's loop. Runs on that core only.
+pub trait Poller {
+    /// Makes progress: reap completions, wake the tasks waiting on them. Returns `true` if it
+    /// did any work, which keeps the core from going idle.
+    fn poll(&mut self) -> bool;
+
+    /// Reports whether `poll` would find work, without doing it or changing state. Called while
+    /// spinning before sleep; should be cheap.
+    fn pure_poll(&mut self) -> bool;
+
+    /// Arms the interrupt source so the core can sleep. Returns `false` if work is pending and
+    /// the core must not sleep; `exit_interrupt_mode` is then not called for this poller.
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        true
+    }
+
+    /// Leaves interrupt mode after the core woke up (or decided not to sleep).
+    fn exit_interrupt_mode(&mut self) {}
+}

@@ -1,0 +1,468 @@
+//! Building, entering and stopping a runtime: one pinned thread per core.
+
+use std::future::Future;
+use std::sync::{mpsc, Arc, Once};
+use std::thread;
+use std::time::Duration;
+
+use crate::core::{with_core, Core, CoreConfig, CoreShared};
+use crate::driver::{epoll::Epoll, uring::Uring, Driver, Reactor, ReactorKind};
+use crate::error::Error;
+use crate::mesh::{MeshBuilder, Msg};
+use crate::stats::CoreStats;
+use crate::task::{JoinError, JoinHandle, RemoteJoin, RemoteTask};
+
+/// Which cores a runtime runs on.
+#[derive(Debug, Clone)]
+enum Cores {
+    Count(usize),
+    Ids(Vec<usize>),
+}
+
+/// Configures a [`Runtime`].
+///
+/// ```
+/// use std::time::Duration;
+/// let rt = barewire_engine::Runtime::builder()
+///     .cores(2)                       // or .core_ids(&[2, 3])
+///     .pin(false)                     // pinning is on by default
+///     .idle_spin(Duration::ZERO)      // sleep as soon as idle (what tests want)
+///     .ring_entries(256)
+///     .build()
+///     .unwrap();
+/// assert_eq!(rt.num_cores(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    cores: Cores,
+    pin: bool,
+    idle_spin: Duration,
+    ring_entries: u32,
+    reactor: Reactor,
+    budget: usize,
+    mesh_capacity: usize,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            cores: Cores::Count(1),
+            pin: true,
+            idle_spin: Duration::from_micros(100),
+            ring_entries: 256,
+            reactor: Reactor::Auto,
+            budget: 64,
+            mesh_capacity: 1024,
+        }
+    }
+}
+
+impl Builder {
+    /// Runs on the first `n` cores this process may use. Core 0 of the runtime is the thread
+    /// that calls `build` and `block_on`.
+    pub fn cores(mut self, n: usize) -> Self {
+        self.cores = Cores::Count(n);
+        self
+    }
+
+    /// Runs on exactly these CPU ids (as numbered by the OS), in this order.
+    pub fn core_ids(mut self, ids: &[usize]) -> Self {
+        self.cores = Cores::Ids(ids.to_vec());
+        self
+    }
+
+    /// Pins each core's thread to its CPU (default true).
+    pub fn pin(mut self, pin: bool) -> Self {
+        self.pin = pin;
+        self
+    }
+
+    /// How long an idle core keeps polling before it sleeps (default 100 µs). Spinning buys
+    /// latency with CPU; zero sleeps at once, which is what shared machines and tests want.
+    pub fn idle_spin(mut self, d: Duration) -> Self {
+        self.idle_spin = d;
+        self
+    }
+
+    /// io_uring submission queue size per core (default 256; the CQ is four times that).
+    pub fn ring_entries(mut self, n: u32) -> Self {
+        self.ring_entries = n;
+        self
+    }
+
+    /// Which reactor to use (default `Auto`).
+    pub fn reactor(mut self, r: Reactor) -> Self {
+        self.reactor = r;
+        self
+    }
+
+    /// Tasks run per pass before the pollers get their turn (default 64), so one busy task
+    /// cannot starve I/O completions.
+    pub fn task_budget(mut self, n: usize) -> Self {
+        self.budget = n;
+        self
+    }
+
+    /// Slots in each cross-core ring (default 1024).
+    pub fn mesh_capacity(mut self, n: usize) -> Self {
+        self.mesh_capacity = n;
+        self
+    }
+
+    fn resolve_cores(&self) -> Result<Vec<Option<usize>>, Error> {
+        let available: Vec<usize> = match core_affinity::get_core_ids() {
+            Some(ids) => ids.into_iter().map(|c| c.id).collect(),
+            None => (0..thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect(),
+        };
+        let ids = match &self.cores {
+            Cores::Count(0) => return Err(Error::InvalidConfig("a runtime needs at least one core".into())),
+            Cores::Count(n) if *n > available.len() => {
+                return Err(Error::TooManyCores { requested: *n, available: available.len() })
+            }
+            Cores::Count(n) => available[..*n].to_vec(),
+            Cores::Ids(ids) if ids.is_empty() => return Err(Error::InvalidConfig("core_ids is empty".into())),
+            Cores::Ids(ids) => {
+                for (i, id) in ids.iter().enumerate() {
+                    if !available.contains(id) {
+                        return Err(Error::UnknownCore { id: *id, available });
+                    }
+                    if ids[..i].contains(id) {
+                        return Err(Error::InvalidConfig(format!("core {id} listed twice")));
+                    }
+                }
+                ids.clone()
+            }
+        };
+        Ok(ids.into_iter().map(|id| self.pin.then_some(id)).collect())
+    }
+
+    fn reactor_choice(&self) -> Result<Reactor, Error> {
+        if self.reactor != Reactor::Auto {
+            return Ok(self.reactor);
+        }
+        match std::env::var("BAREWIRE_REACTOR").ok().as_deref() {
+            None | Some("") | Some("auto") => Ok(Reactor::Auto),
+            Some("io_uring") | Some("uring") => Ok(Reactor::IoUring),
+            Some("epoll") => Ok(Reactor::Epoll),
+            Some(other) => Err(Error::InvalidConfig(format!("BAREWIRE_REACTOR={other}: expected io_uring, epoll or auto"))),
+        }
+    }
+
+    /// Builds the runtime: the calling thread becomes core 0, and one thread is started (and
+    /// pinned) for each other core.
+    pub fn build(self) -> Result<Runtime, Error> {
+        if self.ring_entries == 0 || self.budget == 0 || self.mesh_capacity == 0 {
+            return Err(Error::InvalidConfig("ring_entries, task_budget and mesh_capacity must be non-zero".into()));
+        }
+        let cpus = self.resolve_cores()?;
+        let reactor = self.reactor_choice()?;
+        let n = cpus.len();
+        let shared: Vec<Arc<CoreShared>> =
+            (0..n).map(CoreShared::new).collect::<Result<_, _>>().map_err(|e| Error::io("eventfd", e))?;
+        let mut mesh = MeshBuilder::new(n, self.mesh_capacity);
+        let cfg = |b: &Builder| CoreConfig { budget: b.budget, idle_spin: b.idle_spin };
+
+        let mut threads = Vec::with_capacity(n.saturating_sub(1));
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), Error>>();
+        for i in 1..n {
+            let sh = shared[i].clone();
+            let peers = shared.clone();
+            let core_mesh = mesh.take(i, peers);
+            let cpu = cpus[i];
+            let entries = self.ring_entries;
+            let config = cfg(&self);
+            let tx = ready_tx.clone();
+            let t = thread::Builder::new()
+                .name(format!("barewire-core-{i}"))
+                .spawn(move || {
+                    let core = match make_core(sh, cpu, reactor, entries, core_mesh, config) {
+                        Ok(c) => c,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = tx.send(Ok(()));
+                    drop(tx);
+                    core.run::<std::future::Pending<()>>(None);
+                    core.shutdown();
+                })
+                .map_err(|e| Error::io("spawning a core thread", e))?;
+            threads.push(t);
+        }
+        drop(ready_tx);
+        let core0 = make_core(shared[0].clone(), cpus[0], reactor, self.ring_entries, mesh.take(0, shared.clone()), cfg(&self));
+        let mut first_err = core0.as_ref().err().map(|e| Error::InvalidConfig(e.to_string()));
+        for _ in 1..n {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => first_err = first_err.or(Some(e)),
+                Err(_) => first_err = first_err.or(Some(Error::InvalidConfig("a core thread died during setup".into()))),
+            }
+        }
+        if let Some(e) = first_err {
+            for s in &shared {
+                s.request_stop();
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(match core0 {
+                Err(e0) => e0,
+                Ok(_) => e,
+            });
+        }
+        let core0 = Box::new(core0.expect("checked above"));
+        Ok(Runtime { core0: Some(core0), shared, threads })
+    }
+}
+
+fn make_core(
+    shared: Arc<CoreShared>,
+    cpu: Option<usize>,
+    reactor: Reactor,
+    entries: u32,
+    mesh: crate::mesh::Mesh,
+    config: CoreConfig,
+) -> Result<Core, Error> {
+    if let Some(id) = cpu {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id }) {
+            return Err(Error::Pin(id));
+        }
+    }
+    let wake_fd = std::os::fd::AsRawFd::as_raw_fd(&shared.wake.doorbell.0);
+    let driver = match reactor {
+        Reactor::Epoll => Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?),
+        Reactor::IoUring => Driver::Uring(Uring::new(entries, wake_fd).map_err(Error::IoUringUnavailable)?),
+        Reactor::Auto => match Uring::new(entries, wake_fd) {
+            Ok(u) => Driver::Uring(u),
+            Err(e) => {
+                static WARN: Once = Once::new();
+                WARN.call_once(|| eprintln!("barewire: io_uring is unavailable ({e}); the epoll reactor is active"));
+                Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?)
+            }
+        },
+    };
+    Ok(Core::new(shared, cpu, driver, mesh, config))
+}
+
+/// A thread-per-core runtime. Core 0 is the thread that built it; [`Runtime::block_on`] runs
+/// there. Dropping the runtime (or [`Runtime::shutdown`]) stops every core, drops every task on
+/// its own core, and joins the threads.
+///
+/// ```
+/// let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
+/// let squares = rt.block_on(async {
+///     let a = barewire_engine::spawn_on(1, || async { barewire_engine::current_core() * 10 });
+///     a.await.unwrap()
+/// });
+/// assert_eq!(squares, 10);
+/// ```
+pub struct Runtime {
+    core0: Option<Box<Core>>,
+    shared: Vec<Arc<CoreShared>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// A builder with the defaults: one core, pinned, 100 µs idle spin, io_uring if possible.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// How many cores this runtime has.
+    pub fn num_cores(&self) -> usize {
+        self.shared.len()
+    }
+
+    fn core0(&self) -> &Core {
+        self.core0.as_ref().expect("runtime is running")
+    }
+
+    /// Which reactor core 0 runs (every core makes the same choice).
+    pub fn reactor(&self) -> ReactorKind {
+        self.core0().driver.kind()
+    }
+
+    /// Runs `future` to completion on core 0 (this thread), driving every task of core 0 while
+    /// it waits. The future may borrow from the caller and need not be `Send`.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        self.core0().run(Some(future.as_mut())).expect("run returns the main future's output")
+    }
+
+    /// Runs `f(core)` on every core at once and returns the outputs in core order.
+    ///
+    /// ```
+    /// let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
+    /// let ids = rt.run_on_all(|core| async move { core });
+    /// assert_eq!(ids, vec![0, 1]);
+    /// ```
+    pub fn run_on_all<F, Fut>(&self, f: F) -> Vec<Fut::Output>
+    where
+        F: Fn(usize) -> Fut + Send + Clone + 'static,
+        Fut: Future + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.block_on(async {
+            let handles: Vec<_> = (0..self.num_cores())
+                .map(|i| {
+                    let f = f.clone();
+                    spawn_on(i, move || f(i))
+                })
+                .collect();
+            let mut out = Vec::with_capacity(handles.len());
+            for h in handles {
+                match h.await {
+                    Ok(v) => out.push(v),
+                    Err(JoinError::Panicked(p)) => std::panic::resume_unwind(p),
+                    Err(JoinError::Cancelled) => panic!("run_on_all: a core shut down before its future finished"),
+                }
+            }
+            out
+        })
+    }
+
+    /// Every core's counters.
+    pub fn stats(&self) -> Vec<CoreStats> {
+        self.run_on_all(|_| async { crate::stats() })
+    }
+
+    /// Stops every core and joins their threads. Tasks still pending are dropped on their own
+    /// core; awaiting their handles gives `JoinError::Cancelled`.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        for s in self.shared.iter().skip(1) {
+            s.request_stop();
+        }
+        let mut panicked = false;
+        for t in self.threads.drain(..) {
+            panicked |= t.join().is_err();
+        }
+        if let Some(core0) = self.core0.take() {
+            core0.shutdown();
+        }
+        if panicked && !thread::panicking() {
+            panic!("a barewire core thread panicked outside any task");
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Builds a future on core `core` from a `Send` closure and runs it there. The future itself
+/// may be `!Send`: it is created on the target core and never leaves it. Only the output
+/// crosses back. Works from any core of the runtime; `core` may be the current one.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let h = barewire_engine::spawn_on(1, || async {
+///         let local = std::rc::Rc::new(7); // built on core 1, stays there
+///         *local + barewire_engine::current_core()
+///     });
+///     assert_eq!(h.await.unwrap(), 8);
+/// });
+/// ```
+pub fn spawn_on<F, Fut>(core: usize, f: F) -> JoinHandle<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let shared = RemoteJoin::new();
+    let msg = remote_spawn_msg(f, shared.clone());
+    with_core(|c| {
+        let n = c.mesh.peers().len();
+        if core >= n {
+            shared.finish(Err(JoinError::Panicked(Box::new(format!("spawn_on: core {core} does not exist; this runtime has {n} cores")))));
+        } else if core == c.index() {
+            msg();
+        } else {
+            c.mesh.send(core, msg, &c.stats);
+        }
+    });
+    JoinHandle::remote(shared)
+}
+
+/// Finishes the joiner with `Cancelled` if the message is dropped without running (the target
+/// core shut down first).
+struct Unrun<T>(Option<Arc<RemoteJoin<T>>>);
+
+impl<T> Drop for Unrun<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.finish(Err(JoinError::Cancelled));
+        }
+    }
+}
+
+fn remote_spawn_msg<F, Fut>(f: F, shared: Arc<RemoteJoin<Fut::Output>>) -> Msg
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future + 'static,
+    Fut::Output: Send + 'static,
+{
+    let mut guard = Unrun(Some(shared));
+    Box::new(move || {
+        let shared = guard.0.take().expect("message runs once");
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(future) => {
+                with_core(|c| drop(c.spawn(RemoteTask { future: Some(future), shared })));
+            }
+            Err(p) => shared.finish(Err(JoinError::Panicked(p))),
+        }
+    })
+}
+
+/// The index of the core running the caller (0-based, in the runtime's core order).
+pub fn current_core() -> usize {
+    with_core(|c| c.index())
+}
+
+/// The CPU id the current core is pinned to, if pinning is on.
+pub fn current_cpu() -> Option<usize> {
+    with_core(|c| c.cpu)
+}
+
+/// How many cores the current runtime has.
+pub fn num_cores() -> usize {
+    with_core(|c| c.mesh.peers().len())
+}
+
+/// Which reactor the current core runs.
+pub fn reactor() -> ReactorKind {
+    with_core(|c| c.driver.kind())
+}
+
+/// The current core's counters.
+pub fn stats() -> CoreStats {
+    with_core(|c| c.stats.snapshot(c.index()))
+}
+
+/// Adds a completion source to the current core's loop. See [`Poller`](crate::Poller).
+pub fn register_poller(p: Box<dyn crate::Poller>) {
+    with_core(|c| c.register_poller(p))
+}
+
+/// Yields once, letting other tasks and the pollers run.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}

@@ -1,0 +1,60 @@
+//! Per-core counters. Plain `Cell`s: each core counts only its own work, so no atomic is paid on
+//! the hot path; read them on the core with [`stats`](crate::stats) or gather every core's with
+//! [`Runtime::stats`](crate::Runtime::stats).
+
+use std::cell::Cell;
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) tasks_spawned: Cell<u64>,
+    pub(crate) tasks_polled: Cell<u64>,
+    pub(crate) poller_passes: Cell<u64>,
+    pub(crate) sleeps: Cell<u64>,
+    pub(crate) ops_submitted: Cell<u64>,
+    pub(crate) ops_completed: Cell<u64>,
+    pub(crate) mesh_sent: Cell<u64>,
+    pub(crate) mesh_received: Cell<u64>,
+}
+
+/// A snapshot of one core's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreStats {
+    /// Which core (index in the runtime, not the CPU id).
+    pub core: usize,
+    /// Tasks spawned on this core.
+    pub tasks_spawned: u64,
+    /// Task polls.
+    pub tasks_polled: u64,
+    /// Passes over the pollers (reactor, timers, mesh, registered pollers).
+    pub poller_passes: u64,
+    /// Times the core went to sleep in the reactor.
+    pub sleeps: u64,
+    /// I/O operations handed to the kernel (io_uring SQEs; epoll has none).
+    pub ops_submitted: u64,
+    /// Completions reaped (io_uring CQEs, or epoll events).
+    pub ops_completed: u64,
+    /// Messages this core sent over the cross-core mesh.
+    pub mesh_sent: u64,
+    /// Messages this core received over the mesh.
+    pub mesh_received: u64,
+}
+
+impl Stats {
+    pub(crate) fn snapshot(&self, core: usize) -> CoreStats {
+        CoreStats {
+            core,
+            tasks_spawned: self.tasks_spawned.get(),
+            tasks_polled: self.tasks_polled.get(),
+            poller_passes: self.poller_passes.get(),
+            sleeps: self.sleeps.get(),
+            ops_submitted: self.ops_submitted.get(),
+            ops_completed: self.ops_completed.get(),
+            mesh_sent: self.mesh_sent.get(),
+            mesh_received: self.mesh_received.get(),
+        }
+    }
+}
+
+pub(crate) fn bump(c: &Cell<u64>) {
+    c.set(c.get() + 1);
+}

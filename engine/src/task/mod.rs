@@ -1,0 +1,133 @@
+//! Tasks: spawning, joining, cancelling.
+
+pub(crate) mod raw;
+mod remote;
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pub use raw::task_overhead_bytes;
+pub(crate) use remote::{RemoteJoin, RemoteTask};
+
+/// Why a task produced no output.
+pub enum JoinError {
+    /// `JoinHandle::cancel` was called, or the runtime shut down first.
+    Cancelled,
+    /// The task panicked; the payload is what `panic!` was given.
+    Panicked(raw::Panic),
+}
+
+impl JoinError {
+    /// True if the task panicked.
+    pub fn is_panic(&self) -> bool {
+        matches!(self, JoinError::Panicked(_))
+    }
+
+    /// True if the task was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        matches!(self, JoinError::Cancelled)
+    }
+
+    /// The panic message, when the payload is a string.
+    pub fn panic_message(&self) -> Option<&str> {
+        match self {
+            JoinError::Panicked(p) => p
+                .downcast_ref::<&'static str>()
+                .copied()
+                .or_else(|| p.downcast_ref::<String>().map(String::as_str)),
+            JoinError::Cancelled => None,
+        }
+    }
+}
+
+impl fmt::Debug for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => f.write_str("Cancelled"),
+            JoinError::Panicked(_) => write!(f, "Panicked({:?})", self.panic_message().unwrap_or("<non-string payload>")),
+        }
+    }
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Cancelled => f.write_str("task was cancelled"),
+            JoinError::Panicked(_) => write!(f, "task panicked: {}", self.panic_message().unwrap_or("<non-string payload>")),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
+/// A handle to a spawned task: await it for the output, or `cancel` it.
+///
+/// Dropping the handle detaches the task: it keeps running and its output is dropped, as with
+/// tokio. A handle is `!Send`; it belongs to the core that spawned the task (for
+/// [`spawn_on`](crate::spawn_on), the core that asked).
+///
+/// ```
+/// let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let h = barewire_engine::spawn_local(async { 40 + 2 });
+///     assert_eq!(h.await.unwrap(), 42);
+/// });
+/// ```
+pub struct JoinHandle<T> {
+    inner: Inner<T>,
+    _not_send: PhantomData<*const ()>,
+}
+
+enum Inner<T> {
+    Local(raw::RawJoin, PhantomData<fn() -> T>),
+    Remote(std::sync::Arc<RemoteJoin<T>>),
+}
+
+impl<T> JoinHandle<T> {
+    pub(crate) fn local(raw: raw::RawJoin) -> Self {
+        JoinHandle { inner: Inner::Local(raw, PhantomData), _not_send: PhantomData }
+    }
+
+    pub(crate) fn remote(shared: std::sync::Arc<RemoteJoin<T>>) -> Self {
+        JoinHandle { inner: Inner::Remote(shared), _not_send: PhantomData }
+    }
+
+    /// Asks the task to stop. It is dropped at its next scheduling point, and awaiting the handle
+    /// then yields `Err(JoinError::Cancelled)` (unless it had already finished).
+    pub fn cancel(&self) {
+        match &self.inner {
+            Inner::Local(raw, _) => raw.cancel(),
+            Inner::Remote(r) => r.cancel(),
+        }
+    }
+
+    /// True once the task has finished, successfully or not.
+    pub fn is_finished(&self) -> bool {
+        match &self.inner {
+            Inner::Local(raw, _) => raw.is_finished(),
+            Inner::Remote(r) => r.is_finished(),
+        }
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = Result<T, JoinError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &self.inner {
+            // SAFETY: a local JoinHandle<T> is only made by spawn_local for a future whose
+            // output is T, and JoinHandle is !Send, so this runs on the owner thread.
+            Inner::Local(raw, _) => unsafe { raw.poll_join::<T>(cx) },
+            Inner::Remote(r) => r.poll_join(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for JoinHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JoinHandle").field("finished", &self.is_finished()).finish()
+    }
+}

@@ -1,0 +1,1 @@
+//! The software RDMA provider (iWARP over TCP). Filled by the wire codec and provider issues.

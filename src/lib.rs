@@ -1,0 +1,6 @@
+//! barewire: a userspace RDMA I/O engine.
+//!
+//! Today this crate re-exports the engine (the thread-per-core runtime); typed regions,
+//! one-sided operations and channels arrive with the drivers and the typed API.
+
+pub use barewire_engine as engine;

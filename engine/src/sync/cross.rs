@@ -8,7 +8,7 @@
 //! ```
 //! # let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
 //! rt.block_on(async {
-//!     let (tx, mut rx) = barewire_engine::sync::cross::channel::<u64>(64);
+//!     let (mut tx, mut rx) = barewire_engine::sync::cross::channel::<u64>(64);
 //!     barewire_engine::spawn_on(1, move || async move {
 //!         for i in 0..1000 { tx.send(i).await.unwrap(); }
 //!     });

@@ -1,0 +1,19 @@
+//! Shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use barewire_engine::{Runtime, ReactorKind};
+use std::time::Duration;
+
+/// A runtime that sleeps when idle and does not pin, so parallel tests on a 2-core CI machine
+/// do not fight. Honours BAREWIRE_REACTOR, so the same tests run under both reactors.
+pub fn rt(cores: usize) -> Runtime {
+    Runtime::builder().cores(cores).pin(false).idle_spin(Duration::ZERO).build().expect("runtime")
+}
+
+pub fn expect_reactor(rt: &Runtime) {
+    match std::env::var("BAREWIRE_REACTOR").as_deref() {
+        Ok("epoll") => assert_eq!(rt.reactor(), ReactorKind::Epoll),
+        Ok("io_uring") => assert!(matches!(rt.reactor(), ReactorKind::IoUring(_))),
+        _ => {}
+    }
+}

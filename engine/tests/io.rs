@@ -1,0 +1,330 @@
+//! TCP, files, provided buffers, gather sends, zero-copy sends, foreign-fd polling, and what
+//! happens to a buffer when its operation's future is dropped mid-flight.
+
+mod common;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use barewire_engine::buf::{BufRing, IoBuf, IoBufMut};
+use barewire_engine::net::{TcpListener, TcpStream};
+use barewire_engine::time::{sleep, timeout};
+use barewire_engine::{spawn_local, spawn_on, ReactorKind};
+use common::rt;
+
+fn localhost() -> std::net::SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A buffer that reports when it is dropped.
+struct Tracked {
+    data: Vec<u8>,
+    dropped: Rc<Cell<bool>>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.dropped.set(true);
+    }
+}
+
+// SAFETY: delegates to the Vec's heap memory, which does not move.
+unsafe impl IoBuf for Tracked {
+    fn stable_ptr(&self) -> *const u8 {
+        self.data.as_ptr()
+    }
+    fn bytes_init(&self) -> usize {
+        self.data.len()
+    }
+    fn bytes_total(&self) -> usize {
+        self.data.capacity()
+    }
+}
+
+// SAFETY: as above.
+unsafe impl IoBufMut for Tracked {
+    fn stable_mut_ptr(&mut self) -> *mut u8 {
+        self.data.as_mut_ptr()
+    }
+    unsafe fn set_init(&mut self, n: usize) {
+        // SAFETY: forwarded.
+        unsafe { self.data.set_init(n) }
+    }
+}
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+#[test]
+fn a_recv_dropped_in_flight_keeps_its_buffer_until_the_kernel_is_done_and_loses_no_data() {
+    let rt = rt(1);
+    let uring = matches!(rt.reactor(), ReactorKind::IoUring(_));
+    rt.block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (server, _) = l.accept().await.unwrap();
+
+        // Start a recv with nothing to read, then drop it while the kernel holds it.
+        let dropped = Rc::new(Cell::new(false));
+        let buf = Tracked { data: Vec::with_capacity(4096), dropped: dropped.clone() };
+        let r = timeout(Duration::from_millis(20), server.read(buf)).await;
+        assert!(r.is_err(), "nothing was sent, so the read timed out");
+        if uring {
+            assert!(!dropped.get(), "the buffer stays parked while the kernel may still write to it");
+        }
+        // The cancel completes on the next reactor pass.
+        sleep(Duration::from_millis(20)).await;
+        assert!(dropped.get(), "the buffer is released once the kernel gave it back");
+
+        // Now data arrives: every byte reaches the next reads, in order.
+        let sent = pattern(256 * 1024);
+        let writer = {
+            let sent = sent.clone();
+            spawn_local(async move {
+                let (r, _) = client.write_all(sent).await;
+                r.unwrap();
+                client
+            })
+        };
+        let mut got = Vec::with_capacity(sent.len());
+        while got.len() < sent.len() {
+            let (n, buf) = server.read(vec![0u8; 8192]).await;
+            let n = n.unwrap();
+            assert!(n > 0, "stream ended early at {}", got.len());
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, sent, "the stream is intact after the cancelled read");
+        drop(writer.await.unwrap());
+    });
+}
+
+#[test]
+fn dropping_many_inflight_ops_at_shutdown_is_clean() {
+    let rt = rt(1);
+    let flags: Vec<Rc<Cell<bool>>> = (0..32).map(|_| Rc::new(Cell::new(false))).collect();
+    let l = rt.block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        for f in &flags {
+            let f = f.clone();
+            let addr = l.local_addr().unwrap();
+            spawn_local(async move {
+                let c = TcpStream::connect(addr).await.unwrap();
+                let buf = Tracked { data: Vec::with_capacity(1024), dropped: f };
+                let _ = c.read(buf).await; // never completes: the server never writes
+            });
+        }
+        let mut kept = Vec::new();
+        for _ in 0..32 {
+            kept.push(l.accept().await.unwrap().0);
+        }
+        sleep(Duration::from_millis(10)).await;
+        (l, kept)
+    });
+    rt.shutdown();
+    assert!(flags.iter().all(|f| f.get()), "every parked buffer was released at shutdown");
+    drop(l);
+}
+
+#[test]
+fn tcp_echo_across_cores_with_many_connections() {
+    const CONNS: usize = 64;
+    const MSGS: usize = 50;
+    const SIZE: usize = 1024;
+    let rt = rt(2);
+    common::expect_reactor(&rt);
+    rt.block_on(async {
+        let (mut atx, mut arx) = barewire_engine::sync::cross::channel(1);
+        let server = spawn_on(1, move || async move {
+            let l = TcpListener::bind(localhost()).unwrap();
+            atx.send(l.local_addr().unwrap()).await.unwrap();
+            let mut incoming = l.incoming();
+            let mut handlers = Vec::new();
+            for _ in 0..CONNS {
+                let s = incoming.next().await.unwrap();
+                handlers.push(spawn_local(async move {
+                    let mut buf = vec![0u8; SIZE];
+                    loop {
+                        let (n, b) = s.read(buf).await;
+                        let n = n.unwrap();
+                        if n == 0 {
+                            return;
+                        }
+                        let (r, b) = s.write_all(b[..n].to_vec()).await;
+                        r.unwrap();
+                        buf = b;
+                        buf.resize(SIZE, 0);
+                    }
+                }));
+            }
+            for h in handlers {
+                h.await.unwrap();
+            }
+        });
+        let addr = arx.recv().await.unwrap();
+        let clients: Vec<_> = (0..CONNS)
+            .map(|c| {
+                spawn_local(async move {
+                    let s = TcpStream::connect(addr).await.unwrap();
+                    for m in 0..MSGS {
+                        let msg: Vec<u8> = (0..SIZE).map(|i| (c + m + i) as u8).collect();
+                        let (r, msg) = s.write_all(msg).await;
+                        r.unwrap();
+                        let (r, back) = s.read_exact(vec![0u8; SIZE]).await;
+                        r.unwrap();
+                        assert_eq!(back, msg, "connection {c} message {m}");
+                    }
+                    s.shutdown(std::net::Shutdown::Write).unwrap();
+                })
+            })
+            .collect();
+        for c in clients {
+            c.await.unwrap();
+        }
+        timeout(Duration::from_secs(30), server).await.unwrap().unwrap();
+    });
+}
+
+#[test]
+fn writev_sends_all_buffers_in_order() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let parts = vec![b"header|".to_vec(), pattern(3000), b"|trailer".to_vec()];
+        let expect: Vec<u8> = parts.concat();
+        let (n, back) = c.writev(parts).await;
+        assert_eq!(n.unwrap(), expect.len());
+        assert_eq!(back.len(), 3, "the buffers come back");
+        let (r, got) = s.read_exact(vec![0u8; expect.len()]).await;
+        r.unwrap();
+        assert_eq!(got, expect);
+    });
+}
+
+#[test]
+fn send_zc_delivers_large_buffers() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let data = pattern(64 * 1024);
+        let reader = spawn_local(async move {
+            let (r, got) = s.read_exact(vec![0u8; 4 * 64 * 1024]).await;
+            r.unwrap();
+            got
+        });
+        let mut buf = data.clone();
+        for _ in 0..4 {
+            let mut off = 0;
+            while off < buf.len() {
+                let (n, b) = c.send_zc(buf[off..].to_vec()).await;
+                off += n.unwrap();
+                buf = if off < data.len() { buf } else { b };
+            }
+        }
+        let got = reader.await.unwrap();
+        assert_eq!(got, [data.clone(), data.clone(), data.clone(), data].concat());
+    });
+}
+
+#[test]
+fn provided_buffer_ring_recycles_buffers() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let ring = BufRing::new(4, 512).unwrap();
+        let l = TcpListener::bind(localhost()).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        let sent = pattern(512 * 40);
+        let writer = {
+            let sent = sent.clone();
+            spawn_local(async move {
+                c.write_all(sent).await.0.unwrap();
+                c
+            })
+        };
+        // 40+ receives through a ring of 4 buffers: only works if every buffer comes back.
+        let mut got = Vec::new();
+        while got.len() < sent.len() {
+            let b = s.recv_provided(&ring).await.unwrap();
+            assert!(!b.is_empty() && b.len() <= 512);
+            got.extend_from_slice(&b);
+        }
+        assert_eq!(got, sent);
+        let c = writer.await.unwrap();
+        drop(c);
+        let eof = s.recv_provided(&ring).await.unwrap();
+        assert!(eof.is_empty(), "end of stream is an empty buffer");
+    });
+}
+
+#[test]
+fn files_read_and_write_at_offsets_including_fixed_buffers() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let path = std::env::temp_dir().join(format!("barewire-io-test-{}", std::process::id()));
+        let f = barewire_engine::fs::File::create(&path).unwrap();
+        f.write_at(b"0123456789".to_vec(), 0).await.0.unwrap();
+        f.write_at(b"abc".to_vec(), 4).await.0.unwrap();
+        let (n, buf) = f.read_at(vec![0u8; 32], 0).await;
+        assert_eq!(&buf[..n.unwrap()], b"0123abc789");
+
+        let pool = barewire_engine::pool::BufferPool::new(2, 4096).unwrap();
+        let mut fb = pool.get().unwrap();
+        fb.as_mut_slice()[..5].copy_from_slice(b"fixed");
+        fb.set_len(5);
+        let (r, fb) = f.write_fixed_at(fb, 10).await;
+        assert_eq!(r.unwrap(), 5);
+        drop(fb);
+        let rb = pool.get().unwrap();
+        let (n, rb) = f.read_fixed_at(rb, 8).await;
+        assert_eq!(&rb[..n.unwrap()], b"89fixed");
+        std::fs::remove_file(path).unwrap();
+    });
+}
+
+#[test]
+fn poll_readable_waits_for_a_foreign_fd() {
+    use std::io::Write;
+    let rt = rt(1);
+    rt.block_on(async {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        let waiter = spawn_local(async move { barewire_engine::poll_readable(fd).await });
+        sleep(Duration::from_millis(10)).await;
+        assert!(!waiter.is_finished(), "nothing written yet");
+        (&b).write_all(b"!").unwrap();
+        timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap();
+        drop(a);
+    });
+}
+
+#[test]
+fn connect_to_a_closed_port_is_an_error() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let e = TcpStream::connect(port).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused);
+    });
+}
+
+#[test]
+fn nodelay_is_on_by_default() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        assert!(c.nodelay().unwrap() && s.nodelay().unwrap());
+        c.set_nodelay(false).unwrap();
+        assert!(!c.nodelay().unwrap());
+    });
+}

@@ -1,0 +1,381 @@
+//! Spawning, joining, cancelling, panics, cross-core spawns and wake-ups, configuration errors.
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use barewire_engine::time::{sleep, timeout};
+use barewire_engine::{spawn_local, spawn_on, yield_now, Error, Runtime};
+use common::rt;
+
+#[test]
+fn spawned_tasks_join_with_their_outputs() {
+    let rt = rt(1);
+    common::expect_reactor(&rt);
+    let total = rt.block_on(async {
+        let handles: Vec<_> = (0..1000u64).map(|i| spawn_local(async move { i * 2 })).collect();
+        let mut sum = 0;
+        for h in handles {
+            sum += h.await.unwrap();
+        }
+        sum
+    });
+    assert_eq!(total, 999 * 1000);
+}
+
+#[test]
+fn cancel_drops_the_future_and_reports_cancelled() {
+    let rt = rt(1);
+    rt.block_on(async {
+        struct Flag(Rc<Cell<bool>>);
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let dropped = Rc::new(Cell::new(false));
+        let flag = Flag(dropped.clone());
+        let h = spawn_local(async move {
+            let _f = flag;
+            sleep(Duration::from_secs(3600)).await;
+            1
+        });
+        yield_now().await;
+        assert!(!h.is_finished());
+        h.cancel();
+        let r = h.await;
+        assert!(matches!(r, Err(e) if e.is_cancelled()));
+        assert!(dropped.get(), "the cancelled future was dropped");
+    });
+}
+
+#[test]
+fn cancel_after_completion_keeps_the_output() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let h = spawn_local(async { 5 });
+        yield_now().await;
+        yield_now().await;
+        assert!(h.is_finished());
+        h.cancel();
+        assert_eq!(h.await.unwrap(), 5);
+    });
+}
+
+#[test]
+fn dropping_a_handle_detaches_the_task() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let ran = Rc::new(Cell::new(false));
+        let r = ran.clone();
+        drop(spawn_local(async move {
+            sleep(Duration::from_millis(2)).await;
+            r.set(true);
+        }));
+        sleep(Duration::from_millis(20)).await;
+        assert!(ran.get(), "a detached task still runs to completion");
+    });
+}
+
+#[test]
+fn a_panicking_task_is_reported_and_the_core_keeps_running() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let h = spawn_local(async {
+            if true {
+                panic!("boom in a task");
+            }
+            0
+        });
+        let err = h.await.unwrap_err();
+        assert!(err.is_panic());
+        assert_eq!(err.panic_message(), Some("boom in a task"));
+        // The executor survived: more work runs.
+        assert_eq!(spawn_local(async { 7 }).await.unwrap(), 7);
+    });
+}
+
+#[test]
+fn a_wake_from_another_thread_reaches_a_sleeping_core() {
+    let rt = rt(1);
+    let slot: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+    let flag = Arc::new(AtomicBool::new(false));
+    let (s2, f2) = (slot.clone(), flag.clone());
+    let t = std::thread::spawn(move || {
+        // Let the core go to sleep first.
+        std::thread::sleep(Duration::from_millis(50));
+        f2.store(true, Ordering::SeqCst);
+        if let Some(w) = s2.lock().unwrap().take() {
+            w.wake();
+        }
+    });
+    let t0 = Instant::now();
+    rt.block_on(async {
+        let h = spawn_local(std::future::poll_fn(move |cx| {
+            if flag.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            *slot.lock().unwrap() = Some(cx.waker().clone());
+            if flag.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        }));
+        h.await.unwrap();
+    });
+    t.join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(rt.stats()[0].sleeps > 0, "the core slept and was woken by the other thread");
+}
+
+#[test]
+fn spawn_on_runs_on_the_target_core_and_returns_the_output() {
+    let rt = rt(2);
+    rt.block_on(async {
+        let h = spawn_on(1, || async {
+            let here = std::rc::Rc::new(barewire_engine::current_core());
+            *here
+        });
+        assert_eq!(h.await.unwrap(), 1);
+        let own = spawn_on(0, || async { barewire_engine::current_core() });
+        assert_eq!(own.await.unwrap(), 0);
+        let bad = spawn_on(9, || async {});
+        let e = bad.await.unwrap_err();
+        assert!(e.is_panic() && e.panic_message().unwrap().contains("does not exist"), "{e}");
+        let panicky = spawn_on(1, || async { panic!("remote boom") });
+        assert_eq!(panicky.await.unwrap_err().panic_message(), Some("remote boom"));
+    });
+    assert_eq!(rt.run_on_all(|c| async move { c * 100 }), vec![0, 100]);
+}
+
+#[test]
+fn spawn_on_can_be_cancelled() {
+    let rt = rt(2);
+    rt.block_on(async {
+        let h = spawn_on(1, || async {
+            sleep(Duration::from_secs(3600)).await;
+            1
+        });
+        sleep(Duration::from_millis(5)).await;
+        h.cancel();
+        let r = timeout(Duration::from_secs(5), h).await.expect("cancellation is prompt");
+        assert!(r.unwrap_err().is_cancelled());
+    });
+}
+
+/// Two cores ping-pong through atomics and wakers. Every step needs the other core's wake to be
+/// delivered, and both cores sleep whenever idle, so a single lost wake-up hangs the test
+/// (caught by the deadline).
+#[test]
+fn cross_core_ping_pong_loses_no_wakeup() {
+    const ROUNDS: u64 = 500_000;
+    let rt = rt(2);
+    let counter = Arc::new(AtomicU64::new(0));
+    let wakers: Arc<[Mutex<Option<Waker>>; 2]> = Arc::new([Mutex::new(None), Mutex::new(None)]);
+
+    fn player(me: usize, counter: Arc<AtomicU64>, wakers: Arc<[Mutex<Option<Waker>>; 2]>) -> impl std::future::Future<Output = u64> {
+        async move {
+            let mut moves = 0;
+            loop {
+                // My turn when the counter's parity is mine.
+                std::future::poll_fn(|cx| {
+                    let v = counter.load(Ordering::SeqCst);
+                    if v >= 2 * ROUNDS || v % 2 == me as u64 {
+                        return Poll::Ready(());
+                    }
+                    *wakers[me].lock().unwrap() = Some(cx.waker().clone());
+                    let v = counter.load(Ordering::SeqCst);
+                    if v >= 2 * ROUNDS || v % 2 == me as u64 {
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending
+                })
+                .await;
+                if counter.load(Ordering::SeqCst) >= 2 * ROUNDS {
+                    return moves;
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+                moves += 1;
+                if let Some(w) = wakers[1 - me].lock().unwrap().take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    let t0 = Instant::now();
+    let (c, w) = (counter.clone(), wakers.clone());
+    let moves = rt.block_on(async move {
+        let other = spawn_on(1, move || player(1, c, w));
+        let mine = timeout(Duration::from_secs(120), player(0, counter, wakers)).await.expect("a wake-up was lost");
+        mine + other.await.unwrap()
+    });
+    assert_eq!(moves, 2 * ROUNDS);
+    eprintln!("{} cross-core wakes in {:?}", 2 * ROUNDS, t0.elapsed());
+}
+
+/// Millions of messages across cores through the cross-core channel, with the receiver sleeping
+/// whenever it runs dry: the sum proves none was lost or duplicated.
+#[test]
+fn two_million_cross_core_messages_arrive_exactly_once() {
+    const N: u64 = 2_000_000;
+    let rt = rt(2);
+    let sum = rt.block_on(async {
+        let (mut tx, mut rx) = barewire_engine::sync::cross::channel::<u64>(256);
+        spawn_on(1, move || async move {
+            for i in 0..N {
+                tx.send(i).await.unwrap();
+            }
+        });
+        let mut sum = 0u64;
+        let mut count = 0u64;
+        let mut last = None;
+        while let Some(v) = rx.recv().await {
+            if let Some(l) = last {
+                assert_eq!(v, l + 1, "in order");
+            }
+            last = Some(v);
+            sum += v;
+            count += 1;
+        }
+        assert_eq!(count, N);
+        sum
+    });
+    assert_eq!(sum, N * (N - 1) / 2);
+}
+
+#[test]
+fn a_busy_task_does_not_starve_timers_or_io() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let stop = Rc::new(Cell::new(false));
+        let s = stop.clone();
+        let spinner = spawn_local(async move {
+            let mut n = 0u64;
+            while !s.get() {
+                n += 1;
+                yield_now().await;
+            }
+            n
+        });
+        let t0 = Instant::now();
+        sleep(Duration::from_millis(20)).await;
+        assert!(t0.elapsed() < Duration::from_secs(2), "the timer fired while a task kept yielding");
+        stop.set(true);
+        assert!(spinner.await.unwrap() > 0);
+    });
+}
+
+#[test]
+fn unknown_core_ids_and_too_many_cores_are_errors() {
+    match Runtime::builder().core_ids(&[100_000]).build() {
+        Err(Error::UnknownCore { id, available }) => {
+            assert_eq!(id, 100_000);
+            assert!(!available.is_empty());
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("core 100000 accepted"),
+    }
+    match Runtime::builder().cores(100_000).build() {
+        Err(Error::TooManyCores { requested, .. }) => assert_eq!(requested, 100_000),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("100000 cores accepted"),
+    }
+    assert!(matches!(Runtime::builder().cores(0).build(), Err(Error::InvalidConfig(_))));
+    assert!(matches!(Runtime::builder().core_ids(&[0, 0]).pin(false).build(), Err(Error::InvalidConfig(_))));
+}
+
+#[test]
+fn pinned_cores_run_on_their_cpu() {
+    let ids: Vec<usize> = core_ids();
+    let rt = Runtime::builder().core_ids(&ids[..1]).idle_spin(Duration::ZERO).build().unwrap();
+    let cpu = rt.block_on(async {
+        // SAFETY: sched_getcpu has no preconditions.
+        unsafe { libc_sched_getcpu() }
+    });
+    assert_eq!(cpu as usize, ids[0]);
+}
+
+fn core_ids() -> Vec<usize> {
+    let n = std::thread::available_parallelism().unwrap().get();
+    (0..n).collect()
+}
+
+extern "C" {
+    #[link_name = "sched_getcpu"]
+    fn libc_sched_getcpu() -> i32;
+}
+
+#[test]
+fn shutdown_drops_pending_tasks_on_their_core() {
+    let dropped_on = Arc::new(Mutex::new(Vec::new()));
+    let rt = rt(2);
+    let d = dropped_on.clone();
+    rt.block_on(async move {
+        // The Rc makes the future !Send: it must be built and dropped on core 1.
+        struct Probe(Arc<Mutex<Vec<usize>>>, #[allow(dead_code)] std::rc::Rc<()>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().push(barewire_engine::current_core());
+            }
+        }
+        drop(spawn_on(1, move || async move {
+            let _p = Probe(d, std::rc::Rc::new(()));
+            sleep(Duration::from_secs(3600)).await;
+        }));
+        sleep(Duration::from_millis(10)).await;
+    });
+    rt.shutdown();
+    assert_eq!(*dropped_on.lock().unwrap(), vec![1], "the !Send future was dropped on core 1 at shutdown");
+}
+
+#[test]
+fn counters_count() {
+    let rt = rt(1);
+    rt.block_on(async {
+        for _ in 0..10 {
+            spawn_local(async {}).await.unwrap();
+        }
+    });
+    let s = rt.stats()[0];
+    assert!(s.tasks_spawned >= 10, "{s:?}");
+    assert!(s.tasks_polled >= 10, "{s:?}");
+    assert!(s.poller_passes > 0, "{s:?}");
+}
+
+#[test]
+fn local_channels_and_semaphore_work_together() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let sem = Rc::new(barewire_engine::sync::Semaphore::new(2));
+        let live = Rc::new(Cell::new(0));
+        let peak = Rc::new(Cell::new(0));
+        let (tx, mut rx) = barewire_engine::sync::mpsc::unbounded();
+        for i in 0..10 {
+            let (sem, live, peak, tx) = (sem.clone(), live.clone(), peak.clone(), tx.clone());
+            spawn_local(async move {
+                let _p = sem.acquire(1).await;
+                live.set(live.get() + 1);
+                peak.set(peak.get().max(live.get()));
+                sleep(Duration::from_millis(1)).await;
+                live.set(live.get() - 1);
+                tx.send(i).await.unwrap();
+            });
+        }
+        drop(tx);
+        let got = RefCell::new(Vec::new());
+        while let Some(v) = rx.recv().await {
+            got.borrow_mut().push(v);
+        }
+        assert_eq!(got.borrow().len(), 10);
+        assert_eq!(peak.get(), 2, "the semaphore held concurrency at 2");
+        let (otx, orx) = barewire_engine::sync::oneshot::channel::<u8>();
+        drop(otx);
+        assert!(orx.await.is_err(), "a dropped oneshot sender is an error, not a hang");
+    });
+}

@@ -52,7 +52,13 @@ impl Doorbell for EventFd {
         let one = 1u64;
         // SAFETY: writes 8 bytes from a live u64 to an eventfd; EAGAIN (counter saturated) still
         // leaves the fd readable, which is all the sleeper needs.
-        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
     }
 }
 
@@ -64,7 +70,11 @@ pub(crate) struct CoreShared {
 
 impl CoreShared {
     pub(crate) fn new(index: usize) -> std::io::Result<Arc<Self>> {
-        Ok(Arc::new(CoreShared { index, wake: WakeState::new(EventFd::new()?), stop: AtomicBool::new(false) }))
+        Ok(Arc::new(CoreShared {
+            index,
+            wake: WakeState::new(EventFd::new()?),
+            stop: AtomicBool::new(false),
+        }))
     }
 
     pub(crate) fn request_stop(&self) {
@@ -108,7 +118,9 @@ thread_local! {
 /// Runs `f` with this thread's core. Panics outside a barewire core, like tokio's `spawn`
 /// outside a runtime: that is a programming error, not a runtime condition.
 pub(crate) fn with_core<R>(f: impl FnOnce(&Core) -> R) -> R {
-    try_with_core(f).expect("not inside a barewire runtime: call this from Runtime::block_on or a task it spawned")
+    try_with_core(f).expect(
+        "not inside a barewire runtime: call this from Runtime::block_on or a task it spawned",
+    )
 }
 
 /// Like `with_core`, or `None` when the thread runs no core.
@@ -126,15 +138,16 @@ pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
 /// owner's inbox otherwise.
 pub(crate) fn schedule_task(task: RawTask) {
     let owner = &task.header().owner;
-    let local = try_with_core(|c| {
+    let queued_locally = try_with_core(|c| {
         if Arc::ptr_eq(&c.shared, owner) {
-            Some(c.run_queue.borrow_mut().push_back(task.clone()))
+            c.run_queue.borrow_mut().push_back(task.clone());
+            true
         } else {
-            None
+            false
         }
     })
-    .flatten();
-    if local.is_none() {
+    .unwrap_or(false);
+    if !queued_locally {
         let owner = task.header().owner.clone();
         owner.wake.push(InboxItem::Task(task));
     }
@@ -184,7 +197,13 @@ impl Drop for EnterGuard {
 }
 
 impl Core {
-    pub(crate) fn new(shared: Arc<CoreShared>, cpu: Option<usize>, driver: Driver, mesh: Mesh, config: CoreConfig) -> Core {
+    pub(crate) fn new(
+        shared: Arc<CoreShared>,
+        cpu: Option<usize>,
+        driver: Driver,
+        mesh: Mesh,
+        config: CoreConfig,
+    ) -> Core {
         Core {
             shared,
             cpu,
@@ -206,7 +225,10 @@ impl Core {
 
     fn enter(&self) -> EnterGuard {
         let prev = CURRENT.with(|c| c.replace(self as *const Core));
-        assert!(prev.is_null() || prev == self as *const Core, "block_on called from inside a barewire runtime");
+        assert!(
+            prev.is_null() || std::ptr::eq(prev, self),
+            "block_on called from inside a barewire runtime"
+        );
         EnterGuard(prev)
     }
 
@@ -220,7 +242,9 @@ impl Core {
         // SAFETY: allocate handed out three references: list, JoinHandle, run queue.
         unsafe {
             self.link(ptr);
-            self.run_queue.borrow_mut().push_back(RawTask::from_raw(ptr));
+            self.run_queue
+                .borrow_mut()
+                .push_back(RawTask::from_raw(ptr));
             JoinHandle::local(RawJoin::new(ptr))
         }
     }
@@ -262,7 +286,9 @@ impl Core {
     fn run_tasks(&self) -> usize {
         let mut ran = 0;
         while ran < self.config.budget {
-            let Some(task) = self.run_queue.borrow_mut().pop_front() else { break };
+            let Some(task) = self.run_queue.borrow_mut().pop_front() else {
+                break;
+            };
             let prev = task.clear_scheduled();
             if prev & COMPLETE != 0 {
                 continue;
@@ -343,8 +369,15 @@ impl Core {
             }
             entered += 1;
         }
-        if ok && !self.pure_poll() && !main_woken.load(Ordering::Acquire) && !self.shared.stop.load(Ordering::SeqCst) {
-            let timeout = self.timers.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+        if ok
+            && !self.pure_poll()
+            && !main_woken.load(Ordering::Acquire)
+            && !self.shared.stop.load(Ordering::SeqCst)
+        {
+            let timeout = self
+                .timers
+                .next_deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()));
             bump(&self.stats.sleeps);
             self.driver.park(timeout, &self.stats);
         }
@@ -360,7 +393,10 @@ impl Core {
     /// Drives the loop until `main` completes, or (with no main) until a stop is requested.
     pub(crate) fn run<F: Future>(&self, mut main: Option<Pin<&mut F>>) -> Option<F::Output> {
         let _guard = self.enter();
-        let main_waker = Arc::new(MainWaker { woken: AtomicBool::new(true), shared: self.shared.clone() });
+        let main_waker = Arc::new(MainWaker {
+            woken: AtomicBool::new(true),
+            shared: self.shared.clone(),
+        });
         let waker = Waker::from(main_waker.clone());
         let mut cx = Context::from_waker(&waker);
         let mut idle_since: Option<Instant> = None;

@@ -28,12 +28,19 @@ pub struct File {
 impl File {
     /// Opens for reading.
     pub fn open(path: impl AsRef<Path>) -> io::Result<File> {
-        Ok(File { fd: std::fs::File::open(path)?.into() })
+        Ok(File {
+            fd: std::fs::File::open(path)?.into(),
+        })
     }
 
     /// Creates (or truncates) for reading and writing.
     pub fn create(path: impl AsRef<Path>) -> io::Result<File> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
         Ok(File { fd: f.into() })
     }
 

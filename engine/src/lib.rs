@@ -33,6 +33,7 @@ pub mod buf;
 mod core;
 mod driver;
 mod error;
+pub mod fs;
 mod mesh;
 pub mod net;
 mod op;
@@ -46,7 +47,6 @@ pub mod sync;
 mod task;
 pub mod time;
 mod wake;
-pub mod fs;
 
 pub use crate::core::spawn_local;
 pub use driver::{Reactor, ReactorKind, UringFlags};
@@ -54,7 +54,8 @@ pub use error::Error;
 pub use op::poll_fd::{poll_readable, poll_writable};
 pub use poller::Poller;
 pub use runtime::{
-    current_core, current_cpu, num_cores, reactor, register_poller, spawn_on, stats, yield_now, Builder, Runtime,
+    current_core, current_cpu, num_cores, reactor, register_poller, spawn_on, stats, yield_now,
+    Builder, Runtime,
 };
 pub use stats::CoreStats;
 pub use task::{task_overhead_bytes, JoinError, JoinHandle};

@@ -35,8 +35,12 @@ pub(crate) struct MeshBuilder {
 
 impl MeshBuilder {
     pub(crate) fn new(cores: usize, capacity: usize) -> Self {
-        let mut out: Vec<Vec<Option<Producer<Msg>>>> = (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
-        let mut inc: Vec<Vec<Option<Consumer<Msg>>>> = (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
+        let mut out: Vec<Vec<Option<Producer<Msg>>>> = (0..cores)
+            .map(|_| (0..cores).map(|_| None).collect())
+            .collect();
+        let mut inc: Vec<Vec<Option<Consumer<Msg>>>> = (0..cores)
+            .map(|_| (0..cores).map(|_| None).collect())
+            .collect();
         for from in 0..cores {
             for to in 0..cores {
                 if from != to {
@@ -53,8 +57,14 @@ impl MeshBuilder {
         let n = peers.len();
         Mesh {
             me,
-            out: self.out[me].iter_mut().map(|p| p.take().map(RefCell::new)).collect(),
-            inc: self.inc[me].iter_mut().map(|c| c.take().map(RefCell::new)).collect(),
+            out: self.out[me]
+                .iter_mut()
+                .map(|p| p.take().map(RefCell::new))
+                .collect(),
+            inc: self.inc[me]
+                .iter_mut()
+                .map(|c| c.take().map(RefCell::new))
+                .collect(),
             overflow: RefCell::new((0..n).map(|_| VecDeque::new()).collect()),
             dirty: (0..n).map(|_| Cell::new(false)).collect(),
             any_dirty: Cell::new(false),
@@ -131,7 +141,9 @@ impl Mesh {
                 }
             }
         }
-        stats.mesh_received.set(stats.mesh_received.get() + n as u64);
+        stats
+            .mesh_received
+            .set(stats.mesh_received.get() + n as u64);
         n
     }
 

@@ -44,7 +44,9 @@ pub struct BufferPool {
 /// Whether this process may lock memory beyond RLIMIT_MEMLOCK.
 fn has_cap_ipc_lock() -> bool {
     const CAP_IPC_LOCK: u32 = 14;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return false };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
     status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
@@ -54,7 +56,10 @@ fn has_cap_ipc_lock() -> bool {
 
 /// Fails with `Error::Memlock` if locking `needed` bytes would exceed the limit.
 pub fn check_memlock(needed: u64) -> Result<(), Error> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: lim is a valid rlimit to fill.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0 {
         return Ok(());
@@ -62,7 +67,10 @@ pub fn check_memlock(needed: u64) -> Result<(), Error> {
     if lim.rlim_cur == libc::RLIM_INFINITY || needed <= lim.rlim_cur || has_cap_ipc_lock() {
         return Ok(());
     }
-    Err(Error::Memlock { needed, limit: lim.rlim_cur })
+    Err(Error::Memlock {
+        needed,
+        limit: lim.rlim_cur,
+    })
 }
 
 impl BufferPool {
@@ -70,25 +78,48 @@ impl BufferPool {
     /// current core's io_uring.
     pub fn new(count: usize, buf_size: usize) -> Result<BufferPool, Error> {
         if count == 0 || buf_size == 0 || count > u16::MAX as usize {
-            return Err(Error::InvalidConfig("BufferPool needs 1..=65535 buffers of non-zero size".into()));
+            return Err(Error::InvalidConfig(
+                "BufferPool needs 1..=65535 buffers of non-zero size".into(),
+            ));
         }
         let page = 4096;
         let buf_size = buf_size.div_ceil(page) * page;
-        let len = count.checked_mul(buf_size).ok_or_else(|| Error::InvalidConfig("pool size overflows".into()))?;
+        let len = count
+            .checked_mul(buf_size)
+            .ok_or_else(|| Error::InvalidConfig("pool size overflows".into()))?;
         check_memlock(len as u64)?;
         // SAFETY: anonymous private mapping; checked for failure below.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
-            return Err(Error::io("mmap for the buffer pool", std::io::Error::last_os_error()));
+            return Err(Error::io(
+                "mmap for the buffer pool",
+                std::io::Error::last_os_error(),
+            ));
         }
         let base = base as *mut u8;
-        let mut inner = Inner { base, len, buf_size, free: RefCell::new((0..count as u32).rev().collect()), registered: false };
+        let mut inner = Inner {
+            base,
+            len,
+            buf_size,
+            free: RefCell::new((0..count as u32).rev().collect()),
+            registered: false,
+        };
         let res = with_core(|c| match &c.driver {
             Driver::Uring(u) => {
                 let iovecs: Vec<libc::iovec> = (0..count)
-                    .map(|i| libc::iovec { iov_base: base.wrapping_add(i * buf_size) as *mut libc::c_void, iov_len: buf_size })
+                    .map(|i| libc::iovec {
+                        iov_base: base.wrapping_add(i * buf_size) as *mut libc::c_void,
+                        iov_len: buf_size,
+                    })
                     .collect();
                 // SAFETY: the iovecs describe our mapping, which stays mapped until Drop, after
                 // the buffers are unregistered.
@@ -100,21 +131,33 @@ impl BufferPool {
             Some(Ok(())) => inner.registered = true,
             Some(Err(e)) if e.raw_os_error() == Some(libc::ENOMEM) => {
                 drop(inner);
-                return Err(Error::Memlock { needed: len as u64, limit: current_memlock() });
+                return Err(Error::Memlock {
+                    needed: len as u64,
+                    limit: current_memlock(),
+                });
             }
             Some(Err(e)) => {
                 drop(inner);
-                return Err(Error::io("registering fixed buffers with io_uring (one pool per core)", e));
+                return Err(Error::io(
+                    "registering fixed buffers with io_uring (one pool per core)",
+                    e,
+                ));
             }
             None => {}
         }
-        Ok(BufferPool { inner: Rc::new(inner) })
+        Ok(BufferPool {
+            inner: Rc::new(inner),
+        })
     }
 
     /// Takes a free buffer, or `None` if all are in use.
     pub fn get(&self) -> Option<FixedBuf> {
         let index = self.inner.free.borrow_mut().pop()?;
-        Some(FixedBuf { pool: self.inner.clone(), index, len: 0 })
+        Some(FixedBuf {
+            pool: self.inner.clone(),
+            index,
+            len: 0,
+        })
     }
 
     /// Free buffers left.
@@ -134,7 +177,10 @@ impl BufferPool {
 }
 
 fn current_memlock() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: lim is a valid rlimit to fill.
     unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
     lim.rlim_cur
@@ -165,7 +211,9 @@ pub struct FixedBuf {
 
 impl FixedBuf {
     fn ptr(&self) -> *mut u8 {
-        self.pool.base.wrapping_add(self.index as usize * self.pool.buf_size)
+        self.pool
+            .base
+            .wrapping_add(self.index as usize * self.pool.buf_size)
     }
 
     /// The io_uring fixed-buffer index, if the pool is registered.
@@ -181,7 +229,10 @@ impl FixedBuf {
 
     /// Sets how many bytes hold data (what a write sends).
     pub fn set_len(&mut self, len: usize) {
-        assert!(len <= self.pool.buf_size, "FixedBuf::set_len beyond the buffer");
+        assert!(
+            len <= self.pool.buf_size,
+            "FixedBuf::set_len beyond the buffer"
+        );
         self.len = len;
     }
 

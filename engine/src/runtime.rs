@@ -112,15 +112,27 @@ impl Builder {
     fn resolve_cores(&self) -> Result<Vec<Option<usize>>, Error> {
         let available: Vec<usize> = match core_affinity::get_core_ids() {
             Some(ids) => ids.into_iter().map(|c| c.id).collect(),
-            None => (0..thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect(),
+            None => (0..thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1))
+                .collect(),
         };
         let ids = match &self.cores {
-            Cores::Count(0) => return Err(Error::InvalidConfig("a runtime needs at least one core".into())),
+            Cores::Count(0) => {
+                return Err(Error::InvalidConfig(
+                    "a runtime needs at least one core".into(),
+                ))
+            }
             Cores::Count(n) if *n > available.len() => {
-                return Err(Error::TooManyCores { requested: *n, available: available.len() })
+                return Err(Error::TooManyCores {
+                    requested: *n,
+                    available: available.len(),
+                })
             }
             Cores::Count(n) => available[..*n].to_vec(),
-            Cores::Ids(ids) if ids.is_empty() => return Err(Error::InvalidConfig("core_ids is empty".into())),
+            Cores::Ids(ids) if ids.is_empty() => {
+                return Err(Error::InvalidConfig("core_ids is empty".into()))
+            }
             Cores::Ids(ids) => {
                 for (i, id) in ids.iter().enumerate() {
                     if !available.contains(id) {
@@ -144,7 +156,9 @@ impl Builder {
             None | Some("") | Some("auto") => Ok(Reactor::Auto),
             Some("io_uring") | Some("uring") => Ok(Reactor::IoUring),
             Some("epoll") => Ok(Reactor::Epoll),
-            Some(other) => Err(Error::InvalidConfig(format!("BAREWIRE_REACTOR={other}: expected io_uring, epoll or auto"))),
+            Some(other) => Err(Error::InvalidConfig(format!(
+                "BAREWIRE_REACTOR={other}: expected io_uring, epoll or auto"
+            ))),
         }
     }
 
@@ -152,15 +166,22 @@ impl Builder {
     /// pinned) for each other core.
     pub fn build(self) -> Result<Runtime, Error> {
         if self.ring_entries == 0 || self.budget == 0 || self.mesh_capacity == 0 {
-            return Err(Error::InvalidConfig("ring_entries, task_budget and mesh_capacity must be non-zero".into()));
+            return Err(Error::InvalidConfig(
+                "ring_entries, task_budget and mesh_capacity must be non-zero".into(),
+            ));
         }
         let cpus = self.resolve_cores()?;
         let reactor = self.reactor_choice()?;
         let n = cpus.len();
-        let shared: Vec<Arc<CoreShared>> =
-            (0..n).map(CoreShared::new).collect::<Result<_, _>>().map_err(|e| Error::io("eventfd", e))?;
+        let shared: Vec<Arc<CoreShared>> = (0..n)
+            .map(CoreShared::new)
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::io("eventfd", e))?;
         let mut mesh = MeshBuilder::new(n, self.mesh_capacity);
-        let cfg = |b: &Builder| CoreConfig { budget: b.budget, idle_spin: b.idle_spin };
+        let cfg = |b: &Builder| CoreConfig {
+            budget: b.budget,
+            idle_spin: b.idle_spin,
+        };
 
         let mut threads = Vec::with_capacity(n.saturating_sub(1));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), Error>>();
@@ -191,13 +212,27 @@ impl Builder {
             threads.push(t);
         }
         drop(ready_tx);
-        let core0 = make_core(shared[0].clone(), cpus[0], reactor, self.ring_entries, mesh.take(0, shared.clone()), cfg(&self));
-        let mut first_err = core0.as_ref().err().map(|e| Error::InvalidConfig(e.to_string()));
+        let core0 = make_core(
+            shared[0].clone(),
+            cpus[0],
+            reactor,
+            self.ring_entries,
+            mesh.take(0, shared.clone()),
+            cfg(&self),
+        );
+        let mut first_err = core0
+            .as_ref()
+            .err()
+            .map(|e| Error::InvalidConfig(e.to_string()));
         for _ in 1..n {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => first_err = first_err.or(Some(e)),
-                Err(_) => first_err = first_err.or(Some(Error::InvalidConfig("a core thread died during setup".into()))),
+                Err(_) => {
+                    first_err = first_err.or(Some(Error::InvalidConfig(
+                        "a core thread died during setup".into(),
+                    )))
+                }
             }
         }
         if let Some(e) = first_err {
@@ -213,7 +248,11 @@ impl Builder {
             });
         }
         let core0 = Box::new(core0.expect("checked above"));
-        Ok(Runtime { core0: Some(core0), shared, threads })
+        Ok(Runtime {
+            core0: Some(core0),
+            shared,
+            threads,
+        })
     }
 }
 
@@ -232,13 +271,21 @@ fn make_core(
     }
     let wake_fd = std::os::fd::AsRawFd::as_raw_fd(&shared.wake.doorbell.0);
     let driver = match reactor {
-        Reactor::Epoll => Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?),
-        Reactor::IoUring => Driver::Uring(Uring::new(entries, wake_fd).map_err(Error::IoUringUnavailable)?),
+        Reactor::Epoll => {
+            Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?)
+        }
+        Reactor::IoUring => {
+            Driver::Uring(Uring::new(entries, wake_fd).map_err(Error::IoUringUnavailable)?)
+        }
         Reactor::Auto => match Uring::new(entries, wake_fd) {
             Ok(u) => Driver::Uring(u),
             Err(e) => {
                 static WARN: Once = Once::new();
-                WARN.call_once(|| eprintln!("barewire: io_uring is unavailable ({e}); the epoll reactor is active"));
+                WARN.call_once(|| {
+                    eprintln!(
+                        "barewire: io_uring is unavailable ({e}); the epoll reactor is active"
+                    )
+                });
                 Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?)
             }
         },
@@ -288,7 +335,9 @@ impl Runtime {
     /// it waits. The future may borrow from the caller and need not be `Send`.
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let mut future = std::pin::pin!(future);
-        self.core0().run(Some(future.as_mut())).expect("run returns the main future's output")
+        self.core0()
+            .run(Some(future.as_mut()))
+            .expect("run returns the main future's output")
     }
 
     /// Runs `f(core)` on every core at once and returns the outputs in core order.
@@ -316,7 +365,9 @@ impl Runtime {
                 match h.await {
                     Ok(v) => out.push(v),
                     Err(JoinError::Panicked(p)) => std::panic::resume_unwind(p),
-                    Err(JoinError::Cancelled) => panic!("run_on_all: a core shut down before its future finished"),
+                    Err(JoinError::Cancelled) => {
+                        panic!("run_on_all: a core shut down before its future finished")
+                    }
                 }
             }
             out
@@ -382,7 +433,9 @@ where
     with_core(|c| {
         let n = c.mesh.peers().len();
         if core >= n {
-            shared.finish(Err(JoinError::Panicked(Box::new(format!("spawn_on: core {core} does not exist; this runtime has {n} cores")))));
+            shared.finish(Err(JoinError::Panicked(Box::new(format!(
+                "spawn_on: core {core} does not exist; this runtime has {n} cores"
+            )))));
         } else if core == c.index() {
             msg();
         } else {
@@ -415,7 +468,12 @@ where
         let shared = guard.0.take().expect("message runs once");
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
             Ok(future) => {
-                with_core(|c| drop(c.spawn(RemoteTask { future: Some(future), shared })));
+                with_core(|c| {
+                    drop(c.spawn(RemoteTask {
+                        future: Some(future),
+                        shared,
+                    }))
+                });
             }
             Err(p) => shared.finish(Err(JoinError::Panicked(p))),
         }

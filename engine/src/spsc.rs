@@ -48,11 +48,27 @@ pub(crate) struct Consumer<T> {
 /// A ring holding at least `capacity` items (rounded up to a power of two).
 pub(crate) fn ring<T>(capacity: usize) -> (Producer<T>, Consumer<T>) {
     let cap = capacity.max(2).next_power_of_two();
-    let slots = (0..cap).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
-    let ring = Arc::new(Ring { slots, mask: cap - 1, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) });
+    let slots = (0..cap)
+        .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+        .collect();
+    let ring = Arc::new(Ring {
+        slots,
+        mask: cap - 1,
+        head: Padded(AtomicUsize::new(0)),
+        tail: Padded(AtomicUsize::new(0)),
+    });
     (
-        Producer { ring: ring.clone(), tail: 0, published: 0, cached_head: 0 },
-        Consumer { ring, head: 0, cached_tail: 0 },
+        Producer {
+            ring: ring.clone(),
+            tail: 0,
+            published: 0,
+            cached_head: 0,
+        },
+        Consumer {
+            ring,
+            head: 0,
+            cached_tail: 0,
+        },
     )
 }
 

@@ -66,7 +66,10 @@ impl Timers {
     }
 
     pub(crate) fn pure_poll(&self, now: Instant) -> bool {
-        self.map.borrow().first_key_value().is_some_and(|(k, _)| k.0 <= now)
+        self.map
+            .borrow()
+            .first_key_value()
+            .is_some_and(|(k, _)| k.0 <= now)
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -98,7 +101,10 @@ pub fn sleep(dur: Duration) -> Sleep {
 
 /// Waits until `deadline`.
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep { deadline, key: None }
+    Sleep {
+        deadline,
+        key: None,
+    }
 }
 
 impl Sleep {
@@ -162,7 +168,10 @@ pub struct Elapsed;
 /// });
 /// ```
 pub fn timeout<F: Future>(dur: Duration, fut: F) -> Timeout<F> {
-    Timeout { fut, sleep: sleep(dur) }
+    Timeout {
+        fut,
+        sleep: sleep(dur),
+    }
 }
 
 /// See [`timeout`].
@@ -190,7 +199,10 @@ impl<F: Future> Future for Timeout<F> {
 /// (missed ticks are skipped, as tokio's `MissedTickBehavior::Skip`).
 pub fn interval(period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "interval period must be non-zero");
-    Interval { period, sleep: sleep_until(Instant::now()) }
+    Interval {
+        period,
+        sleep: sleep_until(Instant::now()),
+    }
 }
 
 /// See [`interval`].

@@ -24,7 +24,11 @@ pub(crate) struct WakeState<T, D> {
 
 impl<T, D: Doorbell> WakeState<T, D> {
     pub(crate) fn new(doorbell: D) -> Self {
-        WakeState { inbox: Mutex::new(Vec::new()), sleeping: AtomicBool::new(false), doorbell }
+        WakeState {
+            inbox: Mutex::new(Vec::new()),
+            sleeping: AtomicBool::new(false),
+            doorbell,
+        }
     }
 
     /// Producer side: queue an item for the owner and wake it if it sleeps.
@@ -93,7 +97,10 @@ mod loom_tests {
             }
             producer.join().unwrap();
             let rung = ws.doorbell.0.load(Ordering::SeqCst);
-            assert!(saw_item || rung == 1, "owner slept without seeing the item or the doorbell");
+            assert!(
+                saw_item || rung == 1,
+                "owner slept without seeing the item or the doorbell"
+            );
             let mut v = Vec::new();
             ws.drain_into(&mut v);
             assert_eq!(v, vec![7]);

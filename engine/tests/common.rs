@@ -1,13 +1,18 @@
 //! Shared by the engine's integration tests.
 #![allow(dead_code)]
 
-use barewire_engine::{Runtime, ReactorKind};
+use barewire_engine::{ReactorKind, Runtime};
 use std::time::Duration;
 
 /// A runtime that sleeps when idle and does not pin, so parallel tests on a 2-core CI machine
 /// do not fight. Honours BAREWIRE_REACTOR, so the same tests run under both reactors.
 pub fn rt(cores: usize) -> Runtime {
-    Runtime::builder().cores(cores).pin(false).idle_spin(Duration::ZERO).build().expect("runtime")
+    Runtime::builder()
+        .cores(cores)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .expect("runtime")
 }
 
 pub fn expect_reactor(rt: &Runtime) {

@@ -68,15 +68,24 @@ fn a_recv_dropped_in_flight_keeps_its_buffer_until_the_kernel_is_done_and_loses_
 
         // Start a recv with nothing to read, then drop it while the kernel holds it.
         let dropped = Rc::new(Cell::new(false));
-        let buf = Tracked { data: Vec::with_capacity(4096), dropped: dropped.clone() };
+        let buf = Tracked {
+            data: Vec::with_capacity(4096),
+            dropped: dropped.clone(),
+        };
         let r = timeout(Duration::from_millis(20), server.read(buf)).await;
         assert!(r.is_err(), "nothing was sent, so the read timed out");
         if uring {
-            assert!(!dropped.get(), "the buffer stays parked while the kernel may still write to it");
+            assert!(
+                !dropped.get(),
+                "the buffer stays parked while the kernel may still write to it"
+            );
         }
         // The cancel completes on the next reactor pass.
         sleep(Duration::from_millis(20)).await;
-        assert!(dropped.get(), "the buffer is released once the kernel gave it back");
+        assert!(
+            dropped.get(),
+            "the buffer is released once the kernel gave it back"
+        );
 
         // Now data arrives: every byte reaches the next reads, in order.
         let sent = pattern(256 * 1024);
@@ -111,7 +120,10 @@ fn dropping_many_inflight_ops_at_shutdown_is_clean() {
             let addr = l.local_addr().unwrap();
             spawn_local(async move {
                 let c = TcpStream::connect(addr).await.unwrap();
-                let buf = Tracked { data: Vec::with_capacity(1024), dropped: f };
+                let buf = Tracked {
+                    data: Vec::with_capacity(1024),
+                    dropped: f,
+                };
                 let _ = c.read(buf).await; // never completes: the server never writes
             });
         }
@@ -123,7 +135,10 @@ fn dropping_many_inflight_ops_at_shutdown_is_clean() {
         (l, kept)
     });
     rt.shutdown();
-    assert!(flags.iter().all(|f| f.get()), "every parked buffer was released at shutdown");
+    assert!(
+        flags.iter().all(|f| f.get()),
+        "every parked buffer was released at shutdown"
+    );
     drop(l);
 }
 
@@ -182,7 +197,10 @@ fn tcp_echo_across_cores_with_many_connections() {
         for c in clients {
             c.await.unwrap();
         }
-        timeout(Duration::from_secs(30), server).await.unwrap().unwrap();
+        timeout(Duration::from_secs(30), server)
+            .await
+            .unwrap()
+            .unwrap();
     });
 }
 
@@ -227,7 +245,10 @@ fn send_zc_delivers_large_buffers() {
             }
         }
         let got = reader.await.unwrap();
-        assert_eq!(got, [data.clone(), data.clone(), data.clone(), data].concat());
+        assert_eq!(
+            got,
+            [data.clone(), data.clone(), data.clone(), data].concat()
+        );
     });
 }
 
@@ -298,7 +319,11 @@ fn poll_readable_waits_for_a_foreign_fd() {
         sleep(Duration::from_millis(10)).await;
         assert!(!waiter.is_finished(), "nothing written yet");
         (&b).write_all(b"!").unwrap();
-        timeout(Duration::from_secs(5), waiter).await.unwrap().unwrap().unwrap();
+        timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         drop(a);
     });
 }

@@ -47,14 +47,24 @@ pub(crate) enum Direction {
 impl Epoll {
     pub(crate) fn new(wake_fd: RawFd) -> io::Result<Epoll> {
         let poll = mio::Poll::new()?;
-        poll.registry().register(&mut SourceFd(&wake_fd), WAKE_TOKEN, Interest::READABLE)?;
-        Ok(Epoll { poll: RefCell::new(poll), events: RefCell::new(Events::with_capacity(256)), ios: RefCell::new(Slab::new()), wake_fd })
+        poll.registry()
+            .register(&mut SourceFd(&wake_fd), WAKE_TOKEN, Interest::READABLE)?;
+        Ok(Epoll {
+            poll: RefCell::new(poll),
+            events: RefCell::new(Events::with_capacity(256)),
+            ios: RefCell::new(Slab::new()),
+            wake_fd,
+        })
     }
 
     /// Registers an fd for both directions; returns its token.
     pub(crate) fn register(&self, fd: RawFd) -> io::Result<usize> {
         let key = self.ios.borrow_mut().insert(IoState::default());
-        let res = self.poll.borrow().registry().register(&mut SourceFd(&fd), Token(key), Interest::READABLE | Interest::WRITABLE);
+        let res = self.poll.borrow().registry().register(
+            &mut SourceFd(&fd),
+            Token(key),
+            Interest::READABLE | Interest::WRITABLE,
+        );
         if let Err(e) = res {
             self.ios.borrow_mut().remove(key);
             return Err(e);
@@ -71,7 +81,9 @@ impl Epoll {
     /// Ready when the fd was reported ready in `dir` (or errored) since the last `clear`.
     pub(crate) fn poll_ready(&self, key: usize, dir: Direction, cx: &mut Context<'_>) -> Poll<()> {
         let mut ios = self.ios.borrow_mut();
-        let Some(s) = ios.get_mut(key) else { return Poll::Ready(()) };
+        let Some(s) = ios.get_mut(key) else {
+            return Poll::Ready(());
+        };
         let (ready, slot) = match dir {
             Direction::Read => (s.readable || s.error, &mut s.read_waker),
             Direction::Write => (s.writable || s.error, &mut s.write_waker),
@@ -122,7 +134,9 @@ impl Epoll {
                 continue;
             }
             let mut ios = self.ios.borrow_mut();
-            let Some(s) = ios.get_mut(ev.token().0) else { continue };
+            let Some(s) = ios.get_mut(ev.token().0) else {
+                continue;
+            };
             if ev.is_error() {
                 s.error = true;
             }

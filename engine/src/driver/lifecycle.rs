@@ -25,7 +25,11 @@ pub(crate) enum Lifecycle {
     Waiting(Waker),
     Ignored(Box<dyn Any>, Option<OrphanFn>),
     Completed(i32, u32),
-    Multi { queue: VecDeque<(i32, u32)>, waker: Option<Waker>, done: bool },
+    Multi {
+        queue: VecDeque<(i32, u32)>,
+        waker: Option<Waker>,
+        done: bool,
+    },
 }
 
 pub(crate) struct OpState {
@@ -42,11 +46,18 @@ pub(crate) const CQE_F_NOTIF: u32 = 1 << 3;
 impl OpState {
     pub(crate) fn new(multi: bool) -> Self {
         let life = if multi {
-            Lifecycle::Multi { queue: VecDeque::new(), waker: None, done: false }
+            Lifecycle::Multi {
+                queue: VecDeque::new(),
+                waker: None,
+                done: false,
+            }
         } else {
             Lifecycle::Submitted
         };
-        OpState { life, first_result: None }
+        OpState {
+            life,
+            first_result: None,
+        }
     }
 
     /// Records a CQE. Returns `(waker to wake, slot is finished and can be freed)`.
@@ -71,7 +82,11 @@ impl OpState {
                     self.first_result = Some(res);
                     return (None, false);
                 }
-                let res = if flags & CQE_F_NOTIF != 0 { self.first_result.unwrap_or(res) } else { res };
+                let res = if flags & CQE_F_NOTIF != 0 {
+                    self.first_result.unwrap_or(res)
+                } else {
+                    res
+                };
                 match std::mem::replace(&mut self.life, Lifecycle::Completed(res, flags)) {
                     Lifecycle::Waiting(w) => (Some(w), false),
                     _ => (None, false),

@@ -53,12 +53,17 @@ pub(crate) struct Uring {
 
 impl Uring {
     pub(crate) fn new(entries: u32, wake_fd: RawFd) -> io::Result<Uring> {
-        let attempts: [(UringFlags, fn(&mut io_uring::Builder)); 3] = [
+        type Apply = fn(&mut io_uring::Builder);
+        let attempts: [(UringFlags, Apply); 3] = [
             (UringFlags::DeferTaskrun, |b| {
-                b.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
+                b.setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_taskrun_flag();
             }),
             (UringFlags::CoopTaskrun, |b| {
-                b.setup_single_issuer().setup_coop_taskrun().setup_taskrun_flag();
+                b.setup_single_issuer()
+                    .setup_coop_taskrun()
+                    .setup_taskrun_flag();
             }),
             (UringFlags::Plain, |_| {}),
         ];
@@ -121,7 +126,11 @@ impl Uring {
     }
 
     /// Polls a one-shot operation.
-    pub(crate) fn poll_op(&self, key: usize, cx: &mut std::task::Context<'_>) -> std::task::Poll<(i32, u32)> {
+    pub(crate) fn poll_op(
+        &self,
+        key: usize,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<(i32, u32)> {
         let mut ops = self.ops.borrow_mut();
         let state = &mut ops[key];
         match &mut state.life {
@@ -139,7 +148,11 @@ impl Uring {
     }
 
     /// Polls a multishot operation for its next completion; `None` after the last.
-    pub(crate) fn poll_multi(&self, key: usize, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<(i32, u32)>> {
+    pub(crate) fn poll_multi(
+        &self,
+        key: usize,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<(i32, u32)>> {
         let mut ops = self.ops.borrow_mut();
         let Lifecycle::Multi { queue, waker, done } = &mut ops[key].life else {
             unreachable!("poll_multi on a one-shot operation")
@@ -164,7 +177,9 @@ impl Uring {
                 drop(ops);
                 drop(data);
             }
-            Lifecycle::Multi { queue, done: true, .. } => {
+            Lifecycle::Multi {
+                queue, done: true, ..
+            } => {
                 let mut data = data;
                 if let Some(f) = on_cqe {
                     for (res, flags) in queue.drain(..) {
@@ -182,7 +197,11 @@ impl Uring {
                 }
                 *life = Lifecycle::Ignored(data, on_cqe);
                 drop(ops);
-                self.push(opcode::AsyncCancel::new(key as u64).build().user_data(IGNORE_TOKEN));
+                self.push(
+                    opcode::AsyncCancel::new(key as u64)
+                        .build()
+                        .user_data(IGNORE_TOKEN),
+                );
             }
         }
     }
@@ -200,16 +219,24 @@ impl Uring {
             let pending = ring.submission().len();
             let taskrun = ring.submission().taskrun() || ring.submission().cq_overflow();
             if pending > 0 || taskrun {
-                stats.ops_submitted.set(stats.ops_submitted.get() + pending as u64);
+                stats
+                    .ops_submitted
+                    .set(stats.ops_submitted.get() + pending as u64);
                 match ring.submit() {
                     Ok(_) => {}
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EINTR | libc::EAGAIN)) => {}
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EBUSY | libc::EINTR | libc::EAGAIN)
+                        ) => {}
                     Err(e) => panic!("io_uring_enter failed: {e}"),
                 }
             }
         }
         let n = self.reap();
-        stats.ops_completed.set(stats.ops_completed.get() + n as u64);
+        stats
+            .ops_completed
+            .set(stats.ops_completed.get() + n as u64);
         n > 0
     }
 
@@ -258,9 +285,13 @@ impl Uring {
         if self.wake_armed.replace(true) {
             return;
         }
-        let entry = opcode::Read::new(types::Fd(self.wake_fd), self.wake_buf.as_ptr() as *mut u8, 8)
-            .build()
-            .user_data(WAKE_TOKEN);
+        let entry = opcode::Read::new(
+            types::Fd(self.wake_fd),
+            self.wake_buf.as_ptr() as *mut u8,
+            8,
+        )
+        .build()
+        .user_data(WAKE_TOKEN);
         self.push(entry);
     }
 
@@ -271,7 +302,9 @@ impl Uring {
         let res = match timeout {
             None => ring.submit_and_wait(1),
             Some(t) if self.ext_arg => {
-                let ts = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos());
+                let ts = types::Timespec::new()
+                    .sec(t.as_secs())
+                    .nsec(t.subsec_nanos());
                 let args = types::SubmitArgs::new().timespec(&ts);
                 ring.submitter().submit_with_args(1, &args)
             }
@@ -282,7 +315,11 @@ impl Uring {
                 // the driver serves every park.
                 let ts_ptr = self.park_ts.get();
                 // SAFETY: the driver is single-threaded and nothing else references park_ts.
-                unsafe { *ts_ptr = types::Timespec::new().sec(t.as_secs()).nsec(t.subsec_nanos()) };
+                unsafe {
+                    *ts_ptr = types::Timespec::new()
+                        .sec(t.as_secs())
+                        .nsec(t.subsec_nanos())
+                };
                 self.push(opcode::Timeout::new(ts_ptr).build().user_data(IGNORE_TOKEN));
                 let ring = self.ring.borrow();
                 ring.submit_and_wait(1)
@@ -290,7 +327,11 @@ impl Uring {
         };
         match res {
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) => {}
             Err(e) => panic!("io_uring_enter (wait) failed: {e}"),
         }
     }
@@ -305,7 +346,11 @@ impl Uring {
     pub(crate) fn drain(&self, stats: &Stats) {
         let keys: Vec<usize> = self.ops.borrow().iter().map(|(k, _)| k).collect();
         for key in keys {
-            self.push(opcode::AsyncCancel::new(key as u64).build().user_data(IGNORE_TOKEN));
+            self.push(
+                opcode::AsyncCancel::new(key as u64)
+                    .build()
+                    .user_data(IGNORE_TOKEN),
+            );
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         while self.in_flight() > 0 && std::time::Instant::now() < deadline {
@@ -331,7 +376,10 @@ impl Drop for Uring {
     fn drop(&mut self) {
         if self.wake_armed.get() {
             // The eventfd read may still reference wake_buf: it is cheap to leak.
-            std::mem::forget(std::mem::replace(&mut self.wake_buf, Box::new(Cell::new(0))));
+            std::mem::forget(std::mem::replace(
+                &mut self.wake_buf,
+                Box::new(Cell::new(0)),
+            ));
         }
     }
 }

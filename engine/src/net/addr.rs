@@ -15,7 +15,10 @@ impl RawAddr {
     pub(crate) fn empty() -> Box<RawAddr> {
         // SAFETY: sockaddr_storage is plain old data; all-zero is a valid (unspecified) value.
         let storage = unsafe { mem::zeroed() };
-        Box::new(RawAddr { storage, len: mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t })
+        Box::new(RawAddr {
+            storage,
+            len: mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+        })
     }
 
     pub(crate) fn from_addr(addr: &SocketAddr) -> Box<RawAddr> {
@@ -25,11 +28,15 @@ impl RawAddr {
                 let sin = libc::sockaddr_in {
                     sin_family: libc::AF_INET as libc::sa_family_t,
                     sin_port: a.port().to_be(),
-                    sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
                     sin_zero: [0; 8],
                 };
                 // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-                unsafe { std::ptr::write(&mut raw.storage as *mut _ as *mut libc::sockaddr_in, sin) };
+                unsafe {
+                    std::ptr::write(&mut raw.storage as *mut _ as *mut libc::sockaddr_in, sin)
+                };
                 raw.len = mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
             }
             SocketAddr::V6(a) => {
@@ -37,11 +44,15 @@ impl RawAddr {
                     sin6_family: libc::AF_INET6 as libc::sa_family_t,
                     sin6_port: a.port().to_be(),
                     sin6_flowinfo: a.flowinfo(),
-                    sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
                     sin6_scope_id: a.scope_id(),
                 };
                 // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-                unsafe { std::ptr::write(&mut raw.storage as *mut _ as *mut libc::sockaddr_in6, sin6) };
+                unsafe {
+                    std::ptr::write(&mut raw.storage as *mut _ as *mut libc::sockaddr_in6, sin6)
+                };
                 raw.len = mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
             }
         }
@@ -62,15 +73,26 @@ impl RawAddr {
                 // SAFETY: the family says the storage holds a sockaddr_in.
                 let sin = unsafe { &*(&self.storage as *const _ as *const libc::sockaddr_in) };
                 let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
-                Ok(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+                Ok(SocketAddr::V4(SocketAddrV4::new(
+                    ip,
+                    u16::from_be(sin.sin_port),
+                )))
             }
             libc::AF_INET6 => {
                 // SAFETY: the family says the storage holds a sockaddr_in6.
                 let sin6 = unsafe { &*(&self.storage as *const _ as *const libc::sockaddr_in6) };
                 let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                Ok(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), sin6.sin6_flowinfo, sin6.sin6_scope_id)))
+                Ok(SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    sin6.sin6_flowinfo,
+                    sin6.sin6_scope_id,
+                )))
             }
-            f => Err(io::Error::new(io::ErrorKind::InvalidInput, format!("unsupported address family {f}"))),
+            f => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("unsupported address family {f}"),
+            )),
         }
     }
 }

@@ -35,7 +35,9 @@ impl TcpListener {
         let fd = OwnedFd::from(l);
         // SAFETY: plain syscall on a listening socket we own; raises std's backlog of 128.
         unsafe { libc::listen(fd.as_raw_fd(), 1024) };
-        Ok(TcpListener { fd: SharedFd::new(fd) })
+        Ok(TcpListener {
+            fd: SharedFd::new(fd),
+        })
     }
 
     /// Accepts one connection.
@@ -46,7 +48,10 @@ impl TcpListener {
 
     /// A stream of connections: on io_uring one multishot accept serves them all.
     pub fn incoming(&self) -> Incoming<'_> {
-        Incoming { listener: self, raw: RawIncoming::new() }
+        Incoming {
+            listener: self,
+            raw: RawIncoming::new(),
+        }
     }
 
     /// The bound address (useful after binding port 0).

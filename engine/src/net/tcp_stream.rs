@@ -29,7 +29,9 @@ pub struct TcpStream {
 
 impl TcpStream {
     pub(crate) fn from_owned(fd: OwnedFd) -> io::Result<TcpStream> {
-        let s = TcpStream { fd: SharedFd::new(fd) };
+        let s = TcpStream {
+            fd: SharedFd::new(fd),
+        };
         s.set_nodelay(true)?;
         Ok(s)
     }
@@ -114,7 +116,12 @@ impl TcpStream {
 
     /// Sets `TCP_NODELAY` (on by default).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
-        setsockopt(self.fd.raw(), libc::IPPROTO_TCP, libc::TCP_NODELAY, on as libc::c_int)
+        setsockopt(
+            self.fd.raw(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            on as libc::c_int,
+        )
     }
 
     /// Reads `TCP_NODELAY`.
@@ -122,7 +129,15 @@ impl TcpStream {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: v is a c_int buffer of len bytes.
-        let rc = unsafe { libc::getsockopt(self.fd.raw(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &mut v as *mut _ as *mut libc::c_void, &mut len) };
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.raw(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                &mut v as *mut _ as *mut libc::c_void,
+                &mut len,
+            )
+        };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -160,9 +175,22 @@ impl AsRawFd for TcpStream {
     }
 }
 
-pub(crate) fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+pub(crate) fn setsockopt(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: v is a c_int of the stated size.
-    let rc = unsafe { libc::setsockopt(fd, level, name, &v as *const _ as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t) };
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -171,6 +199,9 @@ pub(crate) fn setsockopt(fd: RawFd, level: libc::c_int, name: libc::c_int, v: li
 
 impl std::fmt::Debug for TcpStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpStream").field("fd", &self.fd.raw()).field("peer", &self.peer_addr().ok()).finish()
+        f.debug_struct("TcpStream")
+            .field("fd", &self.fd.raw())
+            .field("peer", &self.peer_addr().ok())
+            .finish()
     }
 }

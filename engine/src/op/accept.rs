@@ -30,7 +30,9 @@ fn owned(res: i32) -> io::Result<OwnedFd> {
 pub(crate) async fn accept(listener: &SharedFd) -> io::Result<(OwnedFd, SocketAddr)> {
     if is_uring() {
         let op = Op::submit(RawAddr::empty(), |a| {
-            opcode::Accept::new(types::Fd(listener.raw()), a.as_mut_ptr(), &mut a.len).flags(FLAGS).build()
+            opcode::Accept::new(types::Fd(listener.raw()), a.as_mut_ptr(), &mut a.len)
+                .flags(FLAGS)
+                .build()
         })
         .on_orphan(close_orphan);
         let (res, _, addr) = op.await;
@@ -41,8 +43,14 @@ pub(crate) async fn accept(listener: &SharedFd) -> io::Result<(OwnedFd, SocketAd
             .retry(Direction::Read, || {
                 let mut addr = RawAddr::empty();
                 // SAFETY: addr is a valid sockaddr buffer with its length.
-                let fd = unsafe { libc::accept4(listener.raw(), addr.as_mut_ptr(), &mut addr.len, FLAGS) };
-                let fd = if fd < 0 { return Err(io::Error::last_os_error()) } else { fd };
+                let fd = unsafe {
+                    libc::accept4(listener.raw(), addr.as_mut_ptr(), &mut addr.len, FLAGS)
+                };
+                let fd = if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                } else {
+                    fd
+                };
                 // SAFETY: fresh fd from accept4.
                 Ok((unsafe { OwnedFd::from_raw_fd(fd) }, addr.to_addr()?))
             })
@@ -66,7 +74,12 @@ impl Incoming {
         }
         loop {
             let multi = self.multi.get_or_insert_with(|| {
-                MultiOp::submit(opcode::AcceptMulti::new(types::Fd(listener.raw())).flags(FLAGS).build(), Some(close_orphan))
+                MultiOp::submit(
+                    opcode::AcceptMulti::new(types::Fd(listener.raw()))
+                        .flags(FLAGS)
+                        .build(),
+                    Some(close_orphan),
+                )
             });
             match std::future::poll_fn(|cx| multi.poll_next(cx)).await {
                 Some((res, _)) => {

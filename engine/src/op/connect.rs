@@ -11,9 +11,19 @@ use crate::driver::epoll::Direction;
 use crate::net::addr::RawAddr;
 
 pub(crate) fn socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
-    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    let domain = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: plain syscall.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    let fd = unsafe {
+        libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -23,7 +33,9 @@ pub(crate) fn socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
 
 pub(crate) async fn connect(fd: &SharedFd, addr: SocketAddr) -> io::Result<()> {
     if is_uring() {
-        let op = Op::submit(RawAddr::from_addr(&addr), |a| opcode::Connect::new(types::Fd(fd.raw()), a.as_ptr(), a.len).build());
+        let op = Op::submit(RawAddr::from_addr(&addr), |a| {
+            opcode::Connect::new(types::Fd(fd.raw()), a.as_ptr(), a.len).build()
+        });
         let (res, _, _) = op.await;
         cvt(res).map(drop)
     } else {
@@ -42,7 +54,13 @@ pub(crate) async fn connect(fd: &SharedFd, addr: SocketAddr) -> io::Result<()> {
             let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
             // SAFETY: so_err is a c_int buffer of len bytes.
             let rc = unsafe {
-                libc::getsockopt(fd.raw(), libc::SOL_SOCKET, libc::SO_ERROR, &mut so_err as *mut _ as *mut libc::c_void, &mut len)
+                libc::getsockopt(
+                    fd.raw(),
+                    libc::SOL_SOCKET,
+                    libc::SO_ERROR,
+                    &mut so_err as *mut _ as *mut libc::c_void,
+                    &mut len,
+                )
             };
             if rc < 0 {
                 return Err(io::Error::last_os_error());

@@ -71,7 +71,12 @@ impl<T: 'static> Op<T> {
     pub(crate) fn submit(mut data: T, build: impl FnOnce(&mut T) -> squeue::Entry) -> Op<T> {
         let entry = build(&mut data);
         let key = with_uring(|u| u.submit_op(entry, false));
-        Op { key, data: Some(data), orphan: None, _not_send: PhantomData }
+        Op {
+            key,
+            data: Some(data),
+            orphan: None,
+            _not_send: PhantomData,
+        }
     }
 
     /// What to do with completions that arrive after the future was dropped.
@@ -88,7 +93,11 @@ impl<T: 'static> Future for Op<T> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let (res, flags) = std::task::ready!(with_uring(|u| u.poll_op(this.key, cx)));
-        Poll::Ready((res, flags, this.data.take().expect("Op polled after completion")))
+        Poll::Ready((
+            res,
+            flags,
+            this.data.take().expect("Op polled after completion"),
+        ))
     }
 }
 
@@ -123,7 +132,12 @@ pub(crate) struct MultiOp {
 impl MultiOp {
     pub(crate) fn submit(entry: squeue::Entry, orphan: Option<OrphanFn>) -> MultiOp {
         let key = with_uring(|u| u.submit_op(entry, true));
-        MultiOp { key, orphan, finished: false, _not_send: PhantomData }
+        MultiOp {
+            key,
+            orphan,
+            finished: false,
+            _not_send: PhantomData,
+        }
     }
 
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(i32, u32)>> {
@@ -158,7 +172,10 @@ pub(crate) struct SharedFd {
 
 impl SharedFd {
     pub(crate) fn new(fd: OwnedFd) -> Self {
-        SharedFd { fd, epoll_key: Cell::new(None) }
+        SharedFd {
+            fd,
+            epoll_key: Cell::new(None),
+        }
     }
 
     pub(crate) fn raw(&self) -> RawFd {
@@ -178,7 +195,11 @@ impl SharedFd {
     }
 
     /// epoll: runs `f` until it stops saying `WouldBlock`, waiting for readiness in between.
-    pub(crate) async fn retry<R>(&self, dir: Direction, mut f: impl FnMut() -> io::Result<R>) -> io::Result<R> {
+    pub(crate) async fn retry<R>(
+        &self,
+        dir: Direction,
+        mut f: impl FnMut() -> io::Result<R>,
+    ) -> io::Result<R> {
         loop {
             match f() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

@@ -17,7 +17,8 @@ async fn poll_fd(fd: RawFd, dir: Direction) -> io::Result<()> {
             Direction::Read => libc::POLLIN,
             Direction::Write => libc::POLLOUT,
         } as u32;
-        let (res, _, ()) = Op::submit((), |_| opcode::PollAdd::new(types::Fd(fd), mask).build()).await;
+        let (res, _, ()) =
+            Op::submit((), |_| opcode::PollAdd::new(types::Fd(fd), mask).build()).await;
         return cvt(res).map(drop);
     }
     // The fd belongs to someone else: register it for this wait only.

@@ -10,7 +10,12 @@ use crate::driver::epoll::Direction;
 pub(crate) async fn recv<B: IoBufMut>(fd: &SharedFd, mut buf: B) -> BufResult<usize, B> {
     if is_uring() {
         let op = Op::submit(buf, |b| {
-            opcode::Recv::new(types::Fd(fd.raw()), b.stable_mut_ptr(), b.bytes_total() as u32).build()
+            opcode::Recv::new(
+                types::Fd(fd.raw()),
+                b.stable_mut_ptr(),
+                b.bytes_total() as u32,
+            )
+            .build()
         });
         let (res, _, mut buf) = op.await;
         let r = cvt(res).map(|n| n as usize);

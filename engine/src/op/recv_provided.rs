@@ -62,8 +62,16 @@ pub struct BufRing {
 impl BufRing {
     /// `entries` buffers (a power of two, at most 32768) of `buf_size` bytes each.
     pub fn new(entries: u16, buf_size: usize) -> io::Result<BufRing> {
-        if entries == 0 || !entries.is_power_of_two() || entries > 32768 || buf_size == 0 || buf_size > u32::MAX as usize {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "BufRing needs a power-of-two entry count (1..=32768) and a non-zero buffer size"));
+        if entries == 0
+            || !entries.is_power_of_two()
+            || entries > 32768
+            || buf_size == 0
+            || buf_size > u32::MAX as usize
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "BufRing needs a power-of-two entry count (1..=32768) and a non-zero buffer size",
+            ));
         }
         let uring = is_uring();
         let bgid = NEXT_BGID.with(|n| {
@@ -71,8 +79,11 @@ impl BufRing {
             n.set(id.wrapping_add(1));
             id
         });
-        let ring_layout = std::alloc::Layout::from_size_align(entries as usize * std::mem::size_of::<BufRingEntry>(), 4096)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let ring_layout = std::alloc::Layout::from_size_align(
+            entries as usize * std::mem::size_of::<BufRingEntry>(),
+            4096,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: non-zero size layout.
         let ring = unsafe { std::alloc::alloc_zeroed(ring_layout) } as *mut BufRingEntry;
         if ring.is_null() {
@@ -93,7 +104,9 @@ impl BufRing {
         if uring {
             let res = with_core(|c| match &c.driver {
                 // SAFETY: the ring memory stays allocated until Inner's Drop unregisters it.
-                Driver::Uring(u) => u.with_submitter(|s| unsafe { s.register_buf_ring_with_flags(ring as u64, entries, bgid, 0) }),
+                Driver::Uring(u) => u.with_submitter(|s| unsafe {
+                    s.register_buf_ring_with_flags(ring as u64, entries, bgid, 0)
+                }),
                 Driver::Epoll(_) => unreachable!(),
             });
             if let Err(e) = res {
@@ -139,7 +152,9 @@ impl Inner {
         self.tail.set(tail);
         // SAFETY: the tail field lives in the ring's first entry and is read by the kernel; a
         // release store publishes the entry written above.
-        unsafe { (*(BufRingEntry::tail(self.ring) as *const AtomicU16)).store(tail, Ordering::Release) };
+        unsafe {
+            (*(BufRingEntry::tail(self.ring) as *const AtomicU16)).store(tail, Ordering::Release)
+        };
     }
 }
 
@@ -208,10 +223,18 @@ pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<P
         })
         .on_orphan(recycle_orphan);
         let (res, flags, inner) = op.await;
-        let buffer = (flags & CQE_F_BUFFER != 0).then(|| (flags >> CQE_BUFFER_SHIFT) as u16);
+        let buffer = (flags & CQE_F_BUFFER != 0).then_some((flags >> CQE_BUFFER_SHIFT) as u16);
         match (cvt(res), buffer) {
-            (Ok(n), Some(bid)) => Ok(ProvidedBuf { ring: inner, bid: Some(bid), len: n as usize }),
-            (Ok(_), None) => Ok(ProvidedBuf { ring: inner, bid: None, len: 0 }),
+            (Ok(n), Some(bid)) => Ok(ProvidedBuf {
+                ring: inner,
+                bid: Some(bid),
+                len: n as usize,
+            }),
+            (Ok(_), None) => Ok(ProvidedBuf {
+                ring: inner,
+                bid: None,
+                len: 0,
+            }),
             (Err(e), Some(bid)) => {
                 inner.recycle(bid);
                 Err(e)
@@ -222,12 +245,18 @@ pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<P
         let Some(bid) = inner.free.borrow_mut().pop() else {
             return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
         };
-        let mut buf = ProvidedBuf { ring: inner.clone(), bid: Some(bid), len: 0 };
+        let mut buf = ProvidedBuf {
+            ring: inner.clone(),
+            bid: Some(bid),
+            len: 0,
+        };
         let ptr = inner.buf_ptr(bid);
         let n = fd
             .retry(Direction::Read, || {
                 // SAFETY: the buffer `bid` is checked out to `buf`, owned by this future.
-                cvt_sys(unsafe { libc::recv(fd.raw(), ptr as *mut libc::c_void, inner.buf_size, 0) })
+                cvt_sys(unsafe {
+                    libc::recv(fd.raw(), ptr as *mut libc::c_void, inner.buf_size, 0)
+                })
             })
             .await?;
         buf.len = n;

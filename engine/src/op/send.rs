@@ -13,7 +13,9 @@ pub(crate) async fn send<B: IoBuf>(fd: &SharedFd, buf: B, offset: usize) -> BufR
         let op = Op::submit(buf, |b| {
             // SAFETY (pointer arithmetic): offset <= bytes_init, within the buffer.
             let ptr = b.stable_ptr().wrapping_add(offset);
-            opcode::Send::new(types::Fd(fd.raw()), ptr, len as u32).flags(libc::MSG_NOSIGNAL).build()
+            opcode::Send::new(types::Fd(fd.raw()), ptr, len as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
         });
         let (res, _, buf) = op.await;
         (cvt(res).map(|n| n as usize), buf)
@@ -22,7 +24,14 @@ pub(crate) async fn send<B: IoBuf>(fd: &SharedFd, buf: B, offset: usize) -> BufR
         let r = fd
             .retry(Direction::Write, || {
                 // SAFETY: ptr/len lie within the owned buffer, alive across the await.
-                cvt_sys(unsafe { libc::send(fd.raw(), ptr as *const libc::c_void, len, libc::MSG_NOSIGNAL) })
+                cvt_sys(unsafe {
+                    libc::send(
+                        fd.raw(),
+                        ptr as *const libc::c_void,
+                        len,
+                        libc::MSG_NOSIGNAL,
+                    )
+                })
             })
             .await;
         (r, buf)

@@ -12,7 +12,9 @@ pub(crate) async fn send_zc<B: IoBuf>(fd: &SharedFd, buf: B) -> BufResult<usize,
         return super::send::send(fd, buf, 0).await;
     }
     let op = Op::submit(buf, |b| {
-        opcode::SendZc::new(types::Fd(fd.raw()), b.stable_ptr(), b.bytes_init() as u32).flags(libc::MSG_NOSIGNAL).build()
+        opcode::SendZc::new(types::Fd(fd.raw()), b.stable_ptr(), b.bytes_init() as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
     });
     let (res, _, buf) = op.await;
     (cvt(res).map(|n| n as usize), buf)

@@ -14,7 +14,13 @@ struct Gather<B> {
 }
 
 fn gather<B: IoBuf>(bufs: Vec<B>) -> Box<Gather<B>> {
-    let iovecs = bufs.iter().map(|b| libc::iovec { iov_base: b.stable_ptr() as *mut libc::c_void, iov_len: b.bytes_init() }).collect();
+    let iovecs = bufs
+        .iter()
+        .map(|b| libc::iovec {
+            iov_base: b.stable_ptr() as *mut libc::c_void,
+            iov_len: b.bytes_init(),
+        })
+        .collect();
     // SAFETY: msghdr is plain old data; zero is "no name, no control".
     let msg: libc::msghdr = unsafe { std::mem::zeroed() };
     let mut g = Box::new(Gather { bufs, iovecs, msg });
@@ -28,7 +34,11 @@ fn gather<B: IoBuf>(bufs: Vec<B>) -> Box<Gather<B>> {
 pub(crate) async fn writev<B: IoBuf>(fd: &SharedFd, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
     let g = gather(bufs);
     if is_uring() {
-        let op = Op::submit(g, |g| opcode::SendMsg::new(types::Fd(fd.raw()), &g.msg).flags(libc::MSG_NOSIGNAL as u32).build());
+        let op = Op::submit(g, |g| {
+            opcode::SendMsg::new(types::Fd(fd.raw()), &g.msg)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build()
+        });
         let (res, _, g) = op.await;
         (cvt(res).map(|n| n as usize), g.bufs)
     } else {

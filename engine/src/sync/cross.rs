@@ -73,8 +73,18 @@ pub struct Receiver<T> {
 /// A channel with room for at least `capacity` messages.
 pub fn channel<T: Send>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let (p, c) = crate::spsc::ring(capacity);
-    let shared = Arc::new(Shared { rx_signal: Signal::default(), tx_signal: Signal::default(), closed: AtomicBool::new(false) });
-    (Sender { ring: p, shared: shared.clone() }, Receiver { ring: c, shared })
+    let shared = Arc::new(Shared {
+        rx_signal: Signal::default(),
+        tx_signal: Signal::default(),
+        closed: AtomicBool::new(false),
+    });
+    (
+        Sender {
+            ring: p,
+            shared: shared.clone(),
+        },
+        Receiver { ring: c, shared },
+    )
 }
 
 /// The receiver is gone; the message comes back.
@@ -103,7 +113,9 @@ impl<T: Send> Sender<T> {
         let mut v = Some(v);
         poll_fn(|cx| {
             let shared = self.shared.clone();
-            let mut attempt = |v: &mut Option<T>| match self.try_send(v.take().expect("polled after completion")) {
+            let mut attempt = |v: &mut Option<T>| match self
+                .try_send(v.take().expect("polled after completion"))
+            {
                 Ok(Ok(())) => Some(Ok(())),
                 Err(c) => Some(Err(c)),
                 Ok(Err(back)) => {

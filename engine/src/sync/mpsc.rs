@@ -113,15 +113,20 @@ impl<T> Sender<T> {
     /// Queues `v`, waiting for room if the channel is bounded and full.
     pub async fn send(&self, v: T) -> Result<(), SendError<T>> {
         let mut v = Some(v);
-        poll_fn(|cx| match self.try_send(v.take().expect("polled after completion")) {
-            Ok(()) => Poll::Ready(Ok(())),
-            Err(TrySendError::Closed(x)) => Poll::Ready(Err(SendError(x))),
-            Err(TrySendError::Full(x)) => {
-                v = Some(x);
-                self.chan.borrow_mut().tx_waiters.push_back(cx.waker().clone());
-                Poll::Pending
-            }
-        })
+        poll_fn(
+            |cx| match self.try_send(v.take().expect("polled after completion")) {
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(TrySendError::Closed(x)) => Poll::Ready(Err(SendError(x))),
+                Err(TrySendError::Full(x)) => {
+                    v = Some(x);
+                    self.chan
+                        .borrow_mut()
+                        .tx_waiters
+                        .push_back(cx.waker().clone());
+                    Poll::Pending
+                }
+            },
+        )
         .await
     }
 
@@ -134,7 +139,9 @@ impl<T> Sender<T> {
 impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
         self.chan.borrow_mut().senders += 1;
-        Sender { chan: self.chan.clone() }
+        Sender {
+            chan: self.chan.clone(),
+        }
     }
 }
 
@@ -142,7 +149,11 @@ impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let mut c = self.chan.borrow_mut();
         c.senders -= 1;
-        let w = if c.senders == 0 { c.rx_waker.take() } else { None };
+        let w = if c.senders == 0 {
+            c.rx_waker.take()
+        } else {
+            None
+        };
         drop(c);
         if let Some(w) = w {
             w.wake();
@@ -176,7 +187,11 @@ impl<T> Receiver<T> {
     pub fn try_recv(&mut self) -> Option<T> {
         let mut c = self.chan.borrow_mut();
         let v = c.queue.pop_front();
-        let w = if v.is_some() { c.tx_waiters.pop_front() } else { None };
+        let w = if v.is_some() {
+            c.tx_waiters.pop_front()
+        } else {
+            None
+        };
         drop(c);
         if let Some(w) = w {
             w.wake();

@@ -39,7 +39,12 @@ pub struct RecvError;
 
 /// A connected pair.
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
-    let slot = Rc::new(RefCell::new(Slot { value: None, tx_alive: true, rx_alive: true, waker: None }));
+    let slot = Rc::new(RefCell::new(Slot {
+        value: None,
+        tx_alive: true,
+        rx_alive: true,
+        waker: None,
+    }));
     (Sender { slot: slot.clone() }, Receiver { slot })
 }
 

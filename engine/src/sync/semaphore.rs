@@ -40,7 +40,10 @@ pub struct Permit<'a> {
 impl Semaphore {
     /// A semaphore with `n` permits.
     pub fn new(n: usize) -> Self {
-        Semaphore { permits: Cell::new(n), waiters: RefCell::new(VecDeque::new()) }
+        Semaphore {
+            permits: Cell::new(n),
+            waiters: RefCell::new(VecDeque::new()),
+        }
     }
 
     /// Permits free now.
@@ -60,7 +63,11 @@ impl Semaphore {
 
     /// Waits for `n` permits.
     pub fn acquire(&self, n: usize) -> Acquire<'_> {
-        Acquire { sem: self, n, waiter: None }
+        Acquire {
+            sem: self,
+            n,
+            waiter: None,
+        }
     }
 
     /// Adds `n` permits (also how permits come back).
@@ -101,7 +108,11 @@ impl<'a> Future for Acquire<'a> {
                 if let Some(p) = sem.try_acquire(self.n) {
                     return Poll::Ready(p);
                 }
-                let w = Rc::new(Waiter { need: self.n, granted: Cell::new(false), waker: RefCell::new(Some(cx.waker().clone())) });
+                let w = Rc::new(Waiter {
+                    need: self.n,
+                    granted: Cell::new(false),
+                    waker: RefCell::new(Some(cx.waker().clone())),
+                });
                 sem.waiters.borrow_mut().push_back(w.clone());
                 self.waiter = Some(w);
                 Poll::Pending

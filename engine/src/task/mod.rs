@@ -47,7 +47,11 @@ impl fmt::Debug for JoinError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             JoinError::Cancelled => f.write_str("Cancelled"),
-            JoinError::Panicked(_) => write!(f, "Panicked({:?})", self.panic_message().unwrap_or("<non-string payload>")),
+            JoinError::Panicked(_) => write!(
+                f,
+                "Panicked({:?})",
+                self.panic_message().unwrap_or("<non-string payload>")
+            ),
         }
     }
 }
@@ -56,7 +60,11 @@ impl fmt::Display for JoinError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             JoinError::Cancelled => f.write_str("task was cancelled"),
-            JoinError::Panicked(_) => write!(f, "task panicked: {}", self.panic_message().unwrap_or("<non-string payload>")),
+            JoinError::Panicked(_) => write!(
+                f,
+                "task panicked: {}",
+                self.panic_message().unwrap_or("<non-string payload>")
+            ),
         }
     }
 }
@@ -88,11 +96,17 @@ enum Inner<T> {
 
 impl<T> JoinHandle<T> {
     pub(crate) fn local(raw: raw::RawJoin) -> Self {
-        JoinHandle { inner: Inner::Local(raw, PhantomData), _not_send: PhantomData }
+        JoinHandle {
+            inner: Inner::Local(raw, PhantomData),
+            _not_send: PhantomData,
+        }
     }
 
     pub(crate) fn remote(shared: std::sync::Arc<RemoteJoin<T>>) -> Self {
-        JoinHandle { inner: Inner::Remote(shared), _not_send: PhantomData }
+        JoinHandle {
+            inner: Inner::Remote(shared),
+            _not_send: PhantomData,
+        }
     }
 
     /// Asks the task to stop. It is dropped at its next scheduling point, and awaiting the handle
@@ -128,6 +142,8 @@ impl<T> Future for JoinHandle<T> {
 
 impl<T> fmt::Debug for JoinHandle<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JoinHandle").field("finished", &self.is_finished()).finish()
+        f.debug_struct("JoinHandle")
+            .field("finished", &self.is_finished())
+            .finish()
     }
 }

@@ -68,7 +68,8 @@ struct TaskCell<F: Future> {
 
 /// Bytes a task costs beyond its future and output: the header plus the stage tag.
 pub fn task_overhead_bytes<F: Future>() -> usize {
-    std::mem::size_of::<TaskCell<F>>() - std::mem::size_of::<F>().max(std::mem::size_of::<F::Output>())
+    std::mem::size_of::<TaskCell<F>>()
+        - std::mem::size_of::<F>().max(std::mem::size_of::<F::Output>())
 }
 
 /// An owned reference to a task.
@@ -79,10 +80,13 @@ pub(crate) struct RawTask {
 impl RawTask {
     /// Allocates a task. The returned references are: one for the per-core task list, one for
     /// the `JoinHandle`, and one for the first run-queue entry.
-    pub(crate) fn allocate<F: Future + 'static>(future: F, owner: Arc<CoreShared>) -> NonNull<Header> {
+    pub(crate) fn allocate<F: Future + 'static>(
+        future: F,
+        owner: Arc<CoreShared>,
+    ) -> NonNull<Header> {
         let cell = Box::new(TaskCell {
             header: Header {
-                state: AtomicUsize::new(SCHEDULED | JOIN_INTEREST | 3 * REF_ONE),
+                state: AtomicUsize::new(SCHEDULED | JOIN_INTEREST | (3 * REF_ONE)),
                 vtable: vtable::<F>(),
                 owner,
                 prev: StdCell::new(None),
@@ -221,7 +225,9 @@ unsafe fn poll<F: Future + 'static>(ptr: NonNull<Header>) -> bool {
     };
     // A borrowed waker: it does not own a reference, so it must not be dropped.
     // SAFETY: the vtable's functions uphold RawWaker's contract for a task header pointer.
-    let waker = ManuallyDrop::new(unsafe { Waker::from_raw(RawWaker::new(ptr.as_ptr() as *const (), &WAKER_VTABLE)) });
+    let waker = ManuallyDrop::new(unsafe {
+        Waker::from_raw(RawWaker::new(ptr.as_ptr() as *const (), &WAKER_VTABLE))
+    });
     let mut cx = Context::from_waker(&waker);
     // SAFETY: the future lives in a heap cell that never moves until it is dropped in place.
     let fut = unsafe { Pin::new_unchecked(fut) };
@@ -271,7 +277,8 @@ unsafe fn dealloc<F: Future + 'static>(ptr: NonNull<Header>) {
     drop(unsafe { Box::from_raw(ptr.cast::<TaskCell<F>>().as_ptr()) });
 }
 
-static WAKER_VTABLE: RawWakerVTable = RawWakerVTable::new(waker_clone, waker_wake, waker_wake_by_ref, waker_drop);
+static WAKER_VTABLE: RawWakerVTable =
+    RawWakerVTable::new(waker_clone, waker_wake, waker_wake_by_ref, waker_drop);
 
 unsafe fn waker_clone(data: *const ()) -> RawWaker {
     // SAFETY: data is a live task header (the waker holds or borrows a reference).
@@ -309,7 +316,8 @@ impl RawJoin {
     /// caller hands over the JoinHandle's reference.
     pub(crate) unsafe fn new(ptr: NonNull<Header>) -> RawJoin {
         // SAFETY: forwarded contract.
-        RawJoin { task: unsafe { RawTask::from_raw(ptr) } }
+        let task = unsafe { RawTask::from_raw(ptr) };
+        RawJoin { task }
     }
 
     /// # Safety

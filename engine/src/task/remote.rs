@@ -27,7 +27,13 @@ struct Slot<T> {
 impl<T> RemoteJoin<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(RemoteJoin {
-            slot: Mutex::new(Slot { output: None, finished: false, cancel: false, join_waker: None, task_waker: None }),
+            slot: Mutex::new(Slot {
+                output: None,
+                finished: false,
+                cancel: false,
+                join_waker: None,
+                task_waker: None,
+            }),
         })
     }
 
@@ -106,7 +112,9 @@ impl<F: Future> Future for RemoteTask<F> {
                 _ => s.task_waker = Some(cx.waker().clone()),
             }
         }
-        let Some(fut) = this.future.as_mut() else { return Poll::Ready(()) };
+        let Some(fut) = this.future.as_mut() else {
+            return Poll::Ready(());
+        };
         // SAFETY: the future is structurally pinned inside this pinned wrapper.
         let fut = unsafe { Pin::new_unchecked(fut) };
         let out = match catch_unwind(AssertUnwindSafe(|| fut.poll(cx))) {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, then runs every test under both reactors and
+# the loom models of the lock-free pieces.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+echo "== cargo test --workspace (io_uring reactor)"
+BAREWIRE_REACTOR=io_uring cargo test --workspace --all-targets
+BAREWIRE_REACTOR=io_uring cargo test --workspace --doc
+
+echo "== cargo test --workspace (epoll reactor)"
+BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
+BAREWIRE_REACTOR=epoll cargo test --workspace --doc
+
+echo "== loom models (SPSC ring, cross-core wake)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p barewire-engine --release --lib loom

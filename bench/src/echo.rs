@@ -1,0 +1,341 @@
+//! The echo workload: a server on one pinned core, a client on another.
+//!
+//! - `Mode::Throughput`: `conns` connections, each a closed loop of write `size` bytes / read
+//!   them back, for `secs` seconds. Reports round trips per second.
+//! - `Mode::PingPong`: one connection, one message in flight, every round trip timed into an
+//!   HDR histogram after a warm-up.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Round trips per second over many connections.
+    Throughput,
+    /// Latency of one connection.
+    PingPong,
+}
+
+/// One run's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct Config {
+    /// What to measure.
+    pub mode: Mode,
+    /// Connections (throughput mode).
+    pub conns: usize,
+    /// Message size in bytes.
+    pub size: usize,
+    /// Measured seconds (after one second of warm-up in ping-pong mode).
+    pub secs: u64,
+    /// Core of the server thread.
+    pub server_cpu: usize,
+    /// Core of the client thread.
+    pub client_cpu: usize,
+    /// barewire only: idle spin before sleeping.
+    pub spin: Duration,
+}
+
+/// One run's figures.
+#[derive(Debug)]
+pub struct Report {
+    /// Round trips completed in the measured window.
+    pub round_trips: u64,
+    /// Length of the measured window.
+    pub elapsed: Duration,
+    /// Round-trip times in nanoseconds (ping-pong mode).
+    pub hist: Option<Histogram<u64>>,
+}
+
+impl Report {
+    /// Round trips per second.
+    pub fn rate(&self) -> f64 {
+        self.round_trips as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// barewire: one runtime, server on core 1 of the runtime, client on core 0.
+pub fn barewire(cfg: Config) -> Report {
+    use barewire_engine::net::{TcpListener, TcpStream};
+    use barewire_engine::sync::cross;
+    use barewire_engine::{spawn_local, spawn_on, Runtime};
+
+    let rt = Runtime::builder().core_ids(&[cfg.client_cpu, cfg.server_cpu]).idle_spin(cfg.spin).build().expect("runtime");
+    rt.block_on(async move {
+        let (mut tx, mut rx) = cross::channel::<SocketAddr>(1);
+        let size = cfg.size;
+        spawn_on(1, move || async move {
+            let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            tx.send(l.local_addr().unwrap()).await.unwrap();
+            let mut incoming = l.incoming();
+            loop {
+                let Ok(s) = incoming.next().await else { return };
+                spawn_local(async move {
+                    let mut buf = vec![0u8; size];
+                    loop {
+                        let (r, b) = s.read_exact(buf).await;
+                        if r.is_err() {
+                            return;
+                        }
+                        let (r, b) = s.write_all(b).await;
+                        if r.is_err() {
+                            return;
+                        }
+                        buf = b;
+                    }
+                });
+            }
+        });
+        let addr = rx.recv().await.unwrap();
+        match cfg.mode {
+            Mode::PingPong => {
+                let c = TcpStream::connect(addr).await.unwrap();
+                let mut hist = new_hist();
+                let mut buf = vec![1u8; size];
+                let warm = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < warm {
+                    buf = c.write_all(buf).await.1;
+                    buf = c.read_exact(buf).await.1;
+                }
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let mut n = 0;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= end {
+                        break;
+                    }
+                    let (r, b) = c.write_all(buf).await;
+                    r.unwrap();
+                    let (r, b) = c.read_exact(b).await;
+                    r.unwrap();
+                    buf = b;
+                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
+                    n += 1;
+                }
+                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+            }
+            Mode::Throughput => {
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let workers: Vec<_> = (0..cfg.conns)
+                    .map(|_| {
+                        spawn_local(async move {
+                            let c = TcpStream::connect(addr).await.unwrap();
+                            let mut buf = vec![1u8; size];
+                            let mut n = 0u64;
+                            while Instant::now() < end {
+                                let (r, b) = c.write_all(buf).await;
+                                r.unwrap();
+                                let (r, b) = c.read_exact(b).await;
+                                r.unwrap();
+                                buf = b;
+                                n += 1;
+                            }
+                            n
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for w in workers {
+                    total += w.await.unwrap();
+                }
+                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+            }
+        }
+    })
+}
+
+/// tokio: one current_thread runtime per core, each on its own pinned thread.
+pub fn tokio(cfg: Config) -> Report {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (atx, arx) = std::sync::mpsc::channel();
+    let size = cfg.size;
+    let server_cpu = cfg.server_cpu;
+    std::thread::spawn(move || {
+        crate::pin(server_cpu);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            atx.send(l.local_addr().unwrap()).unwrap();
+            loop {
+                let Ok((mut s, _)) = l.accept().await else { return };
+                s.set_nodelay(true).unwrap();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; size];
+                    loop {
+                        if s.read_exact(&mut buf).await.is_err() || s.write_all(&buf).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    });
+    let addr = arx.recv().unwrap();
+    crate::pin(cfg.client_cpu);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let connect = move || async move {
+            let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            c.set_nodelay(true).unwrap();
+            c
+        };
+        match cfg.mode {
+            Mode::PingPong => {
+                let mut c = connect().await;
+                let mut hist = new_hist();
+                let mut buf = vec![1u8; size];
+                let warm = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < warm {
+                    c.write_all(&buf).await.unwrap();
+                    c.read_exact(&mut buf).await.unwrap();
+                }
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let mut n = 0;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= end {
+                        break;
+                    }
+                    c.write_all(&buf).await.unwrap();
+                    c.read_exact(&mut buf).await.unwrap();
+                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
+                    n += 1;
+                }
+                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+            }
+            Mode::Throughput => {
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let workers: Vec<_> = (0..cfg.conns)
+                    .map(|_| {
+                        tokio::spawn(async move {
+                            let mut c = connect().await;
+                            let mut buf = vec![1u8; size];
+                            let mut n = 0u64;
+                            while Instant::now() < end {
+                                c.write_all(&buf).await.unwrap();
+                                c.read_exact(&mut buf).await.unwrap();
+                                n += 1;
+                            }
+                            n
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for w in workers {
+                    total += w.await.unwrap();
+                }
+                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+            }
+        }
+    })
+}
+
+/// monoio: one io_uring runtime per core, each on its own pinned thread.
+pub fn monoio(cfg: Config) -> Report {
+    use monoio::io::{AsyncReadRentExt, AsyncWriteRentExt};
+    let (atx, arx) = std::sync::mpsc::channel();
+    let size = cfg.size;
+    let server_cpu = cfg.server_cpu;
+    std::thread::spawn(move || {
+        crate::pin(server_cpu);
+        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().unwrap();
+        rt.block_on(async move {
+            let l = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            atx.send(l.local_addr().unwrap()).unwrap();
+            loop {
+                let Ok((mut s, _)) = l.accept().await else { return };
+                s.set_nodelay(true).unwrap();
+                monoio::spawn(async move {
+                    let mut buf = vec![0u8; size];
+                    loop {
+                        let (r, b) = s.read_exact(buf).await;
+                        if r.is_err() {
+                            return;
+                        }
+                        let (r, b) = s.write_all(b).await;
+                        if r.is_err() {
+                            return;
+                        }
+                        buf = b;
+                    }
+                });
+            }
+        });
+    });
+    let addr = arx.recv().unwrap();
+    crate::pin(cfg.client_cpu);
+    let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().unwrap();
+    rt.block_on(async move {
+        let connect = move || async move {
+            let c = monoio::net::TcpStream::connect(addr).await.unwrap();
+            c.set_nodelay(true).unwrap();
+            c
+        };
+        match cfg.mode {
+            Mode::PingPong => {
+                let mut c = connect().await;
+                let mut hist = new_hist();
+                let mut buf = vec![1u8; size];
+                let warm = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < warm {
+                    buf = c.write_all(buf).await.1;
+                    buf = c.read_exact(buf).await.1;
+                }
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let mut n = 0;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= end {
+                        break;
+                    }
+                    let (r, b) = c.write_all(buf).await;
+                    r.unwrap();
+                    let (r, b) = c.read_exact(b).await;
+                    r.unwrap();
+                    buf = b;
+                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
+                    n += 1;
+                }
+                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+            }
+            Mode::Throughput => {
+                let start = Instant::now();
+                let end = start + Duration::from_secs(cfg.secs);
+                let workers: Vec<_> = (0..cfg.conns)
+                    .map(|_| {
+                        monoio::spawn(async move {
+                            let mut c = connect().await;
+                            let mut buf = vec![1u8; size];
+                            let mut n = 0u64;
+                            while Instant::now() < end {
+                                let (r, b) = c.write_all(buf).await;
+                                r.unwrap();
+                                let (r, b) = c.read_exact(b).await;
+                                r.unwrap();
+                                buf = b;
+                                n += 1;
+                            }
+                            n
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for w in workers {
+                    total += w.await;
+                }
+                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+            }
+        }
+    })
+}

@@ -4,7 +4,12 @@ use barewire::engine::{spawn_local, Runtime};
 
 #[test]
 fn the_facade_exposes_a_working_runtime() {
-    let rt = Runtime::builder().cores(1).pin(false).idle_spin(std::time::Duration::ZERO).build().unwrap();
+    let rt = Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(std::time::Duration::ZERO)
+        .build()
+        .unwrap();
     let v = rt.block_on(async { spawn_local(async { 21 * 2 }).await.unwrap() });
     assert_eq!(v, 42);
 }

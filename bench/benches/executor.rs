@@ -10,7 +10,11 @@ fn spawn_join(c: &mut Criterion) {
     g.throughput(Throughput::Elements(TASKS));
     g.sample_size(10);
 
-    let rt = barewire_engine::Runtime::builder().cores(1).pin(true).build().unwrap();
+    let rt = barewire_engine::Runtime::builder()
+        .cores(1)
+        .pin(true)
+        .build()
+        .unwrap();
     g.bench_function("barewire", |b| {
         b.iter(|| {
             rt.block_on(async {
@@ -27,7 +31,9 @@ fn spawn_join(c: &mut Criterion) {
         })
     });
 
-    let trt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let trt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     g.bench_function("tokio_current_thread", |b| {
         b.iter(|| {
             trt.block_on(async {
@@ -61,7 +67,9 @@ fn spawn_join(c: &mut Criterion) {
         })
     });
 
-    let mut mrt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().build().unwrap();
+    let mut mrt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+        .build()
+        .unwrap();
     g.bench_function("monoio", |b| {
         b.iter(|| {
             mrt.block_on(async {

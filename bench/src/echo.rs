@@ -6,6 +6,7 @@
 //!   HDR histogram after a warm-up.
 
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -60,13 +61,63 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
 }
 
+/// Times one round trip at a time for `secs` seconds after a one-second warm-up. `state` is
+/// whatever the round trip needs (the connection and its buffer); it is threaded through so
+/// owned-buffer APIs fit.
+async fn ping_pong<S, F, Fut>(mut state: S, secs: u64, mut round_trip: F) -> Report
+where
+    F: FnMut(S) -> Fut,
+    Fut: std::future::Future<Output = S>,
+{
+    let mut hist = new_hist();
+    let warm = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < warm {
+        state = round_trip(state).await;
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut n = 0;
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        state = round_trip(state).await;
+        hist.record(t0.elapsed().as_nanos() as u64).unwrap();
+        n += 1;
+    }
+    Report {
+        round_trips: n,
+        elapsed: start.elapsed(),
+        hist: Some(hist),
+    }
+}
+
+/// Round trips until `end`, one connection's closed loop.
+async fn closed_loop<S, F, Fut>(mut state: S, end: Instant, mut round_trip: F) -> u64
+where
+    F: FnMut(S) -> Fut,
+    Fut: std::future::Future<Output = S>,
+{
+    let mut n = 0;
+    while Instant::now() < end {
+        state = round_trip(state).await;
+        n += 1;
+    }
+    n
+}
+
 /// barewire: one runtime, server on core 1 of the runtime, client on core 0.
 pub fn barewire(cfg: Config) -> Report {
     use barewire_engine::net::{TcpListener, TcpStream};
     use barewire_engine::sync::cross;
     use barewire_engine::{spawn_local, spawn_on, Runtime};
 
-    let rt = Runtime::builder().core_ids(&[cfg.client_cpu, cfg.server_cpu]).idle_spin(cfg.spin).build().expect("runtime");
+    let rt = Runtime::builder()
+        .core_ids(&[cfg.client_cpu, cfg.server_cpu])
+        .idle_spin(cfg.spin)
+        .build()
+        .expect("runtime");
     rt.block_on(async move {
         let (mut tx, mut rx) = cross::channel::<SocketAddr>(1);
         let size = cfg.size;
@@ -95,31 +146,17 @@ pub fn barewire(cfg: Config) -> Report {
         let addr = rx.recv().await.unwrap();
         match cfg.mode {
             Mode::PingPong => {
-                let c = TcpStream::connect(addr).await.unwrap();
-                let mut hist = new_hist();
-                let mut buf = vec![1u8; size];
-                let warm = Instant::now() + Duration::from_secs(1);
-                while Instant::now() < warm {
-                    buf = c.write_all(buf).await.1;
-                    buf = c.read_exact(buf).await.1;
-                }
-                let start = Instant::now();
-                let end = start + Duration::from_secs(cfg.secs);
-                let mut n = 0;
-                loop {
-                    let t0 = Instant::now();
-                    if t0 >= end {
-                        break;
+                let c = Rc::new(TcpStream::connect(addr).await.unwrap());
+                ping_pong(vec![1u8; size], cfg.secs, |buf| {
+                    let c = c.clone();
+                    async move {
+                        let buf = c.write_all(buf).await.1;
+                        let (r, buf) = c.read_exact(buf).await;
+                        r.unwrap();
+                        buf
                     }
-                    let (r, b) = c.write_all(buf).await;
-                    r.unwrap();
-                    let (r, b) = c.read_exact(b).await;
-                    r.unwrap();
-                    buf = b;
-                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
-                    n += 1;
-                }
-                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+                })
+                .await
             }
             Mode::Throughput => {
                 let start = Instant::now();
@@ -127,18 +164,17 @@ pub fn barewire(cfg: Config) -> Report {
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         spawn_local(async move {
-                            let c = TcpStream::connect(addr).await.unwrap();
-                            let mut buf = vec![1u8; size];
-                            let mut n = 0u64;
-                            while Instant::now() < end {
-                                let (r, b) = c.write_all(buf).await;
-                                r.unwrap();
-                                let (r, b) = c.read_exact(b).await;
-                                r.unwrap();
-                                buf = b;
-                                n += 1;
-                            }
-                            n
+                            let c = Rc::new(TcpStream::connect(addr).await.unwrap());
+                            closed_loop(vec![1u8; size], end, |buf| {
+                                let c = c.clone();
+                                async move {
+                                    let buf = c.write_all(buf).await.1;
+                                    let (r, buf) = c.read_exact(buf).await;
+                                    r.unwrap();
+                                    buf
+                                }
+                            })
+                            .await
                         })
                     })
                     .collect();
@@ -146,7 +182,11 @@ pub fn barewire(cfg: Config) -> Report {
                 for w in workers {
                     total += w.await.unwrap();
                 }
-                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+                Report {
+                    round_trips: total,
+                    elapsed: start.elapsed(),
+                    hist: None,
+                }
             }
         }
     })
@@ -160,17 +200,23 @@ pub fn tokio(cfg: Config) -> Report {
     let server_cpu = cfg.server_cpu;
     std::thread::spawn(move || {
         crate::pin(server_cpu);
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             atx.send(l.local_addr().unwrap()).unwrap();
             loop {
-                let Ok((mut s, _)) = l.accept().await else { return };
+                let Ok((mut s, _)) = l.accept().await else {
+                    return;
+                };
                 s.set_nodelay(true).unwrap();
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; size];
                     loop {
-                        if s.read_exact(&mut buf).await.is_err() || s.write_all(&buf).await.is_err() {
+                        if s.read_exact(&mut buf).await.is_err() || s.write_all(&buf).await.is_err()
+                        {
                             return;
                         }
                     }
@@ -180,7 +226,10 @@ pub fn tokio(cfg: Config) -> Report {
     });
     let addr = arx.recv().unwrap();
     crate::pin(cfg.client_cpu);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let connect = move || async move {
             let c = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -189,28 +238,8 @@ pub fn tokio(cfg: Config) -> Report {
         };
         match cfg.mode {
             Mode::PingPong => {
-                let mut c = connect().await;
-                let mut hist = new_hist();
-                let mut buf = vec![1u8; size];
-                let warm = Instant::now() + Duration::from_secs(1);
-                while Instant::now() < warm {
-                    c.write_all(&buf).await.unwrap();
-                    c.read_exact(&mut buf).await.unwrap();
-                }
-                let start = Instant::now();
-                let end = start + Duration::from_secs(cfg.secs);
-                let mut n = 0;
-                loop {
-                    let t0 = Instant::now();
-                    if t0 >= end {
-                        break;
-                    }
-                    c.write_all(&buf).await.unwrap();
-                    c.read_exact(&mut buf).await.unwrap();
-                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
-                    n += 1;
-                }
-                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+                let c = connect().await;
+                ping_pong((c, vec![1u8; size]), cfg.secs, tokio_round_trip).await
             }
             Mode::Throughput => {
                 let start = Instant::now();
@@ -218,15 +247,8 @@ pub fn tokio(cfg: Config) -> Report {
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         tokio::spawn(async move {
-                            let mut c = connect().await;
-                            let mut buf = vec![1u8; size];
-                            let mut n = 0u64;
-                            while Instant::now() < end {
-                                c.write_all(&buf).await.unwrap();
-                                c.read_exact(&mut buf).await.unwrap();
-                                n += 1;
-                            }
-                            n
+                            let c = connect().await;
+                            closed_loop((c, vec![1u8; size]), end, tokio_round_trip).await
                         })
                     })
                     .collect();
@@ -234,7 +256,11 @@ pub fn tokio(cfg: Config) -> Report {
                 for w in workers {
                     total += w.await.unwrap();
                 }
-                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+                Report {
+                    round_trips: total,
+                    elapsed: start.elapsed(),
+                    hist: None,
+                }
             }
         }
     })
@@ -248,12 +274,17 @@ pub fn monoio(cfg: Config) -> Report {
     let server_cpu = cfg.server_cpu;
     std::thread::spawn(move || {
         crate::pin(server_cpu);
-        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().unwrap();
+        let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let l = monoio::net::TcpListener::bind("127.0.0.1:0").unwrap();
             atx.send(l.local_addr().unwrap()).unwrap();
             loop {
-                let Ok((mut s, _)) = l.accept().await else { return };
+                let Ok((mut s, _)) = l.accept().await else {
+                    return;
+                };
                 s.set_nodelay(true).unwrap();
                 monoio::spawn(async move {
                     let mut buf = vec![0u8; size];
@@ -274,7 +305,10 @@ pub fn monoio(cfg: Config) -> Report {
     });
     let addr = arx.recv().unwrap();
     crate::pin(cfg.client_cpu);
-    let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new().enable_timer().build().unwrap();
+    let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+        .enable_timer()
+        .build()
+        .unwrap();
     rt.block_on(async move {
         let connect = move || async move {
             let c = monoio::net::TcpStream::connect(addr).await.unwrap();
@@ -283,31 +317,8 @@ pub fn monoio(cfg: Config) -> Report {
         };
         match cfg.mode {
             Mode::PingPong => {
-                let mut c = connect().await;
-                let mut hist = new_hist();
-                let mut buf = vec![1u8; size];
-                let warm = Instant::now() + Duration::from_secs(1);
-                while Instant::now() < warm {
-                    buf = c.write_all(buf).await.1;
-                    buf = c.read_exact(buf).await.1;
-                }
-                let start = Instant::now();
-                let end = start + Duration::from_secs(cfg.secs);
-                let mut n = 0;
-                loop {
-                    let t0 = Instant::now();
-                    if t0 >= end {
-                        break;
-                    }
-                    let (r, b) = c.write_all(buf).await;
-                    r.unwrap();
-                    let (r, b) = c.read_exact(b).await;
-                    r.unwrap();
-                    buf = b;
-                    hist.record(t0.elapsed().as_nanos() as u64).unwrap();
-                    n += 1;
-                }
-                Report { round_trips: n, elapsed: start.elapsed(), hist: Some(hist) }
+                let c = connect().await;
+                ping_pong((c, vec![1u8; size]), cfg.secs, monoio_round_trip).await
             }
             Mode::Throughput => {
                 let start = Instant::now();
@@ -315,18 +326,8 @@ pub fn monoio(cfg: Config) -> Report {
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         monoio::spawn(async move {
-                            let mut c = connect().await;
-                            let mut buf = vec![1u8; size];
-                            let mut n = 0u64;
-                            while Instant::now() < end {
-                                let (r, b) = c.write_all(buf).await;
-                                r.unwrap();
-                                let (r, b) = c.read_exact(b).await;
-                                r.unwrap();
-                                buf = b;
-                                n += 1;
-                            }
-                            n
+                            let c = connect().await;
+                            closed_loop((c, vec![1u8; size]), end, monoio_round_trip).await
                         })
                     })
                     .collect();
@@ -334,8 +335,32 @@ pub fn monoio(cfg: Config) -> Report {
                 for w in workers {
                     total += w.await;
                 }
-                Report { round_trips: total, elapsed: start.elapsed(), hist: None }
+                Report {
+                    round_trips: total,
+                    elapsed: start.elapsed(),
+                    hist: None,
+                }
             }
         }
     })
+}
+
+async fn tokio_round_trip(
+    (mut c, mut buf): (tokio::net::TcpStream, Vec<u8>),
+) -> (tokio::net::TcpStream, Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    c.write_all(&buf).await.unwrap();
+    c.read_exact(&mut buf).await.unwrap();
+    (c, buf)
+}
+
+async fn monoio_round_trip(
+    (mut c, buf): (monoio::net::TcpStream, Vec<u8>),
+) -> (monoio::net::TcpStream, Vec<u8>) {
+    use monoio::io::{AsyncReadRentExt, AsyncWriteRentExt};
+    let (r, buf) = c.write_all(buf).await;
+    r.unwrap();
+    let (r, buf) = c.read_exact(buf).await;
+    r.unwrap();
+    (c, buf)
 }

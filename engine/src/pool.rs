@@ -41,10 +41,11 @@ pub struct BufferPool {
     inner: Rc<Inner>,
 }
 
-/// Whether this process may lock memory beyond RLIMIT_MEMLOCK.
+/// Whether this thread may lock memory beyond RLIMIT_MEMLOCK (capabilities are per thread,
+/// and the kernel checks the registering thread's).
 fn has_cap_ipc_lock() -> bool {
     const CAP_IPC_LOCK: u32 = 14;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+    let Ok(status) = std::fs::read_to_string("/proc/thread-self/status") else {
         return false;
     };
     status

@@ -15,7 +15,11 @@ use barewire_bench::echo::{self, Config, Mode};
 const RUNTIMES: [&str; 4] = ["barewire", "barewire-nospin", "tokio", "monoio"];
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn config(args: &[String]) -> Config {
@@ -23,11 +27,17 @@ fn config(args: &[String]) -> Config {
         "pingpong" => Mode::PingPong,
         _ => Mode::Throughput,
     };
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     Config {
         mode,
         conns: arg(args, "--conns", 64),
-        size: arg(args, "--size", if mode == Mode::PingPong { 64 } else { 1024 }),
+        size: arg(
+            args,
+            "--size",
+            if mode == Mode::PingPong { 64 } else { 1024 },
+        ),
         secs: arg(args, "--secs", 5),
         server_cpu: arg(args, "--server-cpu", 1.min(n - 1)),
         client_cpu: arg(args, "--client-cpu", 0),
@@ -46,9 +56,14 @@ fn run(which: &str, mut cfg: Config) {
         "monoio" => echo::monoio(cfg),
         other => panic!("unknown runtime {other}; one of {RUNTIMES:?}"),
     };
-    let (p50, p99) = report.hist.as_ref().map_or((0, 0), |h| (h.value_at_quantile(0.5), h.value_at_quantile(0.99)));
+    let (p50, p99) = report.hist.as_ref().map_or((0, 0), |h| {
+        (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
+    });
     // One machine-readable line for `compare`.
-    println!("RESULT {which} rate={:.0} p50_ns={p50} p99_ns={p99}", report.rate());
+    println!(
+        "RESULT {which} rate={:.0} p50_ns={p50} p99_ns={p99}",
+        report.rate()
+    );
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -60,18 +75,29 @@ fn compare(args: &[String]) {
     let cfg = config(args);
     let reps: usize = arg(args, "--reps", 3);
     let exe = std::env::current_exe().unwrap();
-    let mut results: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = RUNTIMES.iter().map(|_| (vec![], vec![], vec![])).collect();
+    let mut results: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
+        RUNTIMES.iter().map(|_| (vec![], vec![], vec![])).collect();
     for rep in 0..reps {
         for (i, rt) in RUNTIMES.iter().enumerate() {
             let mut child_args = vec!["run".to_string(), rt.to_string()];
             child_args.extend(args.iter().cloned());
             let out = Command::new(&exe).args(&child_args).output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout);
-            let line = stdout.lines().find(|l| l.starts_with("RESULT")).unwrap_or_else(|| {
-                panic!("{rt} failed: {}\n{}", stdout, String::from_utf8_lossy(&out.stderr))
-            });
+            let line = stdout
+                .lines()
+                .find(|l| l.starts_with("RESULT"))
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{rt} failed: {}\n{}",
+                        stdout,
+                        String::from_utf8_lossy(&out.stderr)
+                    )
+                });
             let field = |k: &str| -> f64 {
-                line.split_whitespace().find_map(|f| f.strip_prefix(k)).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+                line.split_whitespace()
+                    .find_map(|f| f.strip_prefix(k))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0)
             };
             results[i].0.push(field("rate="));
             results[i].1.push(field("p50_ns="));
@@ -79,8 +105,10 @@ fn compare(args: &[String]) {
             eprintln!("rep {rep}: {line}");
         }
     }
-    let mut med: Vec<(f64, f64, f64)> =
-        results.iter_mut().map(|(r, a, b)| (median(r), median(a), median(b))).collect();
+    let mut med: Vec<(f64, f64, f64)> = results
+        .iter_mut()
+        .map(|(r, a, b)| (median(r), median(a), median(b)))
+        .collect();
     let base = med[0];
     println!(
         "\nmode={:?} conns={} size={} secs={} reps={} server_cpu={} client_cpu={}",
@@ -95,7 +123,11 @@ fn compare(args: &[String]) {
             base.0 / m.0,
             m.1 / 1000.0,
             m.2 / 1000.0,
-            if base.1 > 0.0 { format!("{:.2}", m.1 / base.1) } else { "-".into() }
+            if base.1 > 0.0 {
+                format!("{:.2}", m.1 / base.1)
+            } else {
+                "-".into()
+            }
         );
     }
 }

@@ -49,7 +49,11 @@ fn main() {
     let flag = std::rc::Rc::new(std::cell::Cell::new(false));
     let fut_size = std::mem::size_of_val(&task(flag.clone()));
 
-    let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+    let rt = barewire_engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .build()
+        .unwrap();
     let per_task = rt.block_on(async {
         let mut handles = Vec::with_capacity(N);
         let before = LIVE.load(Ordering::Relaxed);
@@ -74,7 +78,9 @@ fn main() {
     );
 
     let flag2 = std::rc::Rc::new(std::cell::Cell::new(false));
-    let trt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let trt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     let local = tokio::task::LocalSet::new();
     let tper = local.block_on(&trt, async {
         let mut handles = Vec::with_capacity(N);

@@ -6,4 +6,5 @@ mod tcp_listener;
 mod tcp_stream;
 
 pub use tcp_listener::{Incoming, TcpListener};
+pub(crate) use tcp_stream::getsockopt_int;
 pub use tcp_stream::TcpStream;

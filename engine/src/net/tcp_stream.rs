@@ -175,6 +175,29 @@ impl AsRawFd for TcpStream {
     }
 }
 
+pub(crate) fn getsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v is a c_int buffer of len bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
 pub(crate) fn setsockopt(
     fd: RawFd,
     level: libc::c_int,

@@ -50,21 +50,7 @@ pub(crate) async fn connect(fd: &SharedFd, addr: SocketAddr) -> io::Result<()> {
             return Err(err);
         }
         fd.retry(Direction::Write, || {
-            let mut so_err: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: so_err is a c_int buffer of len bytes.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd.raw(),
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    &mut so_err as *mut _ as *mut libc::c_void,
-                    &mut len,
-                )
-            };
-            if rc < 0 {
-                return Err(io::Error::last_os_error());
-            }
+            let so_err = crate::net::getsockopt_int(fd.raw(), libc::SOL_SOCKET, libc::SO_ERROR)?;
             if so_err != 0 {
                 return Err(io::Error::from_raw_os_error(so_err));
             }

@@ -54,19 +54,20 @@ impl TcpStream {
 
     /// Reads once into `buf` (from its start, up to its capacity). `Ok(0)` is end of stream.
     pub async fn read<B: IoBufMut>(&self, buf: B) -> BufResult<usize, B> {
-        op::recv::recv(&self.fd, buf).await
+        op::recv::recv(&self.fd, buf, 0).await
     }
 
-    /// Reads until `buf` is full (`bytes_total` bytes); end of stream first is `UnexpectedEof`.
-    pub async fn read_exact(&self, mut buf: Vec<u8>) -> BufResult<(), Vec<u8>> {
-        let want = buf.len().max(buf.capacity());
-        buf.clear();
-        while buf.len() < want {
-            let rest = Vec::with_capacity(want - buf.len());
-            let (r, rest) = self.read(rest).await;
+    /// Reads until `buf` is full (`bytes_total` bytes, its capacity for a `Vec`), straight into
+    /// it; end of stream first is `UnexpectedEof`.
+    pub async fn read_exact<B: IoBufMut>(&self, mut buf: B) -> BufResult<(), B> {
+        let want = buf.bytes_total();
+        let mut filled = 0;
+        while filled < want {
+            let (r, b) = op::recv::recv(&self.fd, buf, filled).await;
+            buf = b;
             match r {
                 Ok(0) => return (Err(io::ErrorKind::UnexpectedEof.into()), buf),
-                Ok(_) => buf.extend_from_slice(&rest),
+                Ok(n) => filled += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return (Err(e), buf),
             }

@@ -6,37 +6,34 @@ use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBufMut};
 use crate::driver::epoll::Direction;
 
-/// Reads into `buf[0..bytes_total]`; on success the first `n` bytes are initialised.
-pub(crate) async fn recv<B: IoBufMut>(fd: &SharedFd, mut buf: B) -> BufResult<usize, B> {
-    if is_uring() {
+/// Reads into `buf[offset..bytes_total]`; on success the first `offset + n` bytes are
+/// initialised (the caller guarantees the first `offset` already were).
+pub(crate) async fn recv<B: IoBufMut>(
+    fd: &SharedFd,
+    mut buf: B,
+    offset: usize,
+) -> BufResult<usize, B> {
+    let len = buf.bytes_total().saturating_sub(offset);
+    let r = if is_uring() {
         let op = Op::submit(buf, |b| {
-            opcode::Recv::new(
-                types::Fd(fd.raw()),
-                b.stable_mut_ptr(),
-                b.bytes_total() as u32,
-            )
-            .build()
+            let ptr = b.stable_mut_ptr().wrapping_add(offset);
+            opcode::Recv::new(types::Fd(fd.raw()), ptr, len as u32).build()
         });
-        let (res, _, mut buf) = op.await;
-        let r = cvt(res).map(|n| n as usize);
-        if let Ok(n) = r {
-            // SAFETY: the kernel wrote n bytes at the start of the buffer.
-            unsafe { buf.set_init(n) };
-        }
-        (r, buf)
+        let (res, _, b) = op.await;
+        buf = b;
+        cvt(res).map(|n| n as usize)
     } else {
-        let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
-        let r = fd
-            .retry(Direction::Read, || {
-                // SAFETY: ptr/len describe the buffer's writable memory, alive across the await
-                // because `buf` is owned by this future.
-                cvt_sys(unsafe { libc::recv(fd.raw(), ptr as *mut libc::c_void, len, 0) })
-            })
-            .await;
-        if let Ok(n) = r {
-            // SAFETY: recv wrote n bytes.
-            unsafe { buf.set_init(n) };
-        }
-        (r, buf)
+        let ptr = buf.stable_mut_ptr().wrapping_add(offset);
+        fd.retry(Direction::Read, || {
+            // SAFETY: ptr/len describe the buffer's writable memory past the offset, alive
+            // across the await because `buf` is owned by this future.
+            cvt_sys(unsafe { libc::recv(fd.raw(), ptr as *mut libc::c_void, len, 0) })
+        })
+        .await
+    };
+    if let Ok(n) = r {
+        // SAFETY: n bytes were written after the offset; the caller vouches for the rest.
+        unsafe { buf.set_init(offset + n) };
     }
+    (r, buf)
 }

@@ -1,0 +1,143 @@
+//! A registered `Poller` shaped like a verbs completion queue: completions appear in memory from
+//! another thread, and while the core sleeps they announce themselves through an fd only if the
+//! poller armed it (as `ibv_req_notify_cq` + a completion channel do).
+
+mod common;
+
+use std::cell::{Cell, RefCell};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use barewire_engine::time::timeout;
+use barewire_engine::{poll_readable, register_poller, spawn_local, Poller};
+use common::rt;
+
+/// The "device" side, written by another thread.
+struct FakeCq {
+    produced: AtomicU64,
+    armed: AtomicBool,
+    channel: OwnedFd,
+}
+
+impl FakeCq {
+    fn complete_one(&self) {
+        self.produced.fetch_add(1, Ordering::SeqCst);
+        // A notification fires only when armed, and disarms, like a CQ event.
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let one = 1u64;
+            // SAFETY: 8-byte write to our eventfd.
+            unsafe { libc::write(self.channel.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    polls: Cell<u64>,
+    enters: Cell<u64>,
+    refusals: Cell<u64>,
+    exits: Cell<u64>,
+}
+
+struct CqPoller {
+    cq: Arc<FakeCq>,
+    seen: Rc<Cell<u64>>,
+    waiter: Rc<RefCell<Option<Waker>>>,
+    counts: Rc<Counts>,
+}
+
+impl Poller for CqPoller {
+    fn poll(&mut self) -> bool {
+        self.counts.polls.set(self.counts.polls.get() + 1);
+        let now = self.cq.produced.load(Ordering::SeqCst);
+        if now == self.seen.get() {
+            return false;
+        }
+        self.seen.set(now);
+        if let Some(w) = self.waiter.borrow_mut().take() {
+            w.wake();
+        }
+        true
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        self.cq.produced.load(Ordering::SeqCst) != self.seen.get()
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        self.cq.armed.store(true, Ordering::SeqCst);
+        // Re-check after arming, as one must after ibv_req_notify_cq.
+        if self.pure_poll() {
+            self.cq.armed.store(false, Ordering::SeqCst);
+            self.counts.refusals.set(self.counts.refusals.get() + 1);
+            return false;
+        }
+        self.counts.enters.set(self.counts.enters.get() + 1);
+        true
+    }
+
+    fn exit_interrupt_mode(&mut self) {
+        self.counts.exits.set(self.counts.exits.get() + 1);
+        self.cq.armed.store(false, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
+    const N: u64 = 2000;
+    // SAFETY: plain eventfd creation; ownership passes to OwnedFd.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(efd >= 0);
+    // SAFETY: fresh fd.
+    let channel = unsafe { OwnedFd::from_raw_fd(efd) };
+    let cq = Arc::new(FakeCq { produced: AtomicU64::new(0), armed: AtomicBool::new(false), channel });
+    let rt = rt(1);
+    let counts = Rc::new(Counts::default());
+    let device = {
+        let cq = cq.clone();
+        std::thread::spawn(move || {
+            for i in 0..N {
+                if i % 50 == 0 {
+                    // Pauses long enough for the core to fall asleep.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                cq.complete_one();
+            }
+        })
+    };
+    rt.block_on(async {
+        let seen = Rc::new(Cell::new(0));
+        let waiter = Rc::new(RefCell::new(None));
+        register_poller(Box::new(CqPoller { cq: cq.clone(), seen: seen.clone(), waiter: waiter.clone(), counts: counts.clone() }));
+        // The completion channel's fd in the reactor: it only wakes the core; the poller reaps.
+        let fd = cq.channel.as_raw_fd();
+        spawn_local(async move {
+            loop {
+                if poll_readable(fd).await.is_err() {
+                    return;
+                }
+                let mut v = 0u64;
+                // SAFETY: 8-byte read from our eventfd into a u64.
+                unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+            }
+        });
+        let done = std::future::poll_fn(|cx| {
+            if seen.get() >= N {
+                return Poll::Ready(());
+            }
+            *waiter.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        timeout(Duration::from_secs(30), done).await.expect("a completion was never delivered");
+    });
+    device.join().unwrap();
+    let stats = rt.stats()[0];
+    assert!(counts.polls.get() > 0);
+    assert!(counts.enters.get() > 0, "the poller was asked to arm before sleeping");
+    assert!(counts.exits.get() >= counts.enters.get(), "every entered interrupt mode was left");
+    assert!(stats.sleeps > 0, "the core slept between bursts: {stats:?}");
+}

@@ -30,7 +30,13 @@ impl FakeCq {
         if self.armed.swap(false, Ordering::SeqCst) {
             let one = 1u64;
             // SAFETY: 8-byte write to our eventfd.
-            unsafe { libc::write(self.channel.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+            unsafe {
+                libc::write(
+                    self.channel.as_raw_fd(),
+                    &one as *const u64 as *const libc::c_void,
+                    8,
+                )
+            };
         }
     }
 }
@@ -94,7 +100,11 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
     assert!(efd >= 0);
     // SAFETY: fresh fd.
     let channel = unsafe { OwnedFd::from_raw_fd(efd) };
-    let cq = Arc::new(FakeCq { produced: AtomicU64::new(0), armed: AtomicBool::new(false), channel });
+    let cq = Arc::new(FakeCq {
+        produced: AtomicU64::new(0),
+        armed: AtomicBool::new(false),
+        channel,
+    });
     let rt = rt(1);
     let counts = Rc::new(Counts::default());
     let device = {
@@ -112,7 +122,12 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
     rt.block_on(async {
         let seen = Rc::new(Cell::new(0));
         let waiter = Rc::new(RefCell::new(None));
-        register_poller(Box::new(CqPoller { cq: cq.clone(), seen: seen.clone(), waiter: waiter.clone(), counts: counts.clone() }));
+        register_poller(Box::new(CqPoller {
+            cq: cq.clone(),
+            seen: seen.clone(),
+            waiter: waiter.clone(),
+            counts: counts.clone(),
+        }));
         // The completion channel's fd in the reactor: it only wakes the core; the poller reaps.
         let fd = cq.channel.as_raw_fd();
         spawn_local(async move {
@@ -132,12 +147,20 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
             *waiter.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         });
-        timeout(Duration::from_secs(30), done).await.expect("a completion was never delivered");
+        timeout(Duration::from_secs(30), done)
+            .await
+            .expect("a completion was never delivered");
     });
     device.join().unwrap();
     let stats = rt.stats()[0];
     assert!(counts.polls.get() > 0);
-    assert!(counts.enters.get() > 0, "the poller was asked to arm before sleeping");
-    assert!(counts.exits.get() >= counts.enters.get(), "every entered interrupt mode was left");
+    assert!(
+        counts.enters.get() > 0,
+        "the poller was asked to arm before sleeping"
+    );
+    assert!(
+        counts.exits.get() >= counts.enters.get(),
+        "every entered interrupt mode was left"
+    );
     assert!(stats.sleeps > 0, "the core slept between bursts: {stats:?}");
 }

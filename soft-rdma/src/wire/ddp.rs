@@ -1,5 +1,4 @@
-//! DDP segment headers (RFC 5041 §4) with the RDMAP control byte (RFC 5040 §4), and the RDMA
-//! Read Request (RFC 5040 §4.4).
+//! DDP segment headers (RFC 5041 §4) with the RDMAP control byte (RFC 5040 §4).
 //!
 //! ```text
 //! byte 0   DDP control: T (tagged) | L (last) | reserved(4) | DV (2, = 1)
@@ -223,54 +222,5 @@ impl<'a> Segment<'a> {
             }
         }
         Ok(n)
-    }
-}
-
-/// The body of an RDMA Read Request (RFC 5040 §4.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadRequest {
-    /// Where the responder writes the data (the requester's region).
-    pub sink_stag: u32,
-    /// Offset in the sink region.
-    pub sink_to: u64,
-    /// Bytes to read.
-    pub size: u32,
-    /// The region read from (the responder's).
-    pub source_stag: u32,
-    /// Offset in the source region.
-    pub source_to: u64,
-}
-
-impl ReadRequest {
-    /// Bytes of the body.
-    pub const LEN: usize = 28;
-
-    /// Decodes the body of a Read Request segment.
-    pub fn decode(b: &[u8]) -> Result<ReadRequest, WireError> {
-        if b.len() != Self::LEN {
-            return Err(WireError::new(
-                "RDMA Read Request",
-                "body must be 28 bytes",
-                TermCode::RDMAP_OPCODE,
-            ));
-        }
-        let be32 = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().expect("4 bytes"));
-        let be64 = |o: usize| u64::from_be_bytes(b[o..o + 8].try_into().expect("8 bytes"));
-        Ok(ReadRequest {
-            sink_stag: be32(0),
-            sink_to: be64(4),
-            size: be32(12),
-            source_stag: be32(16),
-            source_to: be64(20),
-        })
-    }
-
-    /// Encodes the body.
-    pub fn encode(&self, out: &mut [u8; Self::LEN]) {
-        out[0..4].copy_from_slice(&self.sink_stag.to_be_bytes());
-        out[4..12].copy_from_slice(&self.sink_to.to_be_bytes());
-        out[12..16].copy_from_slice(&self.size.to_be_bytes());
-        out[16..20].copy_from_slice(&self.source_stag.to_be_bytes());
-        out[20..28].copy_from_slice(&self.source_to.to_be_bytes());
     }
 }

@@ -100,3 +100,162 @@ impl WireError {
         }
     }
 }
+
+/// RDMAP error types (RFC 5040 §7.2, layer 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmapErrorType {
+    /// Local catastrophic error.
+    LocalCatastrophic = 0,
+    /// Remote protection error.
+    RemoteProtection = 1,
+    /// Remote operation error.
+    RemoteOperation = 2,
+}
+
+/// RDMAP error codes (RFC 5040 §7.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmapErrorCode {
+    /// Invalid STag.
+    InvalidStag = 0x00,
+    /// Base or bounds violation.
+    BaseBounds = 0x01,
+    /// Access rights violation.
+    AccessRights = 0x02,
+    /// STag not associated with this RDMAP stream.
+    StagNotAssociated = 0x03,
+    /// TO wrap.
+    ToWrap = 0x04,
+    /// Invalid RDMAP version.
+    Version = 0x05,
+    /// Unexpected opcode.
+    Opcode = 0x06,
+    /// Catastrophic error, localized to the RDMAP stream.
+    CatastrophicStream = 0x07,
+    /// Catastrophic error, global.
+    CatastrophicGlobal = 0x08,
+    /// STag cannot be invalidated.
+    CannotInvalidate = 0x09,
+    /// Unspecified.
+    Unspecified = 0xff,
+}
+
+/// DDP tagged buffer error codes (RFC 5041 §7.2, error type 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DdpTaggedErrorCode {
+    /// Invalid STag.
+    InvalidStag = 0x00,
+    /// Base or bounds violation.
+    BaseBounds = 0x01,
+    /// STag not associated with this DDP stream.
+    StagNotAssociated = 0x02,
+    /// TO wrap.
+    ToWrap = 0x03,
+    /// Invalid DDP version.
+    Version = 0x04,
+}
+
+/// DDP untagged buffer error codes (RFC 5041 §7.2, error type 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DdpUntaggedErrorCode {
+    /// Invalid QN.
+    InvalidQn = 0x01,
+    /// Invalid MSN: no buffer available.
+    NoBuffer = 0x02,
+    /// Invalid MSN: MSN range is not valid.
+    MsnRange = 0x03,
+    /// Invalid MO.
+    InvalidMo = 0x04,
+    /// DDP message too long for the available buffer.
+    TooLong = 0x05,
+    /// Invalid DDP version.
+    Version = 0x06,
+}
+
+/// MPA (LLP) error codes (RFC 5044 §8 and RFC 6581 §8, layer 2, error type 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MpaErrorCode {
+    /// TCP connection closed, terminated or lost.
+    StreamLost = 0x01,
+    /// MPA CRC error.
+    Crc = 0x02,
+    /// Marker and ULPDU length mismatch.
+    Marker = 0x03,
+    /// Invalid MPA Request or Reply frame.
+    InvalidRequestReply = 0x04,
+    /// Local catastrophic error (RFC 6581).
+    LocalCatastrophic = 0x05,
+    /// Insufficient IRD resources (RFC 6581).
+    InsufficientIrd = 0x06,
+    /// No matching RTR option (RFC 6581).
+    NoMatchingRtr = 0x07,
+}
+
+impl TermCode {
+    /// An RDMAP Terminate code.
+    pub const fn rdmap(etype: RdmapErrorType, code: RdmapErrorCode) -> TermCode {
+        TermCode {
+            layer: Layer::Rdmap,
+            etype: etype as u8,
+            code: code as u8,
+        }
+    }
+    /// A DDP tagged buffer Terminate code.
+    pub const fn ddp_tagged(code: DdpTaggedErrorCode) -> TermCode {
+        TermCode {
+            layer: Layer::Ddp,
+            etype: 1,
+            code: code as u8,
+        }
+    }
+    /// A DDP untagged buffer Terminate code.
+    pub const fn ddp_untagged(code: DdpUntaggedErrorCode) -> TermCode {
+        TermCode {
+            layer: Layer::Ddp,
+            etype: 2,
+            code: code as u8,
+        }
+    }
+    /// An MPA Terminate code.
+    pub const fn mpa(code: MpaErrorCode) -> TermCode {
+        TermCode {
+            layer: Layer::Llp,
+            etype: 0,
+            code: code as u8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_constants_agree_with_the_tables() {
+        assert_eq!(TermCode::MPA_CRC, TermCode::mpa(MpaErrorCode::Crc));
+        assert_eq!(
+            TermCode::MPA_INVALID_REQ_REP,
+            TermCode::mpa(MpaErrorCode::InvalidRequestReply)
+        );
+        assert_eq!(TermCode::MPA_MARKER, TermCode::mpa(MpaErrorCode::Marker));
+        assert_eq!(
+            TermCode::DDP_TAGGED_VERSION,
+            TermCode::ddp_tagged(DdpTaggedErrorCode::Version)
+        );
+        assert_eq!(
+            TermCode::DDP_UNTAGGED_VERSION,
+            TermCode::ddp_untagged(DdpUntaggedErrorCode::Version)
+        );
+        assert_eq!(
+            TermCode::DDP_INVALID_QN,
+            TermCode::ddp_untagged(DdpUntaggedErrorCode::InvalidQn)
+        );
+        assert_eq!(
+            TermCode::RDMAP_VERSION,
+            TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Version)
+        );
+        assert_eq!(
+            TermCode::RDMAP_OPCODE,
+            TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode)
+        );
+    }
+}

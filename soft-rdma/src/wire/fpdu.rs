@@ -150,3 +150,144 @@ mod tests {
         );
     }
 }
+
+/// Turns a TCP byte stream, in chunks of any size, into FPDUs.
+///
+/// Whole FPDUs inside a chunk are handed out straight from the chunk; only a frame split
+/// across chunks is copied, into a buffer that never grows past one maximum-size FPDU (the
+/// length is checked against the negotiated maximum before a byte of the frame is kept).
+#[derive(Debug)]
+pub struct Deframer {
+    crc: bool,
+    max_ulpdu: usize,
+    partial: Vec<u8>,
+    dead: bool,
+}
+
+impl Deframer {
+    /// A deframer for a stream with the negotiated CRC setting and maximum ULPDU.
+    pub fn new(crc: bool, max_ulpdu: usize) -> Deframer {
+        Deframer {
+            crc,
+            max_ulpdu: max_ulpdu.min(u16::MAX as usize),
+            partial: Vec::new(),
+            dead: false,
+        }
+    }
+
+    /// Bytes held from a frame not yet complete.
+    pub fn buffered(&self) -> usize {
+        self.partial.len()
+    }
+
+    fn max_fpdu(&self) -> usize {
+        FPDU_HEADER_LEN + self.max_ulpdu + 3 + 4
+    }
+
+    /// Feeds the next chunk; `on_ulpdu` gets each complete ULPDU in order. After the first error
+    /// the stream is dead (MPA cannot resynchronise without markers) and every later call fails.
+    pub fn feed(
+        &mut self,
+        mut data: &[u8],
+        mut on_ulpdu: impl FnMut(&[u8]) -> Result<(), WireError>,
+    ) -> Result<(), WireError> {
+        if self.dead {
+            return Err(WireError::new(
+                "MPA stream",
+                "an earlier frame was invalid",
+                TermCode::MPA_INVALID_REQ_REP,
+            ));
+        }
+        let r = self.feed_inner(&mut data, &mut on_ulpdu);
+        if r.is_err() {
+            self.dead = true;
+            self.partial = Vec::new();
+        }
+        r
+    }
+
+    fn feed_inner(
+        &mut self,
+        data: &mut &[u8],
+        on_ulpdu: &mut impl FnMut(&[u8]) -> Result<(), WireError>,
+    ) -> Result<(), WireError> {
+        // Finish a frame split across chunks.
+        while !self.partial.is_empty() && !data.is_empty() {
+            let need = if self.partial.len() < FPDU_HEADER_LEN {
+                FPDU_HEADER_LEN - self.partial.len()
+            } else {
+                let len = u16::from_be_bytes([self.partial[0], self.partial[1]]) as usize;
+                FPDU_HEADER_LEN + len + pad_len(len) + 4 - self.partial.len()
+            };
+            let take = need.min(data.len());
+            self.partial.extend_from_slice(&data[..take]);
+            *data = &data[take..];
+            match Fpdu::decode(&self.partial, self.crc, self.max_ulpdu)? {
+                Some((f, _)) => {
+                    on_ulpdu(f.ulpdu)?;
+                    self.partial.clear();
+                }
+                None => debug_assert!(self.partial.len() <= self.max_fpdu()),
+            }
+        }
+        // Whole frames straight from the chunk.
+        while let Some((f, used)) = Fpdu::decode(data, self.crc, self.max_ulpdu)? {
+            on_ulpdu(f.ulpdu)?;
+            *data = &data[used..];
+        }
+        if !data.is_empty() {
+            if self.partial.capacity() == 0 {
+                self.partial.reserve_exact(self.max_fpdu());
+            }
+            self.partial.extend_from_slice(data);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod deframer_tests {
+    use super::*;
+
+    fn frame(ulpdu: &[u8], crc: bool) -> Vec<u8> {
+        let mut hdr = [0u8; 2];
+        encode_fpdu_header(ulpdu.len(), &mut hdr).unwrap();
+        let mut tr = [0u8; 8];
+        let n = fpdu_trailer(&[&hdr, ulpdu], ulpdu.len(), crc, &mut tr);
+        [&hdr[..], ulpdu, &tr[..n]].concat()
+    }
+
+    #[test]
+    fn any_chunking_yields_the_same_frames() {
+        let frames: Vec<Vec<u8>> = (0..20)
+            .map(|i| (0..(i * 13 % 97) as u8).collect())
+            .collect();
+        let stream: Vec<u8> = frames.iter().flat_map(|f| frame(f, true)).collect();
+        for chunk in [1, 2, 3, 5, 7, 64, 1000, stream.len()] {
+            let mut d = Deframer::new(true, 1024);
+            let mut got = Vec::new();
+            for c in stream.chunks(chunk) {
+                d.feed(c, |u| {
+                    got.push(u.to_vec());
+                    Ok(())
+                })
+                .unwrap();
+                assert!(d.buffered() <= 2 + 1024 + 7);
+            }
+            assert_eq!(got, frames, "chunk size {chunk}");
+            assert_eq!(d.buffered(), 0);
+        }
+    }
+
+    #[test]
+    fn an_oversized_frame_kills_the_stream_without_buffering_it() {
+        let mut d = Deframer::new(false, 100);
+        let e = d.feed(&[0x10, 0x00, 1, 2, 3], |_| Ok(())).unwrap_err();
+        assert_eq!(e.field, "ULPDU_LENGTH");
+        assert_eq!(d.buffered(), 0);
+        assert!(
+            d.feed(&frame(b"ok", false), |_| Ok(())).is_err(),
+            "a dead stream stays dead"
+        );
+    }
+}

@@ -92,6 +92,14 @@ impl Reassembly {
                         TermCode::DDP_INVALID_QN,
                     ));
                 }
+                // Read Requests, Terminates and atomics are one segment each (RFC 5040 §5.1).
+                if qn != crate::wire::qn::SEND && (!seg.last || mo != 0) {
+                    return Err(WireError::new(
+                        "DDP L",
+                        "this message must be a single segment",
+                        TermCode::ddp_untagged(DdpUntaggedErrorCode::InvalidMo),
+                    ));
+                }
                 let key = (qn as u64) << 32 | msn as u64;
                 match self.untagged {
                     Some(p) if p.key != key => {
@@ -234,6 +242,24 @@ mod tests {
             r.accept(&send(2, 0, true, &[])).unwrap_err().term,
             TermCode::ddp_untagged(DdpUntaggedErrorCode::MsnRange)
         );
+    }
+
+    #[test]
+    fn control_messages_must_be_single_segments() {
+        let mut r = Reassembly::default();
+        let rr = Segment {
+            last: false,
+            opcode: RdmapOpcode::ReadRequest,
+            header: DdpHeader::Untagged {
+                ulp: 0,
+                qn: 1,
+                msn: 1,
+                mo: 0,
+            },
+            payload: &[0; 28],
+        };
+        assert_eq!(r.accept(&rr).unwrap_err().field, "DDP L");
+        r.accept(&Segment { last: true, ..rr }).unwrap();
     }
 
     #[test]

@@ -31,6 +31,8 @@
 mod ddp;
 mod error;
 mod fpdu;
+#[doc(hidden)]
+pub mod fuzz;
 mod mpa;
 mod rdmap;
 mod segment;

@@ -17,7 +17,7 @@ fn streams() -> (Vec<u8>, Vec<u8>) {
         "/../../shared/wire/siw-rping-mpa-rev1.pcap"
     );
     let file = std::fs::File::open(path)
-        .unwrap_or_else(|e| panic!("{path}: {e} (the shared/ folder sits beside the repository)"));
+        .unwrap_or_else(|e| panic!("{path}: {e} "));
     let mut reader = pcap_file::pcap::PcapReader::new(file).expect("a pcap file");
     let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
     while let Some(pkt) = reader.next_packet() {

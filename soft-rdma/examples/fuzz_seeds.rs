@@ -1,5 +1,5 @@
 //! Writes the fuzz targets' seed corpus into `fuzz/corpus/`: frames from the real siw capture
-//! in `../shared/wire/` and an encoding of every frame kind.
+//! in `tests/data/` (from `../shared/wire/`) and an encoding of every frame kind.
 //!
 //!     cargo run -p barewire-soft-rdma --example fuzz_seeds
 
@@ -10,7 +10,7 @@ use barewire_soft_rdma::wire::*;
 fn capture_streams() -> (Vec<u8>, Vec<u8>) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/wire/siw-rping-mpa-rev1.pcap"
+        "/tests/data/siw-rping-mpa-rev1.pcap"
     );
     let mut reader =
         pcap_file::pcap::PcapReader::new(std::fs::File::open(path).expect("the siw capture"))

@@ -1,4 +1,4 @@
-//! Real siw traffic (`../shared/wire/siw-rping-mpa-rev1.pcap`): every MPA frame and FPDU in it
+//! Real siw traffic (`tests/data/siw-rping-mpa-rev1.pcap`, a copy of `../shared/wire/`): every MPA frame and FPDU in it
 //! decodes, the Read Request's fields are the values siw sent, and re-encoding gives the same
 //! bytes. The capture is read with pcap-file and etherparse, not by hand.
 
@@ -14,10 +14,9 @@ const CLIENT_PORT: u16 = 42742;
 fn streams() -> (Vec<u8>, Vec<u8>) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/wire/siw-rping-mpa-rev1.pcap"
+        "/tests/data/siw-rping-mpa-rev1.pcap"
     );
-    let file = std::fs::File::open(path)
-        .unwrap_or_else(|e| panic!("{path}: {e} "));
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{path}: {e} "));
     let mut reader = pcap_file::pcap::PcapReader::new(file).expect("a pcap file");
     let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
     while let Some(pkt) = reader.next_packet() {

@@ -32,14 +32,14 @@ fn capture_streams() -> (Vec<u8>, Vec<u8>) {
 }
 
 fn fpdu(seg: &Segment<'_>, body: &[u8], crc: bool) -> Vec<u8> {
-    let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
-    let n = seg.encode_header(&mut hdr).unwrap();
-    let ulpdu_len = n + body.len();
-    let mut len = [0u8; FPDU_HEADER_LEN];
-    encode_fpdu_header(ulpdu_len, &mut len).unwrap();
-    let mut tr = [0u8; 8];
-    let t = fpdu_trailer(&[&len, &hdr[..n], body], ulpdu_len, crc, &mut tr);
-    [&len[..], &hdr[..n], body, &tr[..t]].concat()
+    let mut out = Vec::new();
+    Segment {
+        payload: body,
+        ..*seg
+    }
+    .encode_fpdu(crc, &mut out)
+    .unwrap();
+    out
 }
 
 fn untagged(op: RdmapOpcode, qn: u32, body: &[u8]) -> (Segment<'static>, Vec<u8>) {

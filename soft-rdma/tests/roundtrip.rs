@@ -35,14 +35,9 @@ fn header_for(op: RdmapOpcode) -> BoxedStrategy<DdpHeader> {
 }
 
 fn frame(seg: &Segment<'_>, crc: bool) -> Vec<u8> {
-    let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
-    let n = seg.encode_header(&mut hdr).unwrap();
-    let ulpdu_len = n + seg.payload.len();
-    let mut len = [0u8; FPDU_HEADER_LEN];
-    encode_fpdu_header(ulpdu_len, &mut len).unwrap();
-    let mut tr = [0u8; 8];
-    let t = fpdu_trailer(&[&len, &hdr[..n], seg.payload], ulpdu_len, crc, &mut tr);
-    [&len[..], &hdr[..n], seg.payload, &tr[..t]].concat()
+    let mut out = Vec::new();
+    seg.encode_fpdu(crc, &mut out).unwrap();
+    out
 }
 
 proptest! {

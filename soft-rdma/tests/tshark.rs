@@ -73,14 +73,14 @@ impl Tcp {
 }
 
 fn fpdu(seg: &Segment<'_>, body: &[u8], crc: bool) -> Vec<u8> {
-    let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
-    let n = seg.encode_header(&mut hdr).unwrap();
-    let ulpdu_len = n + body.len();
-    let mut len = [0u8; FPDU_HEADER_LEN];
-    encode_fpdu_header(ulpdu_len, &mut len).unwrap();
-    let mut tr = [0u8; 8];
-    let t = fpdu_trailer(&[&len, &hdr[..n], body], ulpdu_len, crc, &mut tr);
-    [&len[..], &hdr[..n], body, &tr[..t]].concat()
+    let mut out = Vec::new();
+    Segment {
+        payload: body,
+        ..*seg
+    }
+    .encode_fpdu(crc, &mut out)
+    .unwrap();
+    out
 }
 
 /// One connection with every message kind; returns what each FPDU must decode as.

@@ -224,3 +224,29 @@ impl<'a> Segment<'a> {
         Ok(n)
     }
 }
+
+impl Segment<'_> {
+    /// Appends the whole FPDU (length, header, payload, pad, CRC field) to `out`. The data path
+    /// sends header and payload as a gather list instead; this contiguous form suits control
+    /// messages, which are small, and tests.
+    pub fn encode_fpdu(&self, crc: bool, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let mut hdr = [0u8; UNTAGGED_HEADER_LEN];
+        let n = self.encode_header(&mut hdr)?;
+        let ulpdu_len = n + self.payload.len();
+        let mut len = [0u8; super::fpdu::FPDU_HEADER_LEN];
+        super::fpdu::encode_fpdu_header(ulpdu_len, &mut len)?;
+        let mut trailer = [0u8; 8];
+        let t = super::fpdu::fpdu_trailer(
+            &[&len, &hdr[..n], self.payload],
+            ulpdu_len,
+            crc,
+            &mut trailer,
+        );
+        out.reserve(len.len() + ulpdu_len + t);
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&hdr[..n]);
+        out.extend_from_slice(self.payload);
+        out.extend_from_slice(&trailer[..t]);
+        Ok(())
+    }
+}

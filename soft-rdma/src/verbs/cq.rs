@@ -1,0 +1,225 @@
+//! Completion queues (ibv_create_cq(3), ibv_poll_cq(3), ibv_req_notify_cq(3)).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::task::Waker;
+
+/// Status of a work completion, as `enum ibv_wc_status` in ibv_poll_cq(3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    Success,
+    /// `IBV_WC_LOC_LEN_ERR`: a receive buffer too small for the incoming Send.
+    LocLenErr,
+    /// `IBV_WC_LOC_PROT_ERR`: a local SGE names a region that does not allow the access.
+    LocProtErr,
+    /// `IBV_WC_REM_ACCESS_ERR`: the peer refused the access to its region (a Terminate with a
+    /// protection error came back).
+    RemAccessErr,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the peer found the request invalid.
+    RemInvReqErr,
+    /// `IBV_WC_REM_OP_ERR`: the peer could not complete the operation.
+    RemOpErr,
+    /// `IBV_WC_WR_FLUSH_ERR`: the queue pair went to ERROR before this request ran.
+    WrFlushErr,
+    /// `IBV_WC_RETRY_EXC_ERR`: the transport gave up (peer dead, cut off or stalled).
+    RetryExcErr,
+    /// `IBV_WC_GENERAL_ERR`.
+    GeneralErr,
+}
+
+/// What completed (`enum ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WcOpcode {
+    /// A Send (any kind) finished.
+    Send,
+    /// An RDMA Write finished.
+    RdmaWrite,
+    /// An RDMA Read finished.
+    RdmaRead,
+    /// A compare-and-swap finished.
+    CompSwap,
+    /// A fetch-and-add finished.
+    FetchAdd,
+    /// A local invalidate finished.
+    LocalInv,
+    /// A receive consumed a Send.
+    Recv,
+    /// A receive consumed an RDMA Write with immediate data.
+    RecvRdmaWithImm,
+}
+
+/// One completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (receives: bytes placed).
+    pub byte_len: u32,
+    /// Immediate data, when the message carried some.
+    pub imm: Option<u32>,
+    /// The STag a Send with Invalidate invalidated.
+    pub invalidated: Option<u32>,
+    /// The queue pair it belongs to.
+    pub qp_num: u32,
+}
+
+struct Inner {
+    entries: VecDeque<WorkCompletion>,
+    capacity: usize,
+    armed: Option<bool>,
+    overflowed: bool,
+    waiter: Option<Waker>,
+}
+
+/// A completion queue: bounded; a producer that finds it full marks it overflowed (the verbs
+/// `IBV_EVENT_CQ_ERR`), and the provider moves the queue pairs using it to ERROR.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    inner: Rc<RefCell<Inner>>,
+}
+
+impl CompletionQueue {
+    /// A queue of at most `capacity` completions.
+    pub fn new(capacity: usize) -> CompletionQueue {
+        CompletionQueue {
+            inner: Rc::new(RefCell::new(Inner {
+                entries: VecDeque::with_capacity(capacity),
+                capacity,
+                armed: None,
+                overflowed: false,
+                waiter: None,
+            })),
+        }
+    }
+
+    /// Adds a completion (provider side). `false` if the queue was full: the completion is
+    /// lost and the queue is marked overflowed.
+    pub fn push(&self, wc: WorkCompletion) -> bool {
+        let waker = {
+            let mut i = self.inner.borrow_mut();
+            if i.entries.len() >= i.capacity {
+                i.overflowed = true;
+                return false;
+            }
+            let notify = match i.armed {
+                Some(solicited_only) => {
+                    !solicited_only || wc.status != WcStatus::Success || wc.opcode == WcOpcode::Recv
+                }
+                None => false,
+            };
+            i.entries.push_back(wc);
+            if notify {
+                i.armed = None;
+                i.waiter.take()
+            } else {
+                None
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// Moves up to `out.len()` completions into `out`; returns how many (ibv_poll_cq(3)).
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut i = self.inner.borrow_mut();
+        let n = out.len().min(i.entries.len());
+        for slot in out.iter_mut().take(n) {
+            *slot = i.entries.pop_front().expect("counted");
+        }
+        n
+    }
+
+    /// Asks for one notification at the next completion (`solicited_only`: only solicited ones
+    /// and errors), as ibv_req_notify_cq(3). The notification wakes `waker`.
+    pub fn req_notify(&self, solicited_only: bool, waker: &Waker) {
+        let mut i = self.inner.borrow_mut();
+        i.armed = Some(solicited_only);
+        i.waiter = Some(waker.clone());
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.inner.borrow().entries.len()
+    }
+
+    /// True if none wait.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True once a completion was lost to a full queue.
+    pub fn overflowed(&self) -> bool {
+        self.inner.borrow().overflowed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn wc(id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 8,
+            imm: None,
+            invalidated: None,
+            qp_num: 1,
+        }
+    }
+
+    #[test]
+    fn completions_come_out_in_order_and_overflow_is_reported() {
+        let cq = CompletionQueue::new(2);
+        assert!(cq.push(wc(1)) && cq.push(wc(2)));
+        assert!(!cq.push(wc(3)), "a full queue refuses");
+        assert!(cq.overflowed());
+        let mut out = [wc(0); 4];
+        assert_eq!(cq.poll(&mut out), 2);
+        assert_eq!((out[0].wr_id, out[1].wr_id), (1, 2));
+    }
+
+    #[test]
+    fn notification_fires_once_per_arm() {
+        let cq = CompletionQueue::new(8);
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        cq.push(wc(1));
+        assert_eq!(count.0.load(Ordering::SeqCst), 0, "not armed: no event");
+        cq.req_notify(false, &waker);
+        cq.push(wc(2));
+        cq.push(wc(3));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "one event per arm");
+        cq.req_notify(true, &waker);
+        cq.push(wc(4));
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "solicited-only ignores a plain send completion"
+        );
+        cq.push(WorkCompletion {
+            status: WcStatus::RemAccessErr,
+            ..wc(5)
+        });
+        assert_eq!(count.0.load(Ordering::SeqCst), 2, "errors always notify");
+    }
+}

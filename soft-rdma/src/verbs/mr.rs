@@ -1,0 +1,447 @@
+//! Protection domains and memory regions, and the check every tagged access passes before a
+//! byte moves.
+//!
+//! STags come from the OS CSPRNG (`getrandom`), so a peer cannot guess a live one from one it
+//! has seen (ReDMArk's STag-prediction attack). An STag is bound to its protection domain and,
+//! optionally, to one queue pair; deregistration invalidates it at once, and a retired STag is
+//! never handed out again (the device remembers every STag it retired: 4 bytes per
+//! registration over the device's life).
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use crate::wire::{DdpTaggedErrorCode, RdmapErrorCode, RdmapErrorType, TermCode};
+
+/// Access rights of a memory region (ibv_reg_mr(3)'s `IBV_ACCESS_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// The local side may write (receives and READ responses land here).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may RDMA WRITE into it.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may RDMA READ from it.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Peers may run atomics on it.
+    pub const REMOTE_ATOMIC: Access = Access(8);
+
+    /// True if every right in `other` is granted.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// A steering tag: the lkey/rkey of a region on the wire (RFC 5040 §2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stag(pub u32);
+
+/// Why a tagged access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    /// No live region has this STag (never registered, deregistered or invalidated).
+    #[error("invalid STag")]
+    InvalidStag,
+    /// The access falls (partly) outside the region.
+    #[error("base or bounds violation")]
+    BaseBounds,
+    /// The region does not grant the right needed.
+    #[error("access rights violation")]
+    AccessRights,
+    /// The STag belongs to another protection domain or queue pair.
+    #[error("STag not associated with this stream")]
+    NotAssociated,
+    /// Offset plus length overflows 64 bits.
+    #[error("tagged offset wraps")]
+    ToWrap,
+}
+
+impl Violation {
+    /// The Terminate code for this violation on a tagged DDP segment (an RDMA WRITE or READ
+    /// Response placing data): DDP layer codes where RFC 5041 has one, RDMAP's otherwise.
+    pub fn tagged_term(self) -> TermCode {
+        match self {
+            Violation::InvalidStag => TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag),
+            Violation::BaseBounds => TermCode::ddp_tagged(DdpTaggedErrorCode::BaseBounds),
+            Violation::NotAssociated => TermCode::ddp_tagged(DdpTaggedErrorCode::StagNotAssociated),
+            Violation::ToWrap => TermCode::ddp_tagged(DdpTaggedErrorCode::ToWrap),
+            Violation::AccessRights => TermCode::rdmap(
+                RdmapErrorType::RemoteProtection,
+                RdmapErrorCode::AccessRights,
+            ),
+        }
+    }
+
+    /// The Terminate code for this violation on an RDMAP request naming a source region (READ
+    /// Request, atomics): RDMAP remote protection errors (RFC 5040 §7.2).
+    pub fn rdmap_term(self) -> TermCode {
+        let code = match self {
+            Violation::InvalidStag => RdmapErrorCode::InvalidStag,
+            Violation::BaseBounds => RdmapErrorCode::BaseBounds,
+            Violation::AccessRights => RdmapErrorCode::AccessRights,
+            Violation::NotAssociated => RdmapErrorCode::StagNotAssociated,
+            Violation::ToWrap => RdmapErrorCode::ToWrap,
+        };
+        TermCode::rdmap(RdmapErrorType::RemoteProtection, code)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    pd: u32,
+    qp: Option<u32>,
+    addr: usize,
+    len: usize,
+    access: Access,
+}
+
+#[derive(Default)]
+struct Tables {
+    live: HashMap<u32, Entry>,
+    retired: HashSet<u32>,
+}
+
+struct DeviceInner {
+    tables: RefCell<Tables>,
+    next_pd: Cell<u32>,
+}
+
+/// The soft RDMA device of one core.
+#[derive(Clone)]
+pub struct Device {
+    inner: Rc<DeviceInner>,
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Device::new()
+    }
+}
+
+impl Device {
+    /// A device with no regions.
+    pub fn new() -> Device {
+        Device {
+            inner: Rc::new(DeviceInner {
+                tables: RefCell::new(Tables::default()),
+                next_pd: Cell::new(1),
+            }),
+        }
+    }
+
+    /// Allocates a protection domain (ibv_alloc_pd(3)).
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let id = self.inner.next_pd.get();
+        self.inner.next_pd.set(id + 1);
+        ProtectionDomain {
+            id,
+            dev: self.clone(),
+        }
+    }
+
+    fn fresh_stag(&self) -> u32 {
+        let t = self.inner.tables.borrow();
+        loop {
+            let mut b = [0u8; 4];
+            getrandom::fill(&mut b).expect("the OS CSPRNG is available");
+            let s = u32::from_ne_bytes(b);
+            // 0 is never valid: siw and many NICs treat it as "no STag".
+            if s != 0 && !t.live.contains_key(&s) && !t.retired.contains(&s) {
+                return s;
+            }
+        }
+    }
+
+    /// Checks a remote access of `len` bytes at tagged offset `to` (a virtual address within
+    /// the region, as verbs uses) by a queue pair of domain `pd`, and returns where the bytes
+    /// are. Nothing may touch memory before this returns `Ok`.
+    pub fn check(
+        &self,
+        stag: Stag,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<*mut u8, Violation> {
+        let t = self.inner.tables.borrow();
+        let e = t.live.get(&stag.0).ok_or(Violation::InvalidStag)?;
+        if e.pd != pd || e.qp.is_some_and(|q| q != qp) {
+            return Err(Violation::NotAssociated);
+        }
+        if !e.access.contains(need) {
+            return Err(Violation::AccessRights);
+        }
+        let end = to.checked_add(len).ok_or(Violation::ToWrap)?;
+        let (base, limit) = (e.addr as u64, e.addr as u64 + e.len as u64);
+        if to < base || end > limit {
+            return Err(Violation::BaseBounds);
+        }
+        Ok(to as usize as *mut u8)
+    }
+
+    /// Invalidates an STag (a remote Send with Invalidate, or a local invalidate). Fails if it
+    /// is not live or belongs to another domain.
+    pub fn invalidate(&self, stag: Stag, pd: u32) -> Result<(), Violation> {
+        let mut t = self.inner.tables.borrow_mut();
+        match t.live.get(&stag.0) {
+            None => Err(Violation::InvalidStag),
+            Some(e) if e.pd != pd => Err(Violation::NotAssociated),
+            Some(_) => {
+                t.live.remove(&stag.0);
+                t.retired.insert(stag.0);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A protection domain: regions and queue pairs of one domain can be used only together.
+pub struct ProtectionDomain {
+    id: u32,
+    dev: Device,
+}
+
+impl ProtectionDomain {
+    /// The domain's number.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Registers `len` bytes at `addr` (ibv_reg_mr(3)). Remote rights need LOCAL_WRITE too when
+    /// they include REMOTE_WRITE or REMOTE_ATOMIC, as verbs requires.
+    ///
+    /// # Safety
+    /// The memory must stay valid (and must not be freed or moved) until the region is dropped;
+    /// peers granted remote rights may read or write it at any time until then, so the caller
+    /// must not hold Rust references into it that assume it does not change.
+    pub unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, Violation> {
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(Violation::AccessRights);
+        }
+        if (addr as usize).checked_add(len).is_none() {
+            return Err(Violation::ToWrap);
+        }
+        let stag = self.dev.fresh_stag();
+        self.dev.inner.tables.borrow_mut().live.insert(
+            stag,
+            Entry {
+                pd: self.id,
+                qp: None,
+                addr: addr as usize,
+                len,
+                access,
+            },
+        );
+        Ok(MemoryRegion {
+            stag: Stag(stag),
+            pd: self.id,
+            addr,
+            len,
+            access,
+            dev: self.dev.clone(),
+        })
+    }
+}
+
+/// A registered region. Dropping it deregisters: the STag is dead from that moment on.
+pub struct MemoryRegion {
+    stag: Stag,
+    pd: u32,
+    addr: *mut u8,
+    len: usize,
+    access: Access,
+    dev: Device,
+}
+
+impl MemoryRegion {
+    /// The STag peers name it by (rkey) and the local side uses (lkey).
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+
+    /// Start address (the tagged offset of its first byte).
+    pub fn addr(&self) -> *mut u8 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rights granted.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// Restricts remote use to queue pair `qp` (like a type 2 memory window): any other
+    /// connection presenting the STag gets `NotAssociated`.
+    pub fn bind_to_qp(&self, qp: u32) {
+        if let Some(e) = self
+            .dev
+            .inner
+            .tables
+            .borrow_mut()
+            .live
+            .get_mut(&self.stag.0)
+        {
+            e.qp = Some(qp);
+        }
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.dev.invalidate(self.stag, self.pd);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(pd: &ProtectionDomain, buf: &mut [u8], access: Access) -> MemoryRegion {
+        // SAFETY: the buffer outlives the region in every test.
+        unsafe { pd.register(buf.as_mut_ptr(), buf.len(), access) }.unwrap()
+    }
+
+    #[test]
+    fn every_check_happens_before_access() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let other = dev.alloc_pd();
+        let mut buf = vec![0u8; 4096];
+        let base = buf.as_mut_ptr() as u64;
+        let mr = region(&pd, &mut buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let s = mr.stag();
+        assert_eq!(
+            dev.check(s, pd.id(), 1, base + 8, 8, Access::REMOTE_WRITE)
+                .unwrap() as u64,
+            base + 8
+        );
+        assert_eq!(
+            dev.check(s, pd.id(), 1, base + 4090, 8, Access::REMOTE_WRITE),
+            Err(Violation::BaseBounds)
+        );
+        assert_eq!(
+            dev.check(s, pd.id(), 1, base - 1, 1, Access::REMOTE_WRITE),
+            Err(Violation::BaseBounds)
+        );
+        assert_eq!(
+            dev.check(s, pd.id(), 1, u64::MAX, 2, Access::REMOTE_WRITE),
+            Err(Violation::ToWrap)
+        );
+        assert_eq!(
+            dev.check(s, pd.id(), 1, base, 8, Access::REMOTE_READ),
+            Err(Violation::AccessRights)
+        );
+        assert_eq!(
+            dev.check(s, other.id(), 1, base, 8, Access::REMOTE_WRITE),
+            Err(Violation::NotAssociated)
+        );
+        assert_eq!(
+            dev.check(Stag(s.0 ^ 1), pd.id(), 1, base, 8, Access::REMOTE_WRITE),
+            Err(Violation::InvalidStag)
+        );
+        mr.bind_to_qp(7);
+        assert_eq!(
+            dev.check(s, pd.id(), 8, base, 8, Access::REMOTE_WRITE),
+            Err(Violation::NotAssociated)
+        );
+        assert!(dev
+            .check(s, pd.id(), 7, base, 8, Access::REMOTE_WRITE)
+            .is_ok());
+    }
+
+    #[test]
+    fn deregistered_and_invalidated_stags_die_and_never_return() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let mr = region(&pd, &mut buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let s = mr.stag();
+        drop(mr);
+        assert_eq!(
+            dev.check(s, pd.id(), 1, base, 8, Access::REMOTE_READ),
+            Err(Violation::InvalidStag)
+        );
+        let mut seen = HashSet::new();
+        seen.insert(s.0);
+        for _ in 0..2000 {
+            let mr = region(&pd, &mut buf, Access::REMOTE_READ);
+            assert!(seen.insert(mr.stag().0), "an STag was handed out twice");
+            dev.invalidate(mr.stag(), pd.id()).unwrap();
+            assert_eq!(
+                dev.check(mr.stag(), pd.id(), 1, base, 1, Access::REMOTE_READ),
+                Err(Violation::InvalidStag)
+            );
+        }
+    }
+
+    #[test]
+    fn stags_are_not_sequential() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let mut buf = [0u8; 8];
+        let a: Vec<u32> = (0..64)
+            .map(|_| region(&pd, &mut buf, Access::REMOTE_READ).stag().0)
+            .collect();
+        let sequential = a
+            .windows(2)
+            .filter(|w| w[1].wrapping_sub(w[0]) < 1024)
+            .count();
+        assert!(sequential < 4, "STags look predictable: {a:?}");
+    }
+
+    #[test]
+    fn remote_write_needs_local_write() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let mut buf = [0u8; 8];
+        // SAFETY: the buffer outlives the attempt.
+        let r = unsafe { pd.register(buf.as_mut_ptr(), 8, Access::REMOTE_WRITE) };
+        assert_eq!(r.err(), Some(Violation::AccessRights));
+    }
+
+    #[test]
+    fn violations_map_to_the_rfc_terminate_codes() {
+        assert_eq!(
+            Violation::InvalidStag.tagged_term(),
+            TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag)
+        );
+        assert_eq!(
+            Violation::AccessRights.rdmap_term(),
+            TermCode::rdmap(
+                RdmapErrorType::RemoteProtection,
+                RdmapErrorCode::AccessRights
+            )
+        );
+    }
+}

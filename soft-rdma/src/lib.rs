@@ -8,5 +8,6 @@
 
 #![warn(missing_docs)]
 
+pub mod stream;
 pub mod verbs;
 pub mod wire;

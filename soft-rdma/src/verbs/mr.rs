@@ -188,6 +188,31 @@ impl Device {
         Ok(to as usize as *mut u8)
     }
 
+    /// Checks a local scatter/gather element: `lkey` must be live in domain `pd`, cover
+    /// `[addr, addr+len)`, and grant LOCAL_WRITE when the operation writes into it.
+    pub fn check_local(
+        &self,
+        lkey: Stag,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<*mut u8, Violation> {
+        let t = self.inner.tables.borrow();
+        let e = t.live.get(&lkey.0).ok_or(Violation::InvalidStag)?;
+        if e.pd != pd {
+            return Err(Violation::NotAssociated);
+        }
+        if write && !e.access.contains(Access::LOCAL_WRITE) {
+            return Err(Violation::AccessRights);
+        }
+        let end = addr.checked_add(len).ok_or(Violation::ToWrap)?;
+        if addr < e.addr as u64 || end > e.addr as u64 + e.len as u64 {
+            return Err(Violation::BaseBounds);
+        }
+        Ok(addr as usize as *mut u8)
+    }
+
     /// Invalidates an STag (a remote Send with Invalidate, or a local invalidate). Fails if it
     /// is not live or belongs to another domain.
     pub fn invalidate(&self, stag: Stag, pd: u32) -> Result<(), Violation> {

@@ -82,8 +82,17 @@ impl Default for Reassembly {
 impl Reassembly {
     /// Checks a segment against the stream's state and says where its payload goes.
     pub fn accept(&mut self, seg: &Segment<'_>) -> Result<Placement, WireError> {
-        let len = seg.payload.len() as u64;
-        match seg.header {
+        self.accept_parts(seg.last, seg.header, seg.payload.len() as u64)
+    }
+
+    /// As `accept`, from a segment's header alone (the payload not received yet).
+    pub fn accept_parts(
+        &mut self,
+        last: bool,
+        header: DdpHeader,
+        len: u64,
+    ) -> Result<Placement, WireError> {
+        match header {
             DdpHeader::Untagged { qn, msn, mo, .. } => {
                 if qn as usize >= QUEUES {
                     return Err(WireError::new(
@@ -93,7 +102,7 @@ impl Reassembly {
                     ));
                 }
                 // Read Requests, Terminates and atomics are one segment each (RFC 5040 §5.1).
-                if qn != crate::wire::qn::SEND && (!seg.last || mo != 0) {
+                if qn != crate::wire::qn::SEND && (!last || mo != 0) {
                     return Err(WireError::new(
                         "DDP L",
                         "this message must be a single segment",
@@ -142,18 +151,13 @@ impl Reassembly {
                         TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong),
                     ));
                 }
-                if seg.last {
+                if last {
                     self.untagged = None;
                     self.expected_msn[qn as usize] = msn.wrapping_add(1);
                 } else {
                     self.untagged = Some(InProgress { key, next });
                 }
-                Ok(Placement::Untagged {
-                    qn,
-                    msn,
-                    mo,
-                    last: seg.last,
-                })
+                Ok(Placement::Untagged { qn, msn, mo, last })
             }
             DdpHeader::Tagged { stag, to } => {
                 if let Some(p) = self.tagged {
@@ -170,7 +174,7 @@ impl Reassembly {
                     "tagged offset wraps",
                     TermCode::DDP_CATASTROPHIC,
                 ))?;
-                self.tagged = if seg.last {
+                self.tagged = if last {
                     None
                 } else {
                     Some(InProgress {
@@ -178,11 +182,7 @@ impl Reassembly {
                         next,
                     })
                 };
-                Ok(Placement::Tagged {
-                    stag,
-                    to,
-                    last: seg.last,
-                })
+                Ok(Placement::Tagged { stag, to, last })
             }
         }
     }

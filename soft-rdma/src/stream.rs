@@ -1,0 +1,1035 @@
+//! The RDMAP stream of one reliable-connected queue pair, without I/O: work requests go in,
+//! bytes to send come out as a gather list, received bytes go straight to where they belong,
+//! and completions land in the completion queues.
+//!
+//! Receive is zero-copy: [`Stream::rx_buffer`] says where the next bytes must be written —
+//! a small scratch buffer while a header is read, then the target region itself once the
+//! header has been checked (tagged: the STag's region; untagged: the posted receive's buffers).
+//! The I/O layer `recv`s directly into that pointer. Nothing is written into a region before
+//! its STag, domain, bounds and rights have been checked; a violation answers with a
+//! Terminate and moves only this queue pair to ERROR.
+//!
+//! Send is zero-copy too: [`Stream::tx_iovecs`] lists headers (small owned buffers) and
+//! payloads (pointers into the registered source memory) for one `sendmsg`.
+//!
+//! Completion semantics follow iWARP (and Linux siw): a Send or RDMA Write completes when its
+//! last byte has been handed to TCP; an RDMA Read completes when the last Read Response
+//! segment has been placed. A Terminate from the peer fails the outstanding Reads with the
+//! status its code maps to and flushes everything else.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+use crate::verbs::{
+    Access, CompletionQueue, Device, QpState, Stag, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::wire::{
+    qn, split, DdpHeader, DdpUntaggedErrorCode, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode,
+    ReadRequest, Reassembly, Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN,
+    UNTAGGED_HEADER_LEN,
+};
+
+/// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// The local region's STag.
+    pub lkey: Stag,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// A Send into the peer's next posted receive; `invalidate` names a peer STag to invalidate.
+    Send {
+        /// Ask for a solicited event at the receiver.
+        solicited: bool,
+        /// Send with Invalidate.
+        invalidate: Option<Stag>,
+    },
+    /// An RDMA Write to `remote_addr` in the peer's region `rkey`.
+    Write {
+        /// Target address.
+        remote_addr: u64,
+        /// Target region.
+        rkey: Stag,
+    },
+    /// An RDMA Read from `remote_addr` in the peer's region `rkey` into the (single) local SGE.
+    Read {
+        /// Source address.
+        remote_addr: u64,
+        /// Source region.
+        rkey: Stag,
+    },
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local memory: the payload of a Send/Write, the sink of a Read.
+    pub sges: Vec<Sge>,
+    /// Produce a completion on success (errors always complete).
+    pub signaled: bool,
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send lands, in order.
+    pub sges: Vec<Sge>,
+}
+
+/// Negotiated parameters of the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamConfig {
+    /// This queue pair's number.
+    pub qp_num: u32,
+    /// The protection domain.
+    pub pd: u32,
+    /// CRC32c on every FPDU.
+    pub crc: bool,
+    /// Largest ULPDU to send (the MULPDU, from the TCP MSS).
+    pub mulpdu: usize,
+    /// Inbound Reads the peer may have outstanding.
+    pub ird: u16,
+    /// Outbound Reads we may have outstanding.
+    pub ord: u16,
+}
+
+/// Why a post was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The queue pair's state does not accept this post.
+    #[error("queue pair in state {0:?} does not accept this work request")]
+    State(QpState),
+}
+
+enum Chunk {
+    Owned(Vec<u8>),
+    Raw(*const u8, usize),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Owned(v) => v.len(),
+            Chunk::Raw(_, n) => *n,
+        }
+    }
+}
+
+/// A completion due once the transmit stream has sent `until` bytes.
+struct TxMark {
+    until: u64,
+    wc: Option<WorkCompletion>,
+    inbound_read: bool,
+}
+
+struct OutstandingRead {
+    wr_id: u64,
+    len: u32,
+    signaled: bool,
+}
+
+enum Rx {
+    /// Reading the 2-byte length and the 2 control bytes into `hdr`.
+    Start { have: usize },
+    /// Reading the rest of the header into `hdr`.
+    Header { have: usize, need: usize },
+    /// Payload straight into memory, extent by extent.
+    Payload,
+    /// A control message's body into `body`.
+    Body { have: usize, need: usize },
+    /// Pad and CRC field.
+    Trailer { have: usize, need: usize },
+    /// After a fatal error: nothing more is accepted.
+    Dead,
+}
+
+/// Where the current segment's payload goes.
+enum Place {
+    Tagged { last: bool, read_response: bool },
+    Untagged { last: bool, len: u32 },
+    Control { opcode: RdmapOpcode },
+}
+
+/// The RDMAP stream of one connected queue pair.
+pub struct Stream {
+    dev: Device,
+    cfg: StreamConfig,
+    state: QpState,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    // Transmit.
+    tx: VecDeque<Chunk>,
+    tx_front_off: usize,
+    tx_queued: u64,
+    tx_sent: u64,
+    marks: VecDeque<TxMark>,
+    tx_msn: [u32; crate::wire::QUEUES],
+    orq: VecDeque<OutstandingRead>,
+    blocked: VecDeque<SendWr>,
+    inbound_reads: usize,
+    terminate_sent: bool,
+    // Receive.
+    rx: Rx,
+    hdr: [u8; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+    body: [u8; 64],
+    trailer: [u8; 8],
+    crc: u32,
+    ulpdu_len: usize,
+    extents: VecDeque<(*mut u8, usize)>,
+    place: Option<Place>,
+    reassembly: Reassembly,
+    rq: VecDeque<RecvWr>,
+    recv_placed: u32,
+    last_terminate: Option<TermCode>,
+}
+
+fn status_for(code: TermCode) -> WcStatus {
+    match (code.layer, code.etype) {
+        (Layer::Rdmap, 1) | (Layer::Ddp, 1) => WcStatus::RemAccessErr,
+        (Layer::Ddp, 2) => WcStatus::RemInvReqErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+impl Stream {
+    /// A stream in RTS, with completions going to `scq` (sends) and `rcq` (receives).
+    pub fn new(
+        dev: Device,
+        cfg: StreamConfig,
+        scq: CompletionQueue,
+        rcq: CompletionQueue,
+    ) -> Stream {
+        Stream {
+            dev,
+            cfg,
+            state: QpState::Rts,
+            scq,
+            rcq,
+            tx: VecDeque::new(),
+            tx_front_off: 0,
+            tx_queued: 0,
+            tx_sent: 0,
+            marks: VecDeque::new(),
+            tx_msn: [1; crate::wire::QUEUES],
+            orq: VecDeque::new(),
+            blocked: VecDeque::new(),
+            inbound_reads: 0,
+            terminate_sent: false,
+            rx: Rx::Start { have: 0 },
+            hdr: [0; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+            body: [0; 64],
+            trailer: [0; 8],
+            crc: 0,
+            ulpdu_len: 0,
+            extents: VecDeque::new(),
+            place: None,
+            reassembly: Reassembly::default(),
+            rq: VecDeque::new(),
+            recv_placed: 0,
+            last_terminate: None,
+        }
+    }
+
+    /// The queue pair's state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The Terminate code that broke the stream, sent or received.
+    pub fn last_terminate(&self) -> Option<TermCode> {
+        self.last_terminate
+    }
+
+    fn complete(
+        &self,
+        cq: &CompletionQueue,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+    ) {
+        cq.push(WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            qp_num: self.cfg.qp_num,
+        });
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state == QpState::Error {
+            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+            return Ok(());
+        }
+        if !self.state.can_post_recv() {
+            return Err(PostError::State(self.state));
+        }
+        for s in &wr.sges {
+            if self
+                .dev
+                .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, true)
+                .is_err()
+            {
+                self.complete(&self.rcq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0);
+                return Ok(());
+            }
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        if self.state == QpState::Error {
+            self.complete(
+                &self.scq,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                opcode_of(&wr.op),
+                0,
+            );
+            return Ok(());
+        }
+        if !self.state.can_post_send() {
+            return Err(PostError::State(self.state));
+        }
+        if !self.blocked.is_empty()
+            || (matches!(wr.op, SendOp::Read { .. }) && self.orq.len() >= self.cfg.ord as usize)
+        {
+            // RDMAP ordering: nothing overtakes a Read waiting for an ORD slot.
+            self.blocked.push_back(wr);
+            return Ok(());
+        }
+        self.start(wr);
+        Ok(())
+    }
+
+    fn start(&mut self, wr: SendWr) {
+        let write_local = matches!(wr.op, SendOp::Read { .. });
+        let mut extents = Vec::with_capacity(wr.sges.len());
+        let mut total: u64 = 0;
+        for s in &wr.sges {
+            match self
+                .dev
+                .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, write_local)
+            {
+                Ok(p) => extents.push((p as *const u8, s.len as usize)),
+                Err(_) => {
+                    return self.complete(
+                        &self.scq,
+                        wr.wr_id,
+                        WcStatus::LocProtErr,
+                        opcode_of(&wr.op),
+                        0,
+                    )
+                }
+            }
+            total += s.len as u64;
+        }
+        if total > u32::MAX as u64 {
+            return self.complete(
+                &self.scq,
+                wr.wr_id,
+                WcStatus::LocLenErr,
+                opcode_of(&wr.op),
+                0,
+            );
+        }
+        match wr.op {
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                let op = match (solicited, invalidate.is_some()) {
+                    (false, false) => RdmapOpcode::Send,
+                    (false, true) => RdmapOpcode::SendInvalidate,
+                    (true, false) => RdmapOpcode::SendSe,
+                    (true, true) => RdmapOpcode::SendSeInvalidate,
+                };
+                let msn = self.next_msn(qn::SEND);
+                let ulp = invalidate.map_or(0, |s| s.0);
+                self.queue_message(
+                    op,
+                    &extents,
+                    |off| DdpHeader::Untagged {
+                        ulp,
+                        qn: qn::SEND,
+                        msn,
+                        mo: off as u32,
+                    },
+                    UNTAGGED_HEADER_LEN,
+                );
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                self.queue_message(
+                    RdmapOpcode::Write,
+                    &extents,
+                    |off| DdpHeader::Tagged {
+                        stag: rkey.0,
+                        to: remote_addr + off as u64,
+                    },
+                    TAGGED_HEADER_LEN,
+                );
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                let [sink] = wr.sges[..] else {
+                    return self.complete(
+                        &self.scq,
+                        wr.wr_id,
+                        WcStatus::LocLenErr,
+                        WcOpcode::RdmaRead,
+                        0,
+                    );
+                };
+                let rr = ReadRequest {
+                    sink_stag: sink.lkey.0,
+                    sink_to: sink.addr,
+                    size: sink.len,
+                    source_stag: rkey.0,
+                    source_to: remote_addr,
+                };
+                let mut body = [0u8; ReadRequest::LEN];
+                rr.encode(&mut body);
+                let msn = self.next_msn(qn::READ_REQUEST);
+                self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
+                self.orq.push_back(OutstandingRead {
+                    wr_id: wr.wr_id,
+                    len: sink.len,
+                    signaled: wr.signaled,
+                });
+                return;
+            }
+        }
+        let wc = wr.signaled.then(|| WorkCompletion {
+            wr_id: wr.wr_id,
+            status: WcStatus::Success,
+            opcode: opcode_of(&wr.op),
+            byte_len: total as u32,
+            imm: None,
+            invalidated: None,
+            qp_num: self.cfg.qp_num,
+        });
+        self.marks.push_back(TxMark {
+            until: self.tx_queued,
+            wc,
+            inbound_read: false,
+        });
+    }
+
+    fn next_msn(&mut self, q: u32) -> u32 {
+        let m = self.tx_msn[q as usize];
+        self.tx_msn[q as usize] = m.wrapping_add(1);
+        m
+    }
+
+    fn push(&mut self, c: Chunk) {
+        self.tx_queued += c.len() as u64;
+        self.tx.push_back(c);
+    }
+
+    /// Queues a (possibly segmented) message whose payload lies in `extents`.
+    fn queue_message(
+        &mut self,
+        op: RdmapOpcode,
+        extents: &[(*const u8, usize)],
+        header: impl Fn(usize) -> DdpHeader,
+        hlen: usize,
+    ) {
+        let total: usize = extents.iter().map(|e| e.1).sum();
+        let mut ext = 0;
+        let mut ext_off = 0;
+        for (off, len, last) in split(total, hlen, self.cfg.mulpdu) {
+            let seg = Segment {
+                last,
+                opcode: op,
+                header: header(off),
+                payload: &[],
+            };
+            let mut head = vec![0u8; FPDU_HEADER_LEN + hlen];
+            let ulpdu_len = hlen + len;
+            head[..2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+            seg.encode_header(&mut head[2..])
+                .expect("sized for the header");
+            let mut crc = crc32c::crc32c(&head);
+            self.push(Chunk::Owned(head));
+            let mut left = len;
+            while left > 0 {
+                let (p, n) = extents[ext];
+                let take = (n - ext_off).min(left);
+                let ptr = p.wrapping_add(ext_off);
+                if self.cfg.crc {
+                    // SAFETY: the SGE was checked against a live local region; the verbs
+                    // contract keeps it untouched until the work request completes.
+                    crc = crc32c::crc32c_append(crc, unsafe {
+                        std::slice::from_raw_parts(ptr, take)
+                    });
+                }
+                self.push(Chunk::Raw(ptr, take));
+                left -= take;
+                ext_off += take;
+                if ext_off == n {
+                    ext += 1;
+                    ext_off = 0;
+                }
+            }
+            let pad = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4;
+            let mut tail = vec![0u8; pad + 4];
+            if self.cfg.crc {
+                crc = crc32c::crc32c_append(crc, &tail[..pad]);
+                tail[pad..].copy_from_slice(&crc.to_le_bytes());
+            }
+            self.push(Chunk::Owned(tail));
+        }
+    }
+
+    /// Queues a single-segment untagged control message.
+    fn queue_control(&mut self, op: RdmapOpcode, q: u32, msn: u32, body: &[u8]) {
+        let seg = Segment {
+            last: true,
+            opcode: op,
+            header: DdpHeader::Untagged {
+                ulp: 0,
+                qn: q,
+                msn,
+                mo: 0,
+            },
+            payload: body,
+        };
+        let mut v = Vec::with_capacity(FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN + body.len() + 8);
+        seg.encode_fpdu(self.cfg.crc, &mut v)
+            .expect("control messages fit");
+        self.push(Chunk::Owned(v));
+    }
+
+    /// True if bytes wait to be sent.
+    pub fn wants_tx(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Fills `out` with the bytes to send next, in order (at most `max` slices).
+    pub fn tx_iovecs<'a>(&'a self, out: &mut Vec<IoSlice<'a>>, max: usize) {
+        for (i, c) in self.tx.iter().enumerate().take(max) {
+            let skip = if i == 0 { self.tx_front_off } else { 0 };
+            let s: &'a [u8] = match c {
+                Chunk::Owned(v) => &v[skip..],
+                // SAFETY: Raw chunks point into checked local regions that the verbs contract
+                // keeps alive and unchanged until the work request completes.
+                Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },
+            };
+            out.push(IoSlice::new(s));
+        }
+    }
+
+    /// `n` bytes from the front of `tx_iovecs` were sent: releases them and completes the work
+    /// requests (and inbound Reads) they finished.
+    pub fn tx_advance(&mut self, mut n: usize) {
+        self.tx_sent += n as u64;
+        while n > 0 {
+            let front = self.tx.front().expect("advanced past the queued bytes");
+            let left = front.len() - self.tx_front_off;
+            if n >= left {
+                n -= left;
+                self.tx.pop_front();
+                self.tx_front_off = 0;
+            } else {
+                self.tx_front_off += n;
+                n = 0;
+            }
+        }
+        while self.marks.front().is_some_and(|m| m.until <= self.tx_sent) {
+            let m = self.marks.pop_front().expect("checked");
+            if m.inbound_read {
+                self.inbound_reads -= 1;
+            }
+            if let Some(wc) = m.wc {
+                self.scq.push(wc);
+            }
+        }
+    }
+
+    /// Where the next received bytes must be written, and how many are wanted at most.
+    /// `None` once the stream is dead.
+    pub fn rx_buffer(&mut self) -> Option<(*mut u8, usize)> {
+        Some(match self.rx {
+            Rx::Start { have } => (self.hdr[have..].as_mut_ptr(), 4 - have),
+            Rx::Header { have, need } => (self.hdr[have..].as_mut_ptr(), need - have),
+            Rx::Payload => *self.extents.front().expect("payload state has extents"),
+            Rx::Body { have, need } => (self.body[have..].as_mut_ptr(), need - have),
+            Rx::Trailer { have, need } => (self.trailer[have..].as_mut_ptr(), need - have),
+            Rx::Dead => return None,
+        })
+    }
+
+    /// `n` bytes were written at the pointer `rx_buffer` gave.
+    pub fn rx_advance(&mut self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        match self.rx {
+            Rx::Start { have } => {
+                self.crc = crc32c::crc32c_append(self.crc, &self.hdr[have..have + n]);
+                let have = have + n;
+                if have < 4 {
+                    self.rx = Rx::Start { have };
+                    return;
+                }
+                self.ulpdu_len = u16::from_be_bytes([self.hdr[0], self.hdr[1]]) as usize;
+                let hlen = if self.hdr[2] & 0x80 != 0 {
+                    TAGGED_HEADER_LEN
+                } else {
+                    UNTAGGED_HEADER_LEN
+                };
+                if self.ulpdu_len < hlen || self.ulpdu_len > self.cfg.mulpdu.max(65535) {
+                    return self.fatal(
+                        TermCode::mpa(crate::wire::MpaErrorCode::InvalidRequestReply),
+                        None,
+                    );
+                }
+                self.rx = Rx::Header {
+                    have,
+                    need: FPDU_HEADER_LEN + hlen,
+                };
+            }
+            Rx::Header { have, need } => {
+                self.crc = crc32c::crc32c_append(self.crc, &self.hdr[have..have + n]);
+                let have = have + n;
+                if have < need {
+                    self.rx = Rx::Header { have, need };
+                    return;
+                }
+                self.on_header(need);
+            }
+            Rx::Payload => {
+                let (p, left) = self.extents.pop_front().expect("payload extent");
+                if self.cfg.crc {
+                    // SAFETY: the I/O layer just wrote these n bytes at p, inside a checked
+                    // region; reading them back for the CRC is within bounds.
+                    self.crc = crc32c::crc32c_append(self.crc, unsafe {
+                        std::slice::from_raw_parts(p, n)
+                    });
+                }
+                if n < left {
+                    self.extents.push_front((p.wrapping_add(n), left - n));
+                } else if self.extents.is_empty() {
+                    self.begin_trailer();
+                }
+            }
+            Rx::Body { have, need } => {
+                self.crc = crc32c::crc32c_append(self.crc, &self.body[have..have + n]);
+                let have = have + n;
+                if have < need {
+                    self.rx = Rx::Body { have, need };
+                } else {
+                    self.begin_trailer();
+                }
+            }
+            Rx::Trailer { have, need } => {
+                let have = have + n;
+                if have < need {
+                    self.rx = Rx::Trailer { have, need };
+                    return;
+                }
+                let pad = need - 4;
+                self.crc = crc32c::crc32c_append(self.crc, &self.trailer[..pad]);
+                let got = u32::from_le_bytes(self.trailer[pad..need].try_into().expect("4 bytes"));
+                if self.cfg.crc && got != self.crc {
+                    return self.fatal(TermCode::MPA_CRC, None);
+                }
+                self.on_segment_done();
+                self.crc = 0;
+                if !matches!(self.rx, Rx::Dead) {
+                    self.rx = Rx::Start { have: 0 };
+                }
+            }
+            Rx::Dead => {}
+        }
+    }
+
+    /// Convenience for buffered input (tests, or a reactor that already read the bytes): copies
+    /// `data` through `rx_buffer`/`rx_advance`. Returns how many bytes were consumed (all, unless
+    /// the stream died).
+    pub fn rx_feed(&mut self, mut data: &[u8]) -> usize {
+        let total = data.len();
+        while !data.is_empty() {
+            let Some((p, want)) = self.rx_buffer() else {
+                return total - data.len();
+            };
+            let n = want.min(data.len());
+            // SAFETY: rx_buffer returned a writable destination of at least `want` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, n) };
+            self.rx_advance(n);
+            data = &data[n..];
+        }
+        total
+    }
+
+    fn begin_trailer(&mut self) {
+        let need = (4 - (FPDU_HEADER_LEN + self.ulpdu_len) % 4) % 4 + 4;
+        self.rx = Rx::Trailer { have: 0, need };
+    }
+
+    fn on_header(&mut self, hend: usize) {
+        let seg = match Segment::decode(&self.hdr[FPDU_HEADER_LEN..hend]) {
+            Ok(s) => s,
+            Err(e) => return self.fatal(e.term, None),
+        };
+        if !self.state.receives() {
+            return self.fatal(
+                TermCode::rdmap(
+                    RdmapErrorType::RemoteOperation,
+                    RdmapErrorCode::CatastrophicStream,
+                ),
+                None,
+            );
+        }
+        let payload_len = self.ulpdu_len - (hend - FPDU_HEADER_LEN);
+        if let Err(e) = self
+            .reassembly
+            .accept_parts(seg.last, seg.header, payload_len as u64)
+        {
+            return self.fatal(e.term, Some(hend));
+        }
+        match seg.header {
+            DdpHeader::Tagged { stag, to } => {
+                let read_response = seg.opcode == RdmapOpcode::ReadResponse;
+                let need = if read_response {
+                    Access::LOCAL_WRITE
+                } else {
+                    Access::REMOTE_WRITE
+                };
+                if read_response && self.orq.is_empty() {
+                    return self.fatal(
+                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
+                        Some(hend),
+                    );
+                }
+                match self.dev.check(
+                    Stag(stag),
+                    self.cfg.pd,
+                    self.cfg.qp_num,
+                    to,
+                    payload_len as u64,
+                    need,
+                ) {
+                    Ok(p) => {
+                        self.extents.clear();
+                        if payload_len > 0 {
+                            self.extents.push_back((p, payload_len));
+                        }
+                        self.place = Some(Place::Tagged {
+                            last: seg.last,
+                            read_response,
+                        });
+                    }
+                    Err(v) => return self.fatal(v.tagged_term(), Some(hend)),
+                }
+            }
+            DdpHeader::Untagged { ulp, qn: q, mo, .. } if q == qn::SEND => {
+                let Some(wr) = self.rq.front() else {
+                    return self.fatal(
+                        TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer),
+                        Some(hend),
+                    );
+                };
+                // Map [mo, mo+len) onto the receive's SGEs.
+                let mut extents = VecDeque::new();
+                let (mut skip, mut left) = (mo as u64, payload_len as u64);
+                for s in &wr.sges {
+                    if left == 0 {
+                        break;
+                    }
+                    if skip >= s.len as u64 {
+                        skip -= s.len as u64;
+                        continue;
+                    }
+                    let take = (s.len as u64 - skip).min(left);
+                    extents.push_back(((s.addr + skip) as usize as *mut u8, take as usize));
+                    left -= take;
+                    skip = 0;
+                }
+                if left > 0 {
+                    return self.fatal(
+                        TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong),
+                        Some(hend),
+                    );
+                }
+                let invalidates = matches!(
+                    seg.opcode,
+                    RdmapOpcode::SendInvalidate | RdmapOpcode::SendSeInvalidate
+                ) && seg.last;
+                if invalidates && self.dev.invalidate(Stag(ulp), self.cfg.pd).is_err() {
+                    return self.fatal(
+                        TermCode::rdmap(
+                            RdmapErrorType::RemoteOperation,
+                            RdmapErrorCode::CannotInvalidate,
+                        ),
+                        Some(hend),
+                    );
+                }
+                self.extents = extents;
+                self.place = Some(Place::Untagged {
+                    last: seg.last,
+                    len: (mo as u64 + payload_len as u64) as u32,
+                });
+            }
+            DdpHeader::Untagged { .. } => {
+                if payload_len > self.body.len() {
+                    return self.fatal(
+                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
+                        Some(hend),
+                    );
+                }
+                self.place = Some(Place::Control { opcode: seg.opcode });
+                self.rx = Rx::Body {
+                    have: 0,
+                    need: payload_len,
+                };
+                if payload_len == 0 {
+                    self.begin_trailer();
+                }
+                return;
+            }
+        }
+        if self.extents.is_empty() {
+            self.begin_trailer();
+        } else {
+            self.rx = Rx::Payload;
+        }
+    }
+
+    fn on_segment_done(&mut self) {
+        match self.place.take() {
+            Some(Place::Tagged {
+                last: true,
+                read_response: true,
+            }) => {
+                let r = self.orq.pop_front().expect("checked at the header");
+                if r.signaled {
+                    self.complete(
+                        &self.scq,
+                        r.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RdmaRead,
+                        r.len,
+                    );
+                }
+                self.unblock();
+            }
+            Some(Place::Tagged { .. }) => {}
+            Some(Place::Untagged { last, len }) => {
+                self.recv_placed = len;
+                if last {
+                    let wr = self.rq.pop_front().expect("checked at the header");
+                    self.complete(
+                        &self.rcq,
+                        wr.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::Recv,
+                        self.recv_placed,
+                    );
+                    self.recv_placed = 0;
+                }
+            }
+            Some(Place::Control { opcode }) => {
+                let body_len = self.ulpdu_len - UNTAGGED_HEADER_LEN;
+                let body = self.body;
+                self.on_control(opcode, &body[..body_len]);
+            }
+            None => {}
+        }
+    }
+
+    fn on_control(&mut self, opcode: RdmapOpcode, body: &[u8]) {
+        match opcode {
+            RdmapOpcode::ReadRequest => {
+                let rr = match ReadRequest::decode(body) {
+                    Ok(r) => r,
+                    Err(e) => return self.fatal(e.term, None),
+                };
+                if self.inbound_reads >= self.cfg.ird as usize {
+                    return self.fatal(
+                        TermCode::rdmap(
+                            RdmapErrorType::RemoteOperation,
+                            RdmapErrorCode::CatastrophicStream,
+                        ),
+                        None,
+                    );
+                }
+                match self.dev.check(
+                    Stag(rr.source_stag),
+                    self.cfg.pd,
+                    self.cfg.qp_num,
+                    rr.source_to,
+                    rr.size as u64,
+                    Access::REMOTE_READ,
+                ) {
+                    Ok(p) => {
+                        self.inbound_reads += 1;
+                        self.queue_message(
+                            RdmapOpcode::ReadResponse,
+                            &[(p as *const u8, rr.size as usize)],
+                            |off| DdpHeader::Tagged {
+                                stag: rr.sink_stag,
+                                to: rr.sink_to + off as u64,
+                            },
+                            TAGGED_HEADER_LEN,
+                        );
+                        self.marks.push_back(TxMark {
+                            until: self.tx_queued,
+                            wc: None,
+                            inbound_read: true,
+                        });
+                    }
+                    Err(v) => {
+                        let mut copy = [0u8; ReadRequest::LEN];
+                        copy.copy_from_slice(body);
+                        self.send_terminate(Terminate {
+                            code: v.rdmap_term(),
+                            m: true,
+                            ddp: None,
+                            rdmap: Some(copy),
+                        });
+                    }
+                }
+            }
+            RdmapOpcode::Terminate => {
+                let code = Terminate::decode(body)
+                    .map(|t| t.code)
+                    .unwrap_or(TermCode::RDMAP_OPCODE);
+                self.last_terminate = Some(code);
+                self.enter_error(status_for(code));
+                self.rx = Rx::Dead;
+            }
+            _ => self.fatal(
+                TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
+                None,
+            ),
+        }
+    }
+
+    fn unblock(&mut self) {
+        while let Some(wr) = self.blocked.front() {
+            if matches!(wr.op, SendOp::Read { .. }) && self.orq.len() >= self.cfg.ord as usize {
+                return;
+            }
+            let wr = self.blocked.pop_front().expect("peeked");
+            self.start(wr);
+        }
+    }
+
+    /// A received violation: answer with a Terminate (quoting the failing header when `hend`
+    /// says where it is) and stop receiving.
+    fn fatal(&mut self, code: TermCode, hend: Option<usize>) {
+        let ddp = hend.map(|e| {
+            let mut h = [0u8; UNTAGGED_HEADER_LEN];
+            let n = e - FPDU_HEADER_LEN;
+            h[..n].copy_from_slice(&self.hdr[FPDU_HEADER_LEN..e]);
+            (self.ulpdu_len as u16, h, n)
+        });
+        self.send_terminate(Terminate {
+            code,
+            m: true,
+            ddp,
+            rdmap: None,
+        });
+        self.rx = Rx::Dead;
+    }
+
+    fn send_terminate(&mut self, t: Terminate) {
+        self.last_terminate = Some(t.code);
+        if !self.terminate_sent {
+            self.terminate_sent = true;
+            let mut body = [0u8; 80];
+            let n = t.encode(&mut body).expect("fits");
+            let msn = self.next_msn(qn::TERMINATE);
+            self.queue_control(RdmapOpcode::Terminate, qn::TERMINATE, msn, &body[..n]);
+        }
+        self.enter_error(WcStatus::WrFlushErr);
+        self.rx = Rx::Dead;
+    }
+
+    /// Moves to ERROR: outstanding Reads complete with `read_status`, everything else flushes.
+    /// Bytes already queued (a Terminate among them) may still be sent.
+    pub fn enter_error(&mut self, read_status: WcStatus) {
+        if self.state == QpState::Error {
+            return;
+        }
+        self.state = QpState::Error;
+        for r in std::mem::take(&mut self.orq) {
+            self.complete(&self.scq, r.wr_id, read_status, WcOpcode::RdmaRead, 0);
+        }
+        for wr in std::mem::take(&mut self.blocked) {
+            self.complete(
+                &self.scq,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                opcode_of(&wr.op),
+                0,
+            );
+        }
+        for wr in std::mem::take(&mut self.rq) {
+            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+        }
+        // Sends and Writes not yet fully handed to TCP will not be: flush them, and keep only
+        // a Terminate that is still queued.
+        for m in std::mem::take(&mut self.marks) {
+            if let Some(wc) = m.wc {
+                self.scq.push(WorkCompletion {
+                    status: WcStatus::WrFlushErr,
+                    byte_len: 0,
+                    ..wc
+                });
+            }
+        }
+        if self.terminate_sent {
+            // The Terminate is the last chunk queued; drop everything before it that was not
+            // started, so it goes out promptly.
+            if let Some(last) = self.tx.pop_back() {
+                let started = self.tx_front_off > 0;
+                let front = if started { self.tx.pop_front() } else { None };
+                self.tx.clear();
+                if let Some(f) = front {
+                    self.tx.push_back(f);
+                } else {
+                    self.tx_front_off = 0;
+                }
+                self.tx.push_back(last);
+            }
+        } else {
+            let started = self.tx_front_off > 0;
+            let front = if started { self.tx.pop_front() } else { None };
+            self.tx.clear();
+            if let Some(f) = front {
+                self.tx.push_back(f);
+            } else {
+                self.tx_front_off = 0;
+            }
+        }
+        self.tx_queued = self.tx_sent + self.tx.iter().map(|c| c.len() as u64).sum::<u64>()
+            - self.tx_front_off as u64;
+    }
+}
+
+fn opcode_of(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::Write { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+    }
+}

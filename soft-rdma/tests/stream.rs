@@ -1,0 +1,461 @@
+//! Two RDMAP streams wired back to back in memory: every verb end to end with the bytes checked
+//! in the target region, protection violations answered by the right Terminate with guard bytes
+//! untouched, and completion statuses as verbs define them. The byte pump delivers the stream
+//! in uneven chunks, so every receive state is crossed at every offset.
+
+use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge, Stream, StreamConfig};
+use barewire_soft_rdma::verbs::{
+    Access, CompletionQueue, Device, MemoryRegion, QpState, Stag, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use barewire_soft_rdma::wire::{
+    DdpTaggedErrorCode, DdpUntaggedErrorCode, MpaErrorCode, RdmapErrorCode, RdmapErrorType,
+    TermCode,
+};
+
+const GUARD: usize = 64;
+
+struct Side {
+    dev: Device,
+    pd: barewire_soft_rdma::verbs::ProtectionDomain,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    stream: Stream,
+}
+
+fn side(qp: u32, crc: bool, ord: u16) -> Side {
+    let dev = Device::new();
+    let pd = dev.alloc_pd();
+    let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+    let cfg = StreamConfig {
+        qp_num: qp,
+        pd: pd.id(),
+        crc,
+        mulpdu: 1024,
+        ird: 4,
+        ord,
+    };
+    let stream = Stream::new(dev.clone(), cfg, scq.clone(), rcq.clone());
+    Side {
+        dev,
+        pd,
+        scq,
+        rcq,
+        stream,
+    }
+}
+
+/// A buffer with guard bytes on both sides; only the middle is registered.
+struct Guarded {
+    mem: Vec<u8>,
+    mr: Option<MemoryRegion>,
+}
+
+impl Guarded {
+    fn new(s: &Side, len: usize, access: Access, fill: u8) -> Guarded {
+        let mut mem = vec![0xEE; len + 2 * GUARD];
+        mem[GUARD..GUARD + len].fill(fill);
+        // SAFETY: `mem` is never reallocated and outlives the region (dropped first, below).
+        let mr = unsafe { s.pd.register(mem.as_mut_ptr().add(GUARD), len, access) }.unwrap();
+        Guarded { mem, mr: Some(mr) }
+    }
+    fn addr(&self) -> u64 {
+        self.mr.as_ref().unwrap().addr() as u64
+    }
+    fn stag(&self) -> Stag {
+        self.mr.as_ref().unwrap().stag()
+    }
+    fn data(&self) -> &[u8] {
+        &self.mem[GUARD..self.mem.len() - GUARD]
+    }
+    fn guards_intact(&self) -> bool {
+        let n = self.mem.len();
+        self.mem[..GUARD]
+            .iter()
+            .chain(&self.mem[n - GUARD..])
+            .all(|&b| b == 0xEE)
+    }
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr() + off as u64,
+            len: len as u32,
+            lkey: self.stag(),
+        }
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        self.mr.take();
+    }
+}
+
+/// Moves bytes both ways until nothing is left to send, in chunks of varying size.
+fn pump(a: &mut Side, b: &mut Side, chunk: usize) {
+    let mut round = 0;
+    while transfer(a, b, chunk, &mut round) | transfer(b, a, chunk, &mut round) {}
+}
+
+/// Sends everything `from` has queued into `to`; false if there was nothing.
+fn transfer(from: &mut Side, to: &mut Side, chunk: usize, round: &mut usize) -> bool {
+    let mut bytes = Vec::new();
+    let mut iov = Vec::new();
+    from.stream.tx_iovecs(&mut iov, 64);
+    for s in &iov {
+        bytes.extend_from_slice(s);
+    }
+    drop(iov);
+    if bytes.is_empty() {
+        return false;
+    }
+    from.stream.tx_advance(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let n = (chunk + *round % 7).min(bytes.len() - at);
+        if to.stream.rx_feed(&bytes[at..at + n]) < n {
+            break; // the receiver died (Terminate): the rest is dropped, as by a closed socket
+        }
+        at += n;
+        *round += 1;
+    }
+    true
+}
+
+fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
+    let mut out = vec![
+        WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            invalidated: None,
+            qp_num: 0
+        };
+        64
+    ];
+    let n = cq.poll(&mut out);
+    out.truncate(n);
+    out
+}
+
+#[test]
+fn send_lands_in_the_posted_receive_across_sges() {
+    for chunk in [1, 3, 17, 4096] {
+        let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+        let src = Guarded::new(&a, 256, Access::LOCAL_WRITE, 0);
+        let dst = Guarded::new(&b, 256, Access::LOCAL_WRITE, 0);
+        let msg: Vec<u8> = (0..200u8).collect();
+        // SAFETY: writing our own local buffer before posting.
+        unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), src.addr() as *mut u8, msg.len()) };
+        b.stream
+            .post_recv(RecvWr {
+                wr_id: 7,
+                sges: vec![dst.sge(0, 50), dst.sge(100, 156)],
+            })
+            .unwrap();
+        a.stream
+            .post_send(SendWr {
+                wr_id: 1,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![src.sge(0, 120), src.sge(120, 80)],
+                signaled: true,
+            })
+            .unwrap();
+        pump(&mut a, &mut b, chunk);
+        let rc = drain(&b.rcq);
+        assert_eq!(rc.len(), 1);
+        assert_eq!(
+            (rc[0].wr_id, rc[0].status, rc[0].byte_len),
+            (7, WcStatus::Success, 200)
+        );
+        assert_eq!(&dst.data()[..50], &msg[..50]);
+        assert_eq!(&dst.data()[100..250], &msg[50..]);
+        assert!(
+            dst.data()[50..100].iter().all(|&x| x == 0),
+            "the gap between SGEs is untouched"
+        );
+        assert_eq!(drain(&a.scq)[0].status, WcStatus::Success);
+        assert!(dst.guards_intact());
+    }
+}
+
+#[test]
+fn write_larger_than_one_fpdu_lands_exactly_with_and_without_crc() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let src = Guarded::new(&a, 5000, Access::LOCAL_WRITE, 0x5A);
+        let dst = Guarded::new(&b, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+        a.stream
+            .post_send(SendWr {
+                wr_id: 2,
+                op: SendOp::Write {
+                    remote_addr: dst.addr() + 100,
+                    rkey: dst.stag(),
+                },
+                sges: vec![src.sge(0, 5000)],
+                signaled: true,
+            })
+            .unwrap();
+        pump(&mut a, &mut b, 333);
+        assert!(dst.data()[100..5100].iter().all(|&x| x == 0x5A));
+        assert!(dst.data()[..100]
+            .iter()
+            .chain(&dst.data()[5100..])
+            .all(|&x| x == 0));
+        assert!(dst.guards_intact());
+        let wc = drain(&a.scq);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status, wc[0].opcode, wc[0].byte_len),
+            (2, WcStatus::Success, WcOpcode::RdmaWrite, 5000)
+        );
+        assert_eq!(b.stream.state(), QpState::Rts);
+    }
+}
+
+#[test]
+fn read_brings_remote_bytes_and_respects_ord() {
+    let (mut a, mut b) = (side(1, true, 2), side(2, true, 4));
+    let src = Guarded::new(&b, 6000, Access::REMOTE_READ, 0);
+    let pattern: Vec<u8> = (0..6000).map(|i| (i % 251) as u8).collect();
+    // SAFETY: filling our own registered buffer before the peer reads it.
+    unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), src.addr() as *mut u8, 6000) };
+    let sink = Guarded::new(&a, 4 * 1500, Access::LOCAL_WRITE, 0);
+    for i in 0..4u64 {
+        let wr = SendWr {
+            wr_id: 10 + i,
+            op: SendOp::Read {
+                remote_addr: src.addr() + i * 1500,
+                rkey: src.stag(),
+            },
+            sges: vec![sink.sge(i as usize * 1500, 1500)],
+            signaled: true,
+        };
+        a.stream.post_send(wr).unwrap();
+    }
+    pump(&mut a, &mut b, 100);
+    let wcs = drain(&a.scq);
+    assert_eq!(
+        wcs.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len))
+            .collect::<Vec<_>>(),
+        (10..14)
+            .map(|i| (i, WcStatus::Success, 1500))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(sink.data(), &pattern[..]);
+    assert!(sink.guards_intact());
+}
+
+#[test]
+fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 512, Access::LOCAL_WRITE, 0x11);
+    let dst = Guarded::new(&b, 256, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    // 100 bytes that would end 44 bytes past the region.
+    a.stream
+        .post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Write {
+                remote_addr: dst.addr() + 200,
+                rkey: dst.stag(),
+            },
+            sges: vec![src.sge(0, 100)],
+            signaled: true,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 7);
+    assert!(dst.guards_intact(), "nothing outside the region changed");
+    assert!(
+        dst.data().iter().all(|&x| x == 0),
+        "nothing inside changed either: the check precedes placement"
+    );
+    let code = TermCode::ddp_tagged(DdpTaggedErrorCode::BaseBounds);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(code),
+        "the target answers with the RFC 5041 code"
+    );
+    assert_eq!(b.stream.state(), QpState::Error);
+    assert_eq!(
+        a.stream.last_terminate(),
+        Some(code),
+        "the initiator received that Terminate"
+    );
+    assert_eq!(a.stream.state(), QpState::Error);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 4,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sges: vec![],
+            signaled: true,
+        })
+        .unwrap();
+    let wcs = drain(&a.scq);
+    assert_eq!(
+        wcs.last().map(|w| (w.wr_id, w.status)),
+        Some((4, WcStatus::WrFlushErr))
+    );
+}
+
+#[test]
+fn read_with_a_bad_stag_completes_with_rem_access_err() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&b, 64, Access::REMOTE_READ, 1);
+    let sink = Guarded::new(&a, 64, Access::LOCAL_WRITE, 0);
+    let wr = SendWr {
+        wr_id: 5,
+        op: SendOp::Read {
+            remote_addr: src.addr(),
+            rkey: Stag(src.stag().0 ^ 0x5555),
+        },
+        sges: vec![sink.sge(0, 64)],
+        signaled: true,
+    };
+    a.stream.post_send(wr).unwrap();
+    pump(&mut a, &mut b, 64);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::rdmap(
+            RdmapErrorType::RemoteProtection,
+            RdmapErrorCode::InvalidStag
+        ))
+    );
+    let wcs = drain(&a.scq);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (5, WcStatus::RemAccessErr));
+    assert!(sink.data().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn a_write_to_a_read_only_region_is_an_access_violation() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 16, Access::LOCAL_WRITE, 9);
+    let dst = Guarded::new(&b, 16, Access::REMOTE_READ, 0);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 6,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: vec![src.sge(0, 16)],
+            signaled: false,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 5);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::rdmap(
+            RdmapErrorType::RemoteProtection,
+            RdmapErrorCode::AccessRights
+        ))
+    );
+    assert!(dst.data().iter().all(|&x| x == 0) && dst.guards_intact());
+}
+
+#[test]
+fn a_send_with_no_receive_posted_is_terminated() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 16, Access::LOCAL_WRITE, 9);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 8,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sges: vec![src.sge(0, 16)],
+            signaled: true,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 16);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer))
+    );
+    assert_eq!(a.stream.state(), QpState::Error);
+}
+
+#[test]
+fn a_corrupted_fpdu_fails_the_crc() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let src = Guarded::new(&a, 100, Access::LOCAL_WRITE, 3);
+    let dst = Guarded::new(&b, 100, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 9,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: vec![src.sge(0, 100)],
+            signaled: true,
+        })
+        .unwrap();
+    let mut bytes = Vec::new();
+    let mut iov = Vec::new();
+    a.stream.tx_iovecs(&mut iov, 64);
+    for s in &iov {
+        bytes.extend_from_slice(s);
+    }
+    drop(iov);
+    bytes[40] ^= 0x80; // inside the payload
+    b.stream.rx_feed(&bytes);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::mpa(MpaErrorCode::Crc))
+    );
+    assert_eq!(b.stream.state(), QpState::Error);
+    let _ = &b.dev;
+}
+
+#[test]
+fn send_with_invalidate_kills_the_named_stag() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let exposed = Guarded::new(&b, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    let dst = Guarded::new(&b, 64, Access::LOCAL_WRITE, 0);
+    let src = Guarded::new(&a, 64, Access::LOCAL_WRITE, 4);
+    b.stream
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sges: vec![dst.sge(0, 64)],
+        })
+        .unwrap();
+    a.stream
+        .post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Send {
+                solicited: true,
+                invalidate: Some(exposed.stag()),
+            },
+            sges: vec![src.sge(0, 8)],
+            signaled: true,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 9);
+    assert_eq!(drain(&b.rcq)[0].status, WcStatus::Success);
+    // A later Write to the invalidated STag is refused.
+    a.stream
+        .post_send(SendWr {
+            wr_id: 3,
+            op: SendOp::Write {
+                remote_addr: exposed.addr(),
+                rkey: exposed.stag(),
+            },
+            sges: vec![src.sge(0, 8)],
+            signaled: true,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 9);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag))
+    );
+    assert!(exposed.data().iter().all(|&x| x == 0));
+}

@@ -98,6 +98,9 @@ pub(crate) struct CoreConfig {
 }
 
 pub(crate) struct Core {
+    /// Unique over the process's life: tells state kept per thread whether it belongs to this
+    /// core or to an earlier runtime that ran on the same thread.
+    pub(crate) token: u64,
     pub(crate) shared: Arc<CoreShared>,
     pub(crate) cpu: Option<usize>,
     run_queue: RefCell<VecDeque<RawTask>>,
@@ -204,7 +207,9 @@ impl Core {
         mesh: Mesh,
         config: CoreConfig,
     ) -> Core {
+        static NEXT_TOKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Core {
+            token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
             shared,
             cpu,
             run_queue: RefCell::new(VecDeque::with_capacity(256)),

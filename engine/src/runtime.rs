@@ -485,6 +485,12 @@ pub fn current_core() -> usize {
     with_core(|c| c.index())
 }
 
+/// An id of the current core that is unique over the process's life, for libraries that keep
+/// per-core state in thread-locals: a new runtime on the same thread gets a new token.
+pub fn core_token() -> u64 {
+    with_core(|c| c.token)
+}
+
 /// The CPU id the current core is pinned to, if pinning is on.
 pub fn current_cpu() -> Option<usize> {
     with_core(|c| c.cpu)

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod provider;
 pub mod stream;
 pub mod verbs;
 pub mod wire;

@@ -247,6 +247,17 @@ impl Stream {
         self.state
     }
 
+    /// True while the peer owes us something: bytes still queued to send, or Read Responses.
+    /// A stalled or vanished peer shows up as this staying true without progress.
+    pub fn awaiting_peer(&self) -> bool {
+        !self.orq.is_empty() || self.wants_tx()
+    }
+
+    /// True once receiving has stopped (a Terminate was sent or received).
+    pub fn rx_dead(&self) -> bool {
+        matches!(self.rx, Rx::Dead)
+    }
+
     /// The Terminate code that broke the stream, sent or received.
     pub fn last_terminate(&self) -> Option<TermCode> {
         self.last_terminate

@@ -115,6 +115,12 @@ impl TcpStream {
         op::send_zc::send_zc(&self.fd, buf).await
     }
 
+    /// Takes the socket out of the reactor, for a protocol engine that drives it itself (the
+    /// software RDMA provider does). The fd stays non-blocking.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd.into_owned()
+    }
+
     /// Sets `TCP_NODELAY` (on by default).
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         setsockopt(

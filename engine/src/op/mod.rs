@@ -222,6 +222,23 @@ impl SharedFd {
     }
 }
 
+impl SharedFd {
+    /// Gives up the fd (and its epoll registration, if any).
+    pub(crate) fn into_owned(self) -> OwnedFd {
+        let this = std::mem::ManuallyDrop::new(self);
+        if let Some(key) = this.epoll_key.get() {
+            let fd = this.raw();
+            try_with_core(|c| {
+                if let Driver::Epoll(e) = &c.driver {
+                    e.deregister(fd, key);
+                }
+            });
+        }
+        // SAFETY: `this` is never dropped, so the fd is moved out exactly once.
+        unsafe { std::ptr::read(&this.fd) }
+    }
+}
+
 impl Drop for SharedFd {
     fn drop(&mut self) {
         if let Some(key) = self.epoll_key.get() {

@@ -145,6 +145,20 @@ impl CompletionQueue {
         i.waiter = Some(waker.clone());
     }
 
+    /// Waits for the next completion (on the core that owns the queue).
+    pub async fn next(&self) -> WorkCompletion {
+        std::future::poll_fn(|cx| {
+            let mut i = self.inner.borrow_mut();
+            if let Some(wc) = i.entries.pop_front() {
+                return std::task::Poll::Ready(wc);
+            }
+            i.armed = Some(false);
+            i.waiter = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await
+    }
+
     /// Completions waiting.
     pub fn len(&self) -> usize {
         self.inner.borrow().entries.len()

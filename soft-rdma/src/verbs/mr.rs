@@ -241,6 +241,14 @@ impl ProtectionDomain {
         self.id
     }
 
+    /// Another handle to the same domain (for a task that needs its own).
+    pub fn clone_handle(&self) -> ProtectionDomain {
+        ProtectionDomain {
+            id: self.id,
+            dev: self.dev.clone(),
+        }
+    }
+
     /// The device.
     pub fn device(&self) -> &Device {
         &self.dev

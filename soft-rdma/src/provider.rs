@@ -1,0 +1,609 @@
+//! The software provider on the engine: connection setup with the MPA handshake, and the
+//! progress engine that moves every queue pair's bytes.
+//!
+//! Progress runs inside the core's reactor as a registered [`Poller`]: all of a core's queue
+//! pair sockets sit in one epoll set (edge-triggered), and each pass of the core's loop asks it
+//! which are ready and services them — receive straight into the target memory, transmit with
+//! one `sendmsg` over the gather list. No application task runs for the target side of a WRITE,
+//! READ or Terminate, as on a NIC. While the core sleeps, a POLL_ADD on the epoll fd wakes it.
+//!
+//! Small pieces (headers, short payloads) are read through a 64 KiB staging buffer so one
+//! `recv` can bring several FPDUs; a payload of at least [`DIRECT_PLACEMENT`] bytes is received
+//! straight into its region with no staging copy.
+//!
+//! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
+//! error, or a queue pair that is owed bytes (unsent data, or Read Responses) makes no progress
+//! for the configured timeout (default 1 s). Either way its outstanding work completes with
+//! `RETRY_EXC_ERR` (Reads) and `WR_FLUSH_ERR` (the rest).
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use barewire_engine::net::{TcpListener, TcpStream};
+use barewire_engine::Poller;
+
+use crate::stream::{PostError, RecvWr, SendWr, Stream, StreamConfig};
+use crate::verbs::{CompletionQueue, ProtectionDomain, QpState, WcStatus};
+use crate::wire::{
+    negotiate, MpaFrame, MpaKind, MpaSettings, Negotiated, Reject, Rev2Params, WireError,
+    MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA,
+};
+
+/// Payloads at least this long are received straight into their target region.
+pub const DIRECT_PLACEMENT: usize = 2048;
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// MPA settings (CRC, revision, IRD/ORD).
+    pub mpa: MpaSettings,
+    /// Sent in the MPA Request (or Reply): how applications exchange region descriptors.
+    pub private_data: Vec<u8>,
+    /// Largest ULPDU to send.
+    pub mulpdu: usize,
+    /// How long a queue pair that is owed bytes may go without progress before it fails.
+    pub timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mpa: MpaSettings::default(),
+            private_data: Vec::new(),
+            mulpdu: 16 * 1024,
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why a connection could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    /// The TCP connection failed.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The peer's MPA frame was malformed.
+    #[error("bad MPA frame from the peer: {0}")]
+    Wire(#[from] WireError),
+    /// The peer rejected us (its private data says why), or asked for markers.
+    #[error("connection rejected: {reason}")]
+    Rejected {
+        /// Why.
+        reason: Reject,
+        /// The peer's private data.
+        private_data: Vec<u8>,
+    },
+    /// Private data over 512 bytes (less the 4 IRD/ORD bytes in revision 2).
+    #[error("private data too long: {0} bytes")]
+    PrivateDataTooLong(usize),
+}
+
+async fn read_mpa(s: &TcpStream, kind: MpaKind) -> Result<(Negotiable, usize), CmError> {
+    let (r, head) = s.read_exact(vec![0u8; MPA_HEADER_LEN]).await;
+    r?;
+    let pd_len = u16::from_be_bytes([head[18], head[19]]) as usize;
+    if pd_len > MPA_MAX_PRIVATE_DATA {
+        MpaFrame::decode(&head, kind)?; // reports the length error with its field
+    }
+    let (r, pd) = s.read_exact(vec![0u8; pd_len]).await;
+    r?;
+    let all = [head, pd].concat();
+    let (f, used) = MpaFrame::decode(&all, kind)?.expect("complete frame");
+    Ok((Negotiable::from(&f), used))
+}
+
+/// An owned copy of a peer's MPA frame.
+struct Negotiable {
+    markers: bool,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+    rev2: Option<Rev2Params>,
+    private_data: Vec<u8>,
+}
+
+impl Negotiable {
+    fn from(f: &MpaFrame<'_>) -> Self {
+        Negotiable {
+            markers: f.markers,
+            crc: f.crc,
+            reject: f.reject,
+            revision: f.revision,
+            rev2: f.rev2,
+            private_data: f.private_data.to_vec(),
+        }
+    }
+    fn frame(&self, kind: MpaKind) -> MpaFrame<'_> {
+        MpaFrame {
+            kind,
+            markers: self.markers,
+            crc: self.crc,
+            reject: self.reject,
+            revision: self.revision,
+            rev2: self.rev2,
+            private_data: &self.private_data,
+        }
+    }
+}
+
+fn our_frame<'a>(
+    kind: MpaKind,
+    opts: &'a ConnectOptions,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+) -> MpaFrame<'a> {
+    let rev2 = (revision == 2).then_some(Rev2Params {
+        ird: opts.mpa.ird,
+        ord: opts.mpa.ord,
+        ..Rev2Params::default()
+    });
+    MpaFrame {
+        kind,
+        markers: false,
+        crc,
+        reject,
+        revision,
+        rev2,
+        private_data: &opts.private_data,
+    }
+}
+
+async fn write_frame(s: &TcpStream, f: &MpaFrame<'_>) -> Result<(), CmError> {
+    let mut buf = vec![0u8; f.encoded_len()];
+    let n = f.encode(&mut buf)?;
+    buf.truncate(n);
+    s.write_all(buf).await.0?;
+    Ok(())
+}
+
+fn check_private_data(opts: &ConnectOptions) -> Result<(), CmError> {
+    let room = MPA_MAX_PRIVATE_DATA - if opts.mpa.revision == 2 { 4 } else { 0 };
+    if opts.private_data.len() > room {
+        return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
+    }
+    Ok(())
+}
+
+/// Connects to a listening peer: TCP, then the MPA Request/Reply exchange. Returns the queue
+/// pair (in RTS) and the peer's private data.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), barewire_soft_rdma::provider::CmError> {
+/// use barewire_soft_rdma::{provider::*, verbs::*};
+/// let dev = Device::new();
+/// let pd = dev.alloc_pd();
+/// let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+/// let (qp, peer_data) = connect("127.0.0.1:9999".parse().unwrap(), &pd, &scq, &rcq, ConnectOptions::default()).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    opts: ConnectOptions,
+) -> Result<(QueuePair, Vec<u8>), CmError> {
+    check_private_data(&opts)?;
+    let s = TcpStream::connect(addr).await?;
+    write_frame(
+        &s,
+        &our_frame(
+            MpaKind::Request,
+            &opts,
+            opts.mpa.crc,
+            false,
+            opts.mpa.revision,
+        ),
+    )
+    .await?;
+    let (peer, _) = read_mpa(&s, MpaKind::Reply).await?;
+    let neg =
+        negotiate(&opts.mpa, &peer.frame(MpaKind::Reply)).map_err(|reason| CmError::Rejected {
+            reason,
+            private_data: peer.private_data.clone(),
+        })?;
+    let qp = QueuePair::start(s.into_fd(), pd, scq, rcq, &opts, neg);
+    Ok((qp, peer.private_data))
+}
+
+/// Accepts connections with the MPA handshake.
+pub struct Listener {
+    inner: TcpListener,
+    opts: ConnectOptions,
+}
+
+impl Listener {
+    /// Listens on `addr`.
+    pub fn bind(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener, CmError> {
+        check_private_data(&opts)?;
+        Ok(Listener {
+            inner: TcpListener::bind(addr)?,
+            opts,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// Accepts one peer. A peer asking for markers gets a Reply with R set and is refused.
+    pub async fn accept(
+        &self,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+    ) -> Result<(QueuePair, Vec<u8>), CmError> {
+        let (s, _) = self.inner.accept().await?;
+        let (peer, _) = read_mpa(&s, MpaKind::Request).await?;
+        let f = peer.frame(MpaKind::Request);
+        match negotiate(&self.opts.mpa, &f) {
+            Ok(neg) => {
+                write_frame(
+                    &s,
+                    &our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision),
+                )
+                .await?;
+                Ok((
+                    QueuePair::start(s.into_fd(), pd, scq, rcq, &self.opts, neg),
+                    peer.private_data,
+                ))
+            }
+            Err(reason) => {
+                let rev = self.opts.mpa.revision.min(peer.revision);
+                write_frame(&s, &our_frame(MpaKind::Reply, &self.opts, false, true, rev)).await?;
+                Err(CmError::Rejected {
+                    reason,
+                    private_data: peer.private_data,
+                })
+            }
+        }
+    }
+}
+
+struct QpInner {
+    qp: u32,
+    stream: Stream,
+    fd: OwnedFd,
+    timeout: Duration,
+    last_progress: Instant,
+    closed: bool,
+    stage: Box<[u8]>,
+    staged: (usize, usize),
+}
+
+/// A connected reliable queue pair of the software provider.
+#[derive(Clone)]
+pub struct QueuePair {
+    inner: Rc<RefCell<QpInner>>,
+}
+
+impl QueuePair {
+    fn start(
+        fd: OwnedFd,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+        opts: &ConnectOptions,
+        neg: Negotiated,
+    ) -> QueuePair {
+        let qp_num = PROVIDER.with(|p| {
+            p.bind_to_current_core();
+            p.next_qp.replace(p.next_qp.get() + 1)
+        });
+        let cfg = StreamConfig {
+            qp_num,
+            pd: pd.id(),
+            crc: neg.crc,
+            mulpdu: opts.mulpdu,
+            ird: neg.ird.max(1),
+            ord: neg.ord.max(1),
+        };
+        let stream = Stream::new(pd.device().clone(), cfg, scq.clone(), rcq.clone());
+        let inner = Rc::new(RefCell::new(QpInner {
+            qp: qp_num,
+            stream,
+            fd,
+            timeout: opts.timeout,
+            last_progress: Instant::now(),
+            closed: false,
+            stage: vec![0u8; 64 * 1024].into_boxed_slice(),
+            staged: (0, 0),
+        }));
+        let qp = QueuePair { inner };
+        PROVIDER.with(|p| p.add(&qp));
+        qp
+    }
+
+    /// The queue pair's number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.borrow().qp
+    }
+
+    /// Its state.
+    pub fn state(&self) -> QpState {
+        self.inner.borrow().stream.state()
+    }
+
+    /// The Terminate that broke it, if one did.
+    pub fn last_terminate(&self) -> Option<crate::wire::TermCode> {
+        self.inner.borrow().stream.last_terminate()
+    }
+
+    /// Posts a send work request; transmission starts at once.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        let mut i = self.inner.borrow_mut();
+        i.stream.post_send(wr)?;
+        service(&mut i, false);
+        Ok(())
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.inner.borrow_mut().stream.post_recv(wr)
+    }
+
+    /// Disconnects: outstanding work flushes, and the peer sees the connection close.
+    pub fn disconnect(&self) {
+        let mut i = self.inner.borrow_mut();
+        close(&mut i, WcStatus::WrFlushErr);
+    }
+}
+
+fn close(i: &mut QpInner, read_status: WcStatus) {
+    i.stream.enter_error(read_status);
+    if !i.closed {
+        i.closed = true;
+        // SAFETY: shutting down our own socket.
+        unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+/// Moves bytes for one queue pair. True if anything moved.
+fn service(i: &mut QpInner, readable: bool) -> bool {
+    if i.closed {
+        return false;
+    }
+    let fd = i.fd.as_raw_fd();
+    let mut moved = false;
+    // Transmit.
+    while i.stream.wants_tx() {
+        let mut iov = Vec::with_capacity(64);
+        i.stream.tx_iovecs(&mut iov, 64);
+        // SAFETY: msghdr over iovecs that borrow live memory for the duration of the call.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = iov.len();
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        drop(iov);
+        if n > 0 {
+            i.stream.tx_advance(n as usize);
+            moved = true;
+        } else {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                close(i, WcStatus::RetryExcErr);
+                return true;
+            }
+            break;
+        }
+    }
+    // After a Terminate went out (or came in) and nothing is left to send, hang up.
+    if i.stream.rx_dead() && !i.stream.wants_tx() {
+        close(i, WcStatus::WrFlushErr);
+        return true;
+    }
+    if readable {
+        moved |= receive(i, fd);
+    }
+    if moved {
+        i.last_progress = Instant::now();
+    }
+    moved
+}
+
+fn receive(i: &mut QpInner, fd: RawFd) -> bool {
+    let mut moved = false;
+    loop {
+        // Staged bytes first.
+        let (s, e) = i.staged;
+        if s < e {
+            let used = i.stream.rx_feed(&i.stage[s..e]);
+            i.staged = if s + used == e { (0, 0) } else { (s + used, e) };
+            if used < e - s {
+                break; // the stream died; the rest is discarded
+            }
+        }
+        let Some((dst, want)) = i.stream.rx_buffer() else {
+            break;
+        };
+        let direct = want >= DIRECT_PLACEMENT;
+        let (ptr, len) = if direct {
+            (dst, want)
+        } else {
+            (i.stage.as_mut_ptr(), i.stage.len())
+        };
+        // SAFETY: ptr/len is either our staging buffer or the checked target extent the stream
+        // handed out; recv writes at most len bytes there.
+        let n = unsafe { libc::recv(fd, ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
+        if n > 0 {
+            moved = true;
+            if direct {
+                i.stream.rx_advance(n as usize);
+            } else {
+                i.staged = (0, n as usize);
+            }
+            continue;
+        }
+        if n == 0 {
+            close(i, WcStatus::RetryExcErr);
+            return true;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            close(i, WcStatus::RetryExcErr);
+            return true;
+        }
+        break;
+    }
+    // A Terminate may have been queued by what arrived.
+    if i.stream.wants_tx() {
+        moved |= service(i, false);
+    }
+    moved
+}
+
+struct Provider {
+    /// The engine core this state belongs to (see `barewire_engine::core_token`).
+    core: Cell<u64>,
+    epfd: Cell<Option<OwnedFd>>,
+    qps: RefCell<Vec<QueuePair>>,
+    next_qp: Cell<u32>,
+    registered: Cell<bool>,
+    timer_armed: Cell<bool>,
+}
+
+thread_local! {
+    static PROVIDER: Provider = const { Provider { core: Cell::new(0), epfd: Cell::new(None), qps: RefCell::new(Vec::new()), next_qp: Cell::new(1), registered: Cell::new(false), timer_armed: Cell::new(false) } };
+}
+
+impl Provider {
+    fn epfd(&self) -> RawFd {
+        let fd = self.epfd.take().unwrap_or_else(|| {
+            // SAFETY: plain syscall; the fd is owned from here on.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            assert!(fd >= 0, "epoll_create1: {}", io::Error::last_os_error());
+            // SAFETY: fresh fd.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        });
+        let raw = fd.as_raw_fd();
+        self.epfd.set(Some(fd));
+        raw
+    }
+
+    /// Forgets the state of an earlier runtime that ran on this thread.
+    fn bind_to_current_core(&self) {
+        let token = barewire_engine::core_token();
+        if self.core.replace(token) != token {
+            for qp in self.qps.take() {
+                close(&mut qp.inner.borrow_mut(), WcStatus::WrFlushErr);
+            }
+            self.epfd.set(None);
+            self.registered.set(false);
+            self.timer_armed.set(false);
+        }
+    }
+
+    fn add(&self, qp: &QueuePair) {
+        self.bind_to_current_core();
+        let epfd = self.epfd();
+        let mut qps = self.qps.borrow_mut();
+        let key = qps.len();
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: key as u64,
+        };
+        let fd = qp.inner.borrow().fd.as_raw_fd();
+        // SAFETY: registering a socket we own with our epoll set.
+        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        qps.push(qp.clone());
+        drop(qps);
+        if !self.registered.replace(true) {
+            barewire_engine::register_poller(Box::new(ProgressPoller {
+                events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
+                last_timeout_check: Instant::now(),
+            }));
+            // The interrupt source: wake the core whenever the epoll set has events.
+            barewire_engine::spawn_local(async move {
+                loop {
+                    if barewire_engine::poll_readable(epfd).await.is_err() {
+                        return;
+                    }
+                    barewire_engine::yield_now().await;
+                }
+            });
+        }
+    }
+}
+
+struct ProgressPoller {
+    events: Vec<libc::epoll_event>,
+    last_timeout_check: Instant,
+}
+
+impl Poller for ProgressPoller {
+    fn poll(&mut self) -> bool {
+        PROVIDER.with(|p| {
+            let epfd = p.epfd();
+            let qps = p.qps.borrow().clone();
+            let mut moved = false;
+            // SAFETY: events is a valid buffer of len entries.
+            let n = unsafe {
+                libc::epoll_wait(epfd, self.events.as_mut_ptr(), self.events.len() as i32, 0)
+            };
+            for ev in self.events.iter().take(n.max(0) as usize) {
+                if let Some(qp) = qps.get(ev.u64 as usize) {
+                    let readable = ev.events
+                        & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR)
+                            as u32
+                        != 0;
+                    moved |= service(&mut qp.inner.borrow_mut(), readable);
+                }
+            }
+            // Queue pairs with bytes waiting for socket space, and the stall timeout.
+            let now = Instant::now();
+            let check_timeouts =
+                now.duration_since(self.last_timeout_check) >= Duration::from_millis(1);
+            if check_timeouts {
+                self.last_timeout_check = now;
+            }
+            for qp in &qps {
+                let mut i = qp.inner.borrow_mut();
+                if i.closed {
+                    continue;
+                }
+                if i.stream.wants_tx() {
+                    moved |= service(&mut i, false);
+                }
+                if check_timeouts
+                    && i.stream.awaiting_peer()
+                    && now.duration_since(i.last_progress) > i.timeout
+                {
+                    close(&mut i, WcStatus::RetryExcErr);
+                    moved = true;
+                }
+            }
+            moved
+        })
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        // Bytes waiting for socket space are driven by the EPOLLOUT edge, which wakes the core.
+        // A queue pair that is owed bytes needs its stall timer to run: keep a short timer.
+        PROVIDER.with(|p| {
+            let waiting = p.qps.borrow().iter().any(|qp| {
+                let i = qp.inner.borrow();
+                !i.closed && i.stream.awaiting_peer()
+            });
+            if waiting && !p.timer_armed.replace(true) {
+                barewire_engine::spawn_local(async {
+                    barewire_engine::time::sleep(Duration::from_millis(5)).await;
+                    PROVIDER.with(|p| p.timer_armed.set(false));
+                });
+                return false; // run the new timer task before sleeping
+            }
+            true
+        })
+    }
+}

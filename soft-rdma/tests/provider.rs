@@ -1,0 +1,279 @@
+//! The provider over real TCP on loopback, driven by the engine: MPA handshake with private
+//! data, every basic verb end to end with completions awaited from the completion queues, a
+//! protection violation answered by a Terminate, and a peer that disappears failing the
+//! survivor's outstanding work within the timeout.
+
+use std::time::{Duration, Instant};
+
+use barewire_engine::{spawn_local, time::timeout, Runtime};
+use barewire_soft_rdma::provider::{connect, CmError, ConnectOptions, Listener, QueuePair};
+use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
+use barewire_soft_rdma::verbs::{
+    Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpState, WcOpcode, WcStatus,
+};
+use barewire_soft_rdma::wire::{DdpTaggedErrorCode, MpaSettings, TermCode};
+
+fn rt() -> Runtime {
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+struct End {
+    pd: ProtectionDomain,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+}
+
+fn end() -> End {
+    let dev = Device::new();
+    End {
+        pd: dev.alloc_pd(),
+        scq: CompletionQueue::new(256),
+        rcq: CompletionQueue::new(256),
+    }
+}
+
+fn reg(pd: &ProtectionDomain, buf: &mut [u8], access: Access) -> MemoryRegion {
+    // SAFETY: every buffer outlives its region in these tests.
+    unsafe { pd.register(buf.as_mut_ptr(), buf.len(), access) }.unwrap()
+}
+
+fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
+    Sge {
+        addr: mr.addr() as u64 + off as u64,
+        len: len as u32,
+        lkey: mr.stag(),
+    }
+}
+
+async fn pair(a: &End, b: &End, crc: bool) -> (QueuePair, QueuePair) {
+    let opts = |pd: &[u8]| ConnectOptions {
+        mpa: MpaSettings {
+            crc,
+            ..MpaSettings::default()
+        },
+        private_data: pd.to_vec(),
+        ..ConnectOptions::default()
+    };
+    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts(b"server says hi")).unwrap();
+    let addr = l.local_addr().unwrap();
+    let (pd, scq, rcq) = (b.pd.clone_handle(), b.scq.clone(), b.rcq.clone());
+    let server = spawn_local(async move { l.accept(&pd, &scq, &rcq).await });
+    let (qa, their) = connect(addr, &a.pd, &a.scq, &a.rcq, opts(b"client says hi"))
+        .await
+        .unwrap();
+    assert_eq!(their, b"server says hi");
+    let (qb, theirs) = server.await.unwrap().unwrap();
+    assert_eq!(theirs, b"client says hi");
+    (qa, qb)
+}
+
+#[test]
+fn send_write_and_read_over_loopback_tcp() {
+    for crc in [false, true] {
+        rt().block_on(async {
+            let (a, b) = (end(), end());
+            let (qa, qb) = pair(&a, &b, crc).await;
+            let mut a_buf = vec![0u8; 1 << 20];
+            let mut b_buf = vec![0u8; 1 << 20];
+            let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+            let bmr = reg(
+                &b.pd,
+                &mut b_buf,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            );
+            for (i, x) in a_buf.iter_mut().enumerate() {
+                *x = (i % 253) as u8;
+            }
+
+            // Send into a posted receive.
+            qb.post_recv(RecvWr {
+                wr_id: 1,
+                sges: vec![sge(&bmr, 0, 4096)],
+            })
+            .unwrap();
+            qa.post_send(SendWr {
+                wr_id: 2,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![sge(&amr, 0, 3000)],
+                signaled: true,
+            })
+            .unwrap();
+            let rc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+            assert_eq!(
+                (rc.wr_id, rc.status, rc.byte_len),
+                (1, WcStatus::Success, 3000)
+            );
+            assert_eq!(a.scq.next().await.status, WcStatus::Success);
+            assert_eq!(&b_buf[..3000], &a_buf[..3000]);
+
+            // A 1 MiB-ish Write, many FPDUs, part of it received straight into the region.
+            qa.post_send(SendWr {
+                wr_id: 3,
+                op: SendOp::Write {
+                    remote_addr: bmr.addr() as u64 + 4096,
+                    rkey: bmr.stag(),
+                },
+                sges: vec![sge(&amr, 0, 900_000)],
+                signaled: true,
+            })
+            .unwrap();
+            let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode),
+                (3, WcStatus::Success, WcOpcode::RdmaWrite)
+            );
+            // Write completion is local (iWARP); a Read after it returns only once the Write landed.
+            qa.post_send(SendWr {
+                wr_id: 4,
+                op: SendOp::Read {
+                    remote_addr: bmr.addr() as u64 + 4096,
+                    rkey: bmr.stag(),
+                },
+                sges: vec![sge(&amr, 0, 900_000)],
+                signaled: true,
+            })
+            .unwrap();
+            a_buf[..900_000].fill(0);
+            let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (4, WcStatus::Success, 900_000)
+            );
+            assert!(
+                b_buf[4096..4096 + 900_000]
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == (i % 253) as u8),
+                "the Write landed"
+            );
+            assert_eq!(
+                &a_buf[..900_000],
+                &b_buf[4096..4096 + 900_000],
+                "the Read brought it back"
+            );
+            drop((amr, bmr, qa, qb));
+        });
+    }
+}
+
+#[test]
+fn a_write_outside_the_region_is_terminated_over_tcp() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, true).await;
+        let mut a_buf = vec![1u8; 4096];
+        let mut b_buf = vec![0u8; 4096 + 128];
+        let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+        let bmr = reg(
+            &b.pd,
+            &mut b_buf[64..64 + 4096],
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        qa.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: bmr.addr() as u64 + 4000,
+                rkey: bmr.stag(),
+            },
+            sges: vec![sge(&amr, 0, 200)],
+            signaled: false,
+        })
+        .unwrap();
+        // A Read behind it is failed by the Terminate.
+        qa.post_send(SendWr {
+            wr_id: 2,
+            op: SendOp::Read {
+                remote_addr: bmr.addr() as u64,
+                rkey: bmr.stag(),
+            },
+            sges: vec![sge(&amr, 0, 16)],
+            signaled: true,
+        })
+        .unwrap();
+        let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+        assert_eq!(wc.wr_id, 2);
+        assert_eq!(wc.status, WcStatus::RemAccessErr);
+        assert_eq!(
+            qa.last_terminate(),
+            Some(TermCode::ddp_tagged(DdpTaggedErrorCode::BaseBounds))
+        );
+        assert_eq!(qb.state(), QpState::Error);
+        drop(bmr);
+        assert!(
+            b_buf.iter().all(|&x| x == 0),
+            "no byte changed, in the region or around it"
+        );
+        drop(amr);
+    });
+}
+
+#[test]
+fn a_vanished_peer_fails_outstanding_reads_within_the_timeout() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        let mut a_buf = vec![0u8; 64];
+        let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+        // The peer disappears (its socket closes) with a Read outstanding.
+        qb.disconnect();
+        let t0 = Instant::now();
+        qa.post_send(SendWr {
+            wr_id: 9,
+            op: SendOp::Read {
+                remote_addr: 0x1000,
+                rkey: barewire_soft_rdma::verbs::Stag(1),
+            },
+            sges: vec![sge(&amr, 0, 64)],
+            signaled: true,
+        })
+        .unwrap();
+        let wc = timeout(Duration::from_secs(5), a.scq.next())
+            .await
+            .expect("the failure is reported");
+        assert_eq!(wc.wr_id, 9);
+        assert!(
+            matches!(wc.status, WcStatus::RetryExcErr | WcStatus::WrFlushErr),
+            "{:?}",
+            wc.status
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "reported in {:?}",
+            t0.elapsed()
+        );
+        drop(amr);
+    });
+}
+
+#[test]
+fn a_peer_asking_for_markers_is_rejected() {
+    rt().block_on(async {
+        let b = end();
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = spawn_local(async move {
+            let r = l.accept(&b.pd, &b.scq, &b.rcq).await;
+            matches!(r, Err(CmError::Rejected { .. }))
+        });
+        // A raw client sending an MPA Request with M set.
+        let s = barewire_engine::net::TcpStream::connect(addr)
+            .await
+            .unwrap();
+        let mut req = b"MPA ID Req Frame".to_vec();
+        req.extend_from_slice(&[0x80, 1, 0, 0]);
+        s.write_all(req).await.0.unwrap();
+        let (r, rep) = s.read_exact(vec![0u8; 20]).await;
+        r.unwrap();
+        assert_eq!(&rep[..16], b"MPA ID Rep Frame");
+        assert_ne!(rep[16] & 0x20, 0, "the Reply has R set");
+        assert!(server.await.unwrap());
+    });
+}

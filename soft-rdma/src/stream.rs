@@ -21,12 +21,12 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use crate::verbs::{
-    Access, CompletionQueue, Device, QpState, Stag, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompletionQueue, Device, QpState, Stag, Violation, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{
-    qn, split, DdpHeader, DdpUntaggedErrorCode, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode,
-    ReadRequest, Reassembly, Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN,
-    UNTAGGED_HEADER_LEN,
+    qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, DdpUntaggedErrorCode,
+    ImmediateData, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode, ReadRequest, Reassembly,
+    Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 
 /// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
@@ -63,6 +63,46 @@ pub enum SendOp {
         remote_addr: u64,
         /// Source region.
         rkey: Stag,
+    },
+    /// An RDMA Write followed by RFC 7306 Immediate Data: the peer's next receive completes
+    /// with `imm` (as `RecvRdmaWithImm`) once the written data is in place.
+    WriteWithImm {
+        /// Target address.
+        remote_addr: u64,
+        /// Target region.
+        rkey: Stag,
+        /// Delivered in the receiver's completion.
+        imm: u32,
+    },
+    /// Adds `add` to the 8-byte word at `remote_addr`; the original value lands in the single
+    /// 8-byte local SGE.
+    FetchAdd {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// Addend.
+        add: u64,
+    },
+    /// Replaces the word with `swap` if it equals `compare`; the original lands locally.
+    CmpSwap {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Replaces the word with `swap` unconditionally; the original lands locally.
+    Swap {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// New value.
+        swap: u64,
     },
 }
 
@@ -138,6 +178,8 @@ struct OutstandingRead {
     wr_id: u64,
     len: u32,
     signaled: bool,
+    /// For an atomic: the request id, where the original value goes, and the opcode.
+    atomic: Option<(u32, *mut u8, WcOpcode)>,
 }
 
 enum Rx {
@@ -179,6 +221,7 @@ pub struct Stream {
     orq: VecDeque<OutstandingRead>,
     blocked: VecDeque<SendWr>,
     inbound_reads: usize,
+    atomic_id: u32,
     terminate_sent: bool,
     // Receive.
     rx: Rx,
@@ -226,6 +269,7 @@ impl Stream {
             orq: VecDeque::new(),
             blocked: VecDeque::new(),
             inbound_reads: 0,
+            atomic_id: 0,
             terminate_sent: false,
             rx: Rx::Start { have: 0 },
             hdr: [0; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
@@ -321,7 +365,7 @@ impl Stream {
             return Err(PostError::State(self.state));
         }
         if !self.blocked.is_empty()
-            || (matches!(wr.op, SendOp::Read { .. }) && self.orq.len() >= self.cfg.ord as usize)
+            || (wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize)
         {
             // RDMAP ordering: nothing overtakes a Read waiting for an ORD slot.
             self.blocked.push_back(wr);
@@ -332,7 +376,7 @@ impl Stream {
     }
 
     fn start(&mut self, wr: SendWr) {
-        let write_local = matches!(wr.op, SendOp::Read { .. });
+        let write_local = wr.op.needs_ord();
         let mut extents = Vec::with_capacity(wr.sges.len());
         let mut total: u64 = 0;
         for s in &wr.sges {
@@ -423,6 +467,76 @@ impl Stream {
                     wr_id: wr.wr_id,
                     len: sink.len,
                     signaled: wr.signaled,
+                    atomic: None,
+                });
+                return;
+            }
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                self.queue_message(
+                    RdmapOpcode::Write,
+                    &extents,
+                    |off| DdpHeader::Tagged {
+                        stag: rkey.0,
+                        to: remote_addr + off as u64,
+                    },
+                    TAGGED_HEADER_LEN,
+                );
+                let msn = self.next_msn(qn::SEND);
+                self.queue_control(
+                    RdmapOpcode::ImmediateData,
+                    qn::SEND,
+                    msn,
+                    &(imm as u64).to_be_bytes(),
+                );
+            }
+            SendOp::FetchAdd {
+                remote_addr, rkey, ..
+            }
+            | SendOp::CmpSwap {
+                remote_addr, rkey, ..
+            }
+            | SendOp::Swap {
+                remote_addr, rkey, ..
+            } => {
+                let ([_], [(sink_ptr, 8)]) = (&wr.sges[..], &extents[..]) else {
+                    return self.complete(
+                        &self.scq,
+                        wr.wr_id,
+                        WcStatus::LocLenErr,
+                        opcode_of(&wr.op),
+                        0,
+                    );
+                };
+                let (op, data, compare) = match wr.op {
+                    SendOp::FetchAdd { add, .. } => (AtomicOp::FetchAdd, add, 0),
+                    SendOp::CmpSwap { compare, swap, .. } => (AtomicOp::CmpSwap, swap, compare),
+                    SendOp::Swap { swap, .. } => (AtomicOp::Swap, swap, 0),
+                    _ => unreachable!("matched above"),
+                };
+                self.atomic_id = self.atomic_id.wrapping_add(1);
+                let req = AtomicRequest {
+                    op,
+                    request_id: self.atomic_id,
+                    stag: rkey.0,
+                    to: remote_addr,
+                    data,
+                    data_mask: !0,
+                    compare,
+                    compare_mask: !0,
+                };
+                let mut body = [0u8; AtomicRequest::LEN];
+                req.encode(&mut body);
+                let msn = self.next_msn(qn::ATOMIC_REQUEST);
+                self.queue_control(RdmapOpcode::AtomicRequest, qn::ATOMIC_REQUEST, msn, &body);
+                self.orq.push_back(OutstandingRead {
+                    wr_id: wr.wr_id,
+                    len: 8,
+                    signaled: wr.signaled,
+                    atomic: Some((self.atomic_id, *sink_ptr as *mut u8, opcode_of(&wr.op))),
                 });
                 return;
             }
@@ -724,7 +838,7 @@ impl Stream {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                if read_response && self.orq.is_empty() {
+                if read_response && !self.orq.front().is_some_and(|r| r.atomic.is_none()) {
                     return self.fatal(
                         TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
                         Some(hend),
@@ -751,7 +865,13 @@ impl Stream {
                     Err(v) => return self.fatal(v.tagged_term(), Some(hend)),
                 }
             }
-            DdpHeader::Untagged { ulp, qn: q, mo, .. } if q == qn::SEND => {
+            DdpHeader::Untagged { ulp, qn: q, mo, .. }
+                if q == qn::SEND
+                    && !matches!(
+                        seg.opcode,
+                        RdmapOpcode::ImmediateData | RdmapOpcode::ImmediateDataSe
+                    ) =>
+            {
                 let Some(wr) = self.rq.front() else {
                     return self.fatal(
                         TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer),
@@ -927,6 +1047,106 @@ impl Stream {
                 self.enter_error(status_for(code));
                 self.rx = Rx::Dead;
             }
+            RdmapOpcode::ImmediateData | RdmapOpcode::ImmediateDataSe => {
+                let imm = match ImmediateData::decode(body) {
+                    Ok(v) => v.0 as u32,
+                    Err(e) => return self.fatal(e.term, None),
+                };
+                let Some(wr) = self.rq.pop_front() else {
+                    return self
+                        .fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer), None);
+                };
+                self.rcq.push(WorkCompletion {
+                    wr_id: wr.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: 0,
+                    imm: Some(imm),
+                    invalidated: None,
+                    qp_num: self.cfg.qp_num,
+                });
+            }
+            RdmapOpcode::AtomicRequest => {
+                let req = match AtomicRequest::decode(body) {
+                    Ok(r) => r,
+                    Err(e) => return self.fatal(e.term, None),
+                };
+                if self.inbound_reads >= self.cfg.ird as usize {
+                    return self.fatal(
+                        TermCode::rdmap(
+                            RdmapErrorType::RemoteOperation,
+                            RdmapErrorCode::CatastrophicStream,
+                        ),
+                        None,
+                    );
+                }
+                if req.to % 8 != 0 {
+                    return self.fatal(Violation::BaseBounds.rdmap_term(), None);
+                }
+                if req.op == AtomicOp::FetchAdd && req.data_mask != !0 {
+                    // Masked (field-wise) FetchAdd is not supported: refuse rather than guess.
+                    return self.fatal(
+                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
+                        None,
+                    );
+                }
+                let p = match self.dev.check(
+                    Stag(req.stag),
+                    self.cfg.pd,
+                    self.cfg.qp_num,
+                    req.to,
+                    8,
+                    Access::REMOTE_ATOMIC,
+                ) {
+                    Ok(p) => p,
+                    Err(v) => return self.fatal(v.rdmap_term(), None),
+                };
+                // SAFETY: the check proved 8 bytes at p lie in a live region granting remote
+                // atomics, and p is 8-byte aligned; other writers of that word (local CPU
+                // atomics, this same code for another connection) also use atomic accesses.
+                let word = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
+                let original = execute_atomic(word, &req);
+                let resp = AtomicResponse {
+                    request_id: req.request_id,
+                    original,
+                };
+                let mut b = [0u8; AtomicResponse::LEN];
+                resp.encode(&mut b);
+                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
+                self.inbound_reads += 1;
+                self.queue_control(RdmapOpcode::AtomicResponse, qn::ATOMIC_RESPONSE, msn, &b);
+                self.marks.push_back(TxMark {
+                    until: self.tx_queued,
+                    wc: None,
+                    inbound_read: true,
+                });
+            }
+            RdmapOpcode::AtomicResponse => {
+                let resp = match AtomicResponse::decode(body) {
+                    Ok(r) => r,
+                    Err(e) => return self.fatal(e.term, None),
+                };
+                let matches = self
+                    .orq
+                    .front()
+                    .and_then(|r| r.atomic)
+                    .is_some_and(|(id, _, _)| id == resp.request_id);
+                if !matches {
+                    return self.fatal(
+                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
+                        None,
+                    );
+                }
+                let r = self.orq.pop_front().expect("checked");
+                let (_, sink, opcode) = r.atomic.expect("checked");
+                // SAFETY: the sink is the 8-byte local SGE checked (LOCAL_WRITE) at post time;
+                // it need not be aligned.
+                unsafe { std::ptr::write_unaligned(sink as *mut u64, resp.original) };
+                if r.signaled {
+                    self.complete(&self.scq, r.wr_id, WcStatus::Success, opcode, 8);
+                }
+                self.unblock();
+            }
             _ => self.fatal(
                 TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
                 None,
@@ -936,7 +1156,7 @@ impl Stream {
 
     fn unblock(&mut self) {
         while let Some(wr) = self.blocked.front() {
-            if matches!(wr.op, SendOp::Read { .. }) && self.orq.len() >= self.cfg.ord as usize {
+            if wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize {
                 return;
             }
             let wr = self.blocked.pop_front().expect("peeked");
@@ -983,7 +1203,8 @@ impl Stream {
         }
         self.state = QpState::Error;
         for r in std::mem::take(&mut self.orq) {
-            self.complete(&self.scq, r.wr_id, read_status, WcOpcode::RdmaRead, 0);
+            let opcode = r.atomic.map_or(WcOpcode::RdmaRead, |a| a.2);
+            self.complete(&self.scq, r.wr_id, read_status, opcode, 0);
         }
         for wr in std::mem::take(&mut self.blocked) {
             self.complete(
@@ -1037,10 +1258,53 @@ impl Stream {
     }
 }
 
+/// Runs an atomic on the target word as a CPU atomic, so it is atomic with local CPU atomics
+/// and with other connections' atomics on the same word. Returns the original value.
+fn execute_atomic(word: &std::sync::atomic::AtomicU64, req: &AtomicRequest) -> u64 {
+    use std::sync::atomic::Ordering::SeqCst;
+    match req.op {
+        AtomicOp::FetchAdd => word.fetch_add(req.data, SeqCst),
+        AtomicOp::Swap => {
+            let m = req.data_mask;
+            word.fetch_update(SeqCst, SeqCst, |old| Some((old & !m) | (req.data & m)))
+                .expect("always Some")
+        }
+        AtomicOp::CmpSwap => {
+            let (m, cm) = (req.data_mask, req.compare_mask);
+            let mut old = word.load(SeqCst);
+            loop {
+                if old & cm != req.compare & cm {
+                    return old;
+                }
+                match word.compare_exchange_weak(old, (old & !m) | (req.data & m), SeqCst, SeqCst) {
+                    Ok(v) => return v,
+                    Err(v) => old = v,
+                }
+            }
+        }
+    }
+}
+
 fn opcode_of(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send { .. } => WcOpcode::Send,
         SendOp::Write { .. } => WcOpcode::RdmaWrite,
         SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
+    }
+}
+
+impl SendOp {
+    /// Reads and atomics take an ORD slot and write into local memory.
+    fn needs_ord(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::CmpSwap { .. }
+                | SendOp::Swap { .. }
+        )
     }
 }

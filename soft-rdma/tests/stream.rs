@@ -459,3 +459,228 @@ fn send_with_invalidate_kills_the_named_stag() {
     );
     assert!(exposed.data().iter().all(|&x| x == 0));
 }
+
+fn atomic_wr(wr_id: u64, op: SendOp, sink: &Guarded) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sges: vec![sink.sge(0, 8)],
+        signaled: true,
+    }
+}
+
+#[test]
+fn atomics_from_two_connections_under_contention_give_the_exact_count() {
+    // One target device with two connections to it; both hammer the same word.
+    let target_dev = Device::new();
+    let tpd = target_dev.alloc_pd();
+    let mk_target = |qp| {
+        let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+        let cfg = StreamConfig {
+            qp_num: qp,
+            pd: tpd.id(),
+            crc: false,
+            mulpdu: 1024,
+            ird: 8,
+            ord: 8,
+        };
+        Side {
+            dev: target_dev.clone(),
+            pd: tpd.clone_handle(),
+            scq: scq.clone(),
+            rcq: rcq.clone(),
+            stream: Stream::new(target_dev.clone(), cfg, scq, rcq),
+        }
+    };
+    let (mut t1, mut t2) = (mk_target(10), mk_target(11));
+    let word = Guarded::new(&t1, 64, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC, 0);
+    let (mut a, mut b) = (side(1, false, 8), side(2, false, 8));
+    let (sa, sb) = (
+        Guarded::new(&a, 8, Access::LOCAL_WRITE, 0),
+        Guarded::new(&b, 8, Access::LOCAL_WRITE, 0),
+    );
+    const N: u64 = 500;
+    let mut originals = Vec::new();
+    for i in 0..N {
+        a.stream
+            .post_send(atomic_wr(
+                i,
+                SendOp::FetchAdd {
+                    remote_addr: word.addr() + 8,
+                    rkey: word.stag(),
+                    add: 1,
+                },
+                &sa,
+            ))
+            .unwrap();
+        b.stream
+            .post_send(atomic_wr(
+                i,
+                SendOp::FetchAdd {
+                    remote_addr: word.addr() + 8,
+                    rkey: word.stag(),
+                    add: 1,
+                },
+                &sb,
+            ))
+            .unwrap();
+        // Local CPU atomics on the same word interleave with the remote ones.
+        // SAFETY: the word is 8-byte aligned inside a live buffer; accessed only atomically.
+        unsafe { &*((word.addr() + 8) as *const std::sync::atomic::AtomicU64) }
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        pump(&mut a, &mut t1, 13);
+        pump(&mut b, &mut t2, 29);
+        for side in [&a, &b] {
+            for wc in drain(&side.scq) {
+                assert_eq!(
+                    (wc.status, wc.opcode, wc.byte_len),
+                    (WcStatus::Success, WcOpcode::FetchAdd, 8)
+                );
+                originals.push(wc.wr_id);
+            }
+        }
+    }
+    // SAFETY: as above.
+    let final_value = unsafe { &*((word.addr() + 8) as *const std::sync::atomic::AtomicU64) }
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        final_value,
+        3 * N,
+        "every remote and local increment counted exactly once"
+    );
+    assert_eq!(originals.len() as u64, 2 * N);
+    assert!(word.guards_intact());
+    assert!(
+        word.data()[..8]
+            .iter()
+            .chain(&word.data()[16..])
+            .all(|&x| x == 0),
+        "neighbouring words untouched"
+    );
+}
+
+#[test]
+fn cmpswap_and_swap_return_the_original_and_respect_the_comparison() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let word = Guarded::new(&b, 8, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC, 0);
+    let sink = Guarded::new(&a, 8, Access::LOCAL_WRITE, 0);
+    let read_sink = || u64::from_ne_bytes(sink.data()[..8].try_into().unwrap());
+    let read_word = || u64::from_ne_bytes(word.data()[..8].try_into().unwrap());
+    let ops = [
+        (
+            SendOp::CmpSwap {
+                remote_addr: word.addr(),
+                rkey: word.stag(),
+                compare: 0,
+                swap: 42,
+            },
+            0,
+            42,
+        ),
+        (
+            SendOp::CmpSwap {
+                remote_addr: word.addr(),
+                rkey: word.stag(),
+                compare: 7,
+                swap: 99,
+            },
+            42,
+            42,
+        ), // mismatch: unchanged
+        (
+            SendOp::Swap {
+                remote_addr: word.addr(),
+                rkey: word.stag(),
+                swap: 5,
+            },
+            42,
+            5,
+        ),
+    ];
+    for (i, (op, original, after)) in ops.into_iter().enumerate() {
+        a.stream.post_send(atomic_wr(i as u64, op, &sink)).unwrap();
+        pump(&mut a, &mut b, 11);
+        let wc = drain(&a.scq);
+        assert_eq!(
+            (wc[0].status, wc[0].opcode),
+            (WcStatus::Success, WcOpcode::CompSwap)
+        );
+        assert_eq!(read_sink(), original, "op {i} returns the original value");
+        assert_eq!(read_word(), after, "op {i} leaves the word at {after}");
+    }
+}
+
+#[test]
+fn atomics_need_remote_atomic_rights_and_alignment() {
+    for (access, offset, code) in [
+        (
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            0,
+            TermCode::rdmap(
+                RdmapErrorType::RemoteProtection,
+                RdmapErrorCode::AccessRights,
+            ),
+        ),
+        (
+            Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+            4,
+            TermCode::rdmap(RdmapErrorType::RemoteProtection, RdmapErrorCode::BaseBounds),
+        ),
+    ] {
+        let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+        let word = Guarded::new(&b, 16, access, 0);
+        let sink = Guarded::new(&a, 8, Access::LOCAL_WRITE, 0);
+        a.stream
+            .post_send(atomic_wr(
+                1,
+                SendOp::FetchAdd {
+                    remote_addr: word.addr() + offset,
+                    rkey: word.stag(),
+                    add: 1,
+                },
+                &sink,
+            ))
+            .unwrap();
+        pump(&mut a, &mut b, 8);
+        assert_eq!(b.stream.last_terminate(), Some(code));
+        let wc = drain(&a.scq);
+        assert_eq!(
+            (wc[0].status, wc[0].opcode),
+            (WcStatus::RemAccessErr, WcOpcode::FetchAdd)
+        );
+        assert!(word.data().iter().all(|&x| x == 0) && word.guards_intact());
+    }
+}
+
+#[test]
+fn write_with_immediate_completes_a_receive_after_the_data_landed() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
+    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    b.stream
+        .post_recv(RecvWr {
+            wr_id: 55,
+            sges: vec![],
+        })
+        .unwrap();
+    a.stream
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::WriteWithImm {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+                imm: 0xC0FFEE,
+            },
+            sges: vec![src.sge(0, 3000)],
+            signaled: true,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 100);
+    let rc = drain(&b.rcq);
+    assert_eq!(
+        (rc[0].wr_id, rc[0].opcode, rc[0].imm),
+        (55, WcOpcode::RecvRdmaWithImm, Some(0xC0FFEE))
+    );
+    assert!(dst.data().iter().all(|&x| x == 0x77));
+    assert_eq!(drain(&a.scq)[0].opcode, WcOpcode::RdmaWrite);
+}

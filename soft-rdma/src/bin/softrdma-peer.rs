@@ -1,0 +1,69 @@
+//! A software RDMA peer process: registers a region, listens, and serves one-sided operations
+//! until it is killed. Tests use it to kill (SIGKILL) or pause (SIGSTOP) a real peer process.
+//!
+//!     softrdma-peer [SIZE_MIB]
+//!
+//! Prints `READY <port> <rkey> <addr> <len>` once it listens; the same descriptor travels in
+//! the MPA private data of every connection it accepts.
+
+use std::io::Write;
+use std::time::Duration;
+
+use barewire_engine::Runtime;
+use barewire_soft_rdma::provider::{ConnectOptions, Listener};
+use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device};
+
+fn main() {
+    let mib: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
+    let rt = Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (CompletionQueue::new(1024), CompletionQueue::new(1024));
+        let mut mem: Vec<u8> = (0..mib << 20).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `mem` lives until the process ends (this future never returns).
+        let mr = unsafe {
+            pd.register(
+                mem.as_mut_ptr(),
+                mem.len(),
+                Access::LOCAL_WRITE
+                    | Access::REMOTE_WRITE
+                    | Access::REMOTE_READ
+                    | Access::REMOTE_ATOMIC,
+            )
+        }
+        .expect("register");
+        let mut desc = Vec::new();
+        desc.extend_from_slice(&mr.stag().0.to_be_bytes());
+        desc.extend_from_slice(&(mr.addr() as u64).to_be_bytes());
+        desc.extend_from_slice(&(mr.len() as u64).to_be_bytes());
+        let opts = ConnectOptions {
+            private_data: desc,
+            ..ConnectOptions::default()
+        };
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).expect("listen");
+        println!(
+            "READY {} {} {} {}",
+            l.local_addr().unwrap().port(),
+            mr.stag().0,
+            mr.addr() as u64,
+            mr.len()
+        );
+        std::io::stdout().flush().unwrap();
+        let mut qps = Vec::new();
+        loop {
+            match l.accept(&pd, &scq, &rcq).await {
+                Ok((qp, _)) => qps.push(qp),
+                Err(e) => eprintln!("softrdma-peer: {e}"),
+            }
+        }
+    });
+}

@@ -1,0 +1,143 @@
+//! Faults with a real peer process: killed with SIGKILL or paused with SIGSTOP while work is
+//! outstanding. The survivor's work requests complete with errors within a bounded time.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use barewire_engine::{time::timeout, Runtime};
+use barewire_soft_rdma::provider::{connect, ConnectOptions};
+use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
+use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, QpState, Stag, WcStatus};
+
+struct Peer {
+    child: Child,
+    port: u16,
+    rkey: u32,
+    addr: u64,
+}
+
+impl Peer {
+    fn spawn() -> Peer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma-peer"))
+            .arg("32")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("peer starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f[0], "READY", "{line}");
+        Peer {
+            child,
+            port: f[1].parse().unwrap(),
+            rkey: f[2].parse().unwrap(),
+            addr: f[3].parse().unwrap(),
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Connects, proves the link works with a Read, then applies `fault` with a 16 MiB Read
+/// outstanding; returns the failed completion's status and how long it took to arrive.
+fn outstanding_read_under(fault: i32) -> (WcStatus, Duration, QpState) {
+    let peer = Peer::spawn();
+    let rt = Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+        let addr = format!("127.0.0.1:{}", peer.port).parse().unwrap();
+        let (qp, desc) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            u32::from_be_bytes(desc[..4].try_into().unwrap()),
+            peer.rkey,
+            "the descriptor came in the private data"
+        );
+        let mut buf = vec![0u8; 16 << 20];
+        // SAFETY: buf outlives the region.
+        let mr = unsafe { pd.register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.unwrap();
+        let read = |wr_id, len: u32| SendWr {
+            wr_id,
+            op: SendOp::Read {
+                remote_addr: peer.addr,
+                rkey: Stag(peer.rkey),
+            },
+            sges: vec![Sge {
+                addr: mr.addr() as u64,
+                len,
+                lkey: mr.stag(),
+            }],
+            signaled: true,
+        };
+        qp.post_send(read(1, 4096)).unwrap();
+        let wc = timeout(Duration::from_secs(5), scq.next()).await.unwrap();
+        assert_eq!(wc.status, WcStatus::Success);
+        assert!(
+            buf[..4096]
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i % 251) as u8),
+            "the peer's bytes arrived"
+        );
+
+        peer.signal(fault);
+        let t0 = Instant::now();
+        qp.post_send(read(2, 16 << 20)).unwrap();
+        let wc = timeout(Duration::from_secs(10), scq.next())
+            .await
+            .expect("an error completion arrives");
+        assert_eq!(wc.wr_id, 2);
+        let took = t0.elapsed();
+        let state = qp.state();
+        drop(mr);
+        (wc.status, took, state)
+    })
+}
+
+#[test]
+fn a_killed_peer_fails_outstanding_work_promptly() {
+    let (status, took, state) = outstanding_read_under(libc::SIGKILL);
+    assert_eq!(
+        status,
+        WcStatus::RetryExcErr,
+        "the Read fails with a transport error"
+    );
+    assert_eq!(state, QpState::Error);
+    assert!(took < Duration::from_secs(2), "reported after {took:?}");
+    eprintln!("SIGKILL: error completion after {took:?}");
+}
+
+#[test]
+fn a_stopped_peer_fails_outstanding_work_within_the_timeout() {
+    let (status, took, state) = outstanding_read_under(libc::SIGSTOP);
+    assert_eq!(status, WcStatus::RetryExcErr);
+    assert_eq!(state, QpState::Error);
+    // The default timeout is 1 s without progress; allow for the 5 ms timer and scheduling.
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "reported after {took:?}"
+    );
+    eprintln!("SIGSTOP: error completion after {took:?}");
+}

@@ -621,6 +621,7 @@ fn a_live_provider_session_decodes_in_tshark() {
             line.clear();
             if err.read_line(&mut line).unwrap() == 0 || t0.elapsed() > Duration::from_secs(20) {
                 let _ = cap.kill();
+                let _ = cap.wait();
                 if std::env::var("CI").as_deref() == Ok("true") {
                     panic!("tshark could not capture on lo");
                 }

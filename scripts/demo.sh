@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, then runs the two-core TCP echo with a latency summary.
+# The main job: installs what is missing, then runs a two-node RDMA demo on loopback over the
+# software provider (iWARP over TCP): WRITE, READ, atomics, and what each costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-cargo run --release --example echo
+cargo run --release --example rdma_demo

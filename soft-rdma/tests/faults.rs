@@ -6,15 +6,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use barewire_engine::{time::timeout, Runtime};
-use barewire_soft_rdma::provider::{connect, ConnectOptions};
+use barewire_soft_rdma::provider::{connect, ConnectOptions, RegionDescriptor};
 use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
-use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, QpState, Stag, WcStatus};
+use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, QpState, WcStatus};
 
 struct Peer {
     child: Child,
     port: u16,
-    rkey: u32,
-    addr: u64,
 }
 
 impl Peer {
@@ -33,8 +31,6 @@ impl Peer {
         Peer {
             child,
             port: f[1].parse().unwrap(),
-            rkey: f[2].parse().unwrap(),
-            addr: f[3].parse().unwrap(),
         }
     }
 
@@ -70,19 +66,16 @@ fn outstanding_read_under(fault: i32) -> (WcStatus, Duration, QpState) {
         let (qp, desc) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
             .await
             .unwrap();
-        assert_eq!(
-            u32::from_be_bytes(desc[..4].try_into().unwrap()),
-            peer.rkey,
-            "the descriptor came in the private data"
-        );
+        let remote =
+            RegionDescriptor::from_bytes(&desc).expect("the descriptor came in the private data");
         let mut buf = vec![0u8; 16 << 20];
         // SAFETY: buf outlives the region.
         let mr = unsafe { pd.register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.unwrap();
         let read = |wr_id, len: u32| SendWr {
             wr_id,
             op: SendOp::Read {
-                remote_addr: peer.addr,
-                rkey: Stag(peer.rkey),
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
             },
             sges: vec![Sge {
                 addr: mr.addr() as u64,

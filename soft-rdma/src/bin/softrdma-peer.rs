@@ -3,14 +3,14 @@
 //!
 //!     softrdma-peer [SIZE_MIB]
 //!
-//! Prints `READY <port> <rkey> <addr> <len>` once it listens; the same descriptor travels in
-//! the MPA private data of every connection it accepts.
+//! Prints `READY <port>` once it listens; the region's descriptor travels in the MPA private
+//! data of every connection it accepts.
 
 use std::io::Write;
 use std::time::Duration;
 
 use barewire_engine::Runtime;
-use barewire_soft_rdma::provider::{ConnectOptions, Listener};
+use barewire_soft_rdma::provider::{serve, ConnectOptions, Listener, RegionDescriptor};
 use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device};
 
 fn main() {
@@ -27,43 +27,26 @@ fn main() {
     rt.block_on(async move {
         let dev = Device::new();
         let pd = dev.alloc_pd();
-        let (scq, rcq) = (CompletionQueue::new(1024), CompletionQueue::new(1024));
         let mut mem: Vec<u8> = (0..mib << 20).map(|i| (i % 251) as u8).collect();
-        // SAFETY: `mem` lives until the process ends (this future never returns).
-        let mr = unsafe {
-            pd.register(
-                mem.as_mut_ptr(),
-                mem.len(),
-                Access::LOCAL_WRITE
-                    | Access::REMOTE_WRITE
-                    | Access::REMOTE_READ
-                    | Access::REMOTE_ATOMIC,
-            )
-        }
-        .expect("register");
-        let mut desc = Vec::new();
-        desc.extend_from_slice(&mr.stag().0.to_be_bytes());
-        desc.extend_from_slice(&(mr.addr() as u64).to_be_bytes());
-        desc.extend_from_slice(&(mr.len() as u64).to_be_bytes());
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // SAFETY: `mem` lives until the process ends (`serve` never returns).
+        let mr = unsafe { pd.register(mem.as_mut_ptr(), mem.len(), all) }.expect("register");
         let opts = ConnectOptions {
-            private_data: desc,
+            private_data: RegionDescriptor::of(&mr).to_bytes().to_vec(),
             ..ConnectOptions::default()
         };
         let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).expect("listen");
-        println!(
-            "READY {} {} {} {}",
-            l.local_addr().unwrap().port(),
-            mr.stag().0,
-            mr.addr() as u64,
-            mr.len()
-        );
+        println!("READY {}", l.local_addr().unwrap().port());
         std::io::stdout().flush().unwrap();
-        let mut qps = Vec::new();
-        loop {
-            match l.accept(&pd, &scq, &rcq).await {
-                Ok((qp, _)) => qps.push(qp),
-                Err(e) => eprintln!("softrdma-peer: {e}"),
-            }
-        }
+        serve(
+            l,
+            pd,
+            CompletionQueue::new(1024),
+            CompletionQueue::new(1024),
+        )
+        .await
     });
 }

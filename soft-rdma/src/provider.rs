@@ -7,9 +7,9 @@
 //! one `sendmsg` over the gather list. No application task runs for the target side of a WRITE,
 //! READ or Terminate, as on a NIC. While the core sleeps, a POLL_ADD on the epoll fd wakes it.
 //!
-//! Small pieces (headers, short payloads) are read through a 64 KiB staging buffer so one
-//! `recv` can bring several FPDUs; a payload of at least [`DIRECT_PLACEMENT`] bytes is received
-//! straight into its region with no staging copy.
+//! Small pieces (headers, short payloads) are read through a 64 KiB staging buffer, one per
+//! core, so one `recv` can bring several FPDUs; a payload of at least [`DIRECT_PLACEMENT`]
+//! bytes is received straight into its region with no staging copy.
 //!
 //! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
 //! error, or a queue pair that is owed bytes (unsent data, or Read Responses) makes no progress
@@ -273,8 +273,6 @@ struct QpInner {
     timeout: Duration,
     last_progress: Instant,
     closed: bool,
-    stage: Box<[u8]>,
-    staged: (usize, usize),
 }
 
 /// A connected reliable queue pair of the software provider.
@@ -312,8 +310,6 @@ impl QueuePair {
             timeout: opts.timeout,
             last_progress: Instant::now(),
             closed: false,
-            stage: vec![0u8; 64 * 1024].into_boxed_slice(),
-            staged: (0, 0),
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));
@@ -412,42 +408,46 @@ fn service(i: &mut QpInner, readable: bool) -> bool {
 fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     let mut moved = false;
     loop {
-        // Staged bytes first.
-        let (s, e) = i.staged;
-        if s < e {
-            let used = i.stream.rx_feed(&i.stage[s..e]);
-            i.staged = if s + used == e { (0, 0) } else { (s + used, e) };
-            if used < e - s {
-                break; // the stream died; the rest is discarded
-            }
-        }
         let Some((dst, want)) = i.stream.rx_buffer() else {
             break;
         };
-        let direct = want >= DIRECT_PLACEMENT;
-        let (ptr, len) = if direct {
-            (dst, want)
+        let n = if want >= DIRECT_PLACEMENT {
+            // SAFETY: the stream handed out a checked target extent of `want` bytes.
+            let n = unsafe { libc::recv(fd, dst as *mut libc::c_void, want, libc::MSG_DONTWAIT) };
+            if n > 0 {
+                i.stream.rx_advance(n as usize);
+            }
+            n
         } else {
-            (i.stage.as_mut_ptr(), i.stage.len())
+            // Small pieces go through the core's staging buffer, so one recv can bring several
+            // FPDUs; everything read is fed at once, so the buffer is free again on return.
+            STAGE.with(|stage| {
+                let mut stage = stage.borrow_mut();
+                // SAFETY: recv writes at most stage.len() bytes into our buffer.
+                let n = unsafe {
+                    libc::recv(
+                        fd,
+                        stage.as_mut_ptr() as *mut libc::c_void,
+                        stage.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n > 0 {
+                    // Bytes after a fatal error are dropped with the stream, as a closed socket would.
+                    i.stream.rx_feed(&stage[..n as usize]);
+                }
+                n
+            })
         };
-        // SAFETY: ptr/len is either our staging buffer or the checked target extent the stream
-        // handed out; recv writes at most len bytes there.
-        let n = unsafe { libc::recv(fd, ptr as *mut libc::c_void, len, libc::MSG_DONTWAIT) };
         if n > 0 {
             moved = true;
-            if direct {
-                i.stream.rx_advance(n as usize);
-            } else {
-                i.staged = (0, n as usize);
-            }
             continue;
         }
         if n == 0 {
             close(i, WcStatus::RetryExcErr);
             return true;
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::WouldBlock {
+        if io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
             close(i, WcStatus::RetryExcErr);
             return true;
         }
@@ -458,6 +458,11 @@ fn receive(i: &mut QpInner, fd: RawFd) -> bool {
         moved |= service(i, false);
     }
     moved
+}
+
+thread_local! {
+    /// One staging buffer per core: queue pairs are serviced one at a time and each empties it.
+    static STAGE: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; 64 * 1024].into_boxed_slice());
 }
 
 struct Provider {

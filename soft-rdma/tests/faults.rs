@@ -17,8 +17,13 @@ struct Peer {
 
 impl Peer {
     fn spawn() -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma-peer"))
+        Peer::spawn_with(&mut Command::new(env!("CARGO_BIN_EXE_softrdma-peer")), &[])
+    }
+
+    fn spawn_with(cmd: &mut Command, extra: &[&str]) -> Peer {
+        let mut child = cmd
             .arg("32")
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("peer starts");
@@ -52,6 +57,15 @@ impl Drop for Peer {
 /// outstanding; returns the failed completion's status and how long it took to arrive.
 fn outstanding_read_under(fault: i32) -> (WcStatus, Duration, QpState) {
     let peer = Peer::spawn();
+    outstanding_read(&peer, "127.0.0.1", || peer.signal(fault))
+}
+
+/// As above, with the peer at `host` and `fault` applied after the first Read succeeded.
+fn outstanding_read(
+    peer: &Peer,
+    host: &str,
+    fault: impl FnOnce(),
+) -> (WcStatus, Duration, QpState) {
     let rt = Runtime::builder()
         .cores(1)
         .pin(false)
@@ -62,7 +76,7 @@ fn outstanding_read_under(fault: i32) -> (WcStatus, Duration, QpState) {
         let dev = Device::new();
         let pd = dev.alloc_pd();
         let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
-        let addr = format!("127.0.0.1:{}", peer.port).parse().unwrap();
+        let addr = format!("{host}:{}", peer.port).parse().unwrap();
         let (qp, desc) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
             .await
             .unwrap();
@@ -95,7 +109,7 @@ fn outstanding_read_under(fault: i32) -> (WcStatus, Duration, QpState) {
             "the peer's bytes arrived"
         );
 
-        peer.signal(fault);
+        fault();
         let t0 = Instant::now();
         qp.post_send(read(2, 16 << 20)).unwrap();
         let wc = timeout(Duration::from_secs(10), scq.next())
@@ -133,4 +147,90 @@ fn a_stopped_peer_fails_outstanding_work_within_the_timeout() {
         "reported after {took:?}"
     );
     eprintln!("SIGSTOP: error completion after {took:?}");
+}
+
+/// A network namespace with a veth pair to the test's namespace; removed on drop.
+struct Netns {
+    name: String,
+    veth: String,
+    peer_ip: String,
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(args)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    fn create() -> Option<Netns> {
+        let id = std::process::id() % 100_000;
+        let (name, veth, inner) = (format!("bwft{id}"), format!("bwa{id}"), format!("bwb{id}"));
+        let net = id % 200 + 20;
+        let (host_ip, peer_ip) = (format!("10.233.{net}.1"), format!("10.233.{net}.2"));
+        let ns = Netns {
+            name: name.clone(),
+            veth: veth.clone(),
+            peer_ip: peer_ip.clone(),
+        };
+        let ok = Netns::ip(&["netns", "add", &name])
+            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
+            && Netns::ip(&["link", "set", &inner, "netns", &name])
+            && Netns::ip(&["addr", "add", &format!("{host_ip}/30"), "dev", &veth])
+            && Netns::ip(&["link", "set", &veth, "up"])
+            && Netns::ip(&[
+                "netns",
+                "exec",
+                &name,
+                "ip",
+                "addr",
+                "add",
+                &format!("{peer_ip}/30"),
+                "dev",
+                &inner,
+            ])
+            && Netns::ip(&["netns", "exec", &name, "ip", "link", "set", &inner, "up"])
+            && Netns::ip(&["netns", "exec", &name, "ip", "link", "set", "lo", "up"]);
+        ok.then_some(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        Netns::ip(&["link", "del", &self.veth]);
+        Netns::ip(&["netns", "del", &self.name]);
+    }
+}
+
+#[test]
+fn a_cut_link_fails_outstanding_work_within_the_timeout() {
+    let Some(ns) = Netns::create() else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("network namespaces are unavailable under CI (needs root and iproute2)");
+        }
+        eprintln!("SKIP: cannot create a network namespace here (needs root and iproute2)");
+        return;
+    };
+    let peer = Peer::spawn_with(
+        Command::new("ip").args([
+            "netns",
+            "exec",
+            &ns.name,
+            env!("CARGO_BIN_EXE_softrdma-peer"),
+        ]),
+        &[&ns.peer_ip],
+    );
+    let (status, took, state) = outstanding_read(&peer, &ns.peer_ip, || {
+        assert!(Netns::ip(&["link", "set", &ns.veth, "down"]), "link down");
+    });
+    drop(peer);
+    assert_eq!(status, WcStatus::RetryExcErr);
+    assert_eq!(state, QpState::Error);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "reported after {took:?}"
+    );
+    eprintln!("link down: error completion after {took:?}");
 }

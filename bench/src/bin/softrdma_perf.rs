@@ -14,7 +14,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire_engine::{yield_now, Runtime};
-use barewire_soft_rdma::provider::{connect, ConnectOptions, Listener, QueuePair, RegionDescriptor};
+use barewire_soft_rdma::provider::{
+    connect, ConnectOptions, Listener, QueuePair, RegionDescriptor,
+};
 use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
 use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, MemoryRegion, WcStatus};
 use barewire_soft_rdma::wire::MpaSettings;
@@ -29,7 +31,12 @@ struct Opts {
 }
 
 fn opts(args: &[String]) -> Opts {
-    let get = |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).cloned();
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     Opts {
         test: args.first().cloned().unwrap_or_else(|| "write_lat".into()),
         size: get("-s").and_then(|v| v.parse().ok()).unwrap_or(8),
@@ -40,18 +47,33 @@ fn opts(args: &[String]) -> Opts {
 }
 
 fn runtime(cpu: usize) -> Runtime {
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    Runtime::builder().core_ids(&[cpu % n]).idle_spin(Duration::from_millis(1)).build().expect("runtime")
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    Runtime::builder()
+        .core_ids(&[cpu % n])
+        .idle_spin(Duration::from_millis(1))
+        .build()
+        .expect("runtime")
 }
 
 const REGION: usize = 64 << 20;
 
 fn conn_opts(o: &Opts, desc: &RegionDescriptor) -> ConnectOptions {
-    ConnectOptions { mpa: MpaSettings { crc: o.crc, ..MpaSettings::default() }, private_data: desc.to_bytes().to_vec(), mulpdu: 16 * 1024, ..ConnectOptions::default() }
+    ConnectOptions {
+        mpa: MpaSettings {
+            crc: o.crc,
+            ..MpaSettings::default()
+        },
+        private_data: desc.to_bytes().to_vec(),
+        mulpdu: 16 * 1024,
+        ..ConnectOptions::default()
+    }
 }
 
 fn region(pd: &barewire_soft_rdma::verbs::ProtectionDomain, mem: &mut [u8]) -> MemoryRegion {
-    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let all =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     // SAFETY: every buffer here lives until the process exits.
     unsafe { pd.register(mem.as_mut_ptr(), mem.len(), all) }.expect("register")
 }
@@ -67,8 +89,15 @@ async fn wait_byte(p: *const u8, v: u8) {
 fn write_wr(mr: &MemoryRegion, len: usize, remote: &RegionDescriptor) -> SendWr {
     SendWr {
         wr_id: 0,
-        op: SendOp::Write { remote_addr: remote.addr, rkey: remote.rkey },
-        sges: vec![Sge { addr: mr.addr() as u64, len: len as u32, lkey: mr.stag() }],
+        op: SendOp::Write {
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
+        },
+        sges: vec![Sge {
+            addr: mr.addr() as u64,
+            len: len as u32,
+            lkey: mr.stag(),
+        }],
         signaled: false,
     }
 }
@@ -78,7 +107,11 @@ fn server(o: Opts) {
         let pd = Device::new().alloc_pd();
         let mut mem = vec![0u8; REGION];
         let mr = region(&pd, &mut mem);
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), conn_opts(&o, &RegionDescriptor::of(&mr))).unwrap();
+        let l = Listener::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            conn_opts(&o, &RegionDescriptor::of(&mr)),
+        )
+        .unwrap();
         println!("READY {}", l.local_addr().unwrap().port());
         std::io::stdout().flush().unwrap();
         let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(64));
@@ -105,7 +138,13 @@ fn server(o: Opts) {
     });
 }
 
-async fn latency(o: &Opts, qp: &QueuePair, scq: &CompletionQueue, mr: &MemoryRegion, remote: &RegionDescriptor) -> Histogram<u64> {
+async fn latency(
+    o: &Opts,
+    qp: &QueuePair,
+    scq: &CompletionQueue,
+    mr: &MemoryRegion,
+    remote: &RegionDescriptor,
+) -> Histogram<u64> {
     let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
     let n = o.iters + 1000;
     for i in 0..n {
@@ -122,25 +161,54 @@ async fn latency(o: &Opts, qp: &QueuePair, scq: &CompletionQueue, mr: &MemoryReg
             }
             t => {
                 let op = match t {
-                    "read_lat" => SendOp::Read { remote_addr: remote.addr, rkey: remote.rkey },
-                    "fadd_lat" => SendOp::FetchAdd { remote_addr: remote.addr, rkey: remote.rkey, add: 1 },
-                    "cas_lat" => SendOp::CmpSwap { remote_addr: remote.addr, rkey: remote.rkey, compare: i, swap: i + 1 },
+                    "read_lat" => SendOp::Read {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                    },
+                    "fadd_lat" => SendOp::FetchAdd {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                        add: 1,
+                    },
+                    "cas_lat" => SendOp::CmpSwap {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                        compare: i,
+                        swap: i + 1,
+                    },
                     other => panic!("unknown test {other}"),
                 };
                 let len = if t == "read_lat" { o.size } else { 8 } as u32;
-                qp.post_send(SendWr { wr_id: i, op, sges: vec![Sge { addr: mr.addr() as u64, len, lkey: mr.stag() }], signaled: true }).unwrap();
+                qp.post_send(SendWr {
+                    wr_id: i,
+                    op,
+                    sges: vec![Sge {
+                        addr: mr.addr() as u64,
+                        len,
+                        lkey: mr.stag(),
+                    }],
+                    signaled: true,
+                })
+                .unwrap();
                 assert_eq!(scq.next().await.status, WcStatus::Success);
             }
         }
         if i >= 1000 {
             let ns = t.elapsed().as_nanos() as u64;
-            h.record(if o.test == "write_lat" { ns / 2 } else { ns }).unwrap();
+            h.record(if o.test == "write_lat" { ns / 2 } else { ns })
+                .unwrap();
         }
     }
     h
 }
 
-async fn bandwidth(o: &Opts, qp: &QueuePair, scq: &CompletionQueue, mr: &MemoryRegion, remote: &RegionDescriptor) -> f64 {
+async fn bandwidth(
+    o: &Opts,
+    qp: &QueuePair,
+    scq: &CompletionQueue,
+    mr: &MemoryRegion,
+    remote: &RegionDescriptor,
+) -> f64 {
     let depth = 16u64;
     let slots = (REGION / 2 / o.size).max(1) as u64;
     let (t0, mut done, mut posted) = (Instant::now(), 0u64, 0u64);
@@ -149,11 +217,27 @@ async fn bandwidth(o: &Opts, qp: &QueuePair, scq: &CompletionQueue, mr: &MemoryR
         while posted - done < depth && t0.elapsed() < dur {
             let off = (posted % slots) * o.size as u64;
             let op = if o.test == "write_bw" {
-                SendOp::Write { remote_addr: remote.addr + off, rkey: remote.rkey }
+                SendOp::Write {
+                    remote_addr: remote.addr + off,
+                    rkey: remote.rkey,
+                }
             } else {
-                SendOp::Read { remote_addr: remote.addr + off, rkey: remote.rkey }
+                SendOp::Read {
+                    remote_addr: remote.addr + off,
+                    rkey: remote.rkey,
+                }
             };
-            qp.post_send(SendWr { wr_id: posted, op, sges: vec![Sge { addr: mr.addr() as u64 + off, len: o.size as u32, lkey: mr.stag() }], signaled: true }).unwrap();
+            qp.post_send(SendWr {
+                wr_id: posted,
+                op,
+                sges: vec![Sge {
+                    addr: mr.addr() as u64 + off,
+                    len: o.size as u32,
+                    lkey: mr.stag(),
+                }],
+                signaled: true,
+            })
+            .unwrap();
             posted += 1;
         }
         assert_eq!(scq.next().await.status, WcStatus::Success);
@@ -168,11 +252,22 @@ fn client(o: Opts, port: u16) {
         let mut mem = vec![0u8; REGION];
         let mr = Rc::new(region(&pd, &mut mem));
         let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(64));
-        let (qp, desc) = connect(format!("127.0.0.1:{port}").parse().unwrap(), &pd, &scq, &rcq, conn_opts(&o, &RegionDescriptor::of(&mr))).await.unwrap();
+        let (qp, desc) = connect(
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            &pd,
+            &scq,
+            &rcq,
+            conn_opts(&o, &RegionDescriptor::of(&mr)),
+        )
+        .await
+        .unwrap();
         let remote = RegionDescriptor::from_bytes(&desc).unwrap();
         if o.test.ends_with("_bw") {
             let bw = bandwidth(&o, &qp, &scq, &mr, &remote).await;
-            println!("RESULT {} size={} crc={} bw_mib_s={bw:.1}", o.test, o.size, o.crc);
+            println!(
+                "RESULT {} size={} crc={} bw_mib_s={bw:.1}",
+                o.test, o.size, o.crc
+            );
         } else {
             let h = latency(&o, &qp, &scq, &mr, &remote).await;
             let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -196,10 +291,22 @@ fn main() {
         return server(opts(&args[1..]));
     }
     let o = opts(&args);
-    let mut child = Command::new(std::env::current_exe().unwrap()).arg("--server").args(&args).stdout(Stdio::piped()).spawn().expect("server process");
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("--server")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("server process");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let port: u16 = line.trim().strip_prefix("READY ").expect("READY").parse().unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .trim()
+        .strip_prefix("READY ")
+        .expect("READY")
+        .parse()
+        .unwrap();
     client(o, port);
     let _ = child.kill();
     let _ = child.wait();

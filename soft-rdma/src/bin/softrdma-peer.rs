@@ -1,7 +1,7 @@
 //! A software RDMA peer process: registers a region, listens, and serves one-sided operations
 //! until it is killed. Tests use it to kill (SIGKILL) or pause (SIGSTOP) a real peer process.
 //!
-//!     softrdma-peer [SIZE_MIB]
+//!     softrdma-peer [SIZE_MIB] [BIND_IP]
 //!
 //! Prints `READY <port>` once it listens; the region's descriptor travels in the MPA private
 //! data of every connection it accepts.
@@ -18,6 +18,10 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(32);
+    let ip: std::net::IpAddr = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or([127, 0, 0, 1].into());
     let rt = Runtime::builder()
         .cores(1)
         .pin(false)
@@ -38,7 +42,7 @@ fn main() {
             private_data: RegionDescriptor::of(&mr).to_bytes().to_vec(),
             ..ConnectOptions::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).expect("listen");
+        let l = Listener::bind((ip, 0).into(), opts).expect("listen");
         println!("READY {}", l.local_addr().unwrap().port());
         std::io::stdout().flush().unwrap();
         serve(

@@ -1,0 +1,114 @@
+//! Memory per connected queue pair: connects N queue pairs (default 1000) from this process to
+//! a second one, and reports the growth of each process's resident set per QP. No memory is
+//! registered on the client, so the figure excludes registered user memory; the server
+//! registers one 1 MiB region before it is measured.
+//!
+//!     softrdma-qpmem [N]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use barewire_engine::Runtime;
+use barewire_soft_rdma::provider::{connect, serve, ConnectOptions, Listener, RegionDescriptor};
+use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device};
+
+fn rss_kib(pid: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn raise_nofile() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/set our own limit.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut l);
+        l.rlim_cur = l.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+    }
+}
+
+fn rt() -> Runtime {
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+fn main() {
+    raise_nofile();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--server") {
+        rt().block_on(async {
+            let pd = Device::new().alloc_pd();
+            let mut mem = vec![0u8; 1 << 20];
+            // SAFETY: lives until the process is killed.
+            let mr = unsafe {
+                pd.register(
+                    mem.as_mut_ptr(),
+                    mem.len(),
+                    Access::LOCAL_WRITE | Access::REMOTE_READ,
+                )
+            }
+            .unwrap();
+            let opts = ConnectOptions {
+                private_data: RegionDescriptor::of(&mr).to_bytes().to_vec(),
+                ..ConnectOptions::default()
+            };
+            let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+            println!("READY {}", l.local_addr().unwrap().port());
+            std::io::stdout().flush().unwrap();
+            serve(l, pd, CompletionQueue::new(64), CompletionQueue::new(64)).await
+        });
+        return;
+    }
+    let n: usize = args.first().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("--server")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
+    let port: u16 = line.trim().strip_prefix("READY ").unwrap().parse().unwrap();
+    let server = child.id().to_string();
+    rt().block_on(async {
+        let pd = Device::new().alloc_pd();
+        let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+        let addr = format!("127.0.0.1:{port}").parse().unwrap();
+        // Warm up one connection so one-time allocations (staging buffer, epoll set) are out.
+        let (first, _) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
+            .await
+            .unwrap();
+        barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        let (c0, s0) = (rss_kib("self"), rss_kib(&server));
+        let mut qps = Vec::with_capacity(n);
+        for _ in 0..n {
+            qps.push(
+                connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
+                    .await
+                    .unwrap()
+                    .0,
+            );
+        }
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
+        let (c1, s1) = (rss_kib("self"), rss_kib(&server));
+        println!(
+            "RESULT qps={n} client_rss_per_qp_bytes={} server_rss_per_qp_bytes={}",
+            (c1 - c0) * 1024 / n as u64,
+            (s1 - s0) * 1024 / n as u64
+        );
+        drop((qps, first));
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}

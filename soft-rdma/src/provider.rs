@@ -407,10 +407,7 @@ fn service(i: &mut QpInner, readable: bool) -> bool {
 
 fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     let mut moved = false;
-    loop {
-        let Some((dst, want)) = i.stream.rx_buffer() else {
-            break;
-        };
+    while let Some((dst, want)) = i.stream.rx_buffer() {
         let n = if want >= DIRECT_PLACEMENT {
             // SAFETY: the stream handed out a checked target extent of `want` bytes.
             let n = unsafe { libc::recv(fd, dst as *mut libc::c_void, want, libc::MSG_DONTWAIT) };

@@ -408,6 +408,11 @@ fn service(i: &mut QpInner, readable: bool) -> bool {
 fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     let mut moved = false;
     while let Some((dst, want)) = i.stream.rx_buffer() {
+        let asked = if want >= DIRECT_PLACEMENT {
+            want
+        } else {
+            STAGE_LEN
+        };
         let n = if want >= DIRECT_PLACEMENT {
             // SAFETY: the stream handed out a checked target extent of `want` bytes.
             let n = unsafe { libc::recv(fd, dst as *mut libc::c_void, want, libc::MSG_DONTWAIT) };
@@ -438,6 +443,12 @@ fn receive(i: &mut QpInner, fd: RawFd) -> bool {
         };
         if n > 0 {
             moved = true;
+            // A TCP socket returns less than asked only when it has no more bytes right now;
+            // with edge-triggered epoll the next arrival raises a new event, so stop here
+            // instead of paying a recv just to hear EAGAIN.
+            if (n as usize) < asked {
+                break;
+            }
             continue;
         }
         if n == 0 {
@@ -457,9 +468,11 @@ fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     moved
 }
 
+const STAGE_LEN: usize = 64 * 1024;
+
 thread_local! {
     /// One staging buffer per core: queue pairs are serviced one at a time and each empties it.
-    static STAGE: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; 64 * 1024].into_boxed_slice());
+    static STAGE: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; STAGE_LEN].into_boxed_slice());
 }
 
 struct Provider {

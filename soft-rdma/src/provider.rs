@@ -20,7 +20,7 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use barewire_engine::net::{TcpListener, TcpStream};
@@ -479,14 +479,27 @@ struct Provider {
     /// The engine core this state belongs to (see `barewire_engine::core_token`).
     core: Cell<u64>,
     epfd: Cell<Option<OwnedFd>>,
-    qps: RefCell<Vec<QueuePair>>,
+    /// Weak: a queue pair lives as long as the application holds it; dropping the last handle
+    /// closes its socket (the peer sees the connection end) and frees its slot here.
+    qps: RefCell<Vec<Option<Weak<RefCell<QpInner>>>>>,
+    free: RefCell<Vec<usize>>,
     next_qp: Cell<u32>,
     registered: Cell<bool>,
     timer_armed: Cell<bool>,
 }
 
 thread_local! {
-    static PROVIDER: Provider = const { Provider { core: Cell::new(0), epfd: Cell::new(None), qps: RefCell::new(Vec::new()), next_qp: Cell::new(1), registered: Cell::new(false), timer_armed: Cell::new(false) } };
+    static PROVIDER: Provider = const {
+        Provider {
+            core: Cell::new(0),
+            epfd: Cell::new(None),
+            qps: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            next_qp: Cell::new(1),
+            registered: Cell::new(false),
+            timer_armed: Cell::new(false),
+        }
+    };
 }
 
 impl Provider {
@@ -507,9 +520,16 @@ impl Provider {
     fn bind_to_current_core(&self) {
         let token = barewire_engine::core_token();
         if self.core.replace(token) != token {
-            for qp in self.qps.take() {
-                close(&mut qp.inner.borrow_mut(), WcStatus::WrFlushErr);
+            for qp in self
+                .qps
+                .take()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w.upgrade())
+            {
+                close(&mut qp.borrow_mut(), WcStatus::WrFlushErr);
             }
+            self.free.take();
             self.epfd.set(None);
             self.registered.set(false);
             self.timer_armed.set(false);
@@ -519,8 +539,15 @@ impl Provider {
     fn add(&self, qp: &QueuePair) {
         self.bind_to_current_core();
         let epfd = self.epfd();
-        let mut qps = self.qps.borrow_mut();
-        let key = qps.len();
+        let key = {
+            let mut qps = self.qps.borrow_mut();
+            let key = self.free.borrow_mut().pop().unwrap_or_else(|| {
+                qps.push(None);
+                qps.len() - 1
+            });
+            qps[key] = Some(Rc::downgrade(&qp.inner));
+            key
+        };
         let mut ev = libc::epoll_event {
             events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
             u64: key as u64,
@@ -528,12 +555,11 @@ impl Provider {
         let fd = qp.inner.borrow().fd.as_raw_fd();
         // SAFETY: registering a socket we own with our epoll set.
         unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
-        qps.push(qp.clone());
-        drop(qps);
         if !self.registered.replace(true) {
             barewire_engine::register_poller(Box::new(ProgressPoller {
                 events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
                 last_timeout_check: Instant::now(),
+                gone: Vec::new(),
             }));
             // The interrupt source: wake the core whenever the epoll set has events.
             barewire_engine::spawn_local(async move {
@@ -546,42 +572,55 @@ impl Provider {
             });
         }
     }
+
+    fn get(&self, key: usize) -> Option<Rc<RefCell<QpInner>>> {
+        self.qps.borrow().get(key)?.as_ref()?.upgrade()
+    }
 }
 
 struct ProgressPoller {
     events: Vec<libc::epoll_event>,
     last_timeout_check: Instant,
+    gone: Vec<usize>,
 }
 
 impl Poller for ProgressPoller {
     fn poll(&mut self) -> bool {
         PROVIDER.with(|p| {
             let epfd = p.epfd();
-            let qps = p.qps.borrow().clone();
             let mut moved = false;
             // SAFETY: events is a valid buffer of len entries.
             let n = unsafe {
                 libc::epoll_wait(epfd, self.events.as_mut_ptr(), self.events.len() as i32, 0)
             };
             for ev in self.events.iter().take(n.max(0) as usize) {
-                if let Some(qp) = qps.get(ev.u64 as usize) {
+                if let Some(qp) = p.get(ev.u64 as usize) {
                     let readable = ev.events
                         & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR)
                             as u32
                         != 0;
-                    moved |= service(&mut qp.inner.borrow_mut(), readable);
+                    moved |= service(&mut qp.borrow_mut(), readable);
                 }
             }
-            // Queue pairs with bytes waiting for socket space, and the stall timeout.
+            // Queue pairs with bytes waiting for socket space, the stall timeout, and slots of
+            // queue pairs that were dropped or closed.
             let now = Instant::now();
             let check_timeouts =
                 now.duration_since(self.last_timeout_check) >= Duration::from_millis(1);
             if check_timeouts {
                 self.last_timeout_check = now;
             }
-            for qp in &qps {
-                let mut i = qp.inner.borrow_mut();
+            let count = p.qps.borrow().len();
+            for key in 0..count {
+                let Some(qp) = p.get(key) else {
+                    if p.qps.borrow()[key].is_some() {
+                        self.gone.push(key);
+                    }
+                    continue;
+                };
+                let mut i = qp.borrow_mut();
                 if i.closed {
+                    self.gone.push(key);
                     continue;
                 }
                 if i.stream.wants_tx() {
@@ -595,6 +634,15 @@ impl Poller for ProgressPoller {
                     moved = true;
                 }
             }
+            for key in self.gone.drain(..) {
+                if let Some(qp) = p.get(key) {
+                    let fd = qp.borrow().fd.as_raw_fd();
+                    // SAFETY: removing our own socket from our epoll set.
+                    unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+                }
+                p.qps.borrow_mut()[key] = None;
+                p.free.borrow_mut().push(key);
+            }
             moved
         })
     }
@@ -607,10 +655,16 @@ impl Poller for ProgressPoller {
         // Bytes waiting for socket space are driven by the EPOLLOUT edge, which wakes the core.
         // A queue pair that is owed bytes needs its stall timer to run: keep a short timer.
         PROVIDER.with(|p| {
-            let waiting = p.qps.borrow().iter().any(|qp| {
-                let i = qp.inner.borrow();
-                !i.closed && i.stream.awaiting_peer()
-            });
+            let waiting = p
+                .qps
+                .borrow()
+                .iter()
+                .flatten()
+                .filter_map(|w| w.upgrade())
+                .any(|qp| {
+                    let i = qp.borrow();
+                    !i.closed && i.stream.awaiting_peer()
+                });
             if waiting && !p.timer_armed.replace(true) {
                 barewire_engine::spawn_local(async {
                     barewire_engine::time::sleep(Duration::from_millis(5)).await;

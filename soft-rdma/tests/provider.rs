@@ -277,3 +277,31 @@ fn a_peer_asking_for_markers_is_rejected() {
         assert!(server.await.unwrap());
     });
 }
+
+#[test]
+fn dropping_the_last_handle_closes_the_connection() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        let mut a_buf = vec![0u8; 64];
+        let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+        drop(qb); // like ibv_destroy_qp: the socket closes, the provider forgets it
+        barewire_engine::time::sleep(Duration::from_millis(20)).await;
+        qa.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Read {
+                remote_addr: 0,
+                rkey: barewire_soft_rdma::verbs::Stag(1),
+            },
+            sges: vec![sge(&amr, 0, 8)],
+            signaled: true,
+        })
+        .unwrap();
+        let wc = timeout(Duration::from_secs(5), a.scq.next())
+            .await
+            .expect("the failure is reported");
+        assert_ne!(wc.status, WcStatus::Success);
+        assert_eq!(qa.state(), QpState::Error);
+        drop(amr);
+    });
+}

@@ -131,6 +131,7 @@ fn main() {
             op,
             sges: vec![sge],
             signaled: true,
+            fence: false,
         };
 
         // 1. Write 1 MiB, read it back.

@@ -12,6 +12,11 @@
 //! Send is zero-copy too: [`Stream::tx_iovecs`] lists headers (small owned buffers) and
 //! payloads (pointers into the registered source memory) for one `sendmsg`.
 //!
+//! A connection that presents an invalid STag — or breaks any other protection rule — is cut at
+//! the first offence: the Terminate goes out and the queue pair moves to ERROR. The threshold is
+//! one, so a peer gets a single guess before it must reconnect (and every STag is random, see
+//! [`crate::verbs`]): probing STags one connection at a time is as slow as reconnecting.
+//!
 //! Completion semantics follow iWARP (and Linux siw): a Send or RDMA Write completes when its
 //! last byte has been handed to TCP; an RDMA Read completes when the last Read Response
 //! segment has been placed. A Terminate from the peer fails the outstanding Reads with the
@@ -95,6 +100,12 @@ pub enum SendOp {
         /// New value.
         swap: u64,
     },
+    /// Invalidates one of this side's own STags (ibv_post_send(3) `IBV_WR_LOCAL_INV`), in
+    /// order with the requests before it: later remote accesses with it fail.
+    LocalInvalidate {
+        /// The STag to invalidate.
+        stag: Stag,
+    },
     /// Replaces the word with `swap` unconditionally; the original lands locally.
     Swap {
         /// Target word (8-byte aligned).
@@ -117,6 +128,9 @@ pub struct SendWr {
     pub sges: Vec<Sge>,
     /// Produce a completion on success (errors always complete).
     pub signaled: bool,
+    /// `IBV_SEND_FENCE`: start only after every earlier RDMA Read and atomic has completed
+    /// (so this request sees their effects, e.g. a Send that announces data just read).
+    pub fence: bool,
 }
 
 /// A receive work request (`struct ibv_recv_wr`).
@@ -364,10 +378,9 @@ impl Stream {
         if !self.state.can_post_send() {
             return Err(PostError::State(self.state));
         }
-        if !self.blocked.is_empty()
-            || (wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize)
-        {
-            // RDMAP ordering: nothing overtakes a Read waiting for an ORD slot.
+        if !self.blocked.is_empty() || self.must_wait(&wr) {
+            // RDMAP ordering: nothing overtakes a Read waiting for an ORD slot or a fenced
+            // request waiting for earlier Reads and atomics.
             self.blocked.push_back(wr);
             return Ok(());
         }
@@ -376,6 +389,32 @@ impl Stream {
     }
 
     fn start(&mut self, wr: SendWr) {
+        if let SendOp::LocalInvalidate { stag } = wr.op {
+            let status = match self.dev.invalidate(stag, self.cfg.pd) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocProtErr,
+            };
+            let wc = WorkCompletion {
+                wr_id: wr.wr_id,
+                status,
+                opcode: WcOpcode::LocalInv,
+                byte_len: 0,
+                imm: None,
+                invalidated: Some(stag.0),
+                qp_num: self.cfg.qp_num,
+            };
+            // Completes in order, after the requests queued before it.
+            let wc = (wr.signaled || status != WcStatus::Success).then_some(wc);
+            self.marks.push_back(TxMark {
+                until: self.tx_queued,
+                wc,
+                inbound_read: false,
+            });
+            if self.tx.is_empty() {
+                self.tx_advance(0);
+            }
+            return;
+        }
         let write_local = wr.op.needs_ord();
         let mut extents = Vec::with_capacity(wr.sges.len());
         let mut total: u64 = 0;
@@ -407,6 +446,7 @@ impl Stream {
             );
         }
         match wr.op {
+            SendOp::LocalInvalidate { .. } => unreachable!("handled above"),
             SendOp::Send {
                 solicited,
                 invalidate,
@@ -1154,9 +1194,14 @@ impl Stream {
         }
     }
 
+    fn must_wait(&self, wr: &SendWr) -> bool {
+        (wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize)
+            || (wr.fence && !self.orq.is_empty())
+    }
+
     fn unblock(&mut self) {
         while let Some(wr) = self.blocked.front() {
-            if wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize {
+            if self.must_wait(wr) {
                 return;
             }
             let wr = self.blocked.pop_front().expect("peeked");
@@ -1293,6 +1338,7 @@ fn opcode_of(op: &SendOp) -> WcOpcode {
         SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
         SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
         SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
+        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
     }
 }
 

@@ -97,6 +97,7 @@ fn outstanding_read(
                 lkey: mr.stag(),
             }],
             signaled: true,
+            fence: false,
         };
         qp.post_send(read(1, 4096)).unwrap();
         let wc = timeout(Duration::from_secs(5), scq.next()).await.unwrap();

@@ -104,6 +104,7 @@ fn send_write_and_read_over_loopback_tcp() {
                 },
                 sges: vec![sge(&amr, 0, 3000)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
             let rc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
@@ -123,6 +124,7 @@ fn send_write_and_read_over_loopback_tcp() {
                 },
                 sges: vec![sge(&amr, 0, 900_000)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
             let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
@@ -139,6 +141,7 @@ fn send_write_and_read_over_loopback_tcp() {
                 },
                 sges: vec![sge(&amr, 0, 900_000)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
             a_buf[..900_000].fill(0);
@@ -185,6 +188,7 @@ fn a_write_outside_the_region_is_terminated_over_tcp() {
             },
             sges: vec![sge(&amr, 0, 200)],
             signaled: false,
+            fence: false,
         })
         .unwrap();
         // A Read behind it is failed by the Terminate.
@@ -196,6 +200,7 @@ fn a_write_outside_the_region_is_terminated_over_tcp() {
             },
             sges: vec![sge(&amr, 0, 16)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
@@ -233,6 +238,7 @@ fn a_vanished_peer_fails_outstanding_reads_within_the_timeout() {
             },
             sges: vec![sge(&amr, 0, 64)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next())
@@ -295,6 +301,7 @@ fn dropping_the_last_handle_closes_the_connection() {
             },
             sges: vec![sge(&amr, 0, 8)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next())

@@ -163,6 +163,7 @@ fn send_lands_in_the_posted_receive_across_sges() {
                 },
                 sges: vec![src.sge(0, 120), src.sge(120, 80)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
         pump(&mut a, &mut b, chunk);
@@ -198,6 +199,7 @@ fn write_larger_than_one_fpdu_lands_exactly_with_and_without_crc() {
                 },
                 sges: vec![src.sge(0, 5000)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
         pump(&mut a, &mut b, 333);
@@ -233,6 +235,7 @@ fn read_brings_remote_bytes_and_respects_ord() {
             },
             sges: vec![sink.sge(i as usize * 1500, 1500)],
             signaled: true,
+            fence: false,
         };
         a.stream.post_send(wr).unwrap();
     }
@@ -265,6 +268,7 @@ fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
             },
             sges: vec![src.sge(0, 100)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 7);
@@ -295,6 +299,7 @@ fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
             },
             sges: vec![],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     let wcs = drain(&a.scq);
@@ -317,6 +322,7 @@ fn read_with_a_bad_stag_completes_with_rem_access_err() {
         },
         sges: vec![sink.sge(0, 64)],
         signaled: true,
+        fence: false,
     };
     a.stream.post_send(wr).unwrap();
     pump(&mut a, &mut b, 64);
@@ -346,6 +352,7 @@ fn a_write_to_a_read_only_region_is_an_access_violation() {
             },
             sges: vec![src.sge(0, 16)],
             signaled: false,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 5);
@@ -372,6 +379,7 @@ fn a_send_with_no_receive_posted_is_terminated() {
             },
             sges: vec![src.sge(0, 16)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 16);
@@ -396,6 +404,7 @@ fn a_corrupted_fpdu_fails_the_crc() {
             },
             sges: vec![src.sge(0, 100)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     let mut bytes = Vec::new();
@@ -436,6 +445,7 @@ fn send_with_invalidate_kills_the_named_stag() {
             },
             sges: vec![src.sge(0, 8)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 9);
@@ -450,6 +460,7 @@ fn send_with_invalidate_kills_the_named_stag() {
             },
             sges: vec![src.sge(0, 8)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 9);
@@ -466,6 +477,7 @@ fn atomic_wr(wr_id: u64, op: SendOp, sink: &Guarded) -> SendWr {
         op,
         sges: vec![sink.sge(0, 8)],
         signaled: true,
+        fence: false,
     }
 }
 
@@ -673,6 +685,7 @@ fn write_with_immediate_completes_a_receive_after_the_data_landed() {
             },
             sges: vec![src.sge(0, 3000)],
             signaled: true,
+            fence: false,
         })
         .unwrap();
     pump(&mut a, &mut b, 100);
@@ -683,4 +696,93 @@ fn write_with_immediate_completes_a_receive_after_the_data_landed() {
     );
     assert!(dst.data().iter().all(|&x| x == 0x77));
     assert_eq!(drain(&a.scq)[0].opcode, WcOpcode::RdmaWrite);
+}
+
+#[test]
+fn a_fenced_send_waits_for_the_read_before_it_and_carries_its_data() {
+    for fence in [false, true] {
+        let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+        let remote = Guarded::new(&b, 64, Access::LOCAL_WRITE | Access::REMOTE_READ, 0x42);
+        let inbox = Guarded::new(&b, 64, Access::LOCAL_WRITE, 0);
+        let local = Guarded::new(&a, 64, Access::LOCAL_WRITE, 0);
+        b.stream
+            .post_recv(RecvWr {
+                wr_id: 1,
+                sges: vec![inbox.sge(0, 64)],
+            })
+            .unwrap();
+        a.stream
+            .post_send(SendWr {
+                wr_id: 1,
+                op: SendOp::Read {
+                    remote_addr: remote.addr(),
+                    rkey: remote.stag(),
+                },
+                sges: vec![local.sge(0, 64)],
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        a.stream
+            .post_send(SendWr {
+                wr_id: 2,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![local.sge(0, 64)],
+                signaled: true,
+                fence,
+            })
+            .unwrap();
+        pump(&mut a, &mut b, 64);
+        let got_read_data = inbox.data().iter().all(|&x| x == 0x42);
+        assert_eq!(
+            got_read_data, fence,
+            "fence={fence}: the Send carries the Read's data only when fenced"
+        );
+        let order: Vec<u64> = drain(&a.scq).iter().map(|w| w.wr_id).collect();
+        assert_eq!(order.len(), 2);
+    }
+}
+
+#[test]
+fn local_invalidate_kills_the_stag_in_order() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let exposed = Guarded::new(&b, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    let src = Guarded::new(&a, 64, Access::LOCAL_WRITE, 5);
+    b.stream
+        .post_send(SendWr {
+            wr_id: 9,
+            op: SendOp::LocalInvalidate {
+                stag: exposed.stag(),
+            },
+            sges: vec![],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    let wc = drain(&b.scq);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].opcode),
+        (9, WcStatus::Success, WcOpcode::LocalInv)
+    );
+    a.stream
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: exposed.addr(),
+                rkey: exposed.stag(),
+            },
+            sges: vec![src.sge(0, 8)],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    pump(&mut a, &mut b, 16);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag))
+    );
+    assert!(exposed.data().iter().all(|&x| x == 0));
 }

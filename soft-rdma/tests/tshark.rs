@@ -720,6 +720,7 @@ fn a_live_provider_session_decodes_in_tshark() {
                 op,
                 sges: vec![sge(50_000, len)],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
             let wc = barewire_engine::time::timeout(Duration::from_secs(5), ascq.next())

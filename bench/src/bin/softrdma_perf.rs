@@ -99,6 +99,7 @@ fn write_wr(mr: &MemoryRegion, len: usize, remote: &RegionDescriptor) -> SendWr 
             lkey: mr.stag(),
         }],
         signaled: false,
+        fence: false,
     }
 }
 
@@ -188,6 +189,7 @@ async fn latency(
                         lkey: mr.stag(),
                     }],
                     signaled: true,
+                    fence: false,
                 })
                 .unwrap();
                 assert_eq!(scq.next().await.status, WcStatus::Success);
@@ -236,6 +238,7 @@ async fn bandwidth(
                     lkey: mr.stag(),
                 }],
                 signaled: true,
+                fence: false,
             })
             .unwrap();
             posted += 1;

@@ -47,6 +47,10 @@ pub struct ConnectOptions {
     pub mulpdu: usize,
     /// How long a queue pair that is owed bytes may go without progress before it fails.
     pub timeout: Duration,
+    /// Complete signaled Sends and Writes once the peer processed them (on by default), so a
+    /// request the peer refuses completes with its error; off gives plain iWARP's local
+    /// completion. See [`StreamConfig::remote_completion`].
+    pub remote_completion: bool,
 }
 
 impl Default for ConnectOptions {
@@ -56,6 +60,7 @@ impl Default for ConnectOptions {
             private_data: Vec::new(),
             mulpdu: 16 * 1024,
             timeout: Duration::from_secs(1),
+            remote_completion: true,
         }
     }
 }
@@ -301,6 +306,7 @@ impl QueuePair {
             mulpdu: opts.mulpdu,
             ird: neg.ird.max(1),
             ord: neg.ord.max(1),
+            remote_completion: opts.remote_completion,
         };
         let stream = Stream::new(pd.device().clone(), cfg, scq.clone(), rcq.clone());
         let inner = Rc::new(RefCell::new(QpInner {

@@ -157,6 +157,12 @@ pub struct StreamConfig {
     pub ird: u16,
     /// Outbound Reads we may have outstanding.
     pub ord: u16,
+    /// Complete signaled Sends and Writes only once the peer has processed them, as InfiniBand
+    /// RC does, instead of when the bytes reach TCP (plain iWARP). A zero-length RDMA Read
+    /// follows each such request; its response is the acknowledgement, so a request the peer
+    /// refuses completes with the peer's error (`REM_ACCESS_ERR`, ...) rather than `SUCCESS`.
+    /// Costs a round trip per signaled request and an ORD slot while it waits.
+    pub remote_completion: bool,
 }
 
 /// Why a post was refused.
@@ -194,6 +200,8 @@ struct OutstandingRead {
     signaled: bool,
     /// For an atomic: the request id, where the original value goes, and the opcode.
     atomic: Option<(u32, *mut u8, WcOpcode)>,
+    /// The completion's opcode (a Read, or the Send/Write a zero-length Read acknowledges).
+    opcode: WcOpcode,
 }
 
 enum Rx {
@@ -508,6 +516,7 @@ impl Stream {
                     len: sink.len,
                     signaled: wr.signaled,
                     atomic: None,
+                    opcode: WcOpcode::RdmaRead,
                 });
                 return;
             }
@@ -577,9 +586,33 @@ impl Stream {
                     len: 8,
                     signaled: wr.signaled,
                     atomic: Some((self.atomic_id, *sink_ptr as *mut u8, opcode_of(&wr.op))),
+                    opcode: opcode_of(&wr.op),
                 });
                 return;
             }
+        }
+        if wr.signaled && self.cfg.remote_completion {
+            // The acknowledgement: a zero-length Read, answered only after the peer processed
+            // everything before it (RDMAP keeps order).
+            let rr = ReadRequest {
+                sink_stag: 0,
+                sink_to: 0,
+                size: 0,
+                source_stag: 0,
+                source_to: 0,
+            };
+            let mut body = [0u8; ReadRequest::LEN];
+            rr.encode(&mut body);
+            let msn = self.next_msn(qn::READ_REQUEST);
+            self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
+            self.orq.push_back(OutstandingRead {
+                wr_id: wr.wr_id,
+                len: total as u32,
+                signaled: true,
+                atomic: None,
+                opcode: opcode_of(&wr.op),
+            });
+            return;
         }
         let wc = wr.signaled.then(|| WorkCompletion {
             wr_id: wr.wr_id,
@@ -884,14 +917,21 @@ impl Stream {
                         Some(hend),
                     );
                 }
-                match self.dev.check(
-                    Stag(stag),
-                    self.cfg.pd,
-                    self.cfg.qp_num,
-                    to,
-                    payload_len as u64,
-                    need,
-                ) {
+                // A zero-length Read Response (the acknowledgement of a zero-length Read) moves
+                // no byte and names no region.
+                let checked = if read_response && payload_len == 0 {
+                    Ok(std::ptr::null_mut())
+                } else {
+                    self.dev.check(
+                        Stag(stag),
+                        self.cfg.pd,
+                        self.cfg.qp_num,
+                        to,
+                        payload_len as u64,
+                        need,
+                    )
+                };
+                match checked {
                     Ok(p) => {
                         self.extents.clear();
                         if payload_len > 0 {
@@ -992,13 +1032,7 @@ impl Stream {
             }) => {
                 let r = self.orq.pop_front().expect("checked at the header");
                 if r.signaled {
-                    self.complete(
-                        &self.scq,
-                        r.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::RdmaRead,
-                        r.len,
-                    );
+                    self.complete(&self.scq, r.wr_id, WcStatus::Success, r.opcode, r.len);
                 }
                 self.unblock();
             }
@@ -1042,14 +1076,21 @@ impl Stream {
                         None,
                     );
                 }
-                match self.dev.check(
-                    Stag(rr.source_stag),
-                    self.cfg.pd,
-                    self.cfg.qp_num,
-                    rr.source_to,
-                    rr.size as u64,
-                    Access::REMOTE_READ,
-                ) {
+                // A zero-length Read names no region (RFC 5040 §4.4 leaves its STag unused):
+                // it is answered in order, which is what makes it an acknowledgement.
+                let checked = if rr.size == 0 {
+                    Ok(std::ptr::null_mut())
+                } else {
+                    self.dev.check(
+                        Stag(rr.source_stag),
+                        self.cfg.pd,
+                        self.cfg.qp_num,
+                        rr.source_to,
+                        rr.size as u64,
+                        Access::REMOTE_READ,
+                    )
+                };
+                match checked {
                     Ok(p) => {
                         self.inbound_reads += 1;
                         self.queue_message(
@@ -1194,8 +1235,19 @@ impl Stream {
         }
     }
 
+    /// Whether the request will occupy an ORD slot: Reads, atomics, and acknowledged requests.
+    fn takes_ord(&self, wr: &SendWr) -> bool {
+        wr.op.needs_ord()
+            || (self.cfg.remote_completion
+                && wr.signaled
+                && matches!(
+                    wr.op,
+                    SendOp::Send { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }
+                ))
+    }
+
     fn must_wait(&self, wr: &SendWr) -> bool {
-        (wr.op.needs_ord() && self.orq.len() >= self.cfg.ord as usize)
+        (self.takes_ord(wr) && self.orq.len() >= self.cfg.ord as usize)
             || (wr.fence && !self.orq.is_empty())
     }
 
@@ -1248,8 +1300,7 @@ impl Stream {
         }
         self.state = QpState::Error;
         for r in std::mem::take(&mut self.orq) {
-            let opcode = r.atomic.map_or(WcOpcode::RdmaRead, |a| a.2);
-            self.complete(&self.scq, r.wr_id, read_status, opcode, 0);
+            self.complete(&self.scq, r.wr_id, read_status, r.opcode, 0);
         }
         for wr in std::mem::take(&mut self.blocked) {
             self.complete(

@@ -312,3 +312,71 @@ fn dropping_the_last_handle_closes_the_connection() {
         drop(amr);
     });
 }
+
+#[test]
+fn a_refused_write_completes_with_rem_access_err_on_the_initiator() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        let mut a_buf = vec![1u8; 4096];
+        let mut b_buf = vec![0u8; 4096];
+        let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+        let bmr = reg(&b.pd, &mut b_buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        // B's region does not allow remote writes.
+        qa.post_send(SendWr {
+            wr_id: 7,
+            op: SendOp::Write {
+                remote_addr: bmr.addr() as u64,
+                rkey: bmr.stag(),
+            },
+            sges: vec![sge(&amr, 0, 64)],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+        let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode),
+            (7, WcStatus::RemAccessErr, WcOpcode::RdmaWrite),
+            "the Write itself reports the refusal"
+        );
+        assert_eq!(qb.state(), QpState::Error);
+        drop((amr, bmr));
+        assert!(b_buf.iter().all(|&x| x == 0));
+    });
+}
+
+#[test]
+fn an_accepted_write_completes_only_after_the_peer_placed_it() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, _qb) = pair(&a, &b, false).await;
+        let mut a_buf = vec![9u8; 1 << 20];
+        let mut b_buf = vec![0u8; 1 << 20];
+        let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
+        let bmr = reg(
+            &b.pd,
+            &mut b_buf,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        );
+        qa.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: bmr.addr() as u64,
+                rkey: bmr.stag(),
+            },
+            sges: vec![sge(&amr, 0, 1 << 20)],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+        let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 1 << 20));
+        // Same core: if the completion came before placement, B's memory would still be zero here.
+        assert!(
+            b_buf.iter().all(|&x| x == 9),
+            "completion implies the data is in the peer's region"
+        );
+        drop((amr, bmr));
+    });
+}

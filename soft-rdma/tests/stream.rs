@@ -34,6 +34,7 @@ fn side(qp: u32, crc: bool, ord: u16) -> Side {
         mulpdu: 1024,
         ird: 4,
         ord,
+        remote_completion: false,
     };
     let stream = Stream::new(dev.clone(), cfg, scq.clone(), rcq.clone());
     Side {
@@ -495,6 +496,7 @@ fn atomics_from_two_connections_under_contention_give_the_exact_count() {
             mulpdu: 1024,
             ird: 8,
             ord: 8,
+            remote_completion: false,
         };
         Side {
             dev: target_dev.clone(),

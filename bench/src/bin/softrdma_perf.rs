@@ -28,6 +28,7 @@ struct Opts {
     iters: u64,
     secs: f64,
     crc: bool,
+    local_completion: bool,
 }
 
 fn opts(args: &[String]) -> Opts {
@@ -43,6 +44,7 @@ fn opts(args: &[String]) -> Opts {
         iters: get("-n").and_then(|v| v.parse().ok()).unwrap_or(20_000),
         secs: get("-D").and_then(|v| v.parse().ok()).unwrap_or(3.0),
         crc: args.iter().any(|a| a == "--crc"),
+        local_completion: args.iter().any(|a| a == "--local-completion"),
     }
 }
 
@@ -67,6 +69,7 @@ fn conn_opts(o: &Opts, desc: &RegionDescriptor) -> ConnectOptions {
         },
         private_data: desc.to_bytes().to_vec(),
         mulpdu: 16 * 1024,
+        remote_completion: !o.local_completion,
         ..ConnectOptions::default()
     }
 }
@@ -211,42 +214,50 @@ async fn bandwidth(
     mr: &MemoryRegion,
     remote: &RegionDescriptor,
 ) -> f64 {
-    let depth = 16u64;
+    // perftest's CQ moderation: one signaled request per batch of 16, two batches in flight.
+    const BATCH: u64 = 16;
     let slots = (REGION / 2 / o.size).max(1) as u64;
-    let (t0, mut done, mut posted) = (Instant::now(), 0u64, 0u64);
+    let (t0, mut batches_done, mut posted) = (Instant::now(), 0u64, 0u64);
     let dur = Duration::from_secs_f64(o.secs);
-    while t0.elapsed() < dur || done < posted {
-        while posted - done < depth && t0.elapsed() < dur {
-            let off = (posted % slots) * o.size as u64;
-            let op = if o.test == "write_bw" {
-                SendOp::Write {
-                    remote_addr: remote.addr + off,
-                    rkey: remote.rkey,
-                }
-            } else {
-                SendOp::Read {
-                    remote_addr: remote.addr + off,
-                    rkey: remote.rkey,
-                }
-            };
-            qp.post_send(SendWr {
-                wr_id: posted,
-                op,
-                sges: vec![Sge {
+    loop {
+        while posted / BATCH - batches_done < 2 && t0.elapsed() < dur {
+            for _ in 0..BATCH {
+                let off = (posted % slots) * o.size as u64;
+                let op = if o.test == "write_bw" {
+                    SendOp::Write {
+                        remote_addr: remote.addr + off,
+                        rkey: remote.rkey,
+                    }
+                } else {
+                    SendOp::Read {
+                        remote_addr: remote.addr + off,
+                        rkey: remote.rkey,
+                    }
+                };
+                let signaled = posted % BATCH == BATCH - 1;
+                let sges = vec![Sge {
                     addr: mr.addr() as u64 + off,
                     len: o.size as u32,
                     lkey: mr.stag(),
-                }],
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
-            posted += 1;
+                }];
+                qp.post_send(SendWr {
+                    wr_id: posted,
+                    op,
+                    sges,
+                    signaled,
+                    fence: false,
+                })
+                .unwrap();
+                posted += 1;
+            }
+        }
+        if batches_done == posted / BATCH {
+            break;
         }
         assert_eq!(scq.next().await.status, WcStatus::Success);
-        done += 1;
+        batches_done += 1;
     }
-    done as f64 * o.size as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64()
+    (batches_done * BATCH) as f64 * o.size as f64 / (1 << 20) as f64 / t0.elapsed().as_secs_f64()
 }
 
 fn client(o: Opts, port: u16) {

@@ -221,9 +221,19 @@ enum Rx {
 
 /// Where the current segment's payload goes.
 enum Place {
-    Tagged { last: bool, read_response: bool },
-    Untagged { last: bool, len: u32 },
-    Control { opcode: RdmapOpcode },
+    Tagged {
+        last: bool,
+        read_response: bool,
+    },
+    Untagged {
+        last: bool,
+        len: u32,
+        solicited: bool,
+        invalidated: Option<u32>,
+    },
+    Control {
+        opcode: RdmapOpcode,
+    },
 }
 
 /// The RDMAP stream of one connected queue pair.
@@ -344,6 +354,7 @@ impl Stream {
             byte_len,
             imm: None,
             invalidated: None,
+            solicited: false,
             qp_num: self.cfg.qp_num,
         });
     }
@@ -409,6 +420,7 @@ impl Stream {
                 byte_len: 0,
                 imm: None,
                 invalidated: Some(stag.0),
+                solicited: false,
                 qp_num: self.cfg.qp_num,
             };
             // Completes in order, after the requests queued before it.
@@ -621,6 +633,7 @@ impl Stream {
             byte_len: total as u32,
             imm: None,
             invalidated: None,
+            solicited: false,
             qp_num: self.cfg.qp_num,
         });
         self.marks.push_back(TxMark {
@@ -997,6 +1010,11 @@ impl Stream {
                 self.place = Some(Place::Untagged {
                     last: seg.last,
                     len: (mo as u64 + payload_len as u64) as u32,
+                    solicited: matches!(
+                        seg.opcode,
+                        RdmapOpcode::SendSe | RdmapOpcode::SendSeInvalidate
+                    ),
+                    invalidated: invalidates.then_some(ulp),
                 });
             }
             DdpHeader::Untagged { .. } => {
@@ -1037,17 +1055,25 @@ impl Stream {
                 self.unblock();
             }
             Some(Place::Tagged { .. }) => {}
-            Some(Place::Untagged { last, len }) => {
+            Some(Place::Untagged {
+                last,
+                len,
+                solicited,
+                invalidated,
+            }) => {
                 self.recv_placed = len;
                 if last {
                     let wr = self.rq.pop_front().expect("checked at the header");
-                    self.complete(
-                        &self.rcq,
-                        wr.wr_id,
-                        WcStatus::Success,
-                        WcOpcode::Recv,
-                        self.recv_placed,
-                    );
+                    self.rcq.push(WorkCompletion {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Recv,
+                        byte_len: self.recv_placed,
+                        imm: None,
+                        invalidated,
+                        solicited,
+                        qp_num: self.cfg.qp_num,
+                    });
                     self.recv_placed = 0;
                 }
             }
@@ -1144,6 +1170,7 @@ impl Stream {
                     byte_len: 0,
                     imm: Some(imm),
                     invalidated: None,
+                    solicited: opcode == RdmapOpcode::ImmediateDataSe,
                     qp_num: self.cfg.qp_num,
                 });
             }

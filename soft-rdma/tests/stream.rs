@@ -131,6 +131,7 @@ fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
             byte_len: 0,
             imm: None,
             invalidated: None,
+            solicited: false,
             qp_num: 0
         };
         64
@@ -450,7 +451,14 @@ fn send_with_invalidate_kills_the_named_stag() {
         })
         .unwrap();
     pump(&mut a, &mut b, 9);
-    assert_eq!(drain(&b.rcq)[0].status, WcStatus::Success);
+    let rc = drain(&b.rcq);
+    assert_eq!(rc[0].status, WcStatus::Success);
+    assert!(rc[0].solicited, "a Send with SE is marked solicited");
+    assert_eq!(
+        rc[0].invalidated,
+        Some(exposed.stag().0),
+        "the completion names the invalidated STag"
+    );
     // A later Write to the invalidated STag is refused.
     a.stream
         .post_send(SendWr {

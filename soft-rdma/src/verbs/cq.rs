@@ -63,8 +63,10 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     /// Immediate data, when the message carried some.
     pub imm: Option<u32>,
-    /// The STag a Send with Invalidate invalidated.
+    /// The STag a Send with Invalidate invalidated (`IBV_WC_WITH_INV`).
     pub invalidated: Option<u32>,
+    /// The sender asked for a solicited event (Send with SE, Immediate Data with SE).
+    pub solicited: bool,
     /// The queue pair it belongs to.
     pub qp_num: u32,
 }
@@ -197,6 +199,7 @@ mod tests {
             byte_len: 8,
             imm: None,
             invalidated: None,
+            solicited: false,
             qp_num: 1,
         }
     }

@@ -1086,6 +1086,19 @@ impl Stream {
         }
     }
 
+    /// True, after answering with a Terminate, when the peer exceeds the IRD it negotiated.
+    fn over_ird(&mut self) -> bool {
+        if self.inbound_reads < self.cfg.ird as usize {
+            return false;
+        }
+        let code = TermCode::rdmap(
+            RdmapErrorType::RemoteOperation,
+            RdmapErrorCode::CatastrophicStream,
+        );
+        self.fatal(code, None);
+        true
+    }
+
     fn on_control(&mut self, opcode: RdmapOpcode, body: &[u8]) {
         match opcode {
             RdmapOpcode::ReadRequest => {
@@ -1093,14 +1106,8 @@ impl Stream {
                     Ok(r) => r,
                     Err(e) => return self.fatal(e.term, None),
                 };
-                if self.inbound_reads >= self.cfg.ird as usize {
-                    return self.fatal(
-                        TermCode::rdmap(
-                            RdmapErrorType::RemoteOperation,
-                            RdmapErrorCode::CatastrophicStream,
-                        ),
-                        None,
-                    );
+                if self.over_ird() {
+                    return;
                 }
                 // A zero-length Read names no region (RFC 5040 §4.4 leaves its STag unused):
                 // it is answered in order, which is what makes it an acknowledgement.
@@ -1179,14 +1186,8 @@ impl Stream {
                     Ok(r) => r,
                     Err(e) => return self.fatal(e.term, None),
                 };
-                if self.inbound_reads >= self.cfg.ird as usize {
-                    return self.fatal(
-                        TermCode::rdmap(
-                            RdmapErrorType::RemoteOperation,
-                            RdmapErrorCode::CatastrophicStream,
-                        ),
-                        None,
-                    );
+                if self.over_ird() {
+                    return;
                 }
                 if req.to % 8 != 0 {
                     return self.fatal(Violation::BaseBounds.rdmap_term(), None);

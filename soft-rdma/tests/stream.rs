@@ -796,3 +796,37 @@ fn local_invalidate_kills_the_stag_in_order() {
     );
     assert!(exposed.data().iter().all(|&x| x == 0));
 }
+
+#[test]
+fn a_peer_exceeding_the_negotiated_ird_is_terminated() {
+    // A misbehaving initiator whose ORD (8) exceeds the target's IRD (4).
+    let (mut a, mut b) = (side(1, false, 8), side(2, false, 4));
+    let src = Guarded::new(&b, 64, Access::REMOTE_READ, 1);
+    let sink = Guarded::new(&a, 6 * 8, Access::LOCAL_WRITE, 0);
+    for i in 0..6u64 {
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::Read {
+                remote_addr: src.addr(),
+                rkey: src.stag(),
+            },
+            sges: vec![sink.sge(i as usize * 8, 8)],
+            signaled: true,
+            fence: false,
+        };
+        a.stream.post_send(wr).unwrap();
+    }
+    pump(&mut a, &mut b, 4096);
+    assert_eq!(
+        b.stream.last_terminate(),
+        Some(TermCode::rdmap(
+            RdmapErrorType::RemoteOperation,
+            RdmapErrorCode::CatastrophicStream
+        ))
+    );
+    let wcs = drain(&a.scq);
+    assert!(
+        wcs.iter().any(|w| w.status == WcStatus::RemOpErr),
+        "{wcs:?}"
+    );
+}

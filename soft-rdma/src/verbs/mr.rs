@@ -115,6 +115,21 @@ struct DeviceInner {
 }
 
 /// The soft RDMA device of one core.
+///
+/// ```
+/// use barewire_soft_rdma::verbs::*;
+/// let dev = Device::new();
+/// let pd = dev.alloc_pd();
+/// let mut buf = vec![0u8; 4096];
+/// // SAFETY: `buf` outlives the region.
+/// let mr = unsafe { pd.register(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap();
+/// let base = mr.addr() as u64;
+/// // What a peer's WRITE must pass before a byte moves:
+/// assert!(dev.check(mr.stag(), pd.id(), 1, base, 4096, Access::REMOTE_WRITE).is_ok());
+/// assert_eq!(dev.check(mr.stag(), pd.id(), 1, base + 1, 4096, Access::REMOTE_WRITE), Err(Violation::BaseBounds));
+/// assert_eq!(dev.check(mr.stag(), pd.id(), 1, base, 8, Access::REMOTE_READ), Err(Violation::AccessRights));
+/// drop(mr);
+/// ```
 #[derive(Clone)]
 pub struct Device {
     inner: Rc<DeviceInner>,

@@ -18,6 +18,8 @@ pub(crate) trait Doorbell {
 
 pub(crate) struct WakeState<T, D> {
     inbox: Mutex<Vec<T>>,
+    /// Set after every push, so the owner's loop can skip the lock when nothing came.
+    pending: AtomicBool,
     sleeping: AtomicBool,
     pub(crate) doorbell: D,
 }
@@ -26,6 +28,7 @@ impl<T, D: Doorbell> WakeState<T, D> {
     pub(crate) fn new(doorbell: D) -> Self {
         WakeState {
             inbox: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             doorbell,
         }
@@ -34,6 +37,7 @@ impl<T, D: Doorbell> WakeState<T, D> {
     /// Producer side: queue an item for the owner and wake it if it sleeps.
     pub(crate) fn push(&self, item: T) {
         lock(&self.inbox).push(item);
+        self.pending.store(true, Ordering::Release);
         self.notify();
     }
 
@@ -47,6 +51,10 @@ impl<T, D: Doorbell> WakeState<T, D> {
 
     /// Owner side: takes everything queued, swapping in `spare` (so the allocation is reused).
     pub(crate) fn drain_into(&self, spare: &mut Vec<T>) {
+        // A push that lands after this swap sets the flag again and is taken next pass.
+        if !self.pending.swap(false, Ordering::Acquire) {
+            return;
+        }
         let mut inbox = lock(&self.inbox);
         std::mem::swap(&mut *inbox, spare);
     }
@@ -59,7 +67,7 @@ impl<T, D: Doorbell> WakeState<T, D> {
     }
 
     pub(crate) fn has_pending(&self) -> bool {
-        !lock(&self.inbox).is_empty()
+        self.pending.load(Ordering::SeqCst)
     }
 
     /// Owner side: it did not sleep after all, or it woke up.

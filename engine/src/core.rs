@@ -331,7 +331,7 @@ impl Core {
         bump(&self.stats.poller_passes);
         let mut did = self.drain_inbox();
         did |= self.mesh.receive(&self.stats) > 0;
-        did |= self.timers.fire(Instant::now());
+        did |= self.timers.fire_due();
         did |= self.driver.poll(&self.stats);
         did |= self.poll_user_pollers();
         did |= self.mesh.flush();
@@ -356,7 +356,7 @@ impl Core {
             || self.shared.wake.has_pending()
             || self.mesh.has_pending()
             || self.mesh.has_backlog()
-            || self.timers.pure_poll(Instant::now())
+            || self.timers.any_due()
             || self.driver.pure_poll()
             || self.pollers.borrow_mut().iter_mut().any(|p| p.pure_poll())
     }

@@ -46,8 +46,21 @@ impl Timers {
         drop(w);
     }
 
-    /// Wakes every timer whose deadline has passed. True if any fired.
-    pub(crate) fn fire(&self, now: Instant) -> bool {
+    /// Wakes every timer whose deadline has passed. True if any fired. Reads the clock only
+    /// when a timer exists: a busy core with no timers pays nothing here.
+    pub(crate) fn fire_due(&self) -> bool {
+        if self.map.borrow().is_empty() {
+            return false;
+        }
+        self.fire(Instant::now())
+    }
+
+    /// Whether a deadline has passed, reading the clock only when a timer exists.
+    pub(crate) fn any_due(&self) -> bool {
+        !self.map.borrow().is_empty() && self.pure_poll(Instant::now())
+    }
+
+    fn fire(&self, now: Instant) -> bool {
         let mut fired = Vec::new();
         {
             let mut map = self.map.borrow_mut();
@@ -65,7 +78,7 @@ impl Timers {
         any
     }
 
-    pub(crate) fn pure_poll(&self, now: Instant) -> bool {
+    fn pure_poll(&self, now: Instant) -> bool {
         self.map
             .borrow()
             .first_key_value()

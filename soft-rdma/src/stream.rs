@@ -531,15 +531,7 @@ impl Stream {
                 );
             }
             SendOp::Write { remote_addr, rkey } => {
-                self.queue_message(
-                    RdmapOpcode::Write,
-                    &extents,
-                    |off| DdpHeader::Tagged {
-                        stag: rkey.0,
-                        to: remote_addr + off as u64,
-                    },
-                    TAGGED_HEADER_LEN,
-                );
+                self.queue_write(&extents, remote_addr, rkey);
             }
             SendOp::Read { remote_addr, rkey } => {
                 let [sink] = wr.sges[..] else {
@@ -558,10 +550,7 @@ impl Stream {
                     source_stag: rkey.0,
                     source_to: remote_addr,
                 };
-                let mut body = [0u8; ReadRequest::LEN];
-                rr.encode(&mut body);
-                let msn = self.next_msn(qn::READ_REQUEST);
-                self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
+                self.queue_read_request(&rr);
                 self.orq.push_back(OutstandingRead {
                     wr_id: wr.wr_id,
                     len: sink.len,
@@ -576,15 +565,7 @@ impl Stream {
                 rkey,
                 imm,
             } => {
-                self.queue_message(
-                    RdmapOpcode::Write,
-                    &extents,
-                    |off| DdpHeader::Tagged {
-                        stag: rkey.0,
-                        to: remote_addr + off as u64,
-                    },
-                    TAGGED_HEADER_LEN,
-                );
+                self.queue_write(&extents, remote_addr, rkey);
                 let msn = self.next_msn(qn::SEND);
                 self.queue_control(
                     RdmapOpcode::ImmediateData,
@@ -652,10 +633,7 @@ impl Stream {
                 source_stag: 0,
                 source_to: 0,
             };
-            let mut body = [0u8; ReadRequest::LEN];
-            rr.encode(&mut body);
-            let msn = self.next_msn(qn::READ_REQUEST);
-            self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
+            self.queue_read_request(&rr);
             self.orq.push_back(OutstandingRead {
                 wr_id: wr.wr_id,
                 len: total as u32,
@@ -680,6 +658,23 @@ impl Stream {
             wc,
             inbound_read: false,
         });
+    }
+
+    /// Queues an RDMA Write of `extents` to `remote_addr` in the peer's region `rkey`.
+    fn queue_write(&mut self, extents: &[(*const u8, usize)], remote_addr: u64, rkey: Stag) {
+        let header = |off: usize| DdpHeader::Tagged {
+            stag: rkey.0,
+            to: remote_addr + off as u64,
+        };
+        self.queue_message(RdmapOpcode::Write, extents, header, TAGGED_HEADER_LEN);
+    }
+
+    /// Queues a Read Request (QN 1, the next MSN).
+    fn queue_read_request(&mut self, rr: &ReadRequest) {
+        let mut body = [0u8; ReadRequest::LEN];
+        rr.encode(&mut body);
+        let msn = self.next_msn(qn::READ_REQUEST);
+        self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
     }
 
     fn next_msn(&mut self, q: u32) -> u32 {

@@ -380,3 +380,59 @@ fn an_accepted_write_completes_only_after_the_peer_placed_it() {
         drop((amr, bmr));
     });
 }
+
+#[test]
+fn sixteen_mib_write_and_read_round_trip() {
+    const N: usize = 16 << 20;
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, _qb) = pair(&a, &b, true).await;
+        let mut src: Vec<u8> = (0..N).map(|i| (i * 31 % 257) as u8).collect();
+        let mut back = vec![0u8; N];
+        let mut b_buf = vec![0u8; N];
+        let smr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+        let rmr = reg(&a.pd, &mut back, Access::LOCAL_WRITE);
+        let bmr = reg(
+            &b.pd,
+            &mut b_buf,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        );
+        let wr = |wr_id, op, mr: &MemoryRegion| SendWr {
+            wr_id,
+            op,
+            sges: vec![sge(mr, 0, N)],
+            signaled: true,
+            fence: false,
+        };
+        qa.post_send(wr(
+            1,
+            SendOp::Write {
+                remote_addr: bmr.addr() as u64,
+                rkey: bmr.stag(),
+            },
+            &smr,
+        ))
+        .unwrap();
+        qa.post_send(wr(
+            2,
+            SendOp::Read {
+                remote_addr: bmr.addr() as u64,
+                rkey: bmr.stag(),
+            },
+            &rmr,
+        ))
+        .unwrap();
+        for id in [1, 2] {
+            let wc = timeout(Duration::from_secs(20), a.scq.next())
+                .await
+                .unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len as usize),
+                (id, WcStatus::Success, N)
+            );
+        }
+        drop((smr, rmr, bmr));
+        assert!(b_buf == src, "16 MiB landed in the peer's region intact");
+        assert!(back == src, "and came back intact");
+    });
+}

@@ -190,11 +190,15 @@ impl Chunk {
 /// A completion due once the transmit stream has sent `until` bytes.
 struct TxMark {
     until: u64,
-    wc: Option<WorkCompletion>,
+    /// The send-queue request it completes: its sequence number, its completion, and whether
+    /// that completion is reported on success (errors always are).
+    sq: Option<(u64, WorkCompletion, bool)>,
     inbound_read: bool,
 }
 
 struct OutstandingRead {
+    /// The request's place in the send queue's completion order.
+    seq: u64,
     wr_id: u64,
     len: u32,
     signaled: bool,
@@ -288,6 +292,11 @@ pub struct Stream {
     tx_queued: u64,
     tx_sent: u64,
     marks: VecDeque<TxMark>,
+    /// Send-queue completions are reported in posting order (as verbs requires): each started
+    /// request gets a sequence number, and finished ones wait here for those before them.
+    next_seq: u64,
+    released_seq: u64,
+    done: std::collections::BTreeMap<u64, Option<WorkCompletion>>,
     tx_msn: [u32; crate::wire::QUEUES],
     orq: VecDeque<OutstandingRead>,
     blocked: VecDeque<SendWr>,
@@ -336,6 +345,9 @@ impl Stream {
             tx_queued: 0,
             tx_sent: 0,
             marks: VecDeque::new(),
+            next_seq: 0,
+            released_seq: 0,
+            done: std::collections::BTreeMap::new(),
             tx_msn: [1; crate::wire::QUEUES],
             orq: VecDeque::new(),
             blocked: VecDeque::new(),
@@ -398,6 +410,37 @@ impl Stream {
         });
     }
 
+    /// Records the end of send-queue request `seq` and reports, in order, every completion no
+    /// longer waiting for an earlier one.
+    fn sq_complete(&mut self, seq: u64, wc: Option<WorkCompletion>) {
+        self.done.insert(seq, wc);
+        while let Some(wc) = self.done.remove(&self.released_seq) {
+            if let Some(wc) = wc {
+                self.scq.push(wc);
+            }
+            self.released_seq += 1;
+        }
+    }
+
+    fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num: self.cfg.qp_num,
+        }
+    }
+
+    /// Fails a started request, in order.
+    fn sq_fail(&mut self, seq: u64, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+        let wc = self.wc(wr_id, status, opcode, 0);
+        self.sq_complete(seq, Some(wc));
+    }
+
     /// Posts a receive.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if self.state == QpState::Error {
@@ -447,6 +490,8 @@ impl Stream {
     }
 
     fn start(&mut self, wr: SendWr) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
         if let SendOp::LocalInvalidate { stag } = wr.op {
             let status = match self.dev.invalidate(stag, self.cfg.pd) {
                 Ok(()) => WcStatus::Success,
@@ -463,10 +508,10 @@ impl Stream {
                 qp_num: self.cfg.qp_num,
             };
             // Completes in order, after the requests queued before it.
-            let wc = (wr.signaled || status != WcStatus::Success).then_some(wc);
+            let report = wr.signaled || status != WcStatus::Success;
             self.marks.push_back(TxMark {
                 until: self.tx_queued,
-                wc,
+                sq: Some((seq, wc, report)),
                 inbound_read: false,
             });
             if self.tx.is_empty() {
@@ -484,25 +529,13 @@ impl Stream {
             {
                 Ok(p) => extents.push((p as *const u8, s.len as usize)),
                 Err(_) => {
-                    return self.complete(
-                        &self.scq,
-                        wr.wr_id,
-                        WcStatus::LocProtErr,
-                        opcode_of(&wr.op),
-                        0,
-                    )
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocProtErr, opcode_of(&wr.op))
                 }
             }
             total += s.len as u64;
         }
         if total > u32::MAX as u64 {
-            return self.complete(
-                &self.scq,
-                wr.wr_id,
-                WcStatus::LocLenErr,
-                opcode_of(&wr.op),
-                0,
-            );
+            return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
         }
         match wr.op {
             SendOp::LocalInvalidate { .. } => unreachable!("handled above"),
@@ -535,13 +568,7 @@ impl Stream {
             }
             SendOp::Read { remote_addr, rkey } => {
                 let [sink] = wr.sges[..] else {
-                    return self.complete(
-                        &self.scq,
-                        wr.wr_id,
-                        WcStatus::LocLenErr,
-                        WcOpcode::RdmaRead,
-                        0,
-                    );
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::RdmaRead);
                 };
                 let rr = ReadRequest {
                     sink_stag: sink.lkey.0,
@@ -552,6 +579,7 @@ impl Stream {
                 };
                 self.queue_read_request(&rr);
                 self.orq.push_back(OutstandingRead {
+                    seq,
                     wr_id: wr.wr_id,
                     len: sink.len,
                     signaled: wr.signaled,
@@ -584,13 +612,7 @@ impl Stream {
                 remote_addr, rkey, ..
             } => {
                 let ([_], [(sink_ptr, 8)]) = (&wr.sges[..], &extents[..]) else {
-                    return self.complete(
-                        &self.scq,
-                        wr.wr_id,
-                        WcStatus::LocLenErr,
-                        opcode_of(&wr.op),
-                        0,
-                    );
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
                 };
                 let (op, data, compare) = match wr.op {
                     SendOp::FetchAdd { add, .. } => (AtomicOp::FetchAdd, add, 0),
@@ -614,6 +636,7 @@ impl Stream {
                 let msn = self.next_msn(qn::ATOMIC_REQUEST);
                 self.queue_control(RdmapOpcode::AtomicRequest, qn::ATOMIC_REQUEST, msn, &body);
                 self.orq.push_back(OutstandingRead {
+                    seq,
                     wr_id: wr.wr_id,
                     len: 8,
                     signaled: wr.signaled,
@@ -635,6 +658,7 @@ impl Stream {
             };
             self.queue_read_request(&rr);
             self.orq.push_back(OutstandingRead {
+                seq,
                 wr_id: wr.wr_id,
                 len: total as u32,
                 signaled: true,
@@ -643,19 +667,10 @@ impl Stream {
             });
             return;
         }
-        let wc = wr.signaled.then(|| WorkCompletion {
-            wr_id: wr.wr_id,
-            status: WcStatus::Success,
-            opcode: opcode_of(&wr.op),
-            byte_len: total as u32,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: self.cfg.qp_num,
-        });
+        let wc = self.wc(wr.wr_id, WcStatus::Success, opcode_of(&wr.op), total as u32);
         self.marks.push_back(TxMark {
             until: self.tx_queued,
-            wc,
+            sq: Some((seq, wc, wr.signaled)),
             inbound_read: false,
         });
     }
@@ -802,8 +817,9 @@ impl Stream {
             if m.inbound_read {
                 self.inbound_reads -= 1;
             }
-            if let Some(wc) = m.wc {
-                self.scq.push(wc);
+            if let Some((seq, wc, report)) = m.sq {
+                let report = report || wc.status != WcStatus::Success;
+                self.sq_complete(seq, report.then_some(wc));
             }
         }
     }
@@ -1083,9 +1099,8 @@ impl Stream {
                 read_response: true,
             }) => {
                 let r = self.orq.pop_front().expect("checked at the header");
-                if r.signaled {
-                    self.complete(&self.scq, r.wr_id, WcStatus::Success, r.opcode, r.len);
-                }
+                let wc = self.wc(r.wr_id, WcStatus::Success, r.opcode, r.len);
+                self.sq_complete(r.seq, r.signaled.then_some(wc));
                 self.unblock();
             }
             Some(Place::Tagged { .. }) => {}
@@ -1171,7 +1186,7 @@ impl Stream {
                         );
                         self.marks.push_back(TxMark {
                             until: self.tx_queued,
-                            wc: None,
+                            sq: None,
                             inbound_read: true,
                         });
                     }
@@ -1260,7 +1275,7 @@ impl Stream {
                 self.queue_control(RdmapOpcode::AtomicResponse, qn::ATOMIC_RESPONSE, msn, &b);
                 self.marks.push_back(TxMark {
                     until: self.tx_queued,
-                    wc: None,
+                    sq: None,
                     inbound_read: true,
                 });
             }
@@ -1285,9 +1300,8 @@ impl Stream {
                 // SAFETY: the sink is the 8-byte local SGE checked (LOCAL_WRITE) at post time;
                 // it need not be aligned.
                 unsafe { std::ptr::write_unaligned(sink as *mut u64, resp.original) };
-                if r.signaled {
-                    self.complete(&self.scq, r.wr_id, WcStatus::Success, opcode, 8);
-                }
+                let wc = self.wc(r.wr_id, WcStatus::Success, opcode, 8);
+                self.sq_complete(r.seq, r.signaled.then_some(wc));
                 self.unblock();
             }
             _ => self.fatal(
@@ -1361,31 +1375,32 @@ impl Stream {
             return;
         }
         self.state = QpState::Error;
+        // Started requests fail in their order: Reads and atomics (and acknowledged requests)
+        // with the peer's verdict, the rest flushed. Then the ones that never started.
         for r in std::mem::take(&mut self.orq) {
-            self.complete(&self.scq, r.wr_id, read_status, r.opcode, 0);
-        }
-        for wr in std::mem::take(&mut self.blocked) {
-            self.complete(
-                &self.scq,
-                wr.wr_id,
-                WcStatus::WrFlushErr,
-                opcode_of(&wr.op),
-                0,
-            );
-        }
-        for wr in std::mem::take(&mut self.rq) {
-            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+            let wc = self.wc(r.wr_id, read_status, r.opcode, 0);
+            self.sq_complete(r.seq, Some(wc));
         }
         // Sends and Writes not yet fully handed to TCP will not be: flush them, and keep only
         // a Terminate that is still queued.
         for m in std::mem::take(&mut self.marks) {
-            if let Some(wc) = m.wc {
-                self.scq.push(WorkCompletion {
-                    status: WcStatus::WrFlushErr,
-                    byte_len: 0,
-                    ..wc
-                });
+            if let Some((seq, wc, _)) = m.sq {
+                self.sq_complete(
+                    seq,
+                    Some(WorkCompletion {
+                        status: WcStatus::WrFlushErr,
+                        byte_len: 0,
+                        ..wc
+                    }),
+                );
             }
+        }
+        for wr in std::mem::take(&mut self.blocked) {
+            let wc = self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(&wr.op), 0);
+            self.scq.push(wc);
+        }
+        for wr in std::mem::take(&mut self.rq) {
+            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
         }
         if self.terminate_sent {
             // The Terminate is the last chunk queued; drop everything before it that was not

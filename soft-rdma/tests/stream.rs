@@ -24,6 +24,10 @@ struct Side {
 }
 
 fn side(qp: u32, crc: bool, ord: u16) -> Side {
+    side_with(qp, crc, ord, false)
+}
+
+fn side_with(qp: u32, crc: bool, ord: u16, remote_completion: bool) -> Side {
     let dev = Device::new();
     let pd = dev.alloc_pd();
     let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
@@ -34,7 +38,7 @@ fn side(qp: u32, crc: bool, ord: u16) -> Side {
         mulpdu: 1024,
         ird: 4,
         ord,
-        remote_completion: false,
+        remote_completion,
     };
     let stream = Stream::new(dev.clone(), cfg, scq.clone(), rcq.clone());
     Side {
@@ -829,4 +833,106 @@ fn a_peer_exceeding_the_negotiated_ird_is_terminated() {
         wcs.iter().any(|w| w.status == WcStatus::RemOpErr),
         "{wcs:?}"
     );
+}
+
+#[test]
+fn send_queue_completions_come_in_posting_order() {
+    // Completions follow the posting order, as verbs requires, whatever mix of operations was
+    // posted: with remote completion because the peer answers in order, with local completion
+    // because a Write finished early waits for the Read posted before it.
+    for remote_completion in [true, false] {
+        let (mut a, mut b) = (
+            side_with(1, false, 4, remote_completion),
+            side_with(2, false, 4, remote_completion),
+        );
+        let remote = Guarded::new(
+            &b,
+            4096,
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            0,
+        );
+        let inbox = Guarded::new(&b, 64, Access::LOCAL_WRITE, 0);
+        let local = Guarded::new(&a, 4096, Access::LOCAL_WRITE, 3);
+        b.stream
+            .post_recv(RecvWr {
+                wr_id: 100,
+                sges: vec![inbox.sge(0, 64)],
+            })
+            .unwrap();
+        let ops = [
+            (
+                SendOp::Write {
+                    remote_addr: remote.addr(),
+                    rkey: remote.stag(),
+                },
+                local.sge(0, 2000),
+                WcOpcode::RdmaWrite,
+            ),
+            (
+                SendOp::Read {
+                    remote_addr: remote.addr() + 2048,
+                    rkey: remote.stag(),
+                },
+                local.sge(2048, 1000),
+                WcOpcode::RdmaRead,
+            ),
+            (
+                SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                local.sge(0, 32),
+                WcOpcode::Send,
+            ),
+            (
+                SendOp::FetchAdd {
+                    remote_addr: remote.addr() + 4088,
+                    rkey: remote.stag(),
+                    add: 1,
+                },
+                local.sge(4088, 8),
+                WcOpcode::FetchAdd,
+            ),
+            (
+                SendOp::Write {
+                    remote_addr: remote.addr() + 3000,
+                    rkey: remote.stag(),
+                },
+                local.sge(0, 10),
+                WcOpcode::RdmaWrite,
+            ),
+        ];
+        let expect: Vec<(u64, WcOpcode)> = ops
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (i as u64, o.2))
+            .collect();
+        for (i, (op, sge, _)) in ops.into_iter().enumerate() {
+            a.stream
+                .post_send(SendWr {
+                    wr_id: i as u64,
+                    op,
+                    sges: vec![sge],
+                    signaled: true,
+                    fence: false,
+                })
+                .unwrap();
+        }
+        pump(&mut a, &mut b, 97);
+        let got: Vec<(u64, WcOpcode)> = drain(&a.scq)
+            .iter()
+            .map(|w| {
+                assert_eq!(w.status, WcStatus::Success);
+                (w.wr_id, w.opcode)
+            })
+            .collect();
+        assert_eq!(got, expect);
+        assert!(
+            remote.data()[..2000].iter().all(|&x| x == 3),
+            "the first Write landed before it completed"
+        );
+    }
 }

@@ -278,6 +278,34 @@ struct QpInner {
     timeout: Duration,
     last_progress: Instant,
     closed: bool,
+    /// Its slot in the core's provider.
+    key: usize,
+    /// On the provider's active list (owed bytes, or closed and waiting to be forgotten).
+    listed: bool,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // Have the poller free the slot; the fd leaves the epoll set as it closes.
+        let key = self.key;
+        let _ = PROVIDER.try_with(|p| {
+            if let Ok(mut active) = p.active.try_borrow_mut() {
+                active.push(key);
+            } else {
+                p.late.borrow_mut().push(key);
+            }
+        });
+    }
+}
+
+/// Puts a queue pair on the active list if it needs the poller's attention beyond epoll events:
+/// bytes owed (for the stall timeout and send-space retries), or a closed socket to forget.
+fn mark_active(i: &mut QpInner) {
+    if !i.listed && (i.closed || i.stream.awaiting_peer()) {
+        i.listed = true;
+        let key = i.key;
+        PROVIDER.with(|p| p.active.borrow_mut().push(key));
+    }
 }
 
 /// A connected reliable queue pair of the software provider.
@@ -316,6 +344,8 @@ impl QueuePair {
             timeout: opts.timeout,
             last_progress: Instant::now(),
             closed: false,
+            key: usize::MAX,
+            listed: false,
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));
@@ -364,6 +394,7 @@ fn close(i: &mut QpInner, read_status: WcStatus) {
         // SAFETY: shutting down our own socket.
         unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
     }
+    mark_active(i);
 }
 
 /// Moves bytes for one queue pair. True if anything moved.
@@ -408,6 +439,7 @@ fn service(i: &mut QpInner, readable: bool) -> bool {
     if moved {
         i.last_progress = Instant::now();
     }
+    mark_active(i);
     moved
 }
 
@@ -489,6 +521,11 @@ struct Provider {
     /// closes its socket (the peer sees the connection end) and frees its slot here.
     qps: RefCell<Vec<Option<Weak<RefCell<QpInner>>>>>,
     free: RefCell<Vec<usize>>,
+    /// Slots the poller must look at each pass; idle queue pairs are not on it, so a core with
+    /// a thousand quiet connections pays nothing for them.
+    active: RefCell<Vec<usize>>,
+    /// Slots freed while `active` was borrowed (a queue pair dropped during a pass).
+    late: RefCell<Vec<usize>>,
     next_qp: Cell<u32>,
     registered: Cell<bool>,
     timer_armed: Cell<bool>,
@@ -501,6 +538,8 @@ thread_local! {
             epfd: Cell::new(None),
             qps: RefCell::new(Vec::new()),
             free: RefCell::new(Vec::new()),
+            active: RefCell::new(Vec::new()),
+            late: RefCell::new(Vec::new()),
             next_qp: Cell::new(1),
             registered: Cell::new(false),
             timer_armed: Cell::new(false),
@@ -536,6 +575,8 @@ impl Provider {
                 close(&mut qp.borrow_mut(), WcStatus::WrFlushErr);
             }
             self.free.take();
+            self.active.take();
+            self.late.take();
             self.epfd.set(None);
             self.registered.set(false);
             self.timer_armed.set(false);
@@ -554,6 +595,7 @@ impl Provider {
             qps[key] = Some(Rc::downgrade(&qp.inner));
             key
         };
+        qp.inner.borrow_mut().key = key;
         let mut ev = libc::epoll_event {
             events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
             u64: key as u64,
@@ -616,18 +658,22 @@ impl Poller for ProgressPoller {
             if check_timeouts {
                 self.last_timeout_check = now;
             }
-            let count = p.qps.borrow().len();
-            for key in 0..count {
+            let mut list = std::mem::take(&mut *p.active.borrow_mut());
+            list.append(&mut p.late.borrow_mut());
+            list.retain(|&key| {
                 let Some(qp) = p.get(key) else {
-                    if p.qps.borrow()[key].is_some() {
-                        self.gone.push(key);
+                    // Dropped: free the slot (its fd already left the epoll set on close).
+                    if p.qps.borrow().get(key).is_some_and(Option::is_some) {
+                        p.qps.borrow_mut()[key] = None;
+                        p.free.borrow_mut().push(key);
                     }
-                    continue;
+                    return false;
                 };
                 let mut i = qp.borrow_mut();
                 if i.closed {
                     self.gone.push(key);
-                    continue;
+                    i.listed = false;
+                    return false;
                 }
                 if i.stream.wants_tx() {
                     moved |= service(&mut i, false);
@@ -639,15 +685,27 @@ impl Poller for ProgressPoller {
                     close(&mut i, WcStatus::RetryExcErr);
                     moved = true;
                 }
-            }
+                let keep = i.closed || i.stream.awaiting_peer();
+                i.listed = keep;
+                keep
+            });
+            // Entries added during the pass (by service or close) join the kept ones.
+            let mut active = p.active.borrow_mut();
+            list.append(&mut active);
+            list.sort_unstable();
+            list.dedup();
+            *active = list;
+            drop(active);
             for key in self.gone.drain(..) {
                 if let Some(qp) = p.get(key) {
                     let fd = qp.borrow().fd.as_raw_fd();
                     // SAFETY: removing our own socket from our epoll set.
                     unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
                 }
-                p.qps.borrow_mut()[key] = None;
-                p.free.borrow_mut().push(key);
+                if p.qps.borrow().get(key).is_some_and(Option::is_some) {
+                    p.qps.borrow_mut()[key] = None;
+                    p.free.borrow_mut().push(key);
+                }
             }
             moved
         })
@@ -662,11 +720,10 @@ impl Poller for ProgressPoller {
         // A queue pair that is owed bytes needs its stall timer to run: keep a short timer.
         PROVIDER.with(|p| {
             let waiting = p
-                .qps
+                .active
                 .borrow()
                 .iter()
-                .flatten()
-                .filter_map(|w| w.upgrade())
+                .filter_map(|&k| p.get(k))
                 .any(|qp| {
                     let i = qp.borrow();
                     !i.closed && i.stream.awaiting_peer()

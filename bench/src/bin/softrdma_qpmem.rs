@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use barewire_engine::Runtime;
 use barewire_soft_rdma::provider::{connect, serve, ConnectOptions, Listener, RegionDescriptor};
-use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device};
+use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
+use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, WcStatus};
 
 fn rss_kib(pid: &str) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -38,7 +39,7 @@ fn rt() -> Runtime {
     Runtime::builder()
         .cores(1)
         .pin(false)
-        .idle_spin(Duration::ZERO)
+        .idle_spin(Duration::from_millis(1))
         .build()
         .unwrap()
 }
@@ -86,9 +87,48 @@ fn main() {
         let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
         let addr = format!("127.0.0.1:{port}").parse().unwrap();
         // Warm up one connection so one-time allocations (staging buffer, epoll set) are out.
-        let (first, _) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
+        let (first, desc) = connect(addr, &pd, &scq, &rcq, ConnectOptions::default())
             .await
             .unwrap();
+        let remote = RegionDescriptor::from_bytes(&desc).unwrap();
+        let mut local = vec![0u8; 64];
+        // SAFETY: `local` outlives the region (dropped at the end of this block).
+        let lmr =
+            unsafe { pd.register(local.as_mut_ptr(), local.len(), Access::LOCAL_WRITE) }.unwrap();
+        // 8 B READ round trips on the first connection; the median tells whether the idle
+        // connections cost the progress engine anything.
+        let read_p50 = |n: u64| {
+            let (first, scq, lmr) = (&first, &scq, &lmr);
+            async move {
+                let mut v = Vec::with_capacity(n as usize);
+                for i in 0..n {
+                    let t = std::time::Instant::now();
+                    let sge = Sge {
+                        addr: lmr.addr() as u64,
+                        len: 8,
+                        lkey: lmr.stag(),
+                    };
+                    let op = SendOp::Read {
+                        remote_addr: remote.addr,
+                        rkey: remote.rkey,
+                    };
+                    first
+                        .post_send(SendWr {
+                            wr_id: i,
+                            op,
+                            sges: vec![sge],
+                            signaled: true,
+                            fence: false,
+                        })
+                        .unwrap();
+                    assert_eq!(scq.next().await.status, WcStatus::Success);
+                    v.push(t.elapsed());
+                }
+                v.sort();
+                v[v.len() / 2]
+            }
+        };
+        let alone = read_p50(5000).await;
         barewire_engine::time::sleep(Duration::from_millis(100)).await;
         let (c0, s0) = (rss_kib("self"), rss_kib(&server));
         let mut qps = Vec::with_capacity(n);
@@ -102,12 +142,14 @@ fn main() {
         }
         barewire_engine::time::sleep(Duration::from_millis(200)).await;
         let (c1, s1) = (rss_kib("self"), rss_kib(&server));
+        let crowded = read_p50(5000).await;
+        println!("READ p50 on one connection: {alone:?} alone, {crowded:?} beside {n} idle ones");
         println!(
             "RESULT qps={n} client_rss_per_qp_bytes={} server_rss_per_qp_bytes={}",
             (c1 - c0) * 1024 / n as u64,
             (s1 - s0) * 1024 / n as u64
         );
-        drop((qps, first));
+        drop((qps, first, lmr));
     });
     let _ = child.kill();
     let _ = child.wait();

@@ -1,1 +1,28 @@
-//! One verbs-shaped API over RDMA hardware and the software provider. Filled by the drivers issue.
+//! barewire-drivers: one verbs-shaped API over two backends — RDMA hardware through rdma-core
+//! (`verbs`: InfiniBand, RoCE v1/v2, iWARP NICs, and Linux rxe/siw) and barewire's software
+//! provider (`soft`, iWARP over TCP).
+//!
+//! Today this crate chooses the transport: it lists the devices rdma-core sees, applies
+//! `Transport::Auto` (the first usable verbs device, otherwise soft), and refuses an explicit
+//! request for an absent transport with an error that says what to install or set. The data
+//! path behind the verbs backend is the next step of the drivers work.
+//!
+//! ```
+//! use barewire_drivers::{select, Transport};
+//! // On a machine without RDMA hardware, Auto falls back to the software provider...
+//! let chosen = select(Transport::Auto, None).unwrap();
+//! println!("using {} ({:?})", chosen.device, chosen.transport);
+//! // ...and asking for InfiniBand explicitly is a clear error, not a silent fallback.
+//! if barewire_drivers::verbs_devices().is_empty() {
+//!     let err = select(Transport::InfiniBand, None).unwrap_err();
+//!     assert!(err.to_string().contains("BAREWIRE_DRIVER=soft"));
+//! }
+//! ```
+
+#![warn(missing_docs)]
+
+mod transport;
+mod verbs;
+
+pub use transport::{select, Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
+pub use verbs::{verbs_devices, DeviceInfo};

@@ -1,0 +1,338 @@
+//! Transports, their defaults, and choosing one.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::verbs::{verbs_devices, DeviceInfo};
+
+/// Which RDMA transport to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// InfiniBand.
+    InfiniBand,
+    /// RoCE v1 (Ethernet link layer, GRH over Ethernet).
+    RoCEv1,
+    /// RoCE v2 (over UDP/IP).
+    RoCEv2,
+    /// A hardware iWARP NIC, or Linux siw.
+    IWarp,
+    /// barewire's software provider (iWARP over TCP through the engine).
+    Soft,
+    /// The first usable verbs device, otherwise `Soft`.
+    Auto,
+}
+
+impl Transport {
+    /// The defaults that suit this transport.
+    pub fn defaults(self) -> TransportDefaults {
+        match self {
+            Transport::InfiniBand => TransportDefaults {
+                mtu: 4096,
+                queue_depth: 256,
+                max_message: 1 << 30,
+                traffic_class: 0,
+                gid_index: 0,
+            },
+            // RoCE: a 1024 B path MTU fits a standard 1500 B Ethernet frame with headroom.
+            Transport::RoCEv1 => TransportDefaults {
+                mtu: 1024,
+                queue_depth: 256,
+                max_message: 1 << 30,
+                traffic_class: 0,
+                gid_index: 0,
+            },
+            // RoCE v2: DSCP 26 (AF31, traffic class 106) is the usual lossless RDMA class; the
+            // GID index of the IPv4-mapped RoCE v2 GID is commonly 3 (rdma-core's show_gids).
+            Transport::RoCEv2 => TransportDefaults {
+                mtu: 1024,
+                queue_depth: 256,
+                max_message: 1 << 30,
+                traffic_class: 106,
+                gid_index: 3,
+            },
+            Transport::IWarp => TransportDefaults {
+                mtu: 1500,
+                queue_depth: 256,
+                max_message: 1 << 30,
+                traffic_class: 0,
+                gid_index: 0,
+            },
+            Transport::Soft | Transport::Auto => TransportDefaults {
+                mtu: 16 * 1024,
+                queue_depth: 256,
+                max_message: 1 << 30,
+                traffic_class: 0,
+                gid_index: 0,
+            },
+        }
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::InfiniBand => "infiniband",
+            Transport::RoCEv1 => "roce",
+            Transport::RoCEv2 => "roce2",
+            Transport::IWarp => "iwarp",
+            Transport::Soft => "soft",
+            Transport::Auto => "auto",
+        })
+    }
+}
+
+impl FromStr for Transport {
+    type Err = DriverError;
+    fn from_str(s: &str) -> Result<Self, DriverError> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" | "" => Transport::Auto,
+            "soft" => Transport::Soft,
+            "ib" | "infiniband" => Transport::InfiniBand,
+            "roce" | "rocev1" => Transport::RoCEv1,
+            "roce2" | "rocev2" => Transport::RoCEv2,
+            "iwarp" => Transport::IWarp,
+            other => return Err(DriverError::UnknownTransport(other.to_string())),
+        })
+    }
+}
+
+/// Per-transport settings; every field can be overridden.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportDefaults {
+    /// Path MTU (verbs) or MULPDU (soft), in bytes.
+    pub mtu: u32,
+    /// Send and receive queue depth.
+    pub queue_depth: u32,
+    /// Largest message.
+    pub max_message: u64,
+    /// IP traffic class (RoCE v2: DSCP << 2).
+    pub traffic_class: u8,
+    /// GID table index.
+    pub gid_index: u8,
+}
+
+/// What the application asked for, from code or from the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverConfig {
+    /// The transport (`BAREWIRE_DRIVER`: soft, verbs, ib, roce, roce2, iwarp, auto).
+    pub transport: Transport,
+    /// Only a hardware (verbs) device will do: `BAREWIRE_DRIVER=verbs`, which takes the first
+    /// verbs device of any transport and never falls back to the software provider.
+    pub verbs_only: bool,
+    /// A device name (`BAREWIRE_DEVICE`, e.g. `mlx5_0` or `siw0`).
+    pub device: Option<String>,
+}
+
+impl DriverConfig {
+    /// Reads `BAREWIRE_DRIVER` and `BAREWIRE_DEVICE` (Auto and any device when unset).
+    pub fn from_env() -> Result<DriverConfig, DriverError> {
+        let driver = std::env::var("BAREWIRE_DRIVER").unwrap_or_default();
+        let device = std::env::var("BAREWIRE_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty());
+        DriverConfig::parse(&driver, device)
+    }
+
+    /// As `from_env`, from the two values.
+    pub fn parse(driver: &str, device: Option<String>) -> Result<DriverConfig, DriverError> {
+        let verbs_only = driver.eq_ignore_ascii_case("verbs");
+        let transport = if verbs_only {
+            Transport::Auto
+        } else {
+            driver.parse()?
+        };
+        Ok(DriverConfig {
+            transport,
+            verbs_only,
+            device,
+        })
+    }
+
+    /// Chooses the transport and device this configuration asks for (see [`select`]).
+    pub fn select(&self) -> Result<Chosen, DriverError> {
+        let devs = verbs_devices();
+        if self.verbs_only && devs.is_empty() {
+            return Err(DriverError::NoDevice {
+                transport: "verbs".into(),
+                found: describe(&devs),
+            });
+        }
+        select_from(self.transport, self.device.as_deref(), &devs)
+    }
+}
+
+/// Why no transport could be chosen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    /// A transport name nobody knows.
+    #[error("unknown transport {0:?}: use soft, verbs, ib, roce, roce2, iwarp or auto")]
+    UnknownTransport(String),
+    /// The requested transport has no device here.
+    #[error(
+        "no {transport} RDMA device found (rdma-core sees {found}); install rdma-core and the NIC's driver, \
+         or for testing load a software device (rdma link add siw0 type siw netdev <if>), \
+         or set BAREWIRE_DRIVER=soft to use barewire's software provider"
+    )]
+    NoDevice {
+        /// What was asked for.
+        transport: String,
+        /// What rdma-core does see, for the message.
+        found: String,
+    },
+    /// `BAREWIRE_DEVICE` names a device that does not exist.
+    #[error("no RDMA device named {name:?} (rdma-core sees {found}); check BAREWIRE_DEVICE")]
+    NoSuchDevice {
+        /// The name asked for.
+        name: String,
+        /// What rdma-core does see.
+        found: String,
+    },
+}
+
+/// The transport and device that will be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chosen {
+    /// The transport.
+    pub transport: Transport,
+    /// The device name (`soft` for the software provider).
+    pub device: String,
+    /// Its defaults.
+    pub defaults: TransportDefaults,
+}
+
+fn describe(devs: &[DeviceInfo]) -> String {
+    if devs.is_empty() {
+        return "no devices".into();
+    }
+    devs.iter()
+        .map(|d| format!("{} ({})", d.name, d.transport))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Chooses the transport and device: `Auto` takes the first usable verbs device (or the named
+/// one) and otherwise the software provider, and says which on stderr; an explicit hardware
+/// transport with no matching device is an error, never a silent fallback.
+pub fn select(transport: Transport, device: Option<&str>) -> Result<Chosen, DriverError> {
+    select_from(transport, device, &verbs_devices())
+}
+
+pub(crate) fn select_from(
+    transport: Transport,
+    device: Option<&str>,
+    devs: &[DeviceInfo],
+) -> Result<Chosen, DriverError> {
+    let soft = || Chosen {
+        transport: Transport::Soft,
+        device: "soft".into(),
+        defaults: Transport::Soft.defaults(),
+    };
+    if transport == Transport::Soft {
+        return Ok(soft());
+    }
+    let named = |d: &&DeviceInfo| device.map_or(true, |n| d.name == n);
+    if let Some(name) = device {
+        if !devs.iter().any(|d| d.name == name) && name != "soft" {
+            return Err(DriverError::NoSuchDevice {
+                name: name.into(),
+                found: describe(devs),
+            });
+        }
+        if name == "soft" {
+            return Ok(soft());
+        }
+    }
+    let pick = devs
+        .iter()
+        .filter(named)
+        .find(|d| transport == Transport::Auto || d.transport == transport);
+    match (pick, transport) {
+        (Some(d), _) => {
+            if transport == Transport::Auto {
+                eprintln!("barewire: using RDMA device {} ({})", d.name, d.transport);
+            }
+            Ok(Chosen {
+                transport: d.transport,
+                device: d.name.clone(),
+                defaults: d.transport.defaults(),
+            })
+        }
+        (None, Transport::Auto) => {
+            eprintln!(
+                "barewire: no usable RDMA device; using the software provider (iWARP over TCP)"
+            );
+            Ok(soft())
+        }
+        (None, t) => Err(DriverError::NoDevice {
+            transport: t.to_string(),
+            found: describe(devs),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(name: &str, t: Transport) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            transport: t,
+        }
+    }
+
+    #[test]
+    fn auto_prefers_a_verbs_device_and_falls_back_to_soft() {
+        let devs = [
+            dev("siw0", Transport::IWarp),
+            dev("mlx5_0", Transport::RoCEv2),
+        ];
+        assert_eq!(
+            select_from(Transport::Auto, None, &devs).unwrap().device,
+            "siw0"
+        );
+        assert_eq!(
+            select_from(Transport::Auto, Some("mlx5_0"), &devs)
+                .unwrap()
+                .transport,
+            Transport::RoCEv2
+        );
+        assert_eq!(
+            select_from(Transport::Auto, None, &[]).unwrap().transport,
+            Transport::Soft
+        );
+    }
+
+    #[test]
+    fn an_absent_transport_is_an_error_that_says_what_to_do() {
+        let devs = [dev("siw0", Transport::IWarp)];
+        let e = select_from(Transport::InfiniBand, None, &devs).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("infiniband")
+                && msg.contains("siw0 (iwarp)")
+                && msg.contains("BAREWIRE_DRIVER=soft"),
+            "{msg}"
+        );
+        let e = select_from(Transport::Auto, Some("mlx5_9"), &devs).unwrap_err();
+        assert!(matches!(e, DriverError::NoSuchDevice { .. }), "{e}");
+        assert_eq!(
+            select_from(Transport::IWarp, None, &devs).unwrap().device,
+            "siw0"
+        );
+    }
+
+    #[test]
+    fn names_parse_and_defaults_differ_per_transport() {
+        assert_eq!("ib".parse::<Transport>().unwrap(), Transport::InfiniBand);
+        let verbs = DriverConfig::parse("verbs", None).unwrap();
+        assert!(verbs.verbs_only && verbs.transport == Transport::Auto);
+        assert_eq!("ROCE2".parse::<Transport>().unwrap(), Transport::RoCEv2);
+        assert!("carrier-pigeon".parse::<Transport>().is_err());
+        assert_eq!(Transport::RoCEv2.defaults().traffic_class, 106);
+        assert_ne!(
+            Transport::InfiniBand.defaults().mtu,
+            Transport::RoCEv2.defaults().mtu
+        );
+    }
+}

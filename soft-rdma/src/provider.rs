@@ -406,16 +406,16 @@ fn service(i: &mut QpInner, readable: bool) -> bool {
     let mut moved = false;
     // Transmit.
     while i.stream.wants_tx() {
-        let mut iov = Vec::with_capacity(64);
-        i.stream.tx_iovecs(&mut iov, 64);
-        // SAFETY: msghdr over iovecs that borrow live memory for the duration of the call.
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let count = i.stream.tx_iovecs(&mut iov);
+        // SAFETY: msghdr over iovecs (IoSlice is ABI-compatible with iovec on Unix) that borrow
+        // live memory for the duration of the call.
         let n = unsafe {
             let mut msg: libc::msghdr = std::mem::zeroed();
             msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-            msg.msg_iovlen = iov.len();
+            msg.msg_iovlen = count;
             libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
         };
-        drop(iov);
         if n > 0 {
             i.stream.tx_advance(n as usize);
             moved = true;

@@ -270,10 +270,9 @@ enum Place {
 ///
 /// // The I/O layer's job: A's gather list out, into B's receive buffer.
 /// let mut wire = Vec::new();
-/// let mut iov = Vec::new();
-/// a.tx_iovecs(&mut iov, 64);
-/// iov.iter().for_each(|s| wire.extend_from_slice(s));
-/// drop(iov);
+/// let mut iov = [std::io::IoSlice::new(&[]); 64];
+/// let n = a.tx_iovecs(&mut iov);
+/// iov[..n].iter().for_each(|s| wire.extend_from_slice(s));
 /// a.tx_advance(wire.len());
 /// b.rx_feed(&wire);
 ///
@@ -782,9 +781,11 @@ impl Stream {
         !self.tx.is_empty()
     }
 
-    /// Fills `out` with the bytes to send next, in order (at most `max` slices).
-    pub fn tx_iovecs<'a>(&'a self, out: &mut Vec<IoSlice<'a>>, max: usize) {
-        for (i, c) in self.tx.iter().enumerate().take(max) {
+    /// Fills `out` with the bytes to send next, in order, and returns how many slices it
+    /// filled. A caller-owned array keeps the transmit path free of allocations.
+    pub fn tx_iovecs<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        let n = out.len().min(self.tx.len());
+        for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
                 Chunk::Owned(v) => &v[skip..],
@@ -792,8 +793,9 @@ impl Stream {
                 // keeps alive and unchanged until the work request completes.
                 Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },
             };
-            out.push(IoSlice::new(s));
+            out[i] = IoSlice::new(s);
         }
+        n
     }
 
     /// `n` bytes from the front of `tx_iovecs` were sent: releases them and completes the work

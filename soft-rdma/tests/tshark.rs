@@ -437,6 +437,32 @@ fn parse_u<T: TryFrom<u64>>(s: &str) -> Option<T> {
     T::try_from(v).ok()
 }
 
+/// Asserts tshark finds no malformed frame, no warning and no bad CRC in `pcap`; returns how
+/// many CRCs it checked.
+fn assert_clean(pcap: &Path) -> usize {
+    let problems = tshark(
+        pcap,
+        &[
+            "-Y",
+            "_ws.malformed || _ws.expert.severity >= warning",
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+            "-e",
+            "_ws.expert.message",
+        ],
+    );
+    assert!(
+        problems.trim().is_empty(),
+        "tshark reported problems in {}:\n{problems}",
+        pcap.display()
+    );
+    let (checked, bad) = crc_verdicts(pcap);
+    assert_eq!(bad, 0, "no FPDU has a bad CRC ({checked} checked)");
+    checked
+}
+
 /// Counts CRC verdicts in tshark's verbose MPA output: (checked, bad).
 fn crc_verdicts(pcap: &Path) -> (usize, usize) {
     let verbose = tshark(pcap, &["-O", "iwarp_mpa"]);
@@ -455,28 +481,8 @@ fn tshark_decodes_every_frame_we_encode() {
     write_pcap(&path, &conns);
 
     // 1. Nothing malformed, no CRC complaint.
-    let problems = tshark(
-        &path,
-        &[
-            "-Y",
-            "_ws.malformed || _ws.expert.severity >= warning",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.message",
-        ],
-    );
-    assert!(
-        problems.trim().is_empty(),
-        "tshark reported problems in {}:\n{problems}",
-        path.display()
-    );
-
-    let (checked, bad) = crc_verdicts(&path);
+    let checked = assert_clean(&path);
     assert!(checked > 0, "tshark checked the CRC of the CRC-on sessions");
-    assert_eq!(bad, 0, "no FPDU has a bad CRC ({checked} checked)");
 
     // 2. MPA frames: requests, replies, the rejection, CRC flags.
     let mpa = tshark(
@@ -733,29 +739,10 @@ fn a_live_provider_session_decodes_in_tshark() {
         barewire_engine::time::sleep(Duration::from_millis(200)).await;
     });
     // SAFETY: SIGINT to our own child makes tshark finish the file.
-    unsafe { libc_kill(cap.id() as i32, 2) };
+    unsafe { libc::kill(cap.id() as i32, libc::SIGINT) };
     cap.wait().unwrap();
-    let problems = tshark(
-        &path,
-        &[
-            "-Y",
-            "_ws.malformed || _ws.expert.severity >= warning",
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-            "-e",
-            "_ws.expert.message",
-        ],
-    );
-    assert!(
-        problems.trim().is_empty(),
-        "tshark reported problems in {}:\n{problems}",
-        path.display()
-    );
-    let (checked, bad) = crc_verdicts(&path);
+    let checked = assert_clean(&path);
     assert!(checked > 10, "CRCs were checked ({checked})");
-    assert_eq!(bad, 0);
     let ops = tshark(
         &path,
         &[
@@ -780,9 +767,4 @@ fn a_live_provider_session_decodes_in_tshark() {
         ops.lines().count()
     );
     let _ = std::fs::remove_file(path);
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, sig: i32) -> i32;
 }

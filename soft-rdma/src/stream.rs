@@ -29,9 +29,10 @@ use crate::verbs::{
     Access, CompletionQueue, Device, QpState, Stag, Violation, WcOpcode, WcStatus, WorkCompletion,
 };
 use crate::wire::{
-    qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader, DdpUntaggedErrorCode,
-    ImmediateData, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode, ReadRequest, Reassembly,
-    Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
+    fpdu_trailer_after, qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader,
+    DdpUntaggedErrorCode, ImmediateData, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode,
+    ReadRequest, Reassembly, Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN,
+    UNTAGGED_HEADER_LEN,
 };
 
 /// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
@@ -173,15 +174,21 @@ pub enum PostError {
     State(QpState),
 }
 
+/// Room for any header, trailer or whole control FPDU (the largest, an Atomic Request, is
+/// 2 + 18 + 56 + 7 = 83 bytes), so queuing one never allocates.
+const INLINE: usize = 96;
+
 enum Chunk {
-    Owned(Vec<u8>),
+    /// Bytes of ours: a header, a trailer, a control message.
+    Inline([u8; INLINE], u8),
+    /// Payload bytes in a registered region, sent from where they are.
     Raw(*const u8, usize),
 }
 
 impl Chunk {
     fn len(&self) -> usize {
         match self {
-            Chunk::Owned(v) => v.len(),
+            Chunk::Inline(_, n) => *n as usize,
             Chunk::Raw(_, n) => *n,
         }
     }
@@ -720,13 +727,18 @@ impl Stream {
                 header: header(off),
                 payload: &[],
             };
-            let mut head = vec![0u8; FPDU_HEADER_LEN + hlen];
+            let mut head = [0u8; INLINE];
             let ulpdu_len = hlen + len;
             head[..2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
             seg.encode_header(&mut head[2..])
                 .expect("sized for the header");
-            let mut crc = crc32c::crc32c(&head);
-            self.push(Chunk::Owned(head));
+            let head_len = FPDU_HEADER_LEN + hlen;
+            let mut crc = if self.cfg.crc {
+                crc32c::crc32c(&head[..head_len])
+            } else {
+                0
+            };
+            self.push(Chunk::Inline(head, head_len as u8));
             let mut left = len;
             while left > 0 {
                 let (p, n) = extents[ext];
@@ -747,13 +759,11 @@ impl Stream {
                     ext_off = 0;
                 }
             }
-            let pad = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4;
-            let mut tail = vec![0u8; pad + 4];
-            if self.cfg.crc {
-                crc = crc32c::crc32c_append(crc, &tail[..pad]);
-                tail[pad..].copy_from_slice(&crc.to_le_bytes());
-            }
-            self.push(Chunk::Owned(tail));
+            let mut tail = [0u8; 8];
+            let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
+            let mut inline = [0u8; INLINE];
+            inline[..n].copy_from_slice(&tail[..n]);
+            self.push(Chunk::Inline(inline, n as u8));
         }
     }
 
@@ -770,10 +780,23 @@ impl Stream {
             },
             payload: body,
         };
-        let mut v = Vec::with_capacity(FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN + body.len() + 8);
-        seg.encode_fpdu(self.cfg.crc, &mut v)
-            .expect("control messages fit");
-        self.push(Chunk::Owned(v));
+        let mut b = [0u8; INLINE];
+        let ulpdu_len = UNTAGGED_HEADER_LEN + body.len();
+        b[..2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+        seg.encode_header(&mut b[2..])
+            .expect("sized for the header");
+        let at = FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN;
+        b[at..at + body.len()].copy_from_slice(body);
+        let end = at + body.len();
+        let crc = if self.cfg.crc {
+            crc32c::crc32c(&b[..end])
+        } else {
+            0
+        };
+        let mut tail = [0u8; 8];
+        let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
+        b[end..end + n].copy_from_slice(&tail[..n]);
+        self.push(Chunk::Inline(b, (end + n) as u8));
     }
 
     /// True if bytes wait to be sent.
@@ -788,7 +811,7 @@ impl Stream {
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
-                Chunk::Owned(v) => &v[skip..],
+                Chunk::Inline(b, n) => &b[skip..*n as usize],
                 // SAFETY: Raw chunks point into checked local regions that the verbs contract
                 // keeps alive and unchanged until the work request completes.
                 Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },

@@ -50,13 +50,25 @@ pub fn encode_fpdu_header(
 /// returns the bytes written (4 to 7). `pieces` are every byte before the pad: the header and
 /// the ULPDU's parts.
 pub fn fpdu_trailer(pieces: &[&[u8]], ulpdu_len: usize, crc: bool, out: &mut [u8; 8]) -> usize {
+    let so_far = if crc { crc32c_fpdu(pieces) } else { 0 };
+    fpdu_trailer_after(so_far, ulpdu_len, crc, out)
+}
+
+/// As [`fpdu_trailer`], for a sender that accumulated the CRC32c of the bytes before the pad
+/// itself (with `crc32c::crc32c_append`, starting from 0) as it queued them.
+pub fn fpdu_trailer_after(
+    crc_so_far: u32,
+    ulpdu_len: usize,
+    crc: bool,
+    out: &mut [u8; 8],
+) -> usize {
     let pad = pad_len(ulpdu_len);
     out[..pad].fill(0);
     if !crc {
         out[pad..pad + 4].fill(0);
         return pad + 4;
     }
-    let c = crc32c::crc32c_append(crc32c_fpdu(pieces), &out[..pad]);
+    let c = crc32c::crc32c_append(crc_so_far, &out[..pad]);
     // Linux (siw) writes the CRC least significant byte first.
     out[pad..pad + 4].copy_from_slice(&c.to_le_bytes());
     pad + 4

@@ -42,7 +42,10 @@ pub use error::{
     DdpTaggedErrorCode, DdpUntaggedErrorCode, Layer, MpaErrorCode, RdmapErrorCode, RdmapErrorType,
     TermCode, WireError,
 };
-pub use fpdu::{crc32c_fpdu, encode_fpdu_header, fpdu_trailer, Deframer, Fpdu, FPDU_HEADER_LEN};
+pub use fpdu::{
+    crc32c_fpdu, encode_fpdu_header, fpdu_trailer, fpdu_trailer_after, Deframer, Fpdu,
+    FPDU_HEADER_LEN,
+};
 pub use mpa::{
     negotiate, MpaFrame, MpaKind, MpaSettings, Negotiated, Reject, Rev2Params, MPA_HEADER_LEN,
     MPA_MAX_PRIVATE_DATA,

@@ -529,6 +529,10 @@ struct Provider {
     next_qp: Cell<u32>,
     registered: Cell<bool>,
     timer_armed: Cell<bool>,
+    /// A poll on the epoll fd is in flight through the engine's reactor (the interrupt source).
+    /// It is armed only when the core is about to sleep: while the core spins, the poller's own
+    /// `epoll_wait` sees every event and an armed poll would only cost a completion per message.
+    irq_armed: Cell<bool>,
 }
 
 thread_local! {
@@ -543,6 +547,7 @@ thread_local! {
             next_qp: Cell::new(1),
             registered: Cell::new(false),
             timer_armed: Cell::new(false),
+            irq_armed: Cell::new(false),
         }
     };
 }
@@ -580,6 +585,7 @@ impl Provider {
             self.epfd.set(None);
             self.registered.set(false);
             self.timer_armed.set(false);
+            self.irq_armed.set(false);
         }
     }
 
@@ -608,16 +614,9 @@ impl Provider {
                 events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
                 last_timeout_check: Instant::now(),
                 gone: Vec::new(),
+                passes: 0,
+                skipped_epoll: false,
             }));
-            // The interrupt source: wake the core whenever the epoll set has events.
-            barewire_engine::spawn_local(async move {
-                loop {
-                    if barewire_engine::poll_readable(epfd).await.is_err() {
-                        return;
-                    }
-                    barewire_engine::yield_now().await;
-                }
-            });
         }
     }
 
@@ -626,17 +625,30 @@ impl Provider {
     }
 }
 
+/// A core with at most this many queue pairs busy-polls them with `recv` directly instead of
+/// asking `epoll_wait` first: one system call per pass instead of two when data is there.
+pub const DIRECT_POLL_MAX: usize = 4;
+
+/// In direct mode, `epoll_wait` still runs every this many passes, to drain stale edges and to
+/// see send space and hang-ups.
+const EPOLL_EVERY: u32 = 64;
+
 struct ProgressPoller {
+    passes: u32,
+    /// A direct pass ran since the last `epoll_wait`: the ready list may hold stale edges that
+    /// would wake a sleeping core at once, so drain it before sleeping.
+    skipped_epoll: bool,
     events: Vec<libc::epoll_event>,
     last_timeout_check: Instant,
     gone: Vec<usize>,
 }
 
-impl Poller for ProgressPoller {
-    fn poll(&mut self) -> bool {
-        PROVIDER.with(|p| {
-            let epfd = p.epfd();
-            let mut moved = false;
+impl ProgressPoller {
+    /// Serves what `epoll_wait` reports. True if anything moved.
+    fn drain_epoll(&mut self, p: &Provider, epfd: RawFd) -> bool {
+        self.skipped_epoll = false;
+        let mut moved = false;
+        loop {
             // SAFETY: events is a valid buffer of len entries.
             let n = unsafe {
                 libc::epoll_wait(epfd, self.events.as_mut_ptr(), self.events.len() as i32, 0)
@@ -650,16 +662,44 @@ impl Poller for ProgressPoller {
                     moved |= service(&mut qp.borrow_mut(), readable);
                 }
             }
+            if (n.max(0) as usize) < self.events.len() {
+                return moved;
+            }
+        }
+    }
+}
+
+impl Poller for ProgressPoller {
+    fn poll(&mut self) -> bool {
+        PROVIDER.with(|p| {
+            let epfd = p.epfd();
+            let mut moved = false;
+            self.passes = self.passes.wrapping_add(1);
+            let live = p.qps.borrow().len() - p.free.borrow().len();
+            if live <= DIRECT_POLL_MAX && self.passes % EPOLL_EVERY != 0 {
+                self.skipped_epoll = true;
+                let count = p.qps.borrow().len();
+                for key in 0..count {
+                    if let Some(qp) = p.get(key) {
+                        moved |= service(&mut qp.borrow_mut(), true);
+                    }
+                }
+            } else {
+                moved |= self.drain_epoll(p, epfd);
+            }
             // Queue pairs with bytes waiting for socket space, the stall timeout, and slots of
             // queue pairs that were dropped or closed.
+            let mut list = std::mem::take(&mut *p.active.borrow_mut());
+            list.append(&mut p.late.borrow_mut());
+            if list.is_empty() {
+                return moved; // nothing owed: no clock read, no list work
+            }
             let now = Instant::now();
             let check_timeouts =
                 now.duration_since(self.last_timeout_check) >= Duration::from_millis(1);
             if check_timeouts {
                 self.last_timeout_check = now;
             }
-            let mut list = std::mem::take(&mut *p.active.borrow_mut());
-            list.append(&mut p.late.borrow_mut());
             list.retain(|&key| {
                 let Some(qp) = p.get(key) else {
                     // Dropped: free the slot (its fd already left the epoll set on close).
@@ -719,6 +759,13 @@ impl Poller for ProgressPoller {
         // Bytes waiting for socket space are driven by the EPOLLOUT edge, which wakes the core.
         // A queue pair that is owed bytes needs its stall timer to run: keep a short timer.
         PROVIDER.with(|p| {
+            if self.skipped_epoll {
+                // Edges consumed by direct receives are still on the ready list; serve what it
+                // holds now so the armed poll below does not fire for nothing.
+                if self.drain_epoll(p, p.epfd()) {
+                    return false;
+                }
+            }
             let waiting = p
                 .active
                 .borrow()
@@ -734,6 +781,17 @@ impl Poller for ProgressPoller {
                     PROVIDER.with(|p| p.timer_armed.set(false));
                 });
                 return false; // run the new timer task before sleeping
+            }
+            if !p.irq_armed.replace(true) {
+                // Wake the core when the epoll set has events. The epoll fd is readable while
+                // its ready list is non-empty, so an event that arrived since the last
+                // `epoll_wait` completes the poll at once.
+                let epfd = p.epfd();
+                barewire_engine::spawn_local(async move {
+                    let _ = barewire_engine::poll_readable(epfd).await;
+                    PROVIDER.with(|p| p.irq_armed.set(false));
+                });
+                return false; // submit the poll before sleeping
             }
             true
         })

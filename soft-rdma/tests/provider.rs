@@ -436,3 +436,63 @@ fn sixteen_mib_write_and_read_round_trip() {
         assert!(back == src, "and came back intact");
     });
 }
+
+/// A core whose queue pairs are idle sleeps (the poller's interrupt source is armed only on the
+/// way to sleep and does not fire for nothing), and a message from another core still wakes it.
+#[test]
+fn an_idle_core_sleeps_and_wakes_for_a_message() {
+    let (tx, rx) = std::sync::mpsc::channel::<std::net::SocketAddr>();
+    let sender = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let a = end();
+            let mut buf = vec![7u8; 64];
+            let amr = reg(&a.pd, &mut buf, Access::LOCAL_WRITE);
+            let addr = rx.recv().unwrap();
+            let (qa, _) = connect(addr, &a.pd, &a.scq, &a.rcq, ConnectOptions::default())
+                .await
+                .unwrap();
+            // Let the receiver go idle first.
+            barewire_engine::time::sleep(Duration::from_millis(300)).await;
+            qa.post_send(SendWr {
+                wr_id: 9,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![sge(&amr, 0, 64)],
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+            assert_eq!(a.scq.next().await.status, WcStatus::Success);
+        })
+    });
+    rt().block_on(async move {
+        let b = end();
+        let mut buf = vec![0u8; 64];
+        let bmr = reg(&b.pd, &mut buf, Access::LOCAL_WRITE);
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
+        tx.send(l.local_addr().unwrap()).unwrap();
+        let (qb, _) = l.accept(&b.pd, &b.scq, &b.rcq).await.unwrap();
+        qb.post_recv(RecvWr {
+            wr_id: 1,
+            sges: vec![sge(&bmr, 0, 64)],
+        })
+        .unwrap();
+        let before = barewire_engine::stats();
+        let wc = timeout(Duration::from_secs(5), b.rcq.next())
+            .await
+            .expect("the message woke the sleeping core");
+        let after = barewire_engine::stats();
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 64));
+        assert!(after.sleeps > before.sleeps, "the core slept: {after:?}");
+        // About 300 ms idle: a handful of sleeps (the timer, the wake), not a spin of
+        // wake-ups caused by an interrupt source that keeps firing.
+        assert!(
+            after.poller_passes - before.poller_passes < 40,
+            "idle passes: {before:?} -> {after:?}"
+        );
+        drop(bmr);
+    });
+    sender.join().unwrap();
+}

@@ -2,6 +2,7 @@
 //! (barewire, tokio, monoio) so the three are measured doing exactly the same thing.
 
 pub mod echo;
+pub mod perf;
 
 /// Pins the calling thread to `cpu` (if the machine has it).
 pub fn pin(cpu: usize) {

@@ -1,0 +1,790 @@
+//! Running one test: the server side, the client side that measures, and `--loopback`, which
+//! runs the server as a child process.
+//!
+//! The client describes the run (test, sizes, iterations, depth) and its region in the MPA
+//! private data, so a server started with just the test name follows whatever the client asks.
+//! Both sides lay out their registered buffer the same way:
+//!
+//! ```text
+//! [ control: 4 KiB ][ receive area: max size ][ send area: max size ]
+//!   0..8    send_bw credits (written by the server)
+//!   8..16   the atomic target
+//!   16..24  the server's credit counter (the source of its credit WRITEs)
+//!   24..32  "server ready" flag (written by the server once its receives are posted)
+//!   32..40  the local atomic result
+//!   40..48  the value the server writes as the ready flag
+//! ```
+
+use std::cell::Cell;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::{Command as Process, Stdio};
+use std::time::{Duration, Instant};
+
+use barewire_engine::{yield_now, Runtime};
+use barewire_soft_rdma::provider::{
+    connect, ConnectOptions, Listener, QueuePair, RegionDescriptor,
+};
+use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
+use barewire_soft_rdma::verbs::{
+    Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, WcStatus,
+};
+use barewire_soft_rdma::wire::MpaSettings;
+use hdrhistogram::Histogram;
+
+use super::cli::{AtomicOp, RunArgs, Test};
+use super::table::{BwRow, LatRow, BW_HEADER, LAT_HEADER, RULE};
+
+const CTRL: usize = 4096;
+const CREDITS: usize = 0;
+const ATOMIC: usize = 8;
+const CREDIT_SRC: usize = 16;
+const READY: usize = 24;
+const ATOMIC_RESULT: usize = 32;
+const READY_SRC: usize = 40;
+/// Receives the server keeps posted for `send_bw`; the client never has more unanswered sends.
+const RX_DEPTH: u64 = 512;
+/// The server returns credits every this many receives.
+const CREDIT_EVERY: u64 = 16;
+const MAGIC: &[u8; 4] = b"BWPF";
+
+/// What one run measured.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Latency rows with their histograms (nanoseconds), one per size.
+    pub lat: Vec<(LatRow, Histogram<u64>)>,
+    /// Bandwidth rows, one per size.
+    pub bw: Vec<BwRow>,
+}
+
+/// Uncounted warm-up iterations before each latency size (both sides of a ping-pong agree).
+pub fn warmup(iters: u64) -> u64 {
+    (iters / 10).clamp(10, 1000)
+}
+
+/// Runs what `args` asks: a server, a client, or both (`--loopback`). The client prints its
+/// rows as they are measured (a table or JSON lines) and returns them.
+pub fn run(args: &RunArgs) -> Result<Outcome, String> {
+    check_driver(&args.driver)?;
+    if args.loopback {
+        return loopback(args);
+    }
+    match &args.server {
+        None => server(args).map(|()| Outcome::default()),
+        Some(host) => {
+            let addr = (host.as_str(), args.port)
+                .to_socket_addrs()
+                .map_err(|e| format!("{host}: {e}"))?
+                .next()
+                .ok_or_else(|| format!("{host}: no address"))?;
+            client(args, addr)
+        }
+    }
+}
+
+/// barewire-perf measures the software provider; the driver name is resolved the way
+/// `BAREWIRE_DRIVER` is, so an absent device is the drivers' clear error.
+fn check_driver(name: &str) -> Result<(), String> {
+    let cfg = barewire_drivers::DriverConfig::parse(name, std::env::var("BAREWIRE_DEVICE").ok())
+        .map_err(|e| e.to_string())?;
+    let chosen = cfg.select().map_err(|e| e.to_string())?;
+    if chosen.transport != barewire_drivers::Transport::Soft {
+        return Err(format!(
+            "barewire-perf runs on the soft driver only so far; {} ({}) was selected. \
+             Use --driver soft.",
+            chosen.device, chosen.transport
+        ));
+    }
+    Ok(())
+}
+
+fn runtime(cpu: Option<usize>) -> Result<Runtime, String> {
+    let b = Runtime::builder().idle_spin(Duration::from_millis(1));
+    let b = match cpu {
+        Some(c) => b.core_ids(&[c]),
+        None => b.cores(1).pin(false),
+    };
+    b.build().map_err(|e| format!("runtime: {e}"))
+}
+
+/// The registered buffer: control area, receive area, send area; 8-byte aligned.
+struct Buffer {
+    _mem: Vec<u64>,
+    mr: MemoryRegion,
+    max: usize,
+}
+
+impl Buffer {
+    fn new(pd: &ProtectionDomain, max: usize) -> Result<Buffer, String> {
+        let len = CTRL + 2 * max;
+        let mut mem = vec![0u64; len.div_ceil(8)];
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // SAFETY: the Vec's heap block does not move while `mem` lives in the Buffer, and the
+        // region (dropped with it) is deregistered no later than the memory is freed.
+        let mr = unsafe { pd.register(mem.as_mut_ptr() as *mut u8, len, all) }
+            .map_err(|e| format!("register: {e:?}"))?;
+        Ok(Buffer { _mem: mem, mr, max })
+    }
+    fn at(&self, off: usize) -> u64 {
+        self.mr.addr() as u64 + off as u64
+    }
+    fn recv_area(&self) -> u64 {
+        self.at(CTRL)
+    }
+    fn send_area(&self) -> u64 {
+        self.at(CTRL + self.max)
+    }
+    fn sge(&self, addr: u64, len: usize) -> Vec<Sge> {
+        vec![Sge {
+            addr,
+            len: len as u32,
+            lkey: self.mr.stag(),
+        }]
+    }
+    fn read_u64(&self, off: usize) -> u64 {
+        // SAFETY: an aligned slot of the control area, written by the provider on the peer's
+        // behalf; read volatile because that happens outside this task.
+        unsafe { std::ptr::read_volatile(self.at(off) as *const u64) }
+    }
+    fn write_u64(&self, off: usize, v: u64) {
+        // SAFETY: an aligned slot of our own control area.
+        unsafe { std::ptr::write_volatile(self.at(off) as *mut u64, v) }
+    }
+    fn byte(&self, addr: u64) -> u8 {
+        // SAFETY: addr lies in the registered buffer; the peer's WRITE lands there.
+        unsafe { std::ptr::read_volatile(addr as *const u8) }
+    }
+    fn set_byte(&self, addr: u64, v: u8) {
+        // SAFETY: addr lies in our send area.
+        unsafe { std::ptr::write_volatile(addr as *mut u8, v) }
+    }
+}
+
+/// The run as the client describes it to the server.
+#[derive(Debug, Clone, PartialEq)]
+struct Plan {
+    test: Test,
+    atomic: AtomicOp,
+    sizes: Vec<usize>,
+    iters: u64,
+    tx_depth: u32,
+    duration_ms: u32,
+}
+
+impl Plan {
+    fn of(a: &RunArgs) -> Plan {
+        Plan {
+            test: a.test,
+            atomic: a.atomic,
+            sizes: a.sizes.clone(),
+            iters: a.iters,
+            tx_depth: a.tx_depth,
+            duration_ms: a.duration.map_or(0, |d| (d * 1000.0) as u32),
+        }
+    }
+
+    fn encode(&self, desc: &RegionDescriptor) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.push(self.test.code());
+        b.push((self.atomic == AtomicOp::CmpSwap) as u8);
+        b.push(self.sizes.len() as u8);
+        for s in &self.sizes {
+            b.extend_from_slice(&(*s as u32).to_be_bytes());
+        }
+        b.extend_from_slice(&self.iters.to_be_bytes());
+        b.extend_from_slice(&self.tx_depth.to_be_bytes());
+        b.extend_from_slice(&self.duration_ms.to_be_bytes());
+        b.extend_from_slice(&desc.to_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<(Plan, RegionDescriptor), String> {
+        let bad = || "the client's private data is not a barewire-perf plan".to_string();
+        let rest = b.strip_prefix(MAGIC).ok_or_else(bad)?;
+        let (&[test, atomic, n], rest) = rest.split_first_chunk::<3>().ok_or_else(bad)?;
+        let n = n as usize;
+        if rest.len() != n * 4 + 16 + RegionDescriptor::LEN || n == 0 {
+            return Err(bad());
+        }
+        let u32_at = |o: usize| u32::from_be_bytes(rest[o..o + 4].try_into().unwrap());
+        let sizes: Vec<usize> = (0..n).map(|i| u32_at(i * 4) as usize).collect();
+        if sizes.iter().any(|&s| s == 0 || s > super::cli::MAX_SIZE) {
+            return Err(bad());
+        }
+        let o = n * 4;
+        let plan = Plan {
+            test: Test::from_code(test).ok_or_else(bad)?,
+            atomic: if atomic == 1 {
+                AtomicOp::CmpSwap
+            } else {
+                AtomicOp::FetchAdd
+            },
+            sizes,
+            iters: u64::from_be_bytes(rest[o..o + 8].try_into().unwrap()),
+            tx_depth: u32_at(o + 8),
+            duration_ms: u32_at(o + 12),
+        };
+        let desc = RegionDescriptor::from_bytes(&rest[o + 16..]).ok_or_else(bad)?;
+        Ok((plan, desc))
+    }
+}
+
+fn options(crc: bool, private_data: Vec<u8>) -> ConnectOptions {
+    ConnectOptions {
+        mpa: MpaSettings {
+            crc,
+            ..MpaSettings::default()
+        },
+        private_data,
+        mulpdu: 16 * 1024,
+        ..ConnectOptions::default()
+    }
+}
+
+fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>, signaled: bool) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sges,
+        signaled,
+        fence: false,
+    }
+}
+
+async fn expect_ok(cq: &CompletionQueue, what: &str) -> Result<(), String> {
+    let wc = cq.next().await;
+    if wc.status == WcStatus::Success {
+        Ok(())
+    } else {
+        Err(format!("{what}: work completion {:?}", wc.status))
+    }
+}
+
+fn post_send(qp: &QueuePair, w: SendWr) -> Result<(), String> {
+    qp.post_send(w).map_err(|e| format!("post_send: {e:?}"))
+}
+
+fn post_recv(qp: &QueuePair, wr_id: u64, sges: Vec<Sge>) -> Result<(), String> {
+    qp.post_recv(RecvWr { wr_id, sges })
+        .map_err(|e| format!("post_recv: {e:?}"))
+}
+
+/// Waits, yielding to the provider, until the byte at `addr` is `v`.
+async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
+    while buf.byte(addr) != v {
+        yield_now().await;
+    }
+}
+
+fn server(args: &RunArgs) -> Result<(), String> {
+    let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
+    runtime(cpu)?.block_on(async {
+        let pd = Device::new().alloc_pd();
+        let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
+        let desc = RegionDescriptor::of(&buf.mr);
+        let l = Listener::bind(
+            SocketAddr::from(([0, 0, 0, 0], args.port)),
+            options(args.crc, desc.to_bytes().to_vec()),
+        )
+        .map_err(|e| format!("listen on port {}: {e}", args.port))?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        if args.announce {
+            println!("READY {port}");
+            let _ = std::io::stdout().flush();
+        } else {
+            eprintln!("barewire-perf: waiting for a client on port {port}");
+        }
+        let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(4096));
+        let (qp, data) = l
+            .accept(&pd, &scq, &rcq)
+            .await
+            .map_err(|e| format!("accept: {e}"))?;
+        let (plan, remote) = Plan::decode(&data)?;
+        serve(&plan, &qp, &buf, &remote, &rcq).await
+    })
+}
+
+/// The server's part: answer ping-pongs, keep receives posted and return credits, then wait
+/// for the client to hang up.
+async fn serve(
+    plan: &Plan,
+    qp: &QueuePair,
+    buf: &Buffer,
+    remote: &RegionDescriptor,
+    rcq: &CompletionQueue,
+) -> Result<(), String> {
+    let max = *plan.sizes.iter().max().unwrap();
+    let recvs = if plan.test == Test::SendBw {
+        RX_DEPTH
+    } else {
+        1
+    };
+    for i in 0..recvs {
+        post_recv(qp, i, buf.sge(buf.recv_area(), max))?;
+    }
+    // Tell the client our receives are posted.
+    buf.write_u64(READY_SRC, 1);
+    let ready = SendOp::Write {
+        remote_addr: remote.addr + READY as u64,
+        rkey: remote.rkey,
+    };
+    post_send(qp, wr(0, ready, buf.sge(buf.at(READY_SRC), 8), false))?;
+    let to_client = |off: u64| SendOp::Write {
+        remote_addr: remote.addr + off,
+        rkey: remote.rkey,
+    };
+    let mut counter = 0u64;
+    match plan.test {
+        Test::WriteLat => {
+            for &size in &plan.sizes {
+                for _ in 0..warmup(plan.iters) + plan.iters {
+                    counter += 1;
+                    let v = (counter % 255 + 1) as u8;
+                    wait_byte(buf, buf.recv_area() + size as u64 - 1, v).await;
+                    buf.set_byte(buf.send_area() + size as u64 - 1, v);
+                    let op = to_client(CTRL as u64);
+                    post_send(qp, wr(0, op, buf.sge(buf.send_area(), size), false))?;
+                }
+            }
+        }
+        Test::SendLat => {
+            for &size in &plan.sizes {
+                for _ in 0..warmup(plan.iters) + plan.iters {
+                    expect_ok(rcq, "receive").await?;
+                    post_recv(qp, 0, buf.sge(buf.recv_area(), max))?;
+                    let op = SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    };
+                    post_send(qp, wr(0, op, buf.sge(buf.send_area(), size), false))?;
+                }
+            }
+        }
+        Test::SendBw => {
+            let mut received = 0u64;
+            while rcq.next().await.status == WcStatus::Success {
+                post_recv(qp, received, buf.sge(buf.recv_area(), max))?;
+                received += 1;
+                if received % CREDIT_EVERY == 0 {
+                    buf.write_u64(CREDIT_SRC, received);
+                    let op = to_client(CREDITS as u64);
+                    post_send(qp, wr(0, op, buf.sge(buf.at(CREDIT_SRC), 8), false))?;
+                }
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    // One-sided tests need nothing from us: the provider's poller serves them. Wait for the
+    // client to hang up, which flushes the receive we keep posted.
+    while rcq.next().await.status == WcStatus::Success {}
+    Ok(())
+}
+
+fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
+    let cpu = args.cpus.as_ref().map(|c| c[0]);
+    runtime(cpu)?.block_on(async {
+        let pd = Device::new().alloc_pd();
+        let max = *args.sizes.iter().max().unwrap();
+        let buf = Buffer::new(&pd, max)?;
+        let plan = Plan::of(args);
+        let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(4096));
+        let opts = options(args.crc, plan.encode(&RegionDescriptor::of(&buf.mr)));
+        let (qp, data) = connect(addr, &pd, &scq, &rcq, opts)
+            .await
+            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let remote = RegionDescriptor::from_bytes(&data)
+            .ok_or("the server's private data is not a region descriptor")?;
+        if args.test == Test::SendLat {
+            post_recv(&qp, 0, buf.sge(buf.recv_area(), max))?;
+        }
+        // Wait until the server's receives are posted.
+        let t0 = Instant::now();
+        while buf.read_u64(READY) != 1 {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err("the server did not get ready within 10 s".into());
+            }
+            yield_now().await;
+        }
+        let c = Client {
+            args,
+            qp: &qp,
+            scq: &scq,
+            rcq: &rcq,
+            buf: &buf,
+            remote,
+            counter: Cell::new(0),
+            sends: Cell::new(0),
+        };
+        let mut out = Outcome::default();
+        let table = !args.json && !args.quiet;
+        if table {
+            println!("{RULE}");
+            println!(
+                "{}",
+                if args.test.is_bw() {
+                    BW_HEADER
+                } else {
+                    LAT_HEADER
+                }
+            );
+        }
+        let show = |json: String, line: String| {
+            if !args.quiet {
+                println!("{}", if args.json { json } else { line });
+            }
+        };
+        for &size in &args.sizes {
+            if args.test.is_bw() {
+                let row = c.bandwidth(size).await?;
+                show(row.json(args.test.name()), row.line());
+                out.bw.push(row);
+            } else {
+                let h = c.latency(size).await?;
+                let row = LatRow::from_histogram(size, &h);
+                show(row.json(args.test.name()), row.line());
+                out.lat.push((row, h));
+            }
+            let _ = std::io::stdout().flush();
+        }
+        if table {
+            println!("{RULE}");
+        }
+        qp.disconnect();
+        Ok(out)
+    })
+}
+
+struct Client<'a> {
+    args: &'a RunArgs,
+    qp: &'a QueuePair,
+    scq: &'a CompletionQueue,
+    rcq: &'a CompletionQueue,
+    buf: &'a Buffer,
+    remote: RegionDescriptor,
+    counter: Cell<u64>,
+    /// Sends so far (all sizes), against the server's credits.
+    sends: Cell<u64>,
+}
+
+/// Prints a progress line on stderr once a run has taken more than two seconds.
+struct Progress {
+    start: Instant,
+    last: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let now = Instant::now();
+        Progress {
+            start: now,
+            last: now,
+            shown: false,
+        }
+    }
+    fn tick(&mut self, what: impl FnOnce() -> String) {
+        let now = Instant::now();
+        if now.duration_since(self.start) > Duration::from_secs(2)
+            && now.duration_since(self.last) >= Duration::from_secs(1)
+        {
+            self.last = now;
+            self.shown = true;
+            eprint!("\r{}   ", what());
+            let _ = std::io::stderr().flush();
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if self.shown {
+            eprintln!();
+        }
+    }
+}
+
+impl Client<'_> {
+    async fn latency(&self, size: usize) -> Result<Histogram<u64>, String> {
+        let a = self.args;
+        let (buf, qp) = (self.buf, self.qp);
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+        let warm = warmup(a.iters);
+        let remote_recv = self.remote.addr + CTRL as u64;
+        let rkey = self.remote.rkey;
+        let mut progress = Progress::new();
+        for i in 0..warm + a.iters {
+            let t = Instant::now();
+            match a.test {
+                Test::WriteLat => {
+                    self.counter.set(self.counter.get() + 1);
+                    let v = (self.counter.get() % 255 + 1) as u8;
+                    buf.set_byte(buf.send_area() + size as u64 - 1, v);
+                    let op = SendOp::Write {
+                        remote_addr: remote_recv,
+                        rkey,
+                    };
+                    post_send(qp, wr(i, op, buf.sge(buf.send_area(), size), false))?;
+                    wait_byte(buf, buf.recv_area() + size as u64 - 1, v).await;
+                }
+                Test::SendLat => {
+                    let op = SendOp::Send {
+                        solicited: false,
+                        invalidate: None,
+                    };
+                    post_send(qp, wr(i, op, buf.sge(buf.send_area(), size), false))?;
+                    expect_ok(self.rcq, "receive").await?;
+                    post_recv(qp, i, buf.sge(buf.recv_area(), buf.max))?;
+                }
+                Test::ReadLat => {
+                    let op = SendOp::Read {
+                        remote_addr: remote_recv,
+                        rkey,
+                    };
+                    post_send(qp, wr(i, op, buf.sge(buf.recv_area(), size), true))?;
+                    expect_ok(self.scq, "read").await?;
+                }
+                Test::AtomicLat => {
+                    let remote_addr = self.remote.addr + ATOMIC as u64;
+                    let op = match a.atomic {
+                        AtomicOp::FetchAdd => SendOp::FetchAdd {
+                            remote_addr,
+                            rkey,
+                            add: 1,
+                        },
+                        AtomicOp::CmpSwap => SendOp::CmpSwap {
+                            remote_addr,
+                            rkey,
+                            compare: i,
+                            swap: i + 1,
+                        },
+                    };
+                    post_send(qp, wr(i, op, buf.sge(buf.at(ATOMIC_RESULT), 8), true))?;
+                    expect_ok(self.scq, "atomic").await?;
+                    if buf.read_u64(ATOMIC_RESULT) != i {
+                        return Err(format!(
+                            "atomic {i}: the remote counter held {}, expected {i}",
+                            buf.read_u64(ATOMIC_RESULT)
+                        ));
+                    }
+                }
+                _ => unreachable!("bandwidth test in the latency loop"),
+            }
+            if i >= warm {
+                let ns = t.elapsed().as_nanos() as u64;
+                let ns = if a.test.is_ping_pong() { ns / 2 } else { ns };
+                h.record(ns.max(1)).map_err(|e| e.to_string())?;
+                progress.tick(|| {
+                    format!(
+                        "{} {size} B: {}/{} iterations",
+                        a.test,
+                        i + 1 - warm,
+                        a.iters
+                    )
+                });
+            }
+        }
+        Ok(h)
+    }
+
+    async fn bandwidth(&self, size: usize) -> Result<BwRow, String> {
+        let a = self.args;
+        let (buf, qp) = (self.buf, self.qp);
+        // perftest's CQ moderation: one signaled request per batch.
+        let batch = (a.tx_depth as u64).min(16);
+        let depth = (a.tx_depth as u64).max(batch);
+        let target = a.iters.div_ceil(batch) * batch;
+        let deadline = a.duration.map(Duration::from_secs_f64);
+        let remote_recv = self.remote.addr + CTRL as u64;
+        let rkey = self.remote.rkey;
+        let (mut posted, mut done) = (0u64, 0u64);
+        let mut marks: Vec<(Instant, u64)> = Vec::with_capacity(1024);
+        let mut progress = Progress::new();
+        let t0 = Instant::now();
+        marks.push((t0, 0));
+        loop {
+            let more = |posted: u64| match deadline {
+                Some(d) => t0.elapsed() < d,
+                None => posted < target,
+            };
+            while more(posted) && posted - done + batch <= depth {
+                if a.test == Test::SendBw {
+                    // Credits: the server has (re)posted this many receives beyond its first
+                    // RX_DEPTH; never send into a receive queue that might be empty.
+                    if self.sends.get() + batch > buf.read_u64(CREDITS) + RX_DEPTH {
+                        break;
+                    }
+                }
+                for k in 0..batch {
+                    let op = match a.test {
+                        Test::WriteBw => SendOp::Write {
+                            remote_addr: remote_recv,
+                            rkey,
+                        },
+                        Test::ReadBw => SendOp::Read {
+                            remote_addr: remote_recv,
+                            rkey,
+                        },
+                        _ => SendOp::Send {
+                            solicited: false,
+                            invalidate: None,
+                        },
+                    };
+                    let local = if a.test == Test::ReadBw {
+                        buf.recv_area()
+                    } else {
+                        buf.send_area()
+                    };
+                    post_send(qp, wr(posted, op, buf.sge(local, size), k == batch - 1))?;
+                    posted += 1;
+                    self.sends.set(self.sends.get() + 1);
+                }
+            }
+            if done == posted {
+                if !more(posted) {
+                    break;
+                }
+                // Waiting for credits only.
+                yield_now().await;
+                continue;
+            }
+            expect_ok(self.scq, a.test.name()).await?;
+            done += batch;
+            let now = Instant::now();
+            marks.push((now, done));
+            progress.tick(|| {
+                let mib = done as f64 * size as f64 / (1 << 20) as f64;
+                format!(
+                    "{} {size} B: {:.1} s, {:.0} MiB/s",
+                    a.test,
+                    now.duration_since(t0).as_secs_f64(),
+                    mib / now.duration_since(t0).as_secs_f64()
+                )
+            });
+        }
+        let secs = marks.last().unwrap().0.duration_since(t0).as_secs_f64();
+        let mib = |n: u64| n as f64 * size as f64 / (1 << 20) as f64;
+        let avg = mib(done) / secs;
+        Ok(BwRow {
+            bytes: size,
+            iters: done,
+            peak: peak(&marks, size).unwrap_or(avg).max(avg),
+            avg,
+            mpps: done as f64 / secs / 1e6,
+        })
+    }
+}
+
+/// The best bandwidth over any window of at least 10 ms between two completion marks, MiB/s.
+fn peak(marks: &[(Instant, u64)], size: usize) -> Option<f64> {
+    let window = Duration::from_millis(10);
+    let mut best: Option<f64> = None;
+    let mut j = 0;
+    for i in 0..marks.len() {
+        j = j.max(i);
+        while j < marks.len() && marks[j].0.duration_since(marks[i].0) < window {
+            j += 1;
+        }
+        let Some(&(tj, nj)) = marks.get(j) else { break };
+        let secs = tj.duration_since(marks[i].0).as_secs_f64();
+        let bw = (nj - marks[i].1) as f64 * size as f64 / (1 << 20) as f64 / secs;
+        best = Some(best.map_or(bw, |b: f64| b.max(bw)));
+    }
+    best
+}
+
+/// Starts the server as a child process (pinned to the second `--cpu`), then runs the client.
+fn loopback(args: &RunArgs) -> Result<Outcome, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Process::new(exe);
+    cmd.arg(args.test.name())
+        .args(["--announce", "-p", "0", "--driver", &args.driver]);
+    if args.crc {
+        cmd.arg("--crc");
+    }
+    if let Some(cpus) = &args.cpus {
+        cmd.args(["--cpu", &cpus.last().unwrap().to_string()]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the server process: {e}"))?;
+    let mut line = String::new();
+    let port = BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .ok()
+        .and_then(|_| line.trim().strip_prefix("READY ")?.parse::<u16>().ok());
+    let Some(port) = port else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("the server process did not start (said {line:?})"));
+    };
+    let mut client_args = args.clone();
+    client_args.loopback = false;
+    client_args.cpus = args.cpus.as_ref().map(|c| vec![c[0]]);
+    // The client's runtime pins the thread it runs on; keep that off the caller's thread, so
+    // later children (and the caller) keep the affinity they started with.
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let out = std::thread::scope(|s| {
+        s.spawn(|| client(&client_args, addr))
+            .join()
+            .unwrap_or_else(|_| Err("the client panicked".into()))
+    });
+    // The server exits once the client hangs up; do not wait on it forever.
+    let t0 = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() || out.is_err() => break,
+            Ok(Some(status)) => return Err(format!("the server process failed: {status}")),
+            Ok(None) if t0.elapsed() > Duration::from_secs(10) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the server process did not exit within 10 s".into());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_round_trips_through_private_data() {
+        let plan = Plan {
+            test: Test::SendBw,
+            atomic: AtomicOp::CmpSwap,
+            sizes: super::super::cli::all_sizes(),
+            iters: 12345,
+            tx_depth: 64,
+            duration_ms: 2500,
+        };
+        let desc = RegionDescriptor {
+            rkey: barewire_soft_rdma::verbs::Stag(0xdead_beef),
+            addr: 0x1000,
+            len: 4096,
+        };
+        let b = plan.encode(&desc);
+        assert!(b.len() <= 512 - 4, "fits MPA private data: {}", b.len());
+        assert_eq!(Plan::decode(&b).unwrap(), (plan, desc));
+        assert!(Plan::decode(&b[..b.len() - 1]).is_err());
+        assert!(Plan::decode(b"BWPX").is_err());
+    }
+
+    #[test]
+    fn peak_is_the_best_ten_millisecond_window() {
+        let t = Instant::now();
+        let ms = |m: u64| t + Duration::from_millis(m);
+        // 100 messages of 1 MiB in the first 10 ms, then 10 in the next 10 ms.
+        let marks = [(t, 0), (ms(10), 100), (ms(20), 110)];
+        let p = peak(&marks, 1 << 20).unwrap();
+        assert!((p - 10_000.0).abs() < 1.0, "{p}");
+        assert_eq!(peak(&[(t, 0), (ms(5), 10)], 1), None);
+    }
+}

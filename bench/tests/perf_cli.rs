@@ -1,0 +1,166 @@
+//! barewire-perf end to end: every perftest-named test in `--loopback` mode over the soft
+//! driver with a small iteration count (numbers are not asserted, only that each run finishes
+//! and prints well-formed rows), `--plot` writing a real PNG, and `compare` reporting missing
+//! peers by name. The runs spin while busy, so they take turns.
+
+use std::process::Command;
+use std::sync::Mutex;
+
+use barewire_bench::perf::table::{parse_row, BW_HEADER, LAT_HEADER};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn perf(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_barewire-perf"))
+        .args(args)
+        .env("BAREWIRE_DRIVER", "soft")
+        .output()
+        .expect("barewire-perf runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The rows under the header, each parsed; fails the test on anything malformed.
+fn rows(stdout: &str, bw: bool) -> Vec<Vec<f64>> {
+    let header = if bw { BW_HEADER } else { LAT_HEADER };
+    let mut lines = stdout.lines();
+    assert!(lines.any(|l| l == header), "no header in:\n{stdout}");
+    let rows: Vec<Vec<f64>> = lines
+        .take_while(|l| !l.starts_with("----"))
+        .map(|l| parse_row(l).unwrap_or_else(|| panic!("malformed row {l:?} in:\n{stdout}")))
+        .collect();
+    let want = if bw { 5 } else { 9 };
+    assert!(rows.iter().all(|r| r.len() == want), "{stdout}");
+    rows
+}
+
+#[test]
+fn every_test_runs_in_loopback_mode_and_prints_well_formed_rows() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for (test, extra) in [
+        ("write_lat", vec!["-s", "64", "-n", "300"]),
+        ("read_lat", vec!["-s", "64", "-n", "300"]),
+        ("send_lat", vec!["-s", "64", "-n", "300"]),
+        ("atomic_lat", vec!["-n", "300"]),
+        ("atomic_lat", vec!["-n", "300", "-A", "CMP_AND_SWAP"]),
+        ("write_bw", vec!["-s", "4096", "-n", "3000"]),
+        ("read_bw", vec!["-s", "4096", "-n", "3000"]),
+        ("send_bw", vec!["-s", "4096", "-n", "3000", "-t", "32"]),
+    ] {
+        let mut args = vec![test, "--loopback"];
+        args.extend(extra.iter().copied());
+        let (ok, out, err) = perf(&args);
+        assert!(ok, "{args:?} failed:\n{out}\n{err}");
+        let bw = test.ends_with("_bw");
+        let r = rows(&out, bw);
+        assert_eq!(r.len(), 1, "{args:?}:\n{out}");
+        let size = if test == "atomic_lat" {
+            8.0
+        } else if bw {
+            4096.0
+        } else {
+            64.0
+        };
+        assert_eq!(r[0][0], size, "{args:?}");
+        if bw {
+            assert!(r[0][1] >= 3000.0 && r[0][3] > 0.0, "{args:?}: {:?}", r[0]);
+        } else {
+            // iterations, and min <= typical <= max
+            assert_eq!(r[0][1], 300.0, "{args:?}");
+            assert!(
+                r[0][2] <= r[0][4] && r[0][4] <= r[0][3],
+                "{args:?}: {:?}",
+                r[0]
+            );
+        }
+    }
+}
+
+#[test]
+fn all_sizes_run_from_2_bytes_to_8_mib_and_json_is_one_object_per_size() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (ok, out, err) = perf(&["write_lat", "--loopback", "-a", "-n", "20"]);
+    assert!(ok, "{out}\n{err}");
+    let sizes: Vec<f64> = rows(&out, false).iter().map(|r| r[0]).collect();
+    let want: Vec<f64> = (1..=23).map(|p| (1u64 << p) as f64).collect();
+    assert_eq!(sizes, want);
+    let (ok, out, err) = perf(&["read_bw", "--loopback", "-s", "1024", "-n", "500", "--json"]);
+    assert!(ok, "{out}\n{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(
+        lines[0].starts_with("{\"test\":\"read_bw\",\"bytes\":1024,") && lines[0].ends_with('}'),
+        "{out}"
+    );
+}
+
+#[test]
+fn plot_writes_a_real_png() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = std::env::temp_dir().join(format!("bwperf-{}.png", std::process::id()));
+    let p = path.to_str().unwrap();
+    let (ok, out, err) = perf(&["read_lat", "--loopback", "-n", "500", "--plot", p]);
+    assert!(ok, "{out}\n{err}");
+    let png = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert_eq!(&png[12..16], b"IHDR");
+    let (w, h) = (
+        u32::from_be_bytes(png[16..20].try_into().unwrap()),
+        u32::from_be_bytes(png[20..24].try_into().unwrap()),
+    );
+    assert_eq!((w, h), (1000, 620));
+    assert!(
+        png.len() > 5000,
+        "a drawn chart, not an empty image: {} bytes",
+        png.len()
+    );
+}
+
+#[test]
+fn compare_names_the_peers_that_are_missing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A PATH with the coreutils compare needs but none of the peers.
+    let dir = std::env::temp_dir().join(format!("bwperf-path-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for tool in ["timeout", "taskset", "date"] {
+        let src = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap();
+        let _ = std::os::unix::fs::symlink(src, dir.join(tool));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_barewire-perf"))
+        .args(["compare", "-n", "200", "-D", "0.2", "--cpu", "0,0"])
+        .env("PATH", &dir)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (tool, pkg) in [
+        ("ucx_perftest", "ucx-utils"),
+        ("fi_pingpong", "libfabric-bin"),
+        ("qperf", "qperf"),
+        ("sockperf", "sockperf"),
+    ] {
+        assert!(
+            stdout.contains(&format!(
+                "MISSING peer: {tool} is not installed (apt-get install {pkg})"
+            )),
+            "{tool}:\n{stdout}"
+        );
+    }
+    assert!(
+        !stdout.contains("FAILED"),
+        "barewire's own runs all finished:\n{stdout}"
+    );
+}

@@ -21,8 +21,16 @@
 
 #![warn(missing_docs)]
 
+mod api;
+mod ops;
 mod transport;
 mod verbs;
 
+pub use api::{
+    connect, Access, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion,
+    ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag,
+    WcOpcode, WcStatus, WorkCompletion,
+};
+pub use ops::{Buffer, Endpoint, Op, Remote};
 pub use transport::{select, Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
 pub use verbs::{verbs_devices, DeviceInfo};

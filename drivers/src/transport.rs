@@ -179,6 +179,37 @@ pub enum DriverError {
         /// What rdma-core does see, for the message.
         found: String,
     },
+    /// An rdma-core or librdmacm call failed.
+    #[error("{call} failed: {error}")]
+    Verbs {
+        /// The call.
+        call: String,
+        /// What the OS said.
+        error: String,
+    },
+    /// The peer rejected the connection.
+    #[error("connection rejected by the peer ({} bytes of private data)", private_data.len())]
+    Rejected {
+        /// The peer's private data (often the reason).
+        private_data: Vec<u8>,
+    },
+    /// Connection setup failed.
+    #[error("connection failed: {0}")]
+    Connect(String),
+    /// A work request could not be posted.
+    #[error("post failed: {0}")]
+    Post(String),
+    /// A work request completed with an error status.
+    #[error("work request {wr_id} completed with {status:?}")]
+    Completion {
+        /// The status.
+        status: barewire_soft_rdma::verbs::WcStatus,
+        /// The work request.
+        wr_id: u64,
+    },
+    /// Something this backend cannot do.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// `BAREWIRE_DEVICE` names a device that does not exist.
     #[error("no RDMA device named {name:?} (rdma-core sees {found}); check BAREWIRE_DEVICE")]
     NoSuchDevice {

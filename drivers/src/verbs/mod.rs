@@ -2,6 +2,8 @@
 
 use std::ffi::CStr;
 
+pub(crate) mod rc;
+
 use crate::transport::Transport;
 
 /// `IBV_LINK_LAYER_ETHERNET` from `<infiniband/verbs.h>` (an anonymous enum bindgen skips).

@@ -1,0 +1,448 @@
+//! The one API: device, protection domain, memory region, completion queue, queue pair, work
+//! requests and completions, and connection setup, each an enum over the two backends so the
+//! hot path is a `match`, never a virtual call.
+
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use barewire_soft_rdma as soft;
+pub use barewire_soft_rdma::provider::RegionDescriptor;
+pub use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
+pub use barewire_soft_rdma::verbs::{Access, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
+use barewire_soft_rdma::wire::MpaSettings;
+
+use crate::transport::{Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
+use crate::verbs::rc as verbs;
+
+/// An opened RDMA device: a verbs device, or the software provider.
+///
+/// ```
+/// use barewire_drivers::{Device, DriverConfig};
+/// // BAREWIRE_DRIVER=soft (or no RDMA hardware and the default `auto`) opens the software
+/// // provider; a verbs request with no device is a clear error.
+/// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// assert_eq!(dev.name(), "soft");
+/// let pd = dev.alloc_pd().unwrap();
+/// let cq = dev.create_cq(64).unwrap();
+/// # let _ = (pd, cq);
+/// ```
+pub struct Device {
+    backend: DeviceBackend,
+    chosen: Chosen,
+}
+
+enum DeviceBackend {
+    Soft(soft::verbs::Device),
+    Verbs(Rc<verbs::Context>),
+}
+
+impl Device {
+    /// Opens what `cfg` selects (see [`DriverConfig::select`]).
+    pub fn open(cfg: &DriverConfig) -> Result<Device, DriverError> {
+        let chosen = cfg.select()?;
+        let backend = if chosen.transport == Transport::Soft {
+            DeviceBackend::Soft(soft::verbs::Device::new())
+        } else {
+            DeviceBackend::Verbs(verbs::Context::open(&chosen.device)?)
+        };
+        Ok(Device { backend, chosen })
+    }
+
+    /// Opens what `BAREWIRE_DRIVER` and `BAREWIRE_DEVICE` ask for (`auto` by default).
+    pub fn from_env() -> Result<Device, DriverError> {
+        Device::open(&DriverConfig::from_env()?)
+    }
+
+    /// The transport in use.
+    pub fn transport(&self) -> Transport {
+        self.chosen.transport
+    }
+
+    /// The device name (`soft` for the software provider).
+    pub fn name(&self) -> &str {
+        &self.chosen.device
+    }
+
+    /// The transport's defaults.
+    pub fn defaults(&self) -> TransportDefaults {
+        self.chosen.defaults
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain, DriverError> {
+        Ok(match &self.backend {
+            DeviceBackend::Soft(d) => ProtectionDomain::Soft(d.alloc_pd()),
+            DeviceBackend::Verbs(c) => ProtectionDomain::Verbs(verbs::Pd::new(c)?),
+        })
+    }
+
+    /// Creates a completion queue of `depth` entries, polled by the current core.
+    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
+        Ok(match &self.backend {
+            DeviceBackend::Soft(_) => {
+                CompletionQueue::Soft(soft::verbs::CompletionQueue::new(depth))
+            }
+            DeviceBackend::Verbs(c) => CompletionQueue::Verbs(verbs::Cq::new(c, depth)?),
+        })
+    }
+}
+
+/// A protection domain.
+pub enum ProtectionDomain {
+    /// The software provider's.
+    Soft(soft::verbs::ProtectionDomain),
+    /// rdma-core's.
+    Verbs(Rc<verbs::Pd>),
+}
+
+impl ProtectionDomain {
+    /// Registers `len` bytes at `addr` with `access` rights.
+    ///
+    /// # Safety
+    /// The memory must stay valid (not freed, not moved) while the region lives: a peer or a
+    /// posted work request may read or write it at any time the access rights allow.
+    pub unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, DriverError> {
+        match self {
+            // SAFETY: the caller's promise, passed on.
+            ProtectionDomain::Soft(pd) => unsafe { pd.register(addr, len, access) }
+                .map(MemoryRegion::Soft)
+                .map_err(|e| DriverError::Unsupported(format!("register: {e:?}"))),
+            ProtectionDomain::Verbs(pd) => {
+                // SAFETY: the caller's promise, passed on.
+                unsafe { pd.register(addr, len, access) }.map(MemoryRegion::Verbs)
+            }
+        }
+    }
+}
+
+/// A registered memory region.
+pub enum MemoryRegion {
+    /// The software provider's.
+    Soft(soft::verbs::MemoryRegion),
+    /// rdma-core's.
+    Verbs(verbs::Mr),
+}
+
+impl MemoryRegion {
+    /// First byte.
+    pub fn addr(&self) -> *mut u8 {
+        match self {
+            MemoryRegion::Soft(m) => m.addr(),
+            MemoryRegion::Verbs(m) => m.addr(),
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            MemoryRegion::Soft(m) => m.len(),
+            MemoryRegion::Verbs(m) => m.len(),
+        }
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The key local SGEs name it by.
+    pub fn lkey(&self) -> Stag {
+        match self {
+            MemoryRegion::Soft(m) => m.stag(),
+            MemoryRegion::Verbs(m) => m.lkey(),
+        }
+    }
+
+    /// The key a peer names it by.
+    pub fn rkey(&self) -> Stag {
+        match self {
+            MemoryRegion::Soft(m) => m.stag(),
+            MemoryRegion::Verbs(m) => m.rkey(),
+        }
+    }
+
+    /// Its access rights.
+    pub fn access(&self) -> Access {
+        match self {
+            MemoryRegion::Soft(m) => m.access(),
+            MemoryRegion::Verbs(m) => m.access(),
+        }
+    }
+
+    /// What a peer needs to address it.
+    pub fn descriptor(&self) -> RegionDescriptor {
+        RegionDescriptor {
+            rkey: self.rkey(),
+            addr: self.addr() as u64,
+            len: self.len() as u64,
+        }
+    }
+
+    /// An SGE for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr() as u64 + offset as u64,
+            len: len as u32,
+            lkey: self.lkey(),
+        }
+    }
+}
+
+/// A completion queue. Cloning gives another handle to the same queue.
+#[derive(Clone)]
+pub enum CompletionQueue {
+    /// The software provider's (its poller pushes completions in).
+    Soft(soft::verbs::CompletionQueue),
+    /// rdma-core's (the core's verbs poller moves completions in).
+    Verbs(Rc<verbs::Cq>),
+}
+
+impl CompletionQueue {
+    fn queue(&self) -> &soft::verbs::CompletionQueue {
+        match self {
+            CompletionQueue::Soft(q) => q,
+            CompletionQueue::Verbs(c) => c.queue(),
+        }
+    }
+
+    /// Takes up to `out.len()` completions that have arrived; the number taken.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        self.queue().poll(out)
+    }
+
+    /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
+    /// when it sleeps).
+    pub async fn next(&self) -> WorkCompletion {
+        self.queue().next().await
+    }
+}
+
+/// Connection settings for both backends.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Private data for the peer: how applications exchange region descriptors. The software
+    /// provider carries up to 508 bytes (MPA); rdma_cm fewer (56 on InfiniBand/RoCE).
+    pub private_data: Vec<u8>,
+    /// How long setup, and (soft) a stalled peer, may take before failing.
+    pub timeout: Duration,
+    /// Send and receive queue depth (verbs; the software provider's queues grow as needed).
+    pub depth: u32,
+    /// Largest inline send (verbs).
+    pub max_inline: u32,
+    /// Outstanding RDMA Reads and atomics per direction (IRD/ORD).
+    pub ird_ord: u8,
+    /// Ask for MPA CRC32c (soft; off by default, as Linux siw).
+    pub crc: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            private_data: Vec::new(),
+            timeout: Duration::from_secs(1),
+            depth: 256,
+            max_inline: 64,
+            ird_ord: 16,
+            crc: false,
+        }
+    }
+}
+
+impl ConnectOptions {
+    fn soft(&self) -> soft::provider::ConnectOptions {
+        soft::provider::ConnectOptions {
+            mpa: MpaSettings {
+                crc: self.crc,
+                ird: self.ird_ord as u16,
+                ord: self.ird_ord as u16,
+                ..MpaSettings::default()
+            },
+            private_data: self.private_data.clone(),
+            timeout: self.timeout,
+            ..soft::provider::ConnectOptions::default()
+        }
+    }
+
+    fn verbs(&self) -> verbs::CmSettings {
+        verbs::CmSettings {
+            private_data: self.private_data.clone(),
+            timeout: self.timeout,
+            depth: self.depth,
+            max_inline: self.max_inline,
+            ird: self.ird_ord,
+            ord: self.ird_ord,
+        }
+    }
+}
+
+fn cm_error(e: soft::provider::CmError) -> DriverError {
+    match e {
+        soft::provider::CmError::Rejected { private_data, .. } => {
+            DriverError::Rejected { private_data }
+        }
+        e => DriverError::Connect(e.to_string()),
+    }
+}
+
+fn mismatch() -> DriverError {
+    DriverError::Unsupported("objects from two different backends were mixed in one call".into())
+}
+
+/// A connected reliable queue pair. Cloning gives another handle to the same queue pair; it
+/// disconnects when the last handle goes.
+#[derive(Clone)]
+pub enum QueuePair {
+    /// The software provider's.
+    Soft(soft::provider::QueuePair),
+    /// rdma-core's.
+    Verbs(Rc<verbs::Qp>),
+}
+
+/// Connects to a listening peer; returns the queue pair and the peer's private data.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), barewire_drivers::DriverError> {
+/// use barewire_drivers::*;
+/// let dev = Device::from_env()?;
+/// let pd = dev.alloc_pd()?;
+/// let (scq, rcq) = (dev.create_cq(256)?, dev.create_cq(256)?);
+/// let (qp, peer_data) =
+///     connect("127.0.0.1:7471".parse().unwrap(), &pd, &scq, &rcq, &ConnectOptions::default())
+///         .await?;
+/// # let _ = (qp, peer_data); Ok(()) }
+/// ```
+pub async fn connect(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Result<(QueuePair, Vec<u8>), DriverError> {
+    match (pd, scq, rcq) {
+        (ProtectionDomain::Soft(pd), CompletionQueue::Soft(s), CompletionQueue::Soft(r)) => {
+            let (qp, data) = soft::provider::connect(addr, pd, s, r, opts.soft())
+                .await
+                .map_err(cm_error)?;
+            Ok((QueuePair::Soft(qp), data))
+        }
+        (ProtectionDomain::Verbs(pd), CompletionQueue::Verbs(s), CompletionQueue::Verbs(r)) => {
+            let (qp, data) = verbs::Qp::connect(addr, pd, s, r, &opts.verbs()).await?;
+            Ok((QueuePair::Verbs(qp), data))
+        }
+        _ => Err(mismatch()),
+    }
+}
+
+impl QueuePair {
+    /// Posts a send work request (Send, Write, Read, atomics, local invalidate).
+    pub fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
+        match self {
+            QueuePair::Soft(q) => q
+                .post_send(wr)
+                .map_err(|e| DriverError::Post(e.to_string())),
+            QueuePair::Verbs(q) => q.post_send(&wr),
+        }
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
+        match self {
+            QueuePair::Soft(q) => q
+                .post_recv(wr)
+                .map_err(|e| DriverError::Post(e.to_string())),
+            QueuePair::Verbs(q) => q.post_recv(&wr),
+        }
+    }
+
+    /// Disconnects: outstanding work completes with `WrFlushErr`.
+    pub fn disconnect(&self) {
+        match self {
+            QueuePair::Soft(q) => q.disconnect(),
+            QueuePair::Verbs(q) => q.disconnect(),
+        }
+    }
+
+    /// Its state.
+    pub fn state(&self) -> QpState {
+        match self {
+            QueuePair::Soft(q) => q.state(),
+            QueuePair::Verbs(q) => q.state(),
+        }
+    }
+
+    /// Its number.
+    pub fn qp_num(&self) -> u32 {
+        match self {
+            QueuePair::Soft(q) => q.qp_num(),
+            QueuePair::Verbs(q) => q.qp_num(),
+        }
+    }
+}
+
+/// Accepts connections.
+pub enum Listener {
+    /// The software provider's (TCP + MPA).
+    Soft(soft::provider::Listener),
+    /// librdmacm's.
+    Verbs(verbs::Listener),
+}
+
+impl Listener {
+    /// Listens on `addr` with the device's backend; `opts.private_data` goes to each peer.
+    pub fn bind(
+        dev: &Device,
+        addr: SocketAddr,
+        opts: &ConnectOptions,
+    ) -> Result<Listener, DriverError> {
+        Ok(match dev.backend {
+            DeviceBackend::Soft(_) => {
+                Listener::Soft(soft::provider::Listener::bind(addr, opts.soft()).map_err(cm_error)?)
+            }
+            DeviceBackend::Verbs(_) => Listener::Verbs(verbs::Listener::bind(addr, opts.verbs())?),
+        })
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        match self {
+            Listener::Soft(l) => l.local_addr().map(|a| a.port()).unwrap_or(0),
+            Listener::Verbs(l) => l.port(),
+        }
+    }
+
+    /// Accepts one peer: its queue pair and private data.
+    pub async fn accept(
+        &self,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+    ) -> Result<(QueuePair, Vec<u8>), DriverError> {
+        match (self, pd, scq, rcq) {
+            (
+                Listener::Soft(l),
+                ProtectionDomain::Soft(pd),
+                CompletionQueue::Soft(s),
+                CompletionQueue::Soft(r),
+            ) => {
+                let (qp, data) = l.accept(pd, s, r).await.map_err(cm_error)?;
+                Ok((QueuePair::Soft(qp), data))
+            }
+            (
+                Listener::Verbs(l),
+                ProtectionDomain::Verbs(pd),
+                CompletionQueue::Verbs(s),
+                CompletionQueue::Verbs(r),
+            ) => {
+                let (qp, data) = l.accept(pd, s, r).await?;
+                Ok((QueuePair::Verbs(qp), data))
+            }
+            _ => Err(mismatch()),
+        }
+    }
+}

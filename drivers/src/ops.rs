@@ -1,0 +1,478 @@
+//! Async one-sided and two-sided operations whose futures complete on their own work
+//! completion, over registered memory that barewire owns.
+//!
+//! A future that is dropped before its completion does not free anything the device may still
+//! touch: the buffers it names stay alive in the endpoint's table until the completion arrives
+//! (as a dropped io_uring operation parks its buffer until its CQE).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use barewire_engine::spawn_local;
+
+use crate::api::{
+    Access, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RegionDescriptor,
+    SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+};
+use crate::transport::DriverError;
+
+/// Registered memory owned by barewire: zeroed, aligned as asked, freed only once no work
+/// request can reach it. Its bytes are read and written by copying (`read_at`, `write_at`),
+/// because the device or a peer may change them at any time the access rights allow.
+pub struct Buffer {
+    mr: std::mem::ManuallyDrop<MemoryRegion>,
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Buffer {
+    /// Allocates and registers `len` bytes aligned to `align` (a power of two: 64 for a cache
+    /// line, 4096 for a page, or what a device requires).
+    ///
+    /// ```
+    /// use barewire_drivers::{Access, Buffer, Device, DriverConfig};
+    /// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    /// buf.write_at(0, b"hello");
+    /// let mut out = [0u8; 5];
+    /// buf.read_at(0, &mut out);
+    /// assert_eq!(&out, b"hello");
+    /// ```
+    pub fn new(
+        pd: &ProtectionDomain,
+        len: usize,
+        align: usize,
+        access: Access,
+    ) -> Result<Rc<Buffer>, DriverError> {
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(1), align.max(1)).map_err(|e| {
+                DriverError::Unsupported(format!("buffer of {len} B aligned {align}: {e}"))
+            })?;
+        // SAFETY: a non-zero-sized layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: the allocation lives until Drop, which deregisters the region first.
+        match unsafe { pd.register(ptr, len, access) } {
+            Ok(mr) => Ok(Rc::new(Buffer {
+                mr: std::mem::ManuallyDrop::new(mr),
+                ptr,
+                layout,
+            })),
+            Err(e) => {
+                // SAFETY: freeing what we allocated; nothing was registered.
+                unsafe { std::alloc::dealloc(ptr, layout) };
+                Err(e)
+            }
+        }
+    }
+
+    /// The region.
+    pub fn region(&self) -> &MemoryRegion {
+        &self.mr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.mr.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What a peer needs to address this buffer.
+    pub fn descriptor(&self) -> RegionDescriptor {
+        self.mr.descriptor()
+    }
+
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len()),
+            "{len} bytes at {offset} overrun a {}-byte buffer",
+            self.len()
+        );
+    }
+
+    /// Copies bytes out. Panics if the range is outside the buffer.
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: in bounds (checked); a plain copy with no reference into shared memory.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copies bytes in. Panics if the range is outside the buffer.
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: as read_at.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Reads the aligned 8-byte word at `offset` (native endian), atomically with respect to
+    /// the device's atomics on it.
+    pub fn load_u64(&self, offset: usize) -> u64 {
+        self.check(offset, 8);
+        assert_eq!((self.ptr as usize + offset) % 8, 0, "unaligned 8-byte word");
+        // SAFETY: an aligned, in-bounds word; AtomicU64 has u64's layout.
+        unsafe {
+            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU64))
+                .load(std::sync::atomic::Ordering::Acquire)
+        }
+    }
+
+    /// An SGE for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        self.check(offset, len);
+        self.mr.sge(offset, len)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // The region goes before the memory it covers.
+        // SAFETY: mr is dropped exactly once, here, and not used afterwards; then the bytes
+        // are freed with the layout they were allocated with.
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.mr);
+            std::alloc::dealloc(self.ptr, self.layout);
+        }
+    }
+}
+
+/// Where a one-sided operation lands: a peer's region and an offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote {
+    /// The region.
+    pub region: RegionDescriptor,
+    /// Byte offset into it.
+    pub offset: u64,
+}
+
+impl Remote {
+    /// `offset` bytes into `region`.
+    pub fn at(region: RegionDescriptor, offset: u64) -> Remote {
+        Remote { region, offset }
+    }
+    fn addr(&self) -> u64 {
+        self.region.addr + self.offset
+    }
+}
+
+struct Pending {
+    done: Option<WorkCompletion>,
+    waker: Option<Waker>,
+    /// What the device may still touch until the completion arrives.
+    hold: Vec<Rc<Buffer>>,
+    /// The future was dropped: forget the entry when the completion comes.
+    abandoned: bool,
+}
+
+#[derive(Default)]
+struct Table {
+    next: u64,
+    pending: HashMap<u64, Pending>,
+    closed: bool,
+}
+
+impl Table {
+    fn complete(&mut self, wc: WorkCompletion) {
+        let Some(p) = self.pending.get_mut(&wc.wr_id) else {
+            return;
+        };
+        if p.abandoned {
+            self.pending.remove(&wc.wr_id); // drops the held buffers: the device is done
+            return;
+        }
+        p.done = Some(wc);
+        p.hold.clear();
+        if let Some(w) = p.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// A queue pair with async operations. It owns the queue pair's two completion queues: a task
+/// on the current core routes each completion to the future waiting for it.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), barewire_drivers::DriverError> {
+/// use barewire_drivers::*;
+/// let dev = Device::from_env()?;
+/// let pd = dev.alloc_pd()?;
+/// let (scq, rcq) = (dev.create_cq(256)?, dev.create_cq(256)?);
+/// let (qp, peer) = connect("127.0.0.1:7471".parse().unwrap(), &pd, &scq, &rcq,
+///                          &ConnectOptions::default()).await?;
+/// let remote = RegionDescriptor::from_bytes(&peer).unwrap();
+/// let ep = Endpoint::new(qp, scq, rcq);
+/// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE)?;
+/// buf.write_at(0, b"hello, remote memory");
+/// ep.write(&buf, 0, 20, Remote::at(remote, 0)).await?;
+/// ep.read(&buf, 100, 20, Remote::at(remote, 0)).await?;
+/// let old = ep.fetch_add(&buf, 200, Remote::at(remote, 64), 1).await?;
+/// # let _ = old; Ok(()) }
+/// ```
+pub struct Endpoint {
+    qp: QueuePair,
+    table: Rc<RefCell<Table>>,
+}
+
+impl Endpoint {
+    /// Wraps a connected queue pair and its completion queues (which it then owns).
+    pub fn new(qp: QueuePair, scq: CompletionQueue, rcq: CompletionQueue) -> Endpoint {
+        let table = Rc::new(RefCell::new(Table::default()));
+        for cq in [scq, rcq] {
+            let t = table.clone();
+            spawn_local(async move {
+                loop {
+                    {
+                        let t = t.borrow();
+                        if t.closed && t.pending.is_empty() {
+                            return;
+                        }
+                    }
+                    let wc = cq.next().await;
+                    t.borrow_mut().complete(wc);
+                }
+            });
+        }
+        Endpoint { qp, table }
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    fn start(
+        &self,
+        hold: Vec<Rc<Buffer>>,
+        post: impl FnOnce(u64) -> Result<(), DriverError>,
+    ) -> Op {
+        let id = {
+            let mut t = self.table.borrow_mut();
+            t.next += 1;
+            t.next
+        };
+        self.table.borrow_mut().pending.insert(
+            id,
+            Pending {
+                done: None,
+                waker: None,
+                hold,
+                abandoned: false,
+            },
+        );
+        let posted = post(id);
+        if posted.is_err() {
+            self.table.borrow_mut().pending.remove(&id);
+        }
+        Op {
+            table: self.table.clone(),
+            id,
+            posted,
+        }
+    }
+
+    /// Posts any send work request, signaled, with the given SGEs; `hold` names the buffers
+    /// they point into, kept alive until the completion even if the future is dropped.
+    pub fn execute(&self, op: SendOp, sges: Vec<Sge>, hold: Vec<Rc<Buffer>>, fence: bool) -> Op {
+        self.start(hold, |id| {
+            self.qp.post_send(SendWr {
+                wr_id: id,
+                op,
+                sges,
+                signaled: true,
+                fence,
+            })
+        })
+    }
+
+    fn send_op(&self, op: SendOp, buf: &Rc<Buffer>, sge: Sge) -> Op {
+        self.start(vec![buf.clone()], |id| {
+            self.qp.post_send(SendWr {
+                wr_id: id,
+                op,
+                sges: vec![sge],
+                signaled: true,
+                fence: false,
+            })
+        })
+    }
+
+    /// RDMA WRITE of `len` bytes at `offset` of `src` to `remote`.
+    pub fn write(&self, src: &Rc<Buffer>, offset: usize, len: usize, remote: Remote) -> Op {
+        let op = SendOp::Write {
+            remote_addr: remote.addr(),
+            rkey: remote.region.rkey,
+        };
+        self.send_op(op, src, src.sge(offset, len))
+    }
+
+    /// RDMA WRITE with immediate data (the peer's receive completes with `imm`).
+    pub fn write_with_imm(
+        &self,
+        src: &Rc<Buffer>,
+        offset: usize,
+        len: usize,
+        remote: Remote,
+        imm: u32,
+    ) -> Op {
+        let op = SendOp::WriteWithImm {
+            remote_addr: remote.addr(),
+            rkey: remote.region.rkey,
+            imm,
+        };
+        self.send_op(op, src, src.sge(offset, len))
+    }
+
+    /// RDMA READ of `len` bytes from `remote` into `dst` at `offset`.
+    pub fn read(&self, dst: &Rc<Buffer>, offset: usize, len: usize, remote: Remote) -> Op {
+        let op = SendOp::Read {
+            remote_addr: remote.addr(),
+            rkey: remote.region.rkey,
+        };
+        self.send_op(op, dst, dst.sge(offset, len))
+    }
+
+    /// SEND of `len` bytes at `offset` of `src`.
+    pub fn send(&self, src: &Rc<Buffer>, offset: usize, len: usize) -> Op {
+        let op = SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        };
+        self.send_op(op, src, src.sge(offset, len))
+    }
+
+    /// Posts a receive of up to `len` bytes into `dst` at `offset`; completes when a Send (or
+    /// a Write with immediate) consumes it.
+    pub fn recv(&self, dst: &Rc<Buffer>, offset: usize, len: usize) -> Op {
+        let sge = dst.sge(offset, len);
+        self.start(vec![dst.clone()], |id| {
+            self.qp.post_recv(RecvWr {
+                wr_id: id,
+                sges: vec![sge],
+            })
+        })
+    }
+
+    /// Atomic fetch-and-add on the 8-byte word at `remote`; the old value lands in `result` at
+    /// `offset` and is returned.
+    pub async fn fetch_add(
+        &self,
+        result: &Rc<Buffer>,
+        offset: usize,
+        remote: Remote,
+        add: u64,
+    ) -> Result<u64, DriverError> {
+        let op = SendOp::FetchAdd {
+            remote_addr: remote.addr(),
+            rkey: remote.region.rkey,
+            add,
+        };
+        self.send_op(op, result, result.sge(offset, 8)).await?;
+        Ok(result.load_u64(offset))
+    }
+
+    /// Atomic compare-and-swap on the 8-byte word at `remote`; returns the old value (the swap
+    /// happened if it equals `compare`).
+    pub async fn compare_swap(
+        &self,
+        result: &Rc<Buffer>,
+        offset: usize,
+        remote: Remote,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, DriverError> {
+        let op = SendOp::CmpSwap {
+            remote_addr: remote.addr(),
+            rkey: remote.region.rkey,
+            compare,
+            swap,
+        };
+        self.send_op(op, result, result.sge(offset, 8)).await?;
+        Ok(result.load_u64(offset))
+    }
+
+    /// Work requests whose futures were dropped and whose completions have not come yet.
+    pub fn abandoned_in_flight(&self) -> usize {
+        self.table
+            .borrow()
+            .pending
+            .values()
+            .filter(|p| p.abandoned)
+            .count()
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // Disconnecting flushes everything outstanding; the routing tasks stay until the last
+        // held buffer's completion has come, then end.
+        self.table.borrow_mut().closed = true;
+        self.qp.disconnect();
+    }
+}
+
+/// One operation in flight. Resolves to its work completion; an error status is an
+/// `Err(DriverError::Completion { .. })`.
+pub struct Op {
+    table: Rc<RefCell<Table>>,
+    id: u64,
+    posted: Result<(), DriverError>,
+}
+
+impl Future for Op {
+    type Output = Result<WorkCompletion, DriverError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Err(e) = &this.posted {
+            return Poll::Ready(Err(e.clone()));
+        }
+        let mut t = this.table.borrow_mut();
+        let Some(p) = t.pending.get_mut(&this.id) else {
+            return Poll::Ready(Err(DriverError::Unsupported(
+                "operation polled after completion".into(),
+            )));
+        };
+        match p.done.take() {
+            Some(wc) => {
+                t.pending.remove(&this.id);
+                Poll::Ready(if wc.status == WcStatus::Success {
+                    Ok(wc)
+                } else {
+                    Err(DriverError::Completion {
+                        status: wc.status,
+                        wr_id: wc.wr_id,
+                    })
+                })
+            }
+            None => {
+                p.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl Drop for Op {
+    fn drop(&mut self) {
+        let mut t = self.table.borrow_mut();
+        if let Some(p) = t.pending.get_mut(&self.id) {
+            if p.done.is_some() {
+                t.pending.remove(&self.id);
+            } else {
+                // Still owned by the device: keep the buffers until the completion.
+                p.abandoned = true;
+                p.waker = None;
+            }
+        }
+    }
+}

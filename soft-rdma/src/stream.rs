@@ -289,6 +289,11 @@ enum Place {
 pub struct Stream {
     dev: Device,
     cfg: StreamConfig,
+    /// Bytes of the RDMA Write message being received, and of the last one completed: a Write
+    /// with Immediate's receive completion reports the Write's length (`byte_len`), as verbs
+    /// do for `IBV_WC_RECV_RDMA_WITH_IMM`.
+    write_run: u64,
+    last_write_len: u64,
     state: QpState,
     scq: CompletionQueue,
     rcq: CompletionQueue,
@@ -372,6 +377,8 @@ impl Stream {
             rq: VecDeque::new(),
             recv_placed: 0,
             last_terminate: None,
+            write_run: 0,
+            last_write_len: 0,
         }
     }
 
@@ -1025,6 +1032,12 @@ impl Stream {
                         if payload_len > 0 {
                             self.extents.push_back((p, payload_len));
                         }
+                        if !read_response {
+                            self.write_run += payload_len as u64;
+                            if seg.last {
+                                self.last_write_len = std::mem::take(&mut self.write_run);
+                            }
+                        }
                         self.place = Some(Place::Tagged {
                             last: seg.last,
                             read_response,
@@ -1248,7 +1261,7 @@ impl Stream {
                     wr_id: wr.wr_id,
                     status: WcStatus::Success,
                     opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: 0,
+                    byte_len: std::mem::take(&mut self.last_write_len) as u32,
                     imm: Some(imm),
                     invalidated: None,
                     solicited: opcode == RdmapOpcode::ImmediateDataSe,

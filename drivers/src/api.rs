@@ -69,6 +69,24 @@ impl Device {
         self.chosen.defaults
     }
 
+    /// Connection settings from this device's transport defaults (and their overrides): queue
+    /// depth, the software provider's MULPDU from `mtu`, and RoCE v2's traffic class. Path MTU
+    /// and source GID on verbs come from rdma_cm's address and route resolution.
+    pub fn connect_options(&self) -> ConnectOptions {
+        let d = self.chosen.defaults;
+        ConnectOptions {
+            depth: d.queue_depth,
+            mulpdu: if self.chosen.transport == Transport::Soft {
+                d.mtu as usize
+            } else {
+                16 * 1024
+            },
+            tos: (self.chosen.transport == Transport::RoCEv2 && d.traffic_class != 0)
+                .then_some(d.traffic_class),
+            ..ConnectOptions::default()
+        }
+    }
+
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, DriverError> {
         Ok(match &self.backend {
@@ -239,6 +257,10 @@ pub struct ConnectOptions {
     pub ird_ord: u8,
     /// Ask for MPA CRC32c (soft; off by default, as Linux siw).
     pub crc: bool,
+    /// Largest ULPDU the software provider sends (its "MTU").
+    pub mulpdu: usize,
+    /// IP type of service for the connection (RoCE v2 traffic class, DSCP << 2).
+    pub tos: Option<u8>,
 }
 
 impl Default for ConnectOptions {
@@ -250,6 +272,8 @@ impl Default for ConnectOptions {
             max_inline: 64,
             ird_ord: 16,
             crc: false,
+            mulpdu: 16 * 1024,
+            tos: None,
         }
     }
 }
@@ -265,6 +289,7 @@ impl ConnectOptions {
             },
             private_data: self.private_data.clone(),
             timeout: self.timeout,
+            mulpdu: self.mulpdu,
             ..soft::provider::ConnectOptions::default()
         }
     }
@@ -277,6 +302,7 @@ impl ConnectOptions {
             max_inline: self.max_inline,
             ird: self.ird_ord,
             ord: self.ird_ord,
+            tos: self.tos,
         }
     }
 }

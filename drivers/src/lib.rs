@@ -2,10 +2,12 @@
 //! (`verbs`: InfiniBand, RoCE v1/v2, iWARP NICs, and Linux rxe/siw) and barewire's software
 //! provider (`soft`, iWARP over TCP).
 //!
-//! Today this crate chooses the transport: it lists the devices rdma-core sees, applies
-//! `Transport::Auto` (the first usable verbs device, otherwise soft), and refuses an explicit
-//! request for an absent transport with an error that says what to install or set. The data
-//! path behind the verbs backend is the next step of the drivers work.
+//! [`Device`] opens what `BAREWIRE_DRIVER` / [`DriverConfig`] select; its protection domains,
+//! memory regions, completion queues and queue pairs behave the same on both backends, and
+//! [`Endpoint`] gives async operations that complete on their own work completion. Transport
+//! selection: `Transport::Auto` takes the first usable verbs device and otherwise the software
+//! provider, and an explicit request for an absent transport is an error that says what to
+//! install or set.
 //!
 //! ```
 //! use barewire_drivers::{select, Transport};
@@ -32,5 +34,7 @@ pub use api::{
     WcOpcode, WcStatus, WorkCompletion,
 };
 pub use ops::{Buffer, Endpoint, Op, Remote};
-pub use transport::{select, Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
+pub use transport::{
+    select, Chosen, DriverConfig, DriverError, Overrides, Transport, TransportDefaults,
+};
 pub use verbs::{verbs_devices, DeviceInfo};

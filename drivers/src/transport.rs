@@ -121,6 +121,59 @@ pub struct DriverConfig {
     pub verbs_only: bool,
     /// A device name (`BAREWIRE_DEVICE`, e.g. `mlx5_0` or `siw0`).
     pub device: Option<String>,
+    /// Settings that replace the chosen transport's defaults.
+    pub overrides: Overrides,
+}
+
+/// Replacements for a transport's defaults, from the builder methods of [`DriverConfig`] or
+/// from the environment: `BAREWIRE_MTU`, `BAREWIRE_QUEUE_DEPTH`, `BAREWIRE_MAX_MESSAGE`,
+/// `BAREWIRE_TRAFFIC_CLASS`, `BAREWIRE_GID_INDEX`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// See [`TransportDefaults::mtu`].
+    pub mtu: Option<u32>,
+    /// See [`TransportDefaults::queue_depth`].
+    pub queue_depth: Option<u32>,
+    /// See [`TransportDefaults::max_message`].
+    pub max_message: Option<u64>,
+    /// See [`TransportDefaults::traffic_class`].
+    pub traffic_class: Option<u8>,
+    /// See [`TransportDefaults::gid_index`].
+    pub gid_index: Option<u8>,
+}
+
+impl Overrides {
+    fn apply(&self, d: &mut TransportDefaults) {
+        d.mtu = self.mtu.unwrap_or(d.mtu);
+        d.queue_depth = self.queue_depth.unwrap_or(d.queue_depth);
+        d.max_message = self.max_message.unwrap_or(d.max_message);
+        d.traffic_class = self.traffic_class.unwrap_or(d.traffic_class);
+        d.gid_index = self.gid_index.unwrap_or(d.gid_index);
+    }
+
+    fn from_env() -> Result<Overrides, DriverError> {
+        fn var<T: FromStr>(name: &str) -> Result<Option<T>, DriverError> {
+            match std::env::var(name) {
+                Ok(v) if !v.is_empty() => {
+                    v.trim()
+                        .parse()
+                        .map(Some)
+                        .map_err(|_| DriverError::BadSetting {
+                            name: name.into(),
+                            value: v,
+                        })
+                }
+                _ => Ok(None),
+            }
+        }
+        Ok(Overrides {
+            mtu: var("BAREWIRE_MTU")?,
+            queue_depth: var("BAREWIRE_QUEUE_DEPTH")?,
+            max_message: var("BAREWIRE_MAX_MESSAGE")?,
+            traffic_class: var("BAREWIRE_TRAFFIC_CLASS")?,
+            gid_index: var("BAREWIRE_GID_INDEX")?,
+        })
+    }
 }
 
 impl DriverConfig {
@@ -130,7 +183,39 @@ impl DriverConfig {
         let device = std::env::var("BAREWIRE_DEVICE")
             .ok()
             .filter(|d| !d.is_empty());
-        DriverConfig::parse(&driver, device)
+        let mut cfg = DriverConfig::parse(&driver, device)?;
+        cfg.overrides = Overrides::from_env()?;
+        Ok(cfg)
+    }
+
+    /// Path MTU (verbs) or MULPDU (soft) instead of the transport's default.
+    pub fn mtu(mut self, v: u32) -> Self {
+        self.overrides.mtu = Some(v);
+        self
+    }
+
+    /// Queue depth instead of the transport's default.
+    pub fn queue_depth(mut self, v: u32) -> Self {
+        self.overrides.queue_depth = Some(v);
+        self
+    }
+
+    /// Largest message instead of the transport's default.
+    pub fn max_message(mut self, v: u64) -> Self {
+        self.overrides.max_message = Some(v);
+        self
+    }
+
+    /// IP traffic class (RoCE v2: DSCP << 2) instead of the transport's default.
+    pub fn traffic_class(mut self, v: u8) -> Self {
+        self.overrides.traffic_class = Some(v);
+        self
+    }
+
+    /// GID index instead of the transport's default.
+    pub fn gid_index(mut self, v: u8) -> Self {
+        self.overrides.gid_index = Some(v);
+        self
     }
 
     /// As `from_env`, from the two values.
@@ -145,6 +230,7 @@ impl DriverConfig {
             transport,
             verbs_only,
             device,
+            overrides: Overrides::default(),
         })
     }
 
@@ -157,7 +243,9 @@ impl DriverConfig {
                 found: describe(&devs),
             });
         }
-        select_from(self.transport, self.device.as_deref(), &devs)
+        let mut chosen = select_from(self.transport, self.device.as_deref(), &devs)?;
+        self.overrides.apply(&mut chosen.defaults);
+        Ok(chosen)
     }
 }
 
@@ -178,6 +266,14 @@ pub enum DriverError {
         transport: String,
         /// What rdma-core does see, for the message.
         found: String,
+    },
+    /// A `BAREWIRE_*` setting that does not parse.
+    #[error("{name}={value:?} is not a valid value")]
+    BadSetting {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
     },
     /// An rdma-core or librdmacm call failed.
     #[error("{call} failed: {error}")]
@@ -351,6 +447,30 @@ mod tests {
             select_from(Transport::IWarp, None, &devs).unwrap().device,
             "siw0"
         );
+    }
+
+    #[test]
+    fn overrides_replace_the_defaults() {
+        let cfg = DriverConfig::parse("soft", None)
+            .unwrap()
+            .mtu(4096)
+            .queue_depth(64)
+            .traffic_class(104)
+            .gid_index(1)
+            .max_message(1 << 20);
+        let d = cfg.select().unwrap().defaults;
+        assert_eq!(
+            (
+                d.mtu,
+                d.queue_depth,
+                d.traffic_class,
+                d.gid_index,
+                d.max_message
+            ),
+            (4096, 64, 104, 1, 1 << 20)
+        );
+        let plain = DriverConfig::parse("soft", None).unwrap().select().unwrap();
+        assert_eq!(plain.defaults, Transport::Soft.defaults());
     }
 
     #[test]

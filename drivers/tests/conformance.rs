@@ -15,9 +15,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire_drivers::{
-    connect, Access, Buffer, CompletionQueue, ConnectOptions, Device, DriverConfig, DriverError,
-    Endpoint, ProtectionDomain, QueuePair, RegionDescriptor, Remote, SendOp, SendWr, Stag,
-    Transport, WcStatus,
+    connect, Access, Buffer, CompletionQueue, Device, DriverConfig, DriverError, Endpoint,
+    ProtectionDomain, QueuePair, RegionDescriptor, Remote, SendOp, SendWr, Stag, Transport,
+    WcStatus,
 };
 use barewire_engine::Runtime;
 
@@ -114,7 +114,7 @@ async fn raw(s: &Side, peer: &Peer) -> (QueuePair, CompletionQueue, CompletionQu
         s.dev.create_cq(1024).unwrap(),
         s.dev.create_cq(1024).unwrap(),
     );
-    let (qp, private) = connect(peer.addr, &s.pd, &scq, &rcq, &ConnectOptions::default())
+    let (qp, private) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
         .await
         .unwrap();
     assert_eq!(private.len(), 40, "two region descriptors");

@@ -73,7 +73,7 @@ async fn serve(port: u16) -> Result<(), DriverError> {
     private.extend_from_slice(&region1.descriptor().to_bytes());
     let opts = ConnectOptions {
         private_data: private,
-        ..ConnectOptions::default()
+        ..dev.connect_options()
     };
     let l = Listener::bind(&dev, ([0, 0, 0, 0], port).into(), &opts)?;
     println!("READY {}", l.port());
@@ -151,7 +151,7 @@ async fn check(addr: &str) -> Result<(), DriverError> {
     let dev = Device::from_env()?;
     let pd = dev.alloc_pd()?;
     let (scq, rcq) = (dev.create_cq(256)?, dev.create_cq(256)?);
-    let (qp, private) = connect(addr, &pd, &scq, &rcq, &ConnectOptions::default()).await?;
+    let (qp, private) = connect(addr, &pd, &scq, &rcq, &dev.connect_options()).await?;
     let remote = RegionDescriptor::from_bytes(&private)
         .ok_or_else(|| DriverError::Connect("the peer sent no region descriptor".into()))?;
     let ep = Endpoint::new(qp, scq, rcq);

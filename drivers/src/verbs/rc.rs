@@ -495,6 +495,31 @@ pub struct CmSettings {
     pub ird: u8,
     /// See `ird`.
     pub ord: u8,
+    /// IP type of service for RoCE v2 (DSCP << 2), set on the connection identifier.
+    pub tos: Option<u8>,
+}
+
+/// `RDMA_OPTION_ID` and `RDMA_OPTION_ID_TOS` from `<rdma/rdma_cma.h>` (anonymous enums that
+/// bindgen skips).
+const RDMA_OPTION_ID: i32 = 0;
+const RDMA_OPTION_ID_TOS: i32 = 0;
+
+fn set_tos(id: *mut sys::rdma_cm_id, tos: Option<u8>) -> Result<(), DriverError> {
+    let Some(mut tos) = tos else { return Ok(()) };
+    // SAFETY: a live id; the option is one byte, passed by pointer.
+    let rc = unsafe {
+        sys::rdma_set_option(
+            id,
+            RDMA_OPTION_ID,
+            RDMA_OPTION_ID_TOS,
+            (&mut tos as *mut u8).cast(),
+            1,
+        )
+    };
+    if rc != 0 {
+        return Err(last_os_error("rdma_set_option(TOS)"));
+    }
+    Ok(())
 }
 
 /// A connected RC queue pair.
@@ -770,6 +795,7 @@ impl Qp {
             }
         };
         let result = async {
+            set_tos(id, s.tos)?;
             let (mut ss, _) = sockaddr(addr);
             let ms = s.timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
             // SAFETY: a live id and a valid address.
@@ -1057,6 +1083,7 @@ impl Listener {
             channel: ch,
             settings,
         };
+        set_tos(id, l.settings.tos)?;
         let (mut ss, _) = sockaddr(addr);
         // SAFETY: a live id and a valid address.
         if unsafe { sys::rdma_bind_addr(id, (&mut ss as *mut libc::sockaddr_storage).cast()) } != 0

@@ -164,3 +164,18 @@ fn compare_names_the_peers_that_are_missing() {
         "barewire's own runs all finished:\n{stdout}"
     );
 }
+
+#[test]
+fn an_absent_verbs_driver_is_a_clear_error() {
+    if !barewire_drivers::verbs_devices().is_empty() {
+        return; // a device exists here: --driver verbs would run
+    }
+    let (ok, _, err) = perf(&["write_lat", "--loopback", "--driver", "verbs"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--driver verbs: no verbs RDMA device found")
+            && err.contains("BAREWIRE_DRIVER=soft"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+}

@@ -21,15 +21,11 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::{Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
+use barewire_drivers::{
+    connect, Access, CompletionQueue, ConnectOptions, Device, DriverConfig, Listener, MemoryRegion,
+    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, WcStatus,
+};
 use barewire_engine::{yield_now, Runtime};
-use barewire_soft_rdma::provider::{
-    connect, ConnectOptions, Listener, QueuePair, RegionDescriptor,
-};
-use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
-use barewire_soft_rdma::verbs::{
-    Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, WcStatus,
-};
-use barewire_soft_rdma::wire::MpaSettings;
 use hdrhistogram::Histogram;
 
 use super::cli::{AtomicOp, RunArgs, Test};
@@ -65,8 +61,9 @@ pub fn warmup(iters: u64) -> u64 {
 /// Runs what `args` asks: a server, a client, or both (`--loopback`). The client prints its
 /// rows as they are measured (a table or JSON lines) and returns them.
 pub fn run(args: &RunArgs) -> Result<Outcome, String> {
-    check_driver(&args.driver)?;
     if args.loopback {
+        // Say why the driver cannot be used here, before starting a server that would fail.
+        drop(open_device(&args.driver)?);
         return loopback(args);
     }
     match &args.server {
@@ -82,20 +79,12 @@ pub fn run(args: &RunArgs) -> Result<Outcome, String> {
     }
 }
 
-/// barewire-perf measures the software provider; the driver name is resolved the way
-/// `BAREWIRE_DRIVER` is, so an absent device is the drivers' clear error.
-fn check_driver(name: &str) -> Result<(), String> {
-    let cfg = barewire_drivers::DriverConfig::parse(name, std::env::var("BAREWIRE_DEVICE").ok())
+/// Opens the device `--driver` names (as `BAREWIRE_DRIVER` would; `BAREWIRE_DEVICE` picks
+/// one by name), so an absent device is the drivers' clear error.
+fn open_device(name: &str) -> Result<Device, String> {
+    let cfg = DriverConfig::parse(name, std::env::var("BAREWIRE_DEVICE").ok())
         .map_err(|e| e.to_string())?;
-    let chosen = cfg.select().map_err(|e| e.to_string())?;
-    if chosen.transport != barewire_drivers::Transport::Soft {
-        return Err(format!(
-            "barewire-perf runs on the soft driver only so far; {} ({}) was selected. \
-             Use --driver soft.",
-            chosen.device, chosen.transport
-        ));
-    }
-    Ok(())
+    Device::open(&cfg).map_err(|e| format!("--driver {name}: {e}"))
 }
 
 fn runtime(cpu: Option<usize>) -> Result<Runtime, String> {
@@ -141,7 +130,7 @@ impl Buffer {
         vec![Sge {
             addr,
             len: len as u32,
-            lkey: self.mr.stag(),
+            lkey: self.mr.lkey(),
         }]
     }
     fn read_u64(&self, off: usize) -> u64 {
@@ -190,9 +179,15 @@ impl Plan {
         let mut b = MAGIC.to_vec();
         b.push(self.test.code());
         b.push((self.atomic == AtomicOp::CmpSwap) as u8);
-        b.push(self.sizes.len() as u8);
-        for s in &self.sizes {
-            b.extend_from_slice(&(*s as u32).to_be_bytes());
+        // `-a` travels as a count of zero, so the plan fits rdma_cm's 56 bytes of private data
+        // on InfiniBand and RoCE.
+        if self.sizes == super::cli::all_sizes() {
+            b.push(0);
+        } else {
+            b.push(self.sizes.len() as u8);
+            for s in &self.sizes {
+                b.extend_from_slice(&(*s as u32).to_be_bytes());
+            }
         }
         b.extend_from_slice(&self.iters.to_be_bytes());
         b.extend_from_slice(&self.tx_depth.to_be_bytes());
@@ -206,11 +201,15 @@ impl Plan {
         let rest = b.strip_prefix(MAGIC).ok_or_else(bad)?;
         let (&[test, atomic, n], rest) = rest.split_first_chunk::<3>().ok_or_else(bad)?;
         let n = n as usize;
-        if rest.len() != n * 4 + 16 + RegionDescriptor::LEN || n == 0 {
+        if rest.len() != n * 4 + 16 + RegionDescriptor::LEN {
             return Err(bad());
         }
         let u32_at = |o: usize| u32::from_be_bytes(rest[o..o + 4].try_into().unwrap());
-        let sizes: Vec<usize> = (0..n).map(|i| u32_at(i * 4) as usize).collect();
+        let sizes: Vec<usize> = if n == 0 {
+            super::cli::all_sizes()
+        } else {
+            (0..n).map(|i| u32_at(i * 4) as usize).collect()
+        };
         if sizes.iter().any(|&s| s == 0 || s > super::cli::MAX_SIZE) {
             return Err(bad());
         }
@@ -232,16 +231,17 @@ impl Plan {
     }
 }
 
-fn options(crc: bool, private_data: Vec<u8>) -> ConnectOptions {
+fn options(dev: &Device, crc: bool, private_data: Vec<u8>) -> ConnectOptions {
     ConnectOptions {
-        mpa: MpaSettings {
-            crc,
-            ..MpaSettings::default()
-        },
+        crc,
         private_data,
-        mulpdu: 16 * 1024,
-        ..ConnectOptions::default()
+        ..dev.connect_options()
     }
+}
+
+fn cqs(dev: &Device) -> Result<(CompletionQueue, CompletionQueue), String> {
+    let cq = |n| dev.create_cq(n).map_err(|e| format!("create_cq: {e}"));
+    Ok((cq(1 << 16)?, cq(4096)?))
 }
 
 fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>, signaled: bool) -> SendWr {
@@ -282,22 +282,24 @@ async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
 fn server(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
     runtime(cpu)?.block_on(async {
-        let pd = Device::new().alloc_pd();
+        let dev = open_device(&args.driver)?;
+        let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
-        let desc = RegionDescriptor::of(&buf.mr);
+        let desc = buf.mr.descriptor();
         let l = Listener::bind(
+            &dev,
             SocketAddr::from(([0, 0, 0, 0], args.port)),
-            options(args.crc, desc.to_bytes().to_vec()),
+            &options(&dev, args.crc, desc.to_bytes().to_vec()),
         )
         .map_err(|e| format!("listen on port {}: {e}", args.port))?;
-        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        let port = l.port();
         if args.announce {
             println!("READY {port}");
             let _ = std::io::stdout().flush();
         } else {
             eprintln!("barewire-perf: waiting for a client on port {port}");
         }
-        let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(4096));
+        let (scq, rcq) = cqs(&dev)?;
         let (qp, data) = l
             .accept(&pd, &scq, &rcq)
             .await
@@ -387,13 +389,14 @@ async fn serve(
 fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
     let cpu = args.cpus.as_ref().map(|c| c[0]);
     runtime(cpu)?.block_on(async {
-        let pd = Device::new().alloc_pd();
+        let dev = open_device(&args.driver)?;
+        let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let max = *args.sizes.iter().max().unwrap();
         let buf = Buffer::new(&pd, max)?;
         let plan = Plan::of(args);
-        let (scq, rcq) = (CompletionQueue::new(1 << 16), CompletionQueue::new(4096));
-        let opts = options(args.crc, plan.encode(&RegionDescriptor::of(&buf.mr)));
-        let (qp, data) = connect(addr, &pd, &scq, &rcq, opts)
+        let (scq, rcq) = cqs(&dev)?;
+        let opts = options(&dev, args.crc, plan.encode(&buf.mr.descriptor()));
+        let (qp, data) = connect(addr, &pd, &scq, &rcq, &opts)
             .await
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let remote = RegionDescriptor::from_bytes(&data)
@@ -766,12 +769,16 @@ mod tests {
             duration_ms: 2500,
         };
         let desc = RegionDescriptor {
-            rkey: barewire_soft_rdma::verbs::Stag(0xdead_beef),
+            rkey: barewire_drivers::Stag(0xdead_beef),
             addr: 0x1000,
             len: 4096,
         };
         let b = plan.encode(&desc);
-        assert!(b.len() <= 512 - 4, "fits MPA private data: {}", b.len());
+        assert!(
+            b.len() <= 56,
+            "fits rdma_cm's private data on IB/RoCE: {}",
+            b.len()
+        );
         assert_eq!(Plan::decode(&b).unwrap(), (plan, desc));
         assert!(Plan::decode(&b[..b.len() - 1]).is_err());
         assert!(Plan::decode(b"BWPX").is_err());

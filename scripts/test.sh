@@ -13,5 +13,8 @@ echo "== cargo test --workspace (epoll reactor)"
 BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
 BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
+echo "== drivers conformance on verbs (runs where an RDMA device exists; otherwise each test prints SKIP and why)"
+BAREWIRE_DRIVER=verbs cargo test -p barewire-drivers --test conformance -- --nocapture
+
 echo "== loom models (SPSC ring, cross-core wake)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p barewire-engine --release --lib loom

@@ -50,7 +50,11 @@ struct Peer {
 
 impl Peer {
     fn start(driver: &str) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_barewire-peer"))
+        // BAREWIRE_PEER lets a prebuilt suite run on another machine (where cargo's path to
+        // the peer binary does not exist).
+        let bin = std::env::var("BAREWIRE_PEER")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_barewire-peer").to_string());
+        let mut child = Command::new(bin)
             .args(["serve", "0"])
             .env("BAREWIRE_DRIVER", driver)
             .stdout(Stdio::piped())

@@ -13,7 +13,7 @@ pub use barewire_soft_rdma::verbs::{Access, QpState, Stag, WcOpcode, WcStatus, W
 use barewire_soft_rdma::wire::MpaSettings;
 
 use crate::transport::{Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
-use crate::verbs::rc as verbs;
+use crate::verbs::{cm, rc};
 
 /// An opened RDMA device: a verbs device, or the software provider.
 ///
@@ -34,7 +34,7 @@ pub struct Device {
 
 enum DeviceBackend {
     Soft(soft::verbs::Device),
-    Verbs(Rc<verbs::Context>),
+    Verbs(Rc<rc::Context>),
 }
 
 impl Device {
@@ -44,7 +44,7 @@ impl Device {
         let backend = if chosen.transport == Transport::Soft {
             DeviceBackend::Soft(soft::verbs::Device::new())
         } else {
-            DeviceBackend::Verbs(verbs::Context::open(&chosen.device)?)
+            DeviceBackend::Verbs(rc::Context::open(&chosen.device)?)
         };
         Ok(Device { backend, chosen })
     }
@@ -91,7 +91,7 @@ impl Device {
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, DriverError> {
         Ok(match &self.backend {
             DeviceBackend::Soft(d) => ProtectionDomain::Soft(d.alloc_pd()),
-            DeviceBackend::Verbs(c) => ProtectionDomain::Verbs(verbs::Pd::new(c)?),
+            DeviceBackend::Verbs(c) => ProtectionDomain::Verbs(rc::Pd::new(c)?),
         })
     }
 
@@ -101,7 +101,7 @@ impl Device {
             DeviceBackend::Soft(_) => {
                 CompletionQueue::Soft(soft::verbs::CompletionQueue::new(depth))
             }
-            DeviceBackend::Verbs(c) => CompletionQueue::Verbs(verbs::Cq::new(c, depth)?),
+            DeviceBackend::Verbs(c) => CompletionQueue::Verbs(rc::Cq::new(c, depth)?),
         })
     }
 }
@@ -111,7 +111,7 @@ pub enum ProtectionDomain {
     /// The software provider's.
     Soft(soft::verbs::ProtectionDomain),
     /// rdma-core's.
-    Verbs(Rc<verbs::Pd>),
+    Verbs(Rc<rc::Pd>),
 }
 
 impl ProtectionDomain {
@@ -144,7 +144,7 @@ pub enum MemoryRegion {
     /// The software provider's.
     Soft(soft::verbs::MemoryRegion),
     /// rdma-core's.
-    Verbs(verbs::Mr),
+    Verbs(rc::Mr),
 }
 
 impl MemoryRegion {
@@ -218,7 +218,7 @@ pub enum CompletionQueue {
     /// The software provider's (its poller pushes completions in).
     Soft(soft::verbs::CompletionQueue),
     /// rdma-core's (the core's verbs poller moves completions in).
-    Verbs(Rc<verbs::Cq>),
+    Verbs(Rc<rc::Cq>),
 }
 
 impl CompletionQueue {
@@ -294,8 +294,8 @@ impl ConnectOptions {
         }
     }
 
-    fn verbs(&self) -> verbs::CmSettings {
-        verbs::CmSettings {
+    fn verbs(&self) -> cm::CmSettings {
+        cm::CmSettings {
             private_data: self.private_data.clone(),
             timeout: self.timeout,
             depth: self.depth,
@@ -327,7 +327,7 @@ pub enum QueuePair {
     /// The software provider's.
     Soft(soft::provider::QueuePair),
     /// rdma-core's.
-    Verbs(Rc<verbs::Qp>),
+    Verbs(Rc<cm::Qp>),
 }
 
 /// Connects to a listening peer; returns the queue pair and the peer's private data.
@@ -358,7 +358,7 @@ pub async fn connect(
             Ok((QueuePair::Soft(qp), data))
         }
         (ProtectionDomain::Verbs(pd), CompletionQueue::Verbs(s), CompletionQueue::Verbs(r)) => {
-            let (qp, data) = verbs::Qp::connect(addr, pd, s, r, &opts.verbs()).await?;
+            let (qp, data) = cm::Qp::connect(addr, pd, s, r, &opts.verbs()).await?;
             Ok((QueuePair::Verbs(qp), data))
         }
         _ => Err(mismatch()),
@@ -416,7 +416,7 @@ pub enum Listener {
     /// The software provider's (TCP + MPA).
     Soft(soft::provider::Listener),
     /// librdmacm's.
-    Verbs(verbs::Listener),
+    Verbs(cm::Listener),
 }
 
 impl Listener {
@@ -430,7 +430,7 @@ impl Listener {
             DeviceBackend::Soft(_) => {
                 Listener::Soft(soft::provider::Listener::bind(addr, opts.soft()).map_err(cm_error)?)
             }
-            DeviceBackend::Verbs(_) => Listener::Verbs(verbs::Listener::bind(addr, opts.verbs())?),
+            DeviceBackend::Verbs(_) => Listener::Verbs(cm::Listener::bind(addr, opts.verbs())?),
         })
     }
 

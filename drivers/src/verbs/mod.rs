@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 
+pub(crate) mod cm;
 pub(crate) mod rc;
 
 use crate::transport::Transport;

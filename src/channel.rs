@@ -1,0 +1,533 @@
+//! `Channel<T>`: ordered, exactly-once messages written by RDMA WRITE with immediate data into a
+//! ring in the receiver's memory, with credits returned by WRITE.
+//!
+//! Each direction is a ring of `capacity` slots of `slot` bytes in the receiver's registered
+//! memory. Message `n` goes to slot `n % capacity`, as one WRITE with immediate from the
+//! sender's staging slot: the write places the bytes, and its immediate (channel, length) tells
+//! the receiver, through a receive the receiver posted in advance, that slot `n` is full.
+//! The receiver copies each message out, then tells the sender how many it has consumed by
+//! writing that count into a word of the sender's memory (again with immediate data, so a
+//! sender waiting for room is woken rather than spinning). The sender never has more than
+//! `capacity` messages unconsumed, so it never overwrites one the receiver has not read:
+//! a full ring is backpressure, not loss.
+//!
+//! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
+//! message format ([`Bare`], via serde).
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use barewire_drivers::{Access, Buffer, Op, Remote};
+use bytemuck::Pod;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::control::{imm, Control};
+use crate::endpoint::{Arrival, ChanRef, Endpoint, Inner, Link};
+use crate::error::{Error, Result};
+use crate::region::Fingerprint;
+
+/// How a channel turns `T` into bytes and back.
+pub trait Codec<T> {
+    /// Identifies the codec in the channel handshake (both sides must agree).
+    const ID: u8;
+    /// Appends the encoding of `item` to `out`.
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()>;
+    /// Decodes one message.
+    fn decode(bytes: &[u8]) -> Result<T>;
+}
+
+/// Plain-old-data as its own bytes: no encoding step at all.
+pub struct Raw;
+
+impl<T: Pod> Codec<T> for Raw {
+    const ID: u8 = 0;
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(bytemuck::bytes_of(item));
+        Ok(())
+    }
+    fn decode(bytes: &[u8]) -> Result<T> {
+        bytemuck::try_pod_read_unaligned(bytes).map_err(|e| {
+            Error::Malformed(format!(
+                "{} bytes for a {}: {e}",
+                bytes.len(),
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// The BARE message format (draft-devault-bare) through serde.
+pub struct Bare;
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
+    const ID: u8 = 1;
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
+        serde_bare::to_writer(out, item).map_err(|e| Error::Invalid(format!("BARE encoding: {e}")))
+    }
+    fn decode(bytes: &[u8]) -> Result<T> {
+        serde_bare::from_slice(bytes).map_err(|e| Error::Malformed(format!("BARE: {e}")))
+    }
+}
+
+/// A channel's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelOptions {
+    /// Messages that may be in flight (sent, not yet received) per direction.
+    pub capacity: u32,
+    /// Largest encoded message, in bytes (at most 1 MiB - 2).
+    pub max_message: usize,
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        ChannelOptions {
+            capacity: 256,
+            max_message: 4096,
+        }
+    }
+}
+
+/// Credits are returned after this many messages (a quarter of the ring).
+fn credit_step(capacity: u32) -> u64 {
+    (capacity as u64 / 4).max(1)
+}
+
+/// The sender's half, as the receive task sees it.
+pub(crate) struct TxState {
+    id: u16,
+    capacity: u64,
+    slot: usize,
+    /// The word the receiver writes its consumed count into (`u64::MAX`: receiver gone).
+    credit: Rc<Buffer>,
+    ring: Cell<Option<barewire_drivers::RegionDescriptor>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl TxState {
+    pub(crate) fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+impl Arrival for TxState {
+    fn arrived(&self, _credit: bool, _len: Option<usize>) {
+        self.wake();
+    }
+}
+
+/// The receiver's half, as the receive task sees it.
+pub(crate) struct RxState {
+    id: u16,
+    capacity: u64,
+    slot: usize,
+    ring: Rc<Buffer>,
+    /// Lengths of arrived messages, in order; `None` marks the sender's close.
+    arrived: RefCell<VecDeque<Option<usize>>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl RxState {
+    pub(crate) fn wake(&self) {
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+impl Arrival for RxState {
+    fn arrived(&self, _credit: bool, len: Option<usize>) {
+        self.arrived.borrow_mut().push_back(len);
+        self.wake();
+    }
+}
+
+/// The sending half of a channel.
+pub struct Sender<T, C: Codec<T> = Raw> {
+    link: Rc<Link>,
+    st: Rc<TxState>,
+    staging: Rc<Buffer>,
+    seq: Cell<u64>,
+    inflight: RefCell<VecDeque<Op>>,
+    scratch: RefCell<Vec<u8>>,
+    _t: PhantomData<(fn(T), C)>,
+}
+
+/// The receiving half of a channel.
+pub struct Receiver<T, C: Codec<T> = Raw> {
+    link: Rc<Link>,
+    st: Rc<RxState>,
+    /// Where the sender's credit word is.
+    sender_credit: barewire_drivers::RegionDescriptor,
+    credit_src: Rc<Buffer>,
+    consumed: Cell<u64>,
+    credited: Cell<u64>,
+    closed: Cell<bool>,
+    _t: PhantomData<(fn() -> T, C)>,
+}
+
+impl Endpoint {
+    /// Opens a duplex channel of plain-old-data `T` with the peer, who calls this too: each
+    /// side gets the sender of its direction and the receiver of the other. Channels pair up in
+    /// the order both sides open them; a peer that opens a channel of another type (or codec)
+    /// makes both calls fail with [`Error::TypeMismatch`].
+    ///
+    /// ```no_run
+    /// # async fn demo(ep: barewire::Endpoint) -> barewire::Result<()> {
+    /// let (tx, rx) = ep.open_channel::<[u64; 8]>(Default::default()).await?;
+    /// tx.send(&[1; 8]).await?;
+    /// let got: [u64; 8] = rx.recv().await?;
+    /// # let _ = got; Ok(()) }
+    /// ```
+    pub async fn open_channel<T: Pod>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, Raw>, Receiver<T, Raw>)> {
+        self.open::<T, Raw>(opts).await
+    }
+
+    /// As [`open_channel`](Self::open_channel), for any serde type, BARE-encoded.
+    pub async fn open_bare_channel<T: Serialize + DeserializeOwned>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, Bare>, Receiver<T, Bare>)> {
+        self.open::<T, Bare>(opts).await
+    }
+
+    async fn open<T, C: Codec<T>>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, C>, Receiver<T, C>)> {
+        if opts.capacity == 0 || opts.max_message == 0 || opts.max_message > imm::MAX_MESSAGE {
+            return Err(Error::Invalid(format!(
+                "channel capacity {} and max_message {} (1..={})",
+                opts.capacity,
+                opts.max_message,
+                imm::MAX_MESSAGE
+            )));
+        }
+        let inner: &Rc<Inner> = self.inner();
+        let fp = Fingerprint::of::<T>();
+        let slot = opts.max_message.div_ceil(64) * 64;
+        let cap = opts.capacity as u64;
+        let index = inner.next_open_index();
+
+        // Our direction: a credit word the peer may write, receives for its credit notices.
+        let id = inner.next_chan_id()?;
+        let credit = Buffer::new(
+            &inner.pd,
+            64,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let tx = Rc::new(TxState {
+            id,
+            capacity: cap,
+            slot,
+            credit: credit.clone(),
+            ring: Cell::new(None),
+            waker: RefCell::new(None),
+        });
+        inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
+        inner
+            .shared
+            .borrow_mut()
+            .chans
+            .insert(id, ChanRef::Tx(Rc::downgrade(&tx)));
+        inner
+            .send_control(&Control::Open {
+                id,
+                fp: fp.clone(),
+                codec: C::ID,
+                capacity: opts.capacity,
+                slot: slot as u32,
+                credit: credit.descriptor(),
+            })
+            .await?;
+
+        // Their direction: the index-th Open the peer sent.
+        let (pid, pfp, pcodec, pcap, pslot, pcredit) = inner
+            .wait_control(|ord, c| match c {
+                Control::Open {
+                    id,
+                    fp,
+                    codec,
+                    capacity,
+                    slot,
+                    credit,
+                } if ord == index => Some((*id, fp.clone(), *codec, *capacity, *slot, *credit)),
+                _ => None,
+            })
+            .await?;
+        let mismatch = fp.check(&pfp).err().or_else(|| {
+            (pcodec != C::ID).then(|| Error::TypeMismatch {
+                expected: format!("{fp} with codec {}", C::ID),
+                found: format!("{pfp} with codec {pcodec}"),
+            })
+        });
+        if let Some(e) = mismatch {
+            let _ = inner
+                .send_control(&Control::Refuse {
+                    id: pid,
+                    reason: e.to_string(),
+                })
+                .await;
+            inner.shared.borrow_mut().chans.remove(&id);
+            return Err(e);
+        }
+        if pcap == 0 || pslot == 0 || pslot as usize > imm::MAX_MESSAGE + 64 {
+            return Err(Error::Malformed(format!(
+                "channel of {pcap} slots of {pslot} bytes"
+            )));
+        }
+        let ring = Buffer::new(
+            &inner.pd,
+            pcap as usize * pslot as usize,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let rx = Rc::new(RxState {
+            id: pid,
+            capacity: pcap as u64,
+            slot: pslot as usize,
+            ring: ring.clone(),
+            arrived: RefCell::new(VecDeque::new()),
+            waker: RefCell::new(None),
+        });
+        // Every message the peer may have in flight needs a receive posted before it may send.
+        inner.add_recvs(pcap as usize + 4)?;
+        inner
+            .shared
+            .borrow_mut()
+            .chans
+            .insert(pid, ChanRef::Rx(Rc::downgrade(&rx)));
+        inner
+            .send_control(&Control::Accept {
+                id: pid,
+                ring: ring.descriptor(),
+            })
+            .await?;
+
+        // The peer's answer to ours.
+        let answer = inner
+            .wait_control(|_, c| match c {
+                Control::Accept { id: a, ring } if *a == id => Some(Ok(*ring)),
+                Control::Refuse { id: a, reason } if *a == id => Some(Err(reason.clone())),
+                _ => None,
+            })
+            .await?;
+        match answer {
+            Ok(r) => tx.ring.set(Some(r)),
+            Err(reason) => {
+                inner.shared.borrow_mut().chans.remove(&id);
+                return Err(Error::TypeMismatch {
+                    expected: format!("{fp} with codec {}", C::ID),
+                    found: format!("a channel the peer refused: {reason}"),
+                });
+            }
+        }
+        let staging = Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?;
+        let credit_src = Buffer::new(&inner.pd, 64, 64, Access::LOCAL_WRITE)?;
+        Ok((
+            Sender {
+                link: self.link.clone(),
+                st: tx,
+                staging,
+                seq: Cell::new(0),
+                inflight: RefCell::new(VecDeque::new()),
+                scratch: RefCell::new(Vec::with_capacity(opts.max_message)),
+                _t: PhantomData,
+            },
+            Receiver {
+                link: self.link.clone(),
+                st: rx,
+                sender_credit: pcredit,
+                credit_src,
+                consumed: Cell::new(0),
+                credited: Cell::new(0),
+                closed: Cell::new(false),
+                _t: PhantomData,
+            },
+        ))
+    }
+}
+
+impl<T, C: Codec<T>> Sender<T, C> {
+    fn inner(&self) -> &Inner {
+        &self.link.inner
+    }
+
+    /// The receiver's consumed count (or `u64::MAX` once it is gone).
+    fn credits(&self) -> u64 {
+        self.st.credit.load_u64(0)
+    }
+
+    /// Sends one message. Returns once it is posted (it is then delivered in order, exactly
+    /// once, unless the connection fails); waits while the ring is full.
+    pub async fn send(&self, item: &T) -> Result<()> {
+        let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
+        bytes.clear();
+        C::encode(item, &mut bytes)?;
+        let r = self.send_bytes(&bytes).await;
+        *self.scratch.borrow_mut() = bytes;
+        r
+    }
+
+    async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let max = self.st.slot.min(imm::MAX_MESSAGE);
+        if bytes.len() > max {
+            return Err(Error::TooLarge {
+                len: bytes.len(),
+                max,
+            });
+        }
+        let seq = self.seq.get();
+        // Room in the ring: fewer than `capacity` messages unconsumed.
+        poll_fn(|cx| {
+            if let Some(e) = &self.inner().shared.borrow().error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            let c = self.credits();
+            if c == u64::MAX {
+                return Poll::Ready(Err(Error::Closed));
+            }
+            if seq - c < self.st.capacity {
+                return Poll::Ready(Ok(()));
+            }
+            *self.st.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await?;
+        // The staging slot is free once the write that last used it has completed.
+        while self.inflight.borrow().len() as u64 >= self.st.capacity {
+            let op = self.inflight.borrow_mut().pop_front().unwrap();
+            op.await.map_err(|e| self.inner().driver_error(e))?;
+        }
+        let at = (seq % self.st.capacity) as usize * self.st.slot;
+        self.staging.write_at(at, bytes);
+        let ring = self.st.ring.get().expect("accepted channel");
+        let op = self.inner().ops.write_with_imm(
+            &self.staging,
+            at,
+            bytes.len(),
+            Remote::at(ring, at as u64),
+            imm::data(self.st.id, Some(bytes.len())),
+        );
+        self.inflight.borrow_mut().push_back(op);
+        self.seq.set(seq + 1);
+        Ok(())
+    }
+
+    /// Waits until every message sent so far has been placed in the receiver's ring.
+    pub async fn flush(&self) -> Result<()> {
+        loop {
+            let Some(op) = self.inflight.borrow_mut().pop_front() else {
+                return Ok(());
+            };
+            op.await.map_err(|e| self.inner().driver_error(e))?;
+        }
+    }
+
+    /// Messages sent so far.
+    pub fn sent(&self) -> u64 {
+        self.seq.get()
+    }
+}
+
+impl<T, C: Codec<T>> Drop for Sender<T, C> {
+    fn drop(&mut self) {
+        // Tell the receiver no more is coming (it drains what already arrived first). The
+        // operation keeps its buffer until it completes even though nobody awaits it.
+        if let Some(ring) = self.st.ring.get() {
+            if self.inner().shared.borrow().error.is_none() {
+                drop(self.inner().ops.write_with_imm(
+                    &self.staging,
+                    0,
+                    0,
+                    Remote::at(ring, 0),
+                    imm::data(self.st.id, None),
+                ));
+            }
+        }
+        self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+    }
+}
+
+impl<T, C: Codec<T>> Receiver<T, C> {
+    fn inner(&self) -> &Inner {
+        &self.link.inner
+    }
+
+    /// The next message, in the order sent. Waits for one; [`Error::Closed`] once the sender
+    /// is gone and everything it sent has been received; [`Error::PeerGone`] if the connection
+    /// failed.
+    pub async fn recv(&self) -> Result<T> {
+        let next = poll_fn(|cx| {
+            if let Some(n) = self.st.arrived.borrow_mut().pop_front() {
+                return Poll::Ready(Ok(n));
+            }
+            if self.closed.get() {
+                return Poll::Ready(Err(Error::Closed));
+            }
+            if let Some(e) = &self.inner().shared.borrow().error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            *self.st.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await?;
+        let Some(len) = next else {
+            self.closed.set(true);
+            return Err(Error::Closed);
+        };
+        let n = self.consumed.get();
+        if len > self.st.slot {
+            return Err(Error::Malformed(format!(
+                "a {len}-byte message in a {}-byte slot",
+                self.st.slot
+            )));
+        }
+        let at = (n % self.st.capacity) as usize * self.st.slot;
+        let mut bytes = vec![0u8; len];
+        self.st.ring.read_at(at, &mut bytes);
+        self.consumed.set(n + 1);
+        if n + 1 - self.credited.get() >= credit_step(self.st.capacity as u32) {
+            self.return_credits(n + 1);
+        }
+        C::decode(&bytes)
+    }
+
+    fn return_credits(&self, count: u64) {
+        self.credited.set(count);
+        self.credit_src.write_at(0, &count.to_ne_bytes());
+        // Not awaited: credits only grow, and a failure shows up on the next recv.
+        drop(self.inner().ops.write_with_imm(
+            &self.credit_src,
+            0,
+            8,
+            Remote::at(self.sender_credit, 0),
+            imm::credit(self.st.id),
+        ));
+    }
+
+    /// Messages received so far.
+    pub fn received(&self) -> u64 {
+        self.consumed.get()
+    }
+}
+
+impl<T, C: Codec<T>> Drop for Receiver<T, C> {
+    fn drop(&mut self) {
+        // Tell the sender: its credit word becomes u64::MAX, and its next send fails.
+        if self.inner().shared.borrow().error.is_none() {
+            self.return_credits(u64::MAX);
+        }
+        self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+    }
+}

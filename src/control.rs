@@ -1,0 +1,217 @@
+//! The control messages two endpoints exchange by SEND: region descriptors and the channel
+//! handshake. Every decode of peer bytes returns an error, never panics.
+
+use barewire_drivers::RegionDescriptor;
+
+use crate::error::{Error, Result};
+use crate::region::{take, take_u16, take_u32, take_u64, Fingerprint};
+
+/// Largest control message (a fingerprint's type name is cut to fit).
+pub(crate) const MAX: usize = 512;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// "Here is a region of `len` elements of this type."
+    Region {
+        fp: Fingerprint,
+        desc: RegionDescriptor,
+        len: u64,
+    },
+    /// "I am opening channel `id` towards you: messages of this type and codec, `capacity`
+    /// slots of `slot` bytes; return credits into `credit`."
+    Open {
+        id: u16,
+        fp: Fingerprint,
+        codec: u8,
+        capacity: u32,
+        slot: u32,
+        credit: RegionDescriptor,
+    },
+    /// "Your channel `id` lands in `ring`."
+    Accept { id: u16, ring: RegionDescriptor },
+    /// "I will not take your channel `id`: `reason`."
+    Refuse { id: u16, reason: String },
+}
+
+fn desc(out: &mut Vec<u8>, d: &RegionDescriptor) {
+    out.extend_from_slice(&d.to_bytes());
+}
+
+fn take_desc(b: &mut &[u8]) -> Result<RegionDescriptor> {
+    let raw = take(b, RegionDescriptor::LEN)?;
+    RegionDescriptor::from_bytes(raw).ok_or_else(|| Error::Malformed("region descriptor".into()))
+}
+
+impl Control {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        match self {
+            Control::Region { fp, desc: d, len } => {
+                out.push(1);
+                fp.encode(&mut out);
+                desc(&mut out, d);
+                out.extend_from_slice(&len.to_be_bytes());
+            }
+            Control::Open {
+                id,
+                fp,
+                codec,
+                capacity,
+                slot,
+                credit,
+            } => {
+                out.push(2);
+                out.extend_from_slice(&id.to_be_bytes());
+                fp.encode(&mut out);
+                out.push(*codec);
+                out.extend_from_slice(&capacity.to_be_bytes());
+                out.extend_from_slice(&slot.to_be_bytes());
+                desc(&mut out, credit);
+            }
+            Control::Accept { id, ring } => {
+                out.push(3);
+                out.extend_from_slice(&id.to_be_bytes());
+                desc(&mut out, ring);
+            }
+            Control::Refuse { id, reason } => {
+                out.push(4);
+                out.extend_from_slice(&id.to_be_bytes());
+                let r = &reason.as_bytes()[..reason.len().min(MAX - 8)];
+                out.extend_from_slice(&(r.len() as u16).to_be_bytes());
+                out.extend_from_slice(r);
+            }
+        }
+        out.truncate(MAX);
+        out
+    }
+
+    pub(crate) fn decode(mut b: &[u8]) -> Result<Control> {
+        let b = &mut b;
+        let kind = take(b, 1)?[0];
+        let c = match kind {
+            1 => Control::Region {
+                fp: Fingerprint::decode(b)?,
+                desc: take_desc(b)?,
+                len: take_u64(b)?,
+            },
+            2 => Control::Open {
+                id: take_u16(b)?,
+                fp: Fingerprint::decode(b)?,
+                codec: take(b, 1)?[0],
+                capacity: take_u32(b)?,
+                slot: take_u32(b)?,
+                credit: take_desc(b)?,
+            },
+            3 => Control::Accept {
+                id: take_u16(b)?,
+                ring: take_desc(b)?,
+            },
+            4 => {
+                let id = take_u16(b)?;
+                let n = take_u16(b)? as usize;
+                Control::Refuse {
+                    id,
+                    reason: String::from_utf8_lossy(take(b, n)?).into_owned(),
+                }
+            }
+            k => {
+                return Err(Error::Malformed(format!(
+                    "unknown control message kind {k}"
+                )))
+            }
+        };
+        if !b.is_empty() {
+            return Err(Error::Malformed(format!(
+                "{} trailing bytes after a control message",
+                b.len()
+            )));
+        }
+        Ok(c)
+    }
+}
+
+/// Immediate data of a channel WRITE: bit 31 set for a credit return; bits 30..20 the channel;
+/// bits 19..0 the message length plus one (0: the sender closed the channel).
+pub(crate) mod imm {
+    /// Largest message a channel can carry.
+    pub(crate) const MAX_MESSAGE: usize = (1 << 20) - 2;
+
+    pub(crate) fn data(id: u16, len: Option<usize>) -> u32 {
+        ((id as u32 & 0x7ff) << 20) | len.map_or(0, |l| l as u32 + 1)
+    }
+
+    pub(crate) fn credit(id: u16) -> u32 {
+        (1 << 31) | ((id as u32 & 0x7ff) << 20)
+    }
+
+    /// (is a credit, channel, length: None when closed).
+    pub(crate) fn parse(v: u32) -> (bool, u16, Option<usize>) {
+        let len = v & 0xf_ffff;
+        (
+            v >> 31 == 1,
+            ((v >> 20) & 0x7ff) as u16,
+            (len > 0).then(|| len as usize - 1),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use barewire_drivers::Stag;
+
+    fn d(n: u32) -> RegionDescriptor {
+        RegionDescriptor {
+            rkey: Stag(n),
+            addr: 0x1000 * n as u64,
+            len: 64,
+        }
+    }
+
+    #[test]
+    fn control_messages_round_trip_and_bad_bytes_are_errors() {
+        let all = [
+            Control::Region {
+                fp: Fingerprint::of::<u64>(),
+                desc: d(1),
+                len: 9,
+            },
+            Control::Open {
+                id: 7,
+                fp: Fingerprint::of::<[u8; 64]>(),
+                codec: 1,
+                capacity: 256,
+                slot: 128,
+                credit: d(2),
+            },
+            Control::Accept { id: 7, ring: d(3) },
+            Control::Refuse {
+                id: 7,
+                reason: "type mismatch".into(),
+            },
+        ];
+        for c in all {
+            let b = c.encode();
+            assert_eq!(Control::decode(&b).unwrap(), c);
+            for cut in 0..b.len() {
+                assert!(Control::decode(&b[..cut]).is_err(), "{c:?} cut at {cut}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert!(Control::decode(&long).is_err());
+        }
+        assert!(Control::decode(&[9]).is_err());
+    }
+
+    #[test]
+    fn immediates_carry_channel_length_and_credit() {
+        assert_eq!(imm::parse(imm::data(5, Some(64))), (false, 5, Some(64)));
+        assert_eq!(imm::parse(imm::data(2047, Some(0))), (false, 2047, Some(0)));
+        assert_eq!(imm::parse(imm::data(3, None)), (false, 3, None));
+        assert_eq!(imm::parse(imm::credit(9)), (true, 9, None));
+        assert_eq!(
+            imm::parse(imm::data(1, Some(imm::MAX_MESSAGE))),
+            (false, 1, Some(imm::MAX_MESSAGE))
+        );
+    }
+}

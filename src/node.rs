@@ -1,0 +1,112 @@
+//! A node: this core's device and protection domain, the regions it registers, and the
+//! endpoints it accepts or connects.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use barewire_drivers::{Device, DriverConfig, Listener, ProtectionDomain};
+use bytemuck::Pod;
+
+use crate::endpoint::Endpoint;
+use crate::error::{Error, Result};
+use crate::region::{Align, Region};
+
+/// One per core: opens the device `BAREWIRE_DRIVER` selects (the software provider where there
+/// is no RDMA hardware), registers typed regions, listens, accepts and connects.
+///
+/// ```no_run
+/// # async fn demo() -> barewire::Result<()> {
+/// use barewire::{Align, Node};
+/// let node = Node::new()?;
+/// let port = node.listen("127.0.0.1:0".parse().unwrap())?;
+/// let ep = node.accept().await?;
+/// let table = node.region::<u64>(1024, Align::Page)?;
+/// ep.send_region(&table).await?;
+/// # let _ = port; Ok(()) }
+/// ```
+pub struct Node {
+    dev: Rc<Device>,
+    pd: Rc<ProtectionDomain>,
+    listener: RefCell<Option<Listener>>,
+}
+
+impl Node {
+    /// Opens what `BAREWIRE_DRIVER` / `BAREWIRE_DEVICE` select (`auto` when unset).
+    pub fn new() -> Result<Node> {
+        Node::with_config(&DriverConfig::from_env()?)
+    }
+
+    /// Uses barewire's software provider whatever the environment says.
+    pub fn soft() -> Result<Node> {
+        Node::with_config(&DriverConfig::parse("soft", None)?)
+    }
+
+    /// Opens the device `cfg` selects.
+    pub fn with_config(cfg: &DriverConfig) -> Result<Node> {
+        let dev = Device::open(cfg)?;
+        let pd = dev.alloc_pd()?;
+        Ok(Node {
+            dev: Rc::new(dev),
+            pd: Rc::new(pd),
+            listener: RefCell::new(None),
+        })
+    }
+
+    /// The device in use (its name and transport).
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    /// Registers a zeroed region of `len` `T`s, aligned as asked.
+    pub fn region<T: Pod>(&self, len: usize, align: Align) -> Result<Region<T>> {
+        Region::new(&self.pd, len, align)
+    }
+
+    /// Listens on `addr`; returns the port (useful with port 0).
+    pub fn listen(&self, addr: SocketAddr) -> Result<u16> {
+        let l = Listener::bind(&self.dev, addr, &self.dev.connect_options())?;
+        let port = l.port();
+        *self.listener.borrow_mut() = Some(l);
+        Ok(port)
+    }
+
+    fn endpoint_parts(
+        &self,
+    ) -> Result<(
+        barewire_drivers::CompletionQueue,
+        barewire_drivers::CompletionQueue,
+    )> {
+        let depth = self.dev.defaults().queue_depth.max(64) as usize * 16;
+        Ok((self.dev.create_cq(depth)?, self.dev.create_cq(depth)?))
+    }
+
+    /// Accepts the next peer.
+    pub async fn accept(&self) -> Result<Endpoint> {
+        let (scq, rcq) = self.endpoint_parts()?;
+        let l = self.listener.borrow_mut().take().ok_or_else(|| {
+            Error::Invalid("accept before listen (or from two tasks at once)".into())
+        })?;
+        let r = l.accept(&self.pd, &scq, &rcq).await;
+        *self.listener.borrow_mut() = Some(l);
+        let (qp, _) = r?;
+        Endpoint::new(
+            barewire_drivers::Endpoint::new(qp, scq, rcq),
+            self.pd.clone(),
+            true,
+        )
+    }
+
+    /// Connects to a listening node.
+    pub async fn connect(&self, addr: SocketAddr) -> Result<Endpoint> {
+        let (scq, rcq) = self.endpoint_parts()?;
+        let (qp, _) =
+            barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &self.dev.connect_options())
+                .await?;
+        Endpoint::new(
+            barewire_drivers::Endpoint::new(qp, scq, rcq),
+            self.pd.clone(),
+            false,
+        )
+    }
+}

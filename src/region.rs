@@ -1,0 +1,303 @@
+//! Typed registered memory: `Region<T>` here, `RemoteRegion<T>` for a peer's, with a type
+//! fingerprint that the receiving side checks.
+
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use barewire_drivers::{Access, Buffer, ProtectionDomain, RegionDescriptor};
+use bytemuck::Pod;
+
+use crate::error::{Error, Result};
+
+/// Where a region's first byte is aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    /// The type's own alignment (at least 8, so 8-byte atomics work on `u64` slots).
+    Natural,
+    /// A cache line (64 bytes): no false sharing with neighbouring data.
+    CacheLine,
+    /// A page (4096 bytes): what DMA engines and huge registrations prefer.
+    Page,
+    /// A device's requirement, in bytes (a power of two).
+    Bytes(usize),
+}
+
+impl Align {
+    fn bytes<T>(self) -> usize {
+        match self {
+            Align::Natural => std::mem::align_of::<T>().max(8),
+            Align::CacheLine => 64,
+            Align::Page => 4096,
+            Align::Bytes(n) => n.max(std::mem::align_of::<T>()),
+        }
+    }
+}
+
+/// What a typed descriptor claims about its element type: name, size and alignment. Two
+/// builds of the same program agree on all three; a mismatch is refused at exchange time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// `std::any::type_name`.
+    pub name: String,
+    /// `size_of`.
+    pub size: u32,
+    /// `align_of`.
+    pub align: u32,
+}
+
+impl Fingerprint {
+    /// The fingerprint of `T`.
+    pub fn of<T>() -> Fingerprint {
+        Fingerprint {
+            name: std::any::type_name::<T>().to_string(),
+            size: std::mem::size_of::<T>() as u32,
+            align: std::mem::align_of::<T>() as u32,
+        }
+    }
+
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        let name = self.name.as_bytes();
+        let n = name.len().min(u16::MAX as usize);
+        out.extend_from_slice(&(n as u16).to_be_bytes());
+        out.extend_from_slice(&name[..n]);
+        out.extend_from_slice(&self.size.to_be_bytes());
+        out.extend_from_slice(&self.align.to_be_bytes());
+    }
+
+    pub(crate) fn decode(b: &mut &[u8]) -> Result<Fingerprint> {
+        let n = take_u16(b)? as usize;
+        let name = take(b, n)?;
+        let name = String::from_utf8(name.to_vec())
+            .map_err(|_| Error::Malformed("type name is not UTF-8".into()))?;
+        Ok(Fingerprint {
+            name,
+            size: take_u32(b)?,
+            align: take_u32(b)?,
+        })
+    }
+
+    /// Checks that `found` (what the peer sent) describes the type this side expects.
+    pub fn check(&self, found: &Fingerprint) -> Result<()> {
+        if self == found {
+            Ok(())
+        } else {
+            Err(Error::TypeMismatch {
+                expected: self.to_string(),
+                found: found.to_string(),
+            })
+        }
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (size {}, align {})",
+            self.name, self.size, self.align
+        )
+    }
+}
+
+pub(crate) fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
+    if b.len() < n {
+        return Err(Error::Malformed(format!(
+            "truncated: wanted {n} more bytes, have {}",
+            b.len()
+        )));
+    }
+    let (head, rest) = b.split_at(n);
+    *b = rest;
+    Ok(head)
+}
+
+pub(crate) fn take_u16(b: &mut &[u8]) -> Result<u16> {
+    Ok(u16::from_be_bytes(take(b, 2)?.try_into().unwrap()))
+}
+
+pub(crate) fn take_u32(b: &mut &[u8]) -> Result<u32> {
+    Ok(u32::from_be_bytes(take(b, 4)?.try_into().unwrap()))
+}
+
+pub(crate) fn take_u64(b: &mut &[u8]) -> Result<u64> {
+    Ok(u64::from_be_bytes(take(b, 8)?.try_into().unwrap()))
+}
+
+/// A registered array of `len` plain-old-data `T`s in this process, zero-initialised, that
+/// peers may read, write and update atomically once they hold its [`RemoteRegion`].
+///
+/// Its memory is reachable by the RDMA device and by peers at any time, so it is never lent
+/// out as `&[T]`: read and write it by copying (`get`, `set`, `to_vec`, `copy_from`).
+///
+/// ```
+/// use barewire::{Node, Align};
+/// # barewire::engine::Runtime::builder().cores(1).pin(false).build().unwrap().block_on(async {
+/// let node = Node::soft().unwrap();
+/// let counters = node.region::<u64>(16, Align::CacheLine).unwrap();
+/// counters.set(3, 42);
+/// assert_eq!(counters.get(3), 42);
+/// # });
+/// ```
+pub struct Region<T: Pod> {
+    pub(crate) buf: Rc<Buffer>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> Region<T> {
+    pub(crate) fn new(pd: &ProtectionDomain, len: usize, align: Align) -> Result<Region<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Invalid(format!("{len} elements overflow")))?;
+        let a = align.bytes::<T>();
+        if !a.is_power_of_two() {
+            return Err(Error::Invalid(format!(
+                "alignment {a} is not a power of two"
+            )));
+        }
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        Ok(Region {
+            buf: Buffer::new(pd, bytes, a, all)?,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn at(&self, i: usize) -> usize {
+        assert!(i < self.len, "index {i} out of a region of {}", self.len);
+        i * std::mem::size_of::<T>()
+    }
+
+    /// Element `i` (a copy).
+    pub fn get(&self, i: usize) -> T {
+        let mut v = T::zeroed();
+        self.buf.read_at(self.at(i), bytemuck::bytes_of_mut(&mut v));
+        v
+    }
+
+    /// Sets element `i`.
+    pub fn set(&self, i: usize, v: T) {
+        self.buf.write_at(self.at(i), bytemuck::bytes_of(&v));
+    }
+
+    /// Every element (a copy).
+    pub fn to_vec(&self) -> Vec<T> {
+        let mut v = vec![T::zeroed(); self.len];
+        self.buf.read_at(0, bytemuck::cast_slice_mut(&mut v));
+        v
+    }
+
+    /// Copies `src` in, starting at element `start`.
+    pub fn copy_from(&self, start: usize, src: &[T]) {
+        assert!(start + src.len() <= self.len, "copy past the region's end");
+        self.buf
+            .write_at(start * std::mem::size_of::<T>(), bytemuck::cast_slice(src));
+    }
+
+    /// Address of the first byte (for alignment checks).
+    pub fn as_ptr(&self) -> *const T {
+        self.buf.region().addr() as *const T
+    }
+
+    /// What a peer needs to use this region, with `T`'s fingerprint.
+    pub fn remote(&self) -> RemoteRegion<T> {
+        RemoteRegion {
+            desc: self.buf.descriptor(),
+            len: self.len as u64,
+            _t: PhantomData,
+        }
+    }
+}
+
+/// A peer's [`Region<T>`]: its address, length and key. Obtained from
+/// [`Endpoint::recv_region`](crate::Endpoint::recv_region), which checks that the peer's
+/// region holds `T`.
+pub struct RemoteRegion<T> {
+    pub(crate) desc: RegionDescriptor,
+    pub(crate) len: u64,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for RemoteRegion<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for RemoteRegion<T> {}
+
+impl<T> std::fmt::Debug for RemoteRegion<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RemoteRegion<{}>({} elements at {:#x}, rkey {:#x})",
+            std::any::type_name::<T>(),
+            self.len,
+            self.desc.addr,
+            self.desc.rkey.0
+        )
+    }
+}
+
+impl<T> RemoteRegion<T> {
+    pub(crate) fn from_parts(desc: RegionDescriptor, len: u64) -> RemoteRegion<T> {
+        RemoteRegion {
+            desc,
+            len,
+            _t: PhantomData,
+        }
+    }
+
+    /// Elements.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True when it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub(crate) fn check(&self, index: u64, count: u64) -> Result<u64> {
+        match index.checked_add(count) {
+            Some(end) if end <= self.len => Ok(index * std::mem::size_of::<T>() as u64),
+            _ => Err(Error::OutOfBounds {
+                index,
+                count,
+                len: self.len,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_round_trip_and_name_the_mismatch() {
+        let mut b = Vec::new();
+        Fingerprint::of::<[u32; 3]>().encode(&mut b);
+        let got = Fingerprint::decode(&mut b.as_slice()).unwrap();
+        assert_eq!(got, Fingerprint::of::<[u32; 3]>());
+        let e = Fingerprint::of::<u64>().check(&got).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "type mismatch: expected u64 (size 8, align 8), the peer offered [u32; 3] (size 12, align 4)"
+        );
+        assert!(Fingerprint::decode(&mut &b[..5]).is_err());
+    }
+}

@@ -1,0 +1,456 @@
+//! The typed API end to end over the software provider: two nodes (each its own core, in its
+//! own thread) on loopback.
+
+use std::future::Future;
+use std::time::Duration;
+
+use barewire::engine::{time, Runtime};
+use barewire::{Align, ChannelOptions, DistributedChannel, Endpoint, Error, Node};
+
+fn rt() -> Runtime {
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+/// Runs `server` on an accepting node in a thread and `client` on a connecting node here.
+fn pair<S, SF, C, CF>(server: S, client: C)
+where
+    S: FnOnce(Node, Endpoint) -> SF + Send + 'static,
+    SF: Future<Output = ()> + 'static,
+    C: FnOnce(Node, Endpoint) -> CF,
+    CF: Future<Output = ()>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = Node::soft().unwrap();
+            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            let ep = node.accept().await.unwrap();
+            server(node, ep).await;
+        })
+    });
+    let port = rx.recv().unwrap();
+    rt().block_on(async move {
+        let node = Node::soft().unwrap();
+        let ep = node
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        client(node, ep).await;
+    });
+    t.join().unwrap();
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+struct Point {
+    x: f32,
+    y: f32,
+    id: u32,
+    tag: u32,
+}
+
+#[test]
+fn typed_reads_writes_and_atomics_land_in_the_remote_region() {
+    pair(
+        |node, ep| async move {
+            let points = node.region::<Point>(16, Align::CacheLine).unwrap();
+            assert_eq!(points.as_ptr() as usize % 64, 0);
+            let counters = node.region::<u64>(8, Align::Page).unwrap();
+            assert_eq!(counters.as_ptr() as usize % 4096, 0);
+            points.set(
+                2,
+                Point {
+                    x: 1.5,
+                    y: -2.0,
+                    id: 7,
+                    tag: 0,
+                },
+            );
+            counters.set(5, 100);
+            ep.send_region(&points).await.unwrap();
+            ep.send_region(&counters).await.unwrap();
+            let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 1, "the client is done");
+            // What the client did, seen from the owner's side.
+            let p = points.to_vec();
+            assert_eq!(
+                p[3],
+                Point {
+                    x: 3.0,
+                    y: 4.0,
+                    id: 3,
+                    tag: 9
+                }
+            );
+            assert_eq!(
+                &p[10..13],
+                &[Point {
+                    x: 0.5,
+                    y: 0.5,
+                    id: 10,
+                    tag: 1
+                }; 3]
+            );
+            assert_eq!(counters.get(0), 2 + 40);
+            assert_eq!(counters.get(1), 77, "compare_and_swap took");
+            assert_eq!(counters.get(5), 100, "untouched");
+            assert_eq!(counters.get(7), 5, "swap");
+            tx.send(&2).await.unwrap();
+            tx.flush().await.unwrap();
+        },
+        |_node, ep| async move {
+            let points = ep.recv_region::<Point>().await.unwrap();
+            let counters = ep.recv_region::<u64>().await.unwrap();
+            assert_eq!((points.len(), counters.len()), (16, 8));
+            assert_eq!(
+                ep.read(&points, 2).await.unwrap(),
+                Point {
+                    x: 1.5,
+                    y: -2.0,
+                    id: 7,
+                    tag: 0
+                }
+            );
+            ep.write(
+                &points,
+                3,
+                Point {
+                    x: 3.0,
+                    y: 4.0,
+                    id: 3,
+                    tag: 9,
+                },
+            )
+            .await
+            .unwrap();
+            ep.write_slice(
+                &points,
+                10,
+                &[Point {
+                    x: 0.5,
+                    y: 0.5,
+                    id: 10,
+                    tag: 1,
+                }; 3],
+            )
+            .await
+            .unwrap();
+            let back = ep.read_slice(&points, 9, 5).await.unwrap();
+            assert_eq!(
+                back[1..4],
+                [Point {
+                    x: 0.5,
+                    y: 0.5,
+                    id: 10,
+                    tag: 1
+                }; 3]
+            );
+            assert_eq!(ep.read(&counters, 5).await.unwrap(), 100);
+            assert_eq!(ep.fetch_add(&counters, 0, 2).await.unwrap(), 0);
+            assert_eq!(ep.fetch_add(&counters, 0, 40).await.unwrap(), 2);
+            assert_eq!(ep.compare_and_swap(&counters, 1, 0, 77).await.unwrap(), 0);
+            assert_eq!(
+                ep.compare_and_swap(&counters, 1, 0, 99).await.unwrap(),
+                77,
+                "no swap"
+            );
+            ep.write(&counters, 7, 4).await.unwrap();
+            assert_eq!(ep.swap(&counters, 7, 5).await.unwrap(), 4);
+            // Out of bounds is refused here, before anything is posted.
+            assert!(matches!(
+                ep.read(&counters, 8).await,
+                Err(Error::OutOfBounds { .. })
+            ));
+            assert!(matches!(
+                ep.write_slice(
+                    &points,
+                    15,
+                    &[Point {
+                        x: 0.0,
+                        y: 0.0,
+                        id: 0,
+                        tag: 0
+                    }; 2]
+                )
+                .await,
+                Err(Error::OutOfBounds { .. })
+            ));
+            let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            tx.send(&1).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 2);
+        },
+    );
+}
+
+#[test]
+fn a_mismatched_type_is_refused_at_exchange() {
+    pair(
+        |node, ep| async move {
+            let r = node.region::<u64>(4, Align::Natural).unwrap();
+            ep.send_region(&r).await.unwrap();
+            // Same size, other type: the channel is refused on both sides.
+            let e = ep
+                .open_channel::<u64>(Default::default())
+                .await
+                .err()
+                .unwrap();
+            assert!(matches!(e, Error::TypeMismatch { .. }), "{e}");
+            // The endpoint still works for a matching channel afterwards.
+            let (tx, _rx) = ep.open_channel::<u32>(Default::default()).await.unwrap();
+            tx.send(&5).await.unwrap();
+            tx.flush().await.unwrap();
+            time::sleep(Duration::from_millis(50)).await;
+        },
+        |_node, ep| async move {
+            let e = ep.recv_region::<u32>().await.unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "type mismatch: expected u32 (size 4, align 4), the peer offered u64 (size 8, align 8)"
+            );
+            let e = ep
+                .open_channel::<[u8; 8]>(Default::default())
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                matches!(&e, Error::TypeMismatch { expected, .. } if expected.contains("[u8; 8]")),
+                "{e}"
+            );
+            let (_tx, rx) = ep.open_channel::<u32>(Default::default()).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 5);
+        },
+    );
+}
+
+#[test]
+fn typed_atomics_from_several_endpoints_give_the_exact_count() {
+    const CLIENTS: usize = 4;
+    const EACH: u64 = 200;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = Node::soft().unwrap();
+            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            let counter = node.region::<u64>(1, Align::CacheLine).unwrap();
+            let mut eps = Vec::new();
+            for _ in 0..CLIENTS {
+                let ep = node.accept().await.unwrap();
+                ep.send_region(&counter).await.unwrap();
+                eps.push(ep);
+            }
+            for ep in &eps {
+                let (_t, r) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+                assert_eq!(r.recv().await.unwrap(), 0);
+            }
+            assert_eq!(counter.get(0), CLIENTS as u64 * EACH);
+        })
+    });
+    let port: u16 = rx.recv().unwrap();
+    rt().block_on(async move {
+        let node = Node::soft().unwrap();
+        let mut eps = Vec::new();
+        for _ in 0..CLIENTS {
+            let ep = node
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let r = ep.recv_region::<u64>().await.unwrap();
+            eps.push((ep, r));
+        }
+        // All endpoints race on the one counter, interleaved.
+        let tasks: Vec<_> = eps
+            .iter()
+            .map(|(ep, r)| {
+                let (ep, r) = (ep.clone(), *r);
+                barewire::engine::spawn_local(async move {
+                    let mut olds = Vec::new();
+                    for _ in 0..EACH {
+                        olds.push(ep.fetch_add(&r, 0, 1).await.unwrap());
+                    }
+                    olds
+                })
+            })
+            .collect();
+        let mut olds = Vec::new();
+        for t in tasks {
+            olds.extend(t.await.unwrap());
+        }
+        olds.sort_unstable();
+        assert_eq!(olds, (0..CLIENTS as u64 * EACH).collect::<Vec<_>>());
+        for (ep, _) in &eps {
+            let (t, _r) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            t.send(&0).await.unwrap();
+            t.flush().await.unwrap();
+        }
+    });
+    server.join().unwrap();
+}
+
+#[test]
+fn a_full_ring_holds_the_sender_back_until_the_receiver_reads() {
+    pair(
+        |_node, ep| async move {
+            let opts = ChannelOptions {
+                capacity: 8,
+                max_message: 64,
+            };
+            let (_tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            // Read nothing for a while: the sender must stop at 8.
+            time::sleep(Duration::from_millis(300)).await;
+            for i in 0..20u64 {
+                assert_eq!(rx.recv().await.unwrap(), i);
+            }
+        },
+        |_node, ep| async move {
+            let opts = ChannelOptions {
+                capacity: 8,
+                max_message: 64,
+            };
+            let (tx, _rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            for i in 0..8u64 {
+                tx.send(&i).await.unwrap();
+            }
+            let blocked = time::timeout(Duration::from_millis(150), tx.send(&8)).await;
+            assert!(blocked.is_err(), "the ninth send waited for room");
+            for i in 8..20u64 {
+                tx.send(&i).await.unwrap();
+            }
+            tx.flush().await.unwrap();
+        },
+    );
+}
+
+#[test]
+fn messages_over_the_maximum_are_refused() {
+    pair(
+        |_node, ep| async move {
+            let _c = ep
+                .open_bare_channel::<Vec<u8>>(ChannelOptions {
+                    capacity: 4,
+                    max_message: 100,
+                })
+                .await
+                .unwrap();
+            time::sleep(Duration::from_millis(50)).await;
+        },
+        |_node, ep| async move {
+            let (tx, _rx) = ep
+                .open_bare_channel::<Vec<u8>>(ChannelOptions {
+                    capacity: 4,
+                    max_message: 100,
+                })
+                .await
+                .unwrap();
+            let e = tx.send(&vec![0u8; 200]).await.unwrap_err();
+            assert!(matches!(e, Error::TooLarge { len: 202, .. }), "{e}");
+        },
+    );
+}
+
+#[test]
+fn a_dropped_receiver_fails_the_sender_and_a_dropped_sender_ends_the_receiver() {
+    pair(
+        |_node, ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 1);
+            drop(rx);
+            // Keep the connection up while the client finds out.
+            assert_eq!(
+                time::timeout(Duration::from_secs(5), async {
+                    let (_t2, r2) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+                    r2.recv().await
+                })
+                .await
+                .unwrap()
+                .unwrap(),
+                9
+            );
+            drop(tx);
+        },
+        |_node, ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            tx.send(&1).await.unwrap();
+            let t0 = std::time::Instant::now();
+            let e = loop {
+                match tx.send(&2).await {
+                    Ok(()) => time::sleep(Duration::from_millis(5)).await,
+                    Err(e) => break e,
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "the sender never heard"
+                );
+            };
+            assert_eq!(e, Error::Closed);
+            let (t2, _r2) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            t2.send(&9).await.unwrap();
+            t2.flush().await.unwrap();
+            // The server drops its sender: our receiver ends with Closed.
+            assert_eq!(rx.recv().await, Err(Error::Closed));
+        },
+    );
+}
+
+#[test]
+fn a_distributed_channel_spreads_broadcasts_and_gathers() {
+    const NODES: usize = 3;
+    let mut ports = Vec::new();
+    let mut threads = Vec::new();
+    for n in 0..NODES as u64 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        threads.push(std::thread::spawn(move || {
+            rt().block_on(async move {
+                let node = Node::soft().unwrap();
+                tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                    .unwrap();
+                let ep = node.accept().await.unwrap();
+                let (t, r) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+                // Two distributed items, then the broadcast; answer with their sum + node.
+                let a = r.recv().await.unwrap();
+                let b = r.recv().await.unwrap();
+                let c = r.recv().await.unwrap();
+                assert_eq!(c, 1000, "broadcast");
+                assert_eq!((a, b), (n, n + NODES as u64), "round-robin");
+                t.send(&(a + b + c + 100 * n)).await.unwrap();
+                t.flush().await.unwrap();
+                time::sleep(Duration::from_millis(50)).await;
+            })
+        }));
+        ports.push(rx.recv().unwrap());
+    }
+    rt().block_on(async move {
+        let node = Node::soft().unwrap();
+        let mut eps = Vec::new();
+        for p in &ports {
+            eps.push(
+                node.connect(format!("127.0.0.1:{p}").parse().unwrap())
+                    .await
+                    .unwrap(),
+            );
+        }
+        let dc = DistributedChannel::<u64>::open(&eps, Default::default())
+            .await
+            .unwrap();
+        assert_eq!(dc.len(), NODES);
+        dc.distribute(&(0..2 * NODES as u64).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        dc.broadcast(&1000).await.unwrap();
+        let got = dc.gather().await.unwrap();
+        let want: Vec<u64> = (0..NODES as u64)
+            .map(|n| n + (n + NODES as u64) + 1000 + 100 * n)
+            .collect();
+        assert_eq!(got, want);
+        assert!(dc.write_to_node(NODES, &0).await.is_err());
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+}

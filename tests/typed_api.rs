@@ -454,3 +454,47 @@ fn a_distributed_channel_spreads_broadcasts_and_gathers() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressure() {
+    const N: u64 = 1_000_000;
+    pair(
+        |_node, ep| async move {
+            // A small ring (wraps 15,625 times) and a receiver that stalls now and then, so the
+            // sender keeps running into a full ring.
+            let opts = ChannelOptions {
+                capacity: 64,
+                max_message: 16,
+            };
+            let (tx, rx) = ep.open_channel::<[u64; 2]>(opts).await.unwrap();
+            let mut sum = 0u64;
+            for i in 0..N {
+                let [seq, check] = rx.recv().await.unwrap();
+                assert_eq!(seq, i, "in order, none lost, none twice");
+                assert_eq!(check, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), "intact");
+                sum = sum.wrapping_add(seq);
+                if i % 200_000 == 199_999 {
+                    time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            assert_eq!(sum, N * (N - 1) / 2);
+            assert_eq!(rx.received(), N);
+            tx.send(&[N, 0]).await.unwrap();
+            tx.flush().await.unwrap();
+        },
+        |_node, ep| async move {
+            let opts = ChannelOptions {
+                capacity: 64,
+                max_message: 16,
+            };
+            let (tx, rx) = ep.open_channel::<[u64; 2]>(opts).await.unwrap();
+            for i in 0..N {
+                tx.send(&[i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15)])
+                    .await
+                    .unwrap();
+            }
+            assert_eq!(tx.sent(), N);
+            assert_eq!(rx.recv().await.unwrap(), [N, 0]);
+        },
+    );
+}

@@ -376,6 +376,18 @@ impl QueuePair {
         }
     }
 
+    /// Posts a send work request to be transmitted with the next progress pass, batched with
+    /// others posted before the current task yields (the software provider's one system call
+    /// per burst; on verbs the same as `post_send`, whose doorbell is already cheap).
+    pub fn post_send_batched(&self, wr: SendWr) -> Result<(), DriverError> {
+        match self {
+            QueuePair::Soft(q) => q
+                .post_send_batched(wr)
+                .map_err(|e| DriverError::Post(e.to_string())),
+            QueuePair::Verbs(q) => q.post_send(&wr),
+        }
+    }
+
     /// Posts a receive.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
         match self {

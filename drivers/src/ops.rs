@@ -221,6 +221,10 @@ impl Table {
 pub struct Endpoint {
     qp: QueuePair,
     table: Rc<RefCell<Table>>,
+    /// Buffers named by unsignaled requests since the last signaled send: the next signaled
+    /// send holds them, because its completion implies theirs (the send queue completes in
+    /// order).
+    unsignaled: RefCell<Vec<Rc<Buffer>>>,
 }
 
 impl Endpoint {
@@ -242,12 +246,51 @@ impl Endpoint {
                 }
             });
         }
-        Endpoint { qp, table }
+        Endpoint {
+            qp,
+            table,
+            unsignaled: RefCell::new(Vec::new()),
+        }
     }
 
     /// The queue pair.
     pub fn qp(&self) -> &QueuePair {
         &self.qp
+    }
+
+    /// Posts a send work request without a completion of its own (perftest's moderation):
+    /// cheaper, and on the software provider no remote-completion round trip; it is
+    /// transmitted with the next progress pass, batched with others (see
+    /// [`QueuePair::post_send_batched`]). `hold` stays
+    /// alive until a later signaled send on this endpoint completes; post one now and then
+    /// (on verbs, unsignaled requests hold send-queue slots until a signaled one completes).
+    pub fn post_unsignaled(
+        &self,
+        op: SendOp,
+        sges: Vec<Sge>,
+        hold: &Rc<Buffer>,
+    ) -> Result<(), DriverError> {
+        self.qp.post_send_batched(SendWr {
+            wr_id: 0,
+            op,
+            sges,
+            signaled: false,
+            fence: false,
+        })?;
+        let mut h = self.unsignaled.borrow_mut();
+        if !h.iter().any(|b| Rc::ptr_eq(b, hold)) {
+            h.push(hold.clone());
+        }
+        Ok(())
+    }
+
+    fn start_send(
+        &self,
+        mut hold: Vec<Rc<Buffer>>,
+        post: impl FnOnce(u64) -> Result<(), DriverError>,
+    ) -> Op {
+        hold.extend(self.unsignaled.borrow_mut().drain(..));
+        self.start(hold, post)
     }
 
     fn start(
@@ -283,7 +326,7 @@ impl Endpoint {
     /// Posts any send work request, signaled, with the given SGEs; `hold` names the buffers
     /// they point into, kept alive until the completion even if the future is dropped.
     pub fn execute(&self, op: SendOp, sges: Vec<Sge>, hold: Vec<Rc<Buffer>>, fence: bool) -> Op {
-        self.start(hold, |id| {
+        self.start_send(hold, |id| {
             self.qp.post_send(SendWr {
                 wr_id: id,
                 op,
@@ -295,7 +338,7 @@ impl Endpoint {
     }
 
     fn send_op(&self, op: SendOp, buf: &Rc<Buffer>, sge: Sge) -> Op {
-        self.start(vec![buf.clone()], |id| {
+        self.start_send(vec![buf.clone()], |id| {
             self.qp.post_send(SendWr {
                 wr_id: id,
                 op,

@@ -375,6 +375,21 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Posts a send work request that goes out with the core's next progress pass (once the
+    /// current task yields), together with whatever else was posted meanwhile: one system call
+    /// for a burst of small messages instead of one each. Ordering with `post_send` is kept
+    /// (both append to the same send queue).
+    pub fn post_send_batched(&self, wr: SendWr) -> Result<(), PostError> {
+        let mut i = self.inner.borrow_mut();
+        i.stream.post_send(wr)?;
+        if !i.listed && !i.closed {
+            i.listed = true;
+            let key = i.key;
+            PROVIDER.with(|p| p.active.borrow_mut().push(key));
+        }
+        Ok(())
+    }
+
     /// Posts a receive.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
         self.inner.borrow_mut().stream.post_recv(wr)

@@ -55,6 +55,8 @@ fn main() -> barewire::Result<()> {
                     break;
                 }
             }
+            // Stay connected while the other side's flush completes.
+            barewire::engine::time::sleep(Duration::from_millis(100)).await;
             Ok(())
         })
     });

@@ -49,6 +49,8 @@ fn main() -> barewire::Result<()> {
             ep.send_region(&counters).await?;
             let (_t, done) = ep.open_channel::<u8>(Default::default()).await?;
             done.recv().await?;
+            // Stay connected while the other side's flush completes.
+            barewire::engine::time::sleep(Duration::from_millis(100)).await;
             println!("owner sees: {:?}", accounts.to_vec());
             println!("owner sees counters: {:?}", counters.to_vec());
             Ok(())

@@ -443,7 +443,10 @@ impl<T, C: Codec<T>> Sender<T, C> {
         Ok(())
     }
 
-    /// Waits until every message sent so far has been placed in the receiver's ring.
+    /// Waits until every message sent so far has been placed in the receiver's ring. Fails
+    /// with [`Error::PeerGone`] if the connection closes first (even when the peer had already
+    /// received everything), so a peer that hangs up right after its last receive should
+    /// linger, or answer, first.
     pub async fn flush(&self) -> Result<()> {
         let Some(ring) = self.st.ring.get() else {
             return Ok(());

@@ -3,19 +3,20 @@
 //!
 //! Every message that arrives consumes one posted receive, in order: control messages (SEND)
 //! land in the receive's slot; channel data and credits (WRITE with immediate) only use the
-//! receive to announce themselves. One task per endpoint takes receives as they complete,
-//! reposts them, and hands control messages to whoever waits for them and arrivals to their
-//! channel. Each channel posts enough receives for everything it can have in flight, before
+//! receive to announce themselves. Each receive completion is handled as it arrives: control
+//! messages go to whoever waits for them, arrivals to their channel, and the slot is posted
+//! again. Each channel posts enough receives for everything it can have in flight, before
 //! the peer may send it anything.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
 use barewire_drivers::{
-    Access, Buffer, DriverError, Endpoint as Ops, Op, ProtectionDomain, Remote, SendOp, WcOpcode,
+    Access, Buffer, CompletionQueue, DriverError, Endpoint as Ops, Op, ProtectionDomain, QueuePair,
+    RecvWr, Remote, SendOp, WcOpcode, WcStatus, WorkCompletion,
 };
 use bytemuck::Pod;
 
@@ -50,14 +51,18 @@ pub(crate) struct Inner {
     pub(crate) ops: Ops,
     pub(crate) pd: Rc<ProtectionDomain>,
     pub(crate) shared: RefCell<Shared>,
-    /// Receive slots to be posted by the receive task (channels add theirs here).
-    more_recvs: RefCell<Vec<(Rc<Buffer>, usize)>>,
-    recv_task_waker: RefCell<Option<Waker>>,
+    /// The receive slots (shared with the receive handler, which outlives this).
+    recv: Rc<RecvSide>,
     scratch: RefCell<Vec<Rc<Buffer>>>,
     /// Which channel ids this side opens: even on the connecting side, odd on the accepting.
     parity: u16,
-    /// Posted receives, in the order they complete: the slot each one fills, and its future.
-    posted: RefCell<VecDeque<(Rc<Buffer>, usize, Op)>>,
+}
+
+/// Receive slots, by work request id, and how many are posted.
+#[derive(Default)]
+struct RecvSide {
+    slots: RefCell<Vec<(Rc<Buffer>, usize)>>,
+    posted: Cell<usize>,
 }
 
 /// Closes the connection when the last user handle (endpoint or channel half) goes.
@@ -85,32 +90,76 @@ impl Inner {
         }
     }
 
-    /// Adds `n` receive slots of `CONTROL_MAX` bytes for the receive task to post.
+    /// Adds and posts `n` receive slots of `CONTROL_MAX` bytes.
     pub(crate) fn add_recvs(&self, n: usize) -> Result<()> {
         let buf = Buffer::new(&self.pd, n * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
-        let mut more = self.more_recvs.borrow_mut();
         for i in 0..n {
-            more.push((buf.clone(), i * CONTROL_MAX));
+            let id = {
+                let mut slots = self.recv.slots.borrow_mut();
+                slots.push((buf.clone(), i * CONTROL_MAX));
+                slots.len() - 1
+            };
+            self.post_slot(id)?;
         }
-        drop(more);
-        // Post them now, so they are in place before this side tells the peer to send.
-        self.post_pending();
         Ok(())
     }
 
-    fn post_pending(&self) {
-        let more: Vec<_> = self.more_recvs.borrow_mut().drain(..).collect();
-        if more.is_empty() {
-            return;
-        }
-        let mut posted = self.posted.borrow_mut();
-        for (buf, off) in more {
-            let op = self.ops.recv(&buf, off, CONTROL_MAX);
-            posted.push_back((buf, off, op));
-        }
-        drop(posted);
-        if let Some(w) = self.recv_task_waker.borrow_mut().take() {
-            w.wake();
+    fn post_slot(&self, id: usize) -> Result<()> {
+        let sge = {
+            let slots = self.recv.slots.borrow();
+            let (buf, off) = &slots[id];
+            buf.sge(*off, CONTROL_MAX)
+        };
+        self.ops
+            .qp()
+            .post_recv(RecvWr {
+                wr_id: id as u64,
+                sges: vec![sge],
+            })
+            .map_err(Error::Driver)?;
+        self.recv.posted.set(self.recv.posted.get() + 1);
+        Ok(())
+    }
+
+    /// One receive completion: a control message or a channel arrival.
+    fn dispatch(&self, wc: &WorkCompletion) {
+        match wc.opcode {
+            WcOpcode::RecvRdmaWithImm => {
+                let (credit, id, len) = imm::parse(wc.imm.unwrap_or(0));
+                let chan: Option<Rc<dyn Arrival>> =
+                    self.shared.borrow().chans.get(&id).and_then(|c| match c {
+                        ChanRef::Tx(t) => t.upgrade().map(|t| t as Rc<dyn Arrival>),
+                        ChanRef::Rx(r) => r.upgrade().map(|r| r as Rc<dyn Arrival>),
+                    });
+                if let Some(c) = chan {
+                    c.arrived(credit, len);
+                }
+            }
+            _ => {
+                let mut bytes = vec![0u8; wc.byte_len as usize];
+                {
+                    let slots = self.recv.slots.borrow();
+                    let (buf, off) = &slots[wc.wr_id as usize];
+                    buf.read_at(*off, &mut bytes);
+                }
+                match Control::decode(&bytes) {
+                    Ok(c) => {
+                        let mut s = self.shared.borrow_mut();
+                        let ord = s.opens_arrived;
+                        if matches!(c, Control::Open { .. }) {
+                            s.opens_arrived += 1;
+                        }
+                        s.inbox.push_back((ord, c));
+                        drop(s);
+                        self.wake_all();
+                    }
+                    Err(e) => {
+                        // A peer that sends garbage loses the connection.
+                        self.fail_with(e);
+                        self.ops.qp().disconnect();
+                    }
+                }
+            }
         }
     }
 
@@ -224,106 +273,60 @@ impl Inner {
     }
 }
 
-/// The receive task: takes completed receives in order, dispatches them, reposts them.
-async fn receive_loop(inner: Rc<Inner>) {
-    loop {
-        inner.post_pending();
-        let next = poll_fn(|cx| {
-            let mut posted = inner.posted.borrow_mut();
-            match posted.front_mut() {
-                Some((_, _, op)) => match std::pin::Pin::new(op).poll(cx) {
-                    Poll::Ready(r) => {
-                        let (buf, off, _) = posted.pop_front().unwrap();
-                        Poll::Ready(Some((buf, off, r)))
-                    }
-                    Poll::Pending => {
-                        *inner.recv_task_waker.borrow_mut() = Some(cx.waker().clone());
-                        Poll::Pending
-                    }
-                },
-                None => Poll::Ready(None),
-            }
-        })
-        .await;
-        let Some((buf, off, result)) = next else {
-            return;
-        };
-        let wc = match result {
-            Ok(wc) => wc,
-            Err(e) => {
-                // The connection is gone: every waiter hears it; receives flush.
-                inner.fail_with(Error::PeerGone(e.to_string()));
-                return;
-            }
-        };
-        match wc.opcode {
-            WcOpcode::RecvRdmaWithImm => {
-                let (credit, id, len) = imm::parse(wc.imm.unwrap_or(0));
-                let chan = inner.shared.borrow().chans.get(&id).map(|c| match c {
-                    ChanRef::Tx(t) => (t.upgrade().map(|t| t as Rc<dyn Arrival>), credit),
-                    ChanRef::Rx(r) => (r.upgrade().map(|r| r as Rc<dyn Arrival>), credit),
-                });
-                if let Some((Some(c), credit)) = chan {
-                    c.arrived(credit, len);
-                }
-            }
-            _ => {
-                let mut bytes = vec![0u8; wc.byte_len as usize];
-                buf.read_at(off, &mut bytes);
-                match Control::decode(&bytes) {
-                    Ok(c) => {
-                        let mut s = inner.shared.borrow_mut();
-                        let ord = s.opens_arrived;
-                        if matches!(c, Control::Open { .. }) {
-                            s.opens_arrived += 1;
-                        }
-                        s.inbox.push_back((ord, c));
-                        drop(s);
-                        inner.wake_all();
-                    }
-                    Err(e) => {
-                        inner.fail_with(e);
-                        inner.ops.qp().disconnect();
-                        return;
-                    }
-                }
-            }
-        }
-        // Repost the slot.
-        let op = inner.ops.recv(&buf, off, CONTROL_MAX);
-        inner.posted.borrow_mut().push_back((buf, off, op));
-    }
-}
-
 /// What a channel half does when the receive task sees a WRITE with immediate for it.
 pub(crate) trait Arrival {
     fn arrived(&self, credit: bool, len: Option<usize>);
 }
 
-use std::future::Future;
-
 impl Endpoint {
-    pub(crate) fn new(ops: Ops, pd: Rc<ProtectionDomain>, accepting: bool) -> Result<Endpoint> {
-        let inner = Rc::new(Inner {
-            ops,
-            pd,
-            shared: RefCell::new(Shared {
-                inbox: VecDeque::new(),
-                opens_arrived: 0,
-                waiters: Vec::new(),
-                chans: HashMap::new(),
-                next_chan: 0,
-                error: None,
-                opened: 0,
-            }),
-            more_recvs: RefCell::new(Vec::new()),
-            recv_task_waker: RefCell::new(None),
-            scratch: RefCell::new(Vec::new()),
-            parity: accepting as u16,
-            posted: RefCell::new(VecDeque::new()),
+    pub(crate) fn new(
+        qp: QueuePair,
+        scq: CompletionQueue,
+        rcq: CompletionQueue,
+        pd: Rc<ProtectionDomain>,
+        accepting: bool,
+    ) -> Result<Endpoint> {
+        let recv = Rc::new(RecvSide::default());
+        let inner = Rc::new_cyclic(|weak: &Weak<Inner>| {
+            let (weak, side) = (weak.clone(), recv.clone());
+            // Every receive completion, as it arrives: dispatch it and repost its slot. Once
+            // the connection is gone, wait for every posted receive to flush (their slots'
+            // buffers live here until then), then stop.
+            let handler = move |wc: WorkCompletion| {
+                side.posted.set(side.posted.get().saturating_sub(1));
+                if let Some(inner) = weak.upgrade() {
+                    if wc.status != WcStatus::Success {
+                        inner.fail_with(Error::PeerGone(format!(
+                            "the connection failed (receive completed with {:?})",
+                            wc.status
+                        )));
+                    } else {
+                        inner.dispatch(&wc);
+                        if inner.shared.borrow().error.is_none() {
+                            let _ = inner.post_slot(wc.wr_id as usize);
+                        }
+                    }
+                }
+                side.posted.get() > 0
+            };
+            Inner {
+                ops: Ops::with_receiver(qp, scq, rcq, handler),
+                pd,
+                shared: RefCell::new(Shared {
+                    inbox: VecDeque::new(),
+                    opens_arrived: 0,
+                    waiters: Vec::new(),
+                    chans: HashMap::new(),
+                    next_chan: 0,
+                    error: None,
+                    opened: 0,
+                }),
+                recv,
+                scratch: RefCell::new(Vec::new()),
+                parity: accepting as u16,
+            }
         });
         inner.add_recvs(CONTROL_RECVS)?;
-        barewire_engine::spawn_local(receive_loop(inner.clone()));
         Ok(Endpoint {
             link: Rc::new(Link { inner }),
         })

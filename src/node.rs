@@ -90,11 +90,7 @@ impl Node {
         let r = l.accept(&self.pd, &scq, &rcq).await;
         *self.listener.borrow_mut() = Some(l);
         let (qp, _) = r?;
-        Endpoint::new(
-            barewire_drivers::Endpoint::new(qp, scq, rcq),
-            self.pd.clone(),
-            true,
-        )
+        Endpoint::new(qp, scq, rcq, self.pd.clone(), true)
     }
 
     /// Connects to a listening node.
@@ -103,10 +99,6 @@ impl Node {
         let (qp, _) =
             barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &self.dev.connect_options())
                 .await?;
-        Endpoint::new(
-            barewire_drivers::Endpoint::new(qp, scq, rcq),
-            self.pd.clone(),
-            false,
-        )
+        Endpoint::new(qp, scq, rcq, self.pd.clone(), false)
     }
 }

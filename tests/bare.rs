@@ -128,6 +128,8 @@ fn serde_types_cross_a_bare_channel() {
                     break;
                 }
             }
+            // Stay connected while the sender's flush completes.
+            barewire::engine::time::sleep(Duration::from_millis(100)).await;
             got
         })
     });

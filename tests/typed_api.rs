@@ -16,6 +16,12 @@ fn rt() -> Runtime {
         .unwrap()
 }
 
+/// Stays connected a moment after the last receive, so the peer's flush of its last message
+/// completes before this side hangs up (closing drops whatever is still in flight).
+async fn linger() {
+    time::sleep(Duration::from_millis(100)).await;
+}
+
 /// Runs `server` on an accepting node in a thread and `client` on a connecting node here.
 fn pair<S, SF, C, CF>(server: S, client: C)
 where
@@ -184,6 +190,7 @@ fn typed_reads_writes_and_atomics_land_in_the_remote_region() {
             let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
             tx.send(&1).await.unwrap();
             assert_eq!(rx.recv().await.unwrap(), 2);
+            linger().await;
         },
     );
 }
@@ -224,6 +231,7 @@ fn a_mismatched_type_is_refused_at_exchange() {
             );
             let (_tx, rx) = ep.open_channel::<u32>(Default::default()).await.unwrap();
             assert_eq!(rx.recv().await.unwrap(), 5);
+            linger().await;
         },
     );
 }
@@ -250,6 +258,7 @@ fn typed_atomics_from_several_endpoints_give_the_exact_count() {
                 assert_eq!(r.recv().await.unwrap(), 0);
             }
             assert_eq!(counter.get(0), CLIENTS as u64 * EACH);
+            linger().await;
         })
     });
     let port: u16 = rx.recv().unwrap();
@@ -307,6 +316,8 @@ fn a_full_ring_holds_the_sender_back_until_the_receiver_reads() {
             for i in 0..20u64 {
                 assert_eq!(rx.recv().await.unwrap(), i);
             }
+            // Stay connected while the client's flush completes.
+            time::sleep(Duration::from_millis(100)).await;
         },
         |_node, ep| async move {
             let opts = ChannelOptions {
@@ -449,6 +460,7 @@ fn a_distributed_channel_spreads_broadcasts_and_gathers() {
             .collect();
         assert_eq!(got, want);
         assert!(dc.write_to_node(NODES, &0).await.is_err());
+        linger().await;
     });
     for t in threads {
         t.join().unwrap();
@@ -495,6 +507,7 @@ fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressur
             }
             assert_eq!(tx.sent(), N);
             assert_eq!(rx.recv().await.unwrap(), [N, 0]);
+            linger().await;
         },
     );
 }

@@ -230,27 +230,51 @@ pub struct Endpoint {
 impl Endpoint {
     /// Wraps a connected queue pair and its completion queues (which it then owns).
     pub fn new(qp: QueuePair, scq: CompletionQueue, rcq: CompletionQueue) -> Endpoint {
-        let table = Rc::new(RefCell::new(Table::default()));
-        for cq in [scq, rcq] {
-            let t = table.clone();
-            spawn_local(async move {
-                loop {
-                    {
-                        let t = t.borrow();
-                        if t.closed && t.pending.is_empty() {
-                            return;
-                        }
-                    }
-                    let wc = cq.next().await;
-                    t.borrow_mut().complete(wc);
-                }
-            });
-        }
-        Endpoint {
+        let ep = Endpoint::sends_only(qp, scq);
+        ep.route(rcq);
+        ep
+    }
+
+    /// As [`new`](Self::new), but every receive completion goes to `handler`, in order, as it
+    /// arrives (no future per receive): for owners that post their own receives with
+    /// `qp().post_recv` and keep their buffers. The handler returns `false` to stop listening
+    /// (once the connection is gone and every posted receive has flushed).
+    pub fn with_receiver(
+        qp: QueuePair,
+        scq: CompletionQueue,
+        rcq: CompletionQueue,
+        mut handler: impl FnMut(WorkCompletion) -> bool + 'static,
+    ) -> Endpoint {
+        let ep = Endpoint::sends_only(qp, scq);
+        spawn_local(async move { while handler(rcq.next().await) {} });
+        ep
+    }
+
+    fn sends_only(qp: QueuePair, scq: CompletionQueue) -> Endpoint {
+        let ep = Endpoint {
             qp,
-            table,
+            table: Rc::new(RefCell::new(Table::default())),
             unsignaled: RefCell::new(Vec::new()),
-        }
+        };
+        ep.route(scq);
+        ep
+    }
+
+    /// A task that hands each completion of `cq` to the future waiting for it.
+    fn route(&self, cq: CompletionQueue) {
+        let t = self.table.clone();
+        spawn_local(async move {
+            loop {
+                {
+                    let t = t.borrow();
+                    if t.closed && t.pending.is_empty() {
+                        return;
+                    }
+                }
+                let wc = cq.next().await;
+                t.borrow_mut().complete(wc);
+            }
+        });
     }
 
     /// The queue pair.

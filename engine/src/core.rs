@@ -405,6 +405,8 @@ impl Core {
         let waker = Waker::from(main_waker.clone());
         let mut cx = Context::from_waker(&waker);
         let mut idle_since: Option<Instant> = None;
+        // Whether the last pass skipped the completion sources (see below).
+        let mut skipped_sources = false;
         loop {
             if let Some(fut) = main.as_mut() {
                 if main_waker.woken.swap(false, Ordering::AcqRel) {
@@ -417,6 +419,15 @@ impl Core {
                 return None;
             }
             let ran = self.run_tasks();
+            // A task just woke the main future (a completion it was waiting for went through
+            // a task): poll it straight away rather than after another pass over every
+            // completion source. At most every other pass, so sources are never starved.
+            if ran > 0 && !skipped_sources && main_waker.woken.load(Ordering::Acquire) {
+                skipped_sources = true;
+                idle_since = None;
+                continue;
+            }
+            skipped_sources = false;
             let did = self.poll_sources();
             if ran > 0 || did || main_waker.woken.load(Ordering::Acquire) {
                 idle_since = None;

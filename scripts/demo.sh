@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, then runs a two-node RDMA demo on loopback over the
-# software provider (iWARP over TCP): WRITE, READ, atomics, and what each costs.
+# The main job: installs what is missing, then runs the barewire tour — three nodes (three
+# processes) on loopback over barewire's drivers (the software provider, iWARP over TCP, where
+# there is no RDMA hardware): typed one-sided operations, a channel and a fan-out, with what
+# each costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-cargo run --release --example rdma_demo
+cargo run --release --example tour

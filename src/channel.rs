@@ -489,6 +489,10 @@ impl<T, C: Codec<T>> Drop for Sender<T, C> {
             }
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+        self.inner()
+            .retired
+            .borrow_mut()
+            .push(self.st.credit.clone());
     }
 }
 
@@ -570,5 +574,6 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
             self.return_credits(u64::MAX);
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+        self.inner().retired.borrow_mut().push(self.st.ring.clone());
     }
 }

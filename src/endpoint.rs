@@ -54,6 +54,10 @@ pub(crate) struct Inner {
     /// The receive slots (shared with the receive handler, which outlives this).
     recv: Rc<RecvSide>,
     scratch: RefCell<Vec<Rc<Buffer>>>,
+    /// Buffers of dropped channel halves that the peer may still write (a ring it has not yet
+    /// heard is gone, a credit word): they stay registered while the connection lives, so a
+    /// late write lands harmlessly instead of meeting a dead STag and a Terminate.
+    pub(crate) retired: RefCell<Vec<Rc<Buffer>>>,
     /// Which channel ids this side opens: even on the connecting side, odd on the accepting.
     parity: u16,
 }
@@ -323,6 +327,7 @@ impl Endpoint {
                 }),
                 recv,
                 scratch: RefCell::new(Vec::new()),
+                retired: RefCell::new(Vec::new()),
                 parity: accepting as u16,
             }
         });

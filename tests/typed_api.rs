@@ -511,3 +511,31 @@ fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressur
         },
     );
 }
+
+#[test]
+fn dropping_a_channel_leaves_the_connection_usable() {
+    pair(
+        |_node, ep| async move {
+            for round in 0..3u64 {
+                let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), round);
+                tx.send(&(round + 100)).await.unwrap();
+                tx.flush().await.unwrap();
+                // Both halves go here while the peer's close notices are still on the way.
+            }
+            let (_tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 7);
+            linger().await;
+        },
+        |_node, ep| async move {
+            for round in 0..3u64 {
+                let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+                tx.send(&round).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), round + 100);
+            }
+            let (tx, _rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+            tx.send(&7).await.unwrap();
+            tx.flush().await.unwrap();
+        },
+    );
+}

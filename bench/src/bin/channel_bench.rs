@@ -1,0 +1,367 @@
+//! `Channel<T>` against its peers, in one session on two pinned CPUs:
+//!
+//! - 64 B ping-pong p50 (half the round trip) over `Channel<[u8; 64]>`, beside a raw 64 B RDMA
+//!   WRITE ping-pong of the same provider (`barewire-perf write_lat -s 64`);
+//! - 64 B one-way throughput over `Channel<[u8; 64]>`, beside tokio TCP with length-prefixed
+//!   framing, twice: idiomatic (`FramedWrite` + `LengthDelimitedCodec`, `send` per message,
+//!   which flushes each) and buffered (a u32 length before each message into a 64 KiB
+//!   `BufWriter`, flushed once at the end: tokio at its best, a byte stream with no per-message
+//!   delivery); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
+//!
+//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use barewire::{ChannelOptions, Node};
+use barewire_bench::perf::compare::{installed, median, parse_ucx};
+
+const PINGS: usize = 20_000;
+
+fn runtime(cpu: usize) -> barewire::engine::Runtime {
+    barewire::engine::Runtime::builder()
+        .core_ids(&[cpu])
+        .idle_spin(Duration::from_millis(1))
+        .build()
+        .expect("runtime")
+}
+
+/// The far side of a barewire run: echo `PINGS` messages, then count `n` and acknowledge.
+fn serve_barewire(cpu: usize, n: usize) {
+    runtime(cpu).block_on(async move {
+        let node = Node::soft().unwrap();
+        let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        println!("READY {port}");
+        std::io::stdout().flush().unwrap();
+        let ep = node.accept().await.unwrap();
+        let (tx, rx) = ep
+            .open_channel::<[u8; 64]>(ChannelOptions::default())
+            .await
+            .unwrap();
+        for _ in 0..PINGS {
+            let m = rx.recv().await.unwrap();
+            tx.send(&m).await.unwrap();
+        }
+        for _ in 0..n {
+            rx.recv().await.unwrap();
+        }
+        tx.send(&[1; 64]).await.unwrap();
+        tx.flush().await.unwrap();
+        barewire::engine::time::sleep(Duration::from_millis(100)).await;
+    });
+}
+
+/// Returns (ping-pong p50 in µs, messages per second).
+fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
+    let port = spawn_server(&["--serve-barewire", &cpus[1].to_string(), &n.to_string()]);
+    let (port, mut child) = port;
+    let r = std::thread::spawn(move || {
+        runtime(cpus[0]).block_on(async move {
+            let node = Node::soft().unwrap();
+            let ep = node
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let (tx, rx) = ep
+                .open_channel::<[u8; 64]>(ChannelOptions::default())
+                .await
+                .unwrap();
+            let mut lat = Vec::with_capacity(PINGS);
+            for i in 0..PINGS {
+                let t = Instant::now();
+                tx.send(&[i as u8; 64]).await.unwrap();
+                rx.recv().await.unwrap();
+                lat.push(t.elapsed().as_nanos() as f64 / 2.0 / 1000.0);
+            }
+            let warm = PINGS / 10;
+            let p50 = median(&mut lat[warm..]);
+            let t = Instant::now();
+            for i in 0..n {
+                tx.send(&[i as u8; 64]).await.unwrap();
+            }
+            rx.recv().await.unwrap(); // everything arrived
+            (p50, n as f64 / t.elapsed().as_secs_f64())
+        })
+    })
+    .join()
+    .unwrap();
+    let _ = child.wait();
+    r
+}
+
+/// The far side of the idiomatic tokio run: `FramedRead` with `LengthDelimitedCodec`.
+fn serve_tokio_framed(cpu: usize, n: usize) {
+    barewire_bench::pin(cpu);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("READY {}", l.local_addr().unwrap().port());
+        std::io::stdout().flush().unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let (r, mut w) = s.into_split();
+        let mut frames =
+            tokio_util::codec::FramedRead::new(r, tokio_util::codec::LengthDelimitedCodec::new());
+        for _ in 0..n {
+            let f = frames.next().await.unwrap().unwrap();
+            assert_eq!(f.len(), 64);
+        }
+        w.write_all(&[1]).await.unwrap();
+    });
+}
+
+/// Idiomatic tokio: `FramedWrite` + `LengthDelimitedCodec`, one `send` per message (which
+/// flushes each message, as `SinkExt::send` does).
+fn run_tokio_framed(cpus: [usize; 2], n: usize) -> f64 {
+    let (port, mut child) =
+        spawn_server(&["--serve-tokio-framed", &cpus[1].to_string(), &n.to_string()]);
+    let rate = std::thread::spawn(move || {
+        barewire_bench::pin(cpus[0]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            use futures_util::SinkExt;
+            use tokio::io::AsyncReadExt;
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            s.set_nodelay(true).unwrap();
+            let (mut r, w) = s.into_split();
+            let mut frames = tokio_util::codec::FramedWrite::new(
+                w,
+                tokio_util::codec::LengthDelimitedCodec::new(),
+            );
+            let t = Instant::now();
+            for i in 0..n {
+                frames
+                    .send(bytes::Bytes::copy_from_slice(&[i as u8; 64]))
+                    .await
+                    .unwrap();
+            }
+            let mut ack = [0u8; 1];
+            r.read_exact(&mut ack).await.unwrap();
+            n as f64 / t.elapsed().as_secs_f64()
+        })
+    })
+    .join()
+    .unwrap();
+    let _ = child.wait();
+    rate
+}
+
+fn serve_tokio(cpu: usize, n: usize) {
+    barewire_bench::pin(cpu);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("READY {}", l.local_addr().unwrap().port());
+        std::io::stdout().flush().unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        let (r, mut w) = s.into_split();
+        let mut r = BufReader::with_capacity(64 * 1024, r);
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            let len = r.read_u32().await.unwrap() as usize;
+            r.read_exact(&mut buf[..len]).await.unwrap();
+        }
+        w.write_all(&[1]).await.unwrap();
+    });
+}
+
+fn run_tokio(cpus: [usize; 2], n: usize) -> f64 {
+    let (port, mut child) = spawn_server(&["--serve-tokio", &cpus[1].to_string(), &n.to_string()]);
+    let rate = std::thread::spawn(move || {
+        barewire_bench::pin(cpus[0]);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            s.set_nodelay(true).unwrap();
+            let (mut r, w) = s.into_split();
+            let mut w = BufWriter::with_capacity(64 * 1024, w);
+            let t = Instant::now();
+            for i in 0..n {
+                w.write_u32(64).await.unwrap();
+                w.write_all(&[i as u8; 64]).await.unwrap();
+            }
+            w.flush().await.unwrap();
+            let mut ack = [0u8; 1];
+            r.read_exact(&mut ack).await.unwrap();
+            n as f64 / t.elapsed().as_secs_f64()
+        })
+    })
+    .join()
+    .unwrap();
+    let _ = child.wait();
+    rate
+}
+
+fn spawn_server(args: &[&str]) -> (u16, std::process::Child) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("server process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("READY ")
+        .expect("READY")
+        .parse()
+        .unwrap();
+    (port, child)
+}
+
+/// barewire-perf's 64 B WRITE ping-pong p50, from its JSON line.
+fn raw_write(cpus: [usize; 2]) -> Option<f64> {
+    let exe = std::env::current_exe()
+        .ok()?
+        .with_file_name("barewire-perf");
+    let out = Command::new(exe)
+        .args([
+            "write_lat",
+            "--loopback",
+            "-s",
+            "64",
+            "-n",
+            &PINGS.to_string(),
+            "--json",
+        ])
+        .args(["--cpu", &format!("{},{}", cpus[0], cpus[1])])
+        .output()
+        .ok()?;
+    let s = String::from_utf8_lossy(&out.stdout);
+    let v = s.split("\"t_typical_us\":").nth(1)?;
+    v.split(',').next()?.parse().ok()
+}
+
+fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
+    if !installed("ucx_perftest") {
+        println!("MISSING peer: ucx_perftest (apt-get install ucx-utils)");
+        return None;
+    }
+    let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
+    let mut srv = Command::new("taskset")
+        .args(["-c", &cpus[1].to_string(), "ucx_perftest"])
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Command::new("taskset")
+        .args([
+            "-c",
+            &cpus[0].to_string(),
+            "timeout",
+            "60",
+            "ucx_perftest",
+            "127.0.0.1",
+        ])
+        .args(["-t", "ucp_am_bw", "-s", "64", "-n", "1000000"])
+        .envs(env)
+        .output()
+        .ok()?;
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The message rate (msg/s, overall) is the last number of the Final line.
+    let line = text.lines().find(|l| l.contains("Final:"))?;
+    let _ = parse_ucx(&text)?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--serve-barewire") => {
+            return serve_barewire(args[1].parse().unwrap(), args[2].parse().unwrap())
+        }
+        Some("--serve-tokio") => {
+            return serve_tokio(args[1].parse().unwrap(), args[2].parse().unwrap())
+        }
+        Some("--serve-tokio-framed") => {
+            return serve_tokio_framed(args[1].parse().unwrap(), args[2].parse().unwrap())
+        }
+        _ => {}
+    }
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(3);
+    let n: usize = get("-n").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let cpus = get("--cpu")
+        .and_then(|v| {
+            let mut p = v.split(',').map(|x| x.parse::<usize>().ok());
+            Some([p.next()??, p.next()??])
+        })
+        .unwrap_or([0, 1]);
+    let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    let mut framed_rate = vec![];
+    for rep in 0..reps {
+        let (lat, rate) = run_barewire(cpus, n);
+        let raw = raw_write(cpus);
+        let tok = run_tokio(cpus, n);
+        let framed = run_tokio_framed(cpus, n);
+        let ucx = ucx_am_bw(cpus);
+        println!(
+            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
+            raw.map_or("-".into(), |v| format!("{v:.2} us")),
+            rate / 1e6,
+            framed / 1e6,
+            tok / 1e6,
+            ucx.map_or("-".into(), |v| format!("{:.3} M msg/s", v / 1e6))
+        );
+        framed_rate.push(framed);
+        chan_lat.push(lat);
+        chan_rate.push(rate);
+        tokio_rate.push(tok);
+        raw_lat.extend(raw);
+        ucx_rate.extend(ucx);
+    }
+    let m = |v: &mut Vec<f64>| if v.is_empty() { f64::NAN } else { median(v) };
+    let (cl, rl, cr, tr, ur) = (
+        m(&mut chan_lat),
+        m(&mut raw_lat),
+        m(&mut chan_rate),
+        m(&mut tokio_rate),
+        m(&mut ucx_rate),
+    );
+    let fr = m(&mut framed_rate);
+    println!(
+        "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s vs tokio framed {:.3} = {:.2}x, vs tokio buffered {:.3} = {:.2}x, vs UCX am_bw {:.3} = {:.2}x",
+        cl / rl,
+        cr / 1e6,
+        fr / 1e6,
+        cr / fr,
+        tr / 1e6,
+        cr / tr,
+        ur / 1e6,
+        cr / ur
+    );
+}

@@ -26,6 +26,10 @@ fn rt(cpu: usize) -> Runtime {
 }
 
 const PINGS: u64 = 20_000;
+const OPTS: ChannelOptions = ChannelOptions {
+    capacity: 1024,
+    max_message: 64,
+};
 const BURST: u64 = 200_000;
 
 fn main() -> barewire::Result<()> {
@@ -36,9 +40,7 @@ fn main() -> barewire::Result<()> {
             tx.send(node.listen("127.0.0.1:0".parse().unwrap())?)
                 .unwrap();
             let ep = node.accept().await?;
-            let (t, r) = ep
-                .open_channel::<[u8; 64]>(ChannelOptions::default())
-                .await?;
+            let (t, r) = ep.open_channel::<[u8; 64]>(OPTS).await?;
             for _ in 0..PINGS {
                 let m = r.recv().await?;
                 t.send(&m).await?;
@@ -66,9 +68,7 @@ fn main() -> barewire::Result<()> {
         let ep = node
             .connect(format!("127.0.0.1:{port}").parse().unwrap())
             .await?;
-        let (t, r) = ep
-            .open_channel::<[u8; 64]>(ChannelOptions::default())
-            .await?;
+        let (t, r) = ep.open_channel::<[u8; 64]>(OPTS).await?;
         let mut lat = Vec::with_capacity(PINGS as usize);
         for i in 0..PINGS {
             let t0 = Instant::now();

@@ -18,7 +18,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::marker::PhantomData;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 
 use barewire_drivers::{Access, Buffer, Op, Remote, SendOp};
@@ -79,7 +79,9 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
 pub struct ChannelOptions {
     /// Messages that may be in flight (sent, not yet received) per direction.
     pub capacity: u32,
-    /// Largest encoded message, in bytes (at most 1 MiB - 2).
+    /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
+    /// 4-byte length; keep it close to the real size: slots of up to 512 bytes let a burst go
+    /// out as runs of up to 64 messages per WRITE.
     pub max_message: usize,
 }
 
@@ -97,7 +99,26 @@ fn credit_step(capacity: u32) -> u64 {
     (capacity as u64 / 4).max(1)
 }
 
-/// The sender's half, as the receive task sees it.
+/// Most messages one WRITE carries.
+const MAX_RUN: u64 = 64;
+
+/// Runs of several messages are written only when slots are at most this large; with larger
+/// slots each message goes as its own WRITE (a run would carry every slot's unused tail).
+const COALESCE_MAX_SLOT: usize = 512;
+
+/// Each slot starts with the message's length, 4 bytes little-endian.
+const PREFIX: usize = 4;
+
+/// The sender's half: what `send` fills, and what the core's flush poller posts.
+///
+/// `send` copies a message into the staging slot it will occupy in the receiver's ring and
+/// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (with one
+/// immediate announcing how many messages it carries) when the task that sent them yields
+/// (the flush poller runs before the core polls the network again), when it reaches
+/// `MAX_RUN` messages or the end of the ring, or on `flush`. A burst of small messages
+/// therefore costs one work request, one wire message and one receive completion per run, not
+/// per message; a lone message goes out as soon as its sender waits for anything. (Runs need
+/// small slots: with a `max_message` over ~500 bytes each message is its own WRITE.)
 pub(crate) struct TxState {
     id: u16,
     capacity: u64,
@@ -106,6 +127,17 @@ pub(crate) struct TxState {
     credit: Rc<Buffer>,
     ring: Cell<Option<barewire_drivers::RegionDescriptor>>,
     waker: RefCell<Option<Waker>>,
+    link: Weak<Inner>,
+    staging: Rc<Buffer>,
+    /// Messages written into staging so far.
+    seq: Cell<u64>,
+    /// The first message not yet posted.
+    posted: Cell<u64>,
+    /// Length of the last message written (the run's WRITE ends there).
+    last_len: Cell<usize>,
+    /// On the core's flush list.
+    listed: Cell<bool>,
+    inflight: RefCell<VecDeque<Op>>,
 }
 
 impl TxState {
@@ -113,6 +145,102 @@ impl TxState {
         if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    /// Posts the pending run, if any, as one WRITE with immediate.
+    fn post_run(&self) -> Result<()> {
+        let (from, to) = (self.posted.get(), self.seq.get());
+        if from == to {
+            return Ok(());
+        }
+        let Some(inner) = self.link.upgrade() else {
+            return Ok(());
+        };
+        if let Some(e) = &inner.shared.borrow().error {
+            return Err(e.clone());
+        }
+        let ring = self.ring.get().expect("accepted channel");
+        let count = to - from;
+        let at = (from % self.capacity) as usize * self.slot;
+        let len = (count as usize - 1) * self.slot + PREFIX + self.last_len.get();
+        let op = SendOp::WriteWithImm {
+            remote_addr: ring.addr + at as u64,
+            rkey: ring.rkey,
+            imm: imm::data(self.id, Some(count as usize)),
+        };
+        let sge = self.staging.sge(at, len);
+        self.posted.set(to);
+        // Runs go unsignaled (no completion to wait for, and on the software provider no
+        // remote-completion round trip), except one whenever a quarter of the ring has gone
+        // by, which keeps a verbs send queue from filling with unsignaled requests and
+        // surfaces errors.
+        let step = credit_step(self.capacity as u32);
+        if from / step != to / step {
+            let op = inner
+                .ops
+                .execute(op, vec![sge], vec![self.staging.clone()], false);
+            let mut inflight = self.inflight.borrow_mut();
+            inflight.push_back(op);
+            // Completed ones are dropped; a failure shows on the next `send` or `flush`.
+            while inflight.len() > 4 {
+                drop(inflight.pop_front());
+            }
+        } else {
+            // At once: a run is already a batch, and the flush poller runs after the provider
+            // has polled the network in this pass.
+            inner
+                .ops
+                .post_unsignaled_with(op, vec![sge], &self.staging, false)
+                .map_err(|e| inner.driver_error(e))?;
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// This core's senders with a run to post.
+    static PENDING: RefCell<Vec<Weak<TxState>>> = const { RefCell::new(Vec::new()) };
+    static FLUSHER: Cell<u64> = const { Cell::new(0) };
+}
+
+fn schedule(st: &Rc<TxState>) {
+    if st.listed.replace(true) {
+        return;
+    }
+    PENDING.with(|p| p.borrow_mut().push(Rc::downgrade(st)));
+    let token = barewire_engine::core_token();
+    if FLUSHER.with(|f| f.replace(token)) != token {
+        barewire_engine::register_poller(Box::new(Flusher));
+    }
+}
+
+/// Posts every pending run on this core, once per loop pass, before the core sleeps.
+struct Flusher;
+
+impl Flusher {
+    fn flush_all() -> bool {
+        let list = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        let any = !list.is_empty();
+        for st in list.into_iter().filter_map(|w| w.upgrade()) {
+            st.listed.set(false);
+            // An error here is the connection's; the sender sees it on its next call.
+            let _ = st.post_run();
+        }
+        any
+    }
+}
+
+impl barewire_engine::Poller for Flusher {
+    fn poll(&mut self) -> bool {
+        Flusher::flush_all()
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        PENDING.with(|p| !p.borrow().is_empty())
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        !Flusher::flush_all()
     }
 }
 
@@ -128,8 +256,10 @@ pub(crate) struct RxState {
     capacity: u64,
     slot: usize,
     ring: Rc<Buffer>,
-    /// Lengths of arrived messages, in order; `None` marks the sender's close.
-    arrived: RefCell<VecDeque<Option<usize>>>,
+    /// Messages that have arrived (the ring holds them in order from `consumed`).
+    arrived: Cell<u64>,
+    /// The sender's close notice has come.
+    closed: Cell<bool>,
     waker: RefCell<Option<Waker>>,
 }
 
@@ -142,8 +272,11 @@ impl RxState {
 }
 
 impl Arrival for RxState {
-    fn arrived(&self, _credit: bool, len: Option<usize>) {
-        self.arrived.borrow_mut().push_back(len);
+    fn arrived(&self, _credit: bool, count: Option<usize>) {
+        match count {
+            Some(n) => self.arrived.set(self.arrived.get() + n as u64),
+            None => self.closed.set(true),
+        }
         self.wake();
     }
 }
@@ -152,9 +285,6 @@ impl Arrival for RxState {
 pub struct Sender<T, C: Codec<T> = Raw> {
     link: Rc<Link>,
     st: Rc<TxState>,
-    staging: Rc<Buffer>,
-    seq: Cell<u64>,
-    inflight: RefCell<VecDeque<Op>>,
     scratch: RefCell<Vec<u8>>,
     _t: PhantomData<(fn(T), C)>,
 }
@@ -169,7 +299,6 @@ pub struct Receiver<T, C: Codec<T> = Raw> {
     consumed: Cell<u64>,
     credited: Cell<u64>,
     returns: Cell<u64>,
-    closed: Cell<bool>,
     _t: PhantomData<(fn() -> T, C)>,
 }
 
@@ -215,7 +344,7 @@ impl Endpoint {
         }
         let inner: &Rc<Inner> = self.inner();
         let fp = Fingerprint::of::<T>();
-        let slot = opts.max_message.div_ceil(64) * 64;
+        let slot = (opts.max_message + PREFIX).div_ceil(8) * 8;
         let cap = opts.capacity as u64;
         let index = inner.next_open_index();
 
@@ -234,6 +363,13 @@ impl Endpoint {
             credit: credit.clone(),
             ring: Cell::new(None),
             waker: RefCell::new(None),
+            link: Rc::downgrade(inner),
+            staging: Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?,
+            seq: Cell::new(0),
+            posted: Cell::new(0),
+            last_len: Cell::new(0),
+            listed: Cell::new(false),
+            inflight: RefCell::new(VecDeque::new()),
         });
         inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
         inner
@@ -282,7 +418,7 @@ impl Endpoint {
             inner.shared.borrow_mut().chans.remove(&id);
             return Err(e);
         }
-        if pcap == 0 || pslot == 0 || pslot as usize > imm::MAX_MESSAGE + 64 {
+        if pcap == 0 || (pslot as usize) <= PREFIX || pslot as usize > imm::MAX_MESSAGE + 64 {
             return Err(Error::Malformed(format!(
                 "channel of {pcap} slots of {pslot} bytes"
             )));
@@ -298,7 +434,8 @@ impl Endpoint {
             capacity: pcap as u64,
             slot: pslot as usize,
             ring: ring.clone(),
-            arrived: RefCell::new(VecDeque::new()),
+            arrived: Cell::new(0),
+            closed: Cell::new(false),
             waker: RefCell::new(None),
         });
         // Every message the peer may have in flight needs a receive posted before it may send.
@@ -333,15 +470,11 @@ impl Endpoint {
                 });
             }
         }
-        let staging = Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?;
         let credit_src = Buffer::new(&inner.pd, 64, 64, Access::LOCAL_WRITE)?;
         Ok((
             Sender {
                 link: self.link.clone(),
                 st: tx,
-                staging,
-                seq: Cell::new(0),
-                inflight: RefCell::new(VecDeque::new()),
                 scratch: RefCell::new(Vec::with_capacity(opts.max_message)),
                 _t: PhantomData,
             },
@@ -353,7 +486,6 @@ impl Endpoint {
                 consumed: Cell::new(0),
                 credited: Cell::new(0),
                 returns: Cell::new(0),
-                closed: Cell::new(false),
                 _t: PhantomData,
             },
         ))
@@ -370,8 +502,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
         self.st.credit.load_u64(0)
     }
 
-    /// Sends one message. Returns once it is posted (it is then delivered in order, exactly
-    /// once, unless the connection fails); waits while the ring is full.
+    /// Sends one message: in order, exactly once, unless the connection fails. Returns once
+    /// the message is in its slot of the outgoing run (it goes out when this task yields, or
+    /// sooner; see the module docs); waits while the ring is full.
     pub async fn send(&self, item: &T) -> Result<()> {
         let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
         bytes.clear();
@@ -382,15 +515,20 @@ impl<T, C: Codec<T>> Sender<T, C> {
     }
 
     async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
-        let max = self.st.slot.min(imm::MAX_MESSAGE);
+        let st = &self.st;
+        let max = (st.slot - PREFIX).min(imm::MAX_MESSAGE);
         if bytes.len() > max {
             return Err(Error::TooLarge {
                 len: bytes.len(),
                 max,
             });
         }
-        let seq = self.seq.get();
+        let seq = st.seq.get();
         // Room in the ring: fewer than `capacity` messages unconsumed.
+        if seq - self.credits().min(seq) >= st.capacity {
+            // Post what is pending first: the receiver cannot free slots it has not seen.
+            st.post_run()?;
+        }
         poll_fn(|cx| {
             if let Some(e) = &self.inner().shared.borrow().error {
                 return Poll::Ready(Err(e.clone()));
@@ -399,47 +537,30 @@ impl<T, C: Codec<T>> Sender<T, C> {
             if c == u64::MAX {
                 return Poll::Ready(Err(Error::Closed));
             }
-            if seq - c < self.st.capacity {
+            if seq - c < st.capacity {
                 return Poll::Ready(Ok(()));
             }
-            *self.st.waker.borrow_mut() = Some(cx.waker().clone());
+            *st.waker.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         })
         .await?;
         // The staging slot is free: it last held message `seq - capacity`, which the receiver
         // has consumed (the credit check above), so it was placed, so it was sent.
-        let at = (seq % self.st.capacity) as usize * self.st.slot;
-        self.staging.write_at(at, bytes);
-        let ring = self.st.ring.get().expect("accepted channel");
-        let op = SendOp::WriteWithImm {
-            remote_addr: ring.addr + at as u64,
-            rkey: ring.rkey,
-            imm: imm::data(self.st.id, Some(bytes.len())),
-        };
-        let sge = self.staging.sge(at, bytes.len());
-        let ops = &self.inner().ops;
-        // Most writes go unsignaled (no completion to wait for, and on the software provider
-        // no remote-completion round trip); every `credit_step`-th is signaled, which keeps a
-        // verbs send queue from filling with unsignaled requests and surfaces errors.
-        if (seq + 1) % credit_step(self.st.capacity as u32) == 0 {
-            let op = ops.execute(op, vec![sge], vec![self.staging.clone()], false);
-            self.inflight.borrow_mut().push_back(op);
-            // Older signaled writes: their completion comes long before we need it.
-            loop {
-                let old = {
-                    let mut inflight = self.inflight.borrow_mut();
-                    if inflight.len() <= 2 {
-                        break;
-                    }
-                    inflight.pop_front().unwrap()
-                };
-                old.await.map_err(|e| self.inner().driver_error(e))?;
-            }
+        let at = (seq % st.capacity) as usize * st.slot;
+        st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
+        st.staging.write_at(at + PREFIX, bytes);
+        st.last_len.set(bytes.len());
+        st.seq.set(seq + 1);
+        // A run ends at the ring's end (a WRITE covers contiguous slots), at MAX_RUN, or at
+        // once when slots are large (a run would carry each slot's unused tail).
+        if (seq + 1) % st.capacity == 0
+            || seq + 1 - st.posted.get() >= MAX_RUN
+            || st.slot > COALESCE_MAX_SLOT
+        {
+            st.post_run()?;
         } else {
-            ops.post_unsignaled(op, vec![sge], &self.staging)
-                .map_err(|e| self.inner().driver_error(e))?;
+            schedule(st);
         }
-        self.seq.set(seq + 1);
         Ok(())
     }
 
@@ -451,14 +572,15 @@ impl<T, C: Codec<T>> Sender<T, C> {
         let Some(ring) = self.st.ring.get() else {
             return Ok(());
         };
+        self.st.post_run()?;
         // A zero-length READ completes only after everything posted before it has been
         // carried out at the peer.
         let probe = self
             .inner()
             .ops
-            .read(&self.staging, 0, 0, Remote::at(ring, 0));
+            .read(&self.st.staging, 0, 0, Remote::at(ring, 0));
         loop {
-            let Some(op) = self.inflight.borrow_mut().pop_front() else {
+            let Some(op) = self.st.inflight.borrow_mut().pop_front() else {
                 break;
             };
             op.await.map_err(|e| self.inner().driver_error(e))?;
@@ -469,18 +591,20 @@ impl<T, C: Codec<T>> Sender<T, C> {
 
     /// Messages sent so far.
     pub fn sent(&self) -> u64 {
-        self.seq.get()
+        self.st.seq.get()
     }
 }
 
 impl<T, C: Codec<T>> Drop for Sender<T, C> {
     fn drop(&mut self) {
-        // Tell the receiver no more is coming (it drains what already arrived first). The
-        // operation keeps its buffer until it completes even though nobody awaits it.
+        // Post what is pending, then tell the receiver no more is coming (it drains what
+        // already arrived first). The close notice holds the staging buffer until it
+        // completes, so the pending run's bytes stay valid too.
+        let _ = self.st.post_run();
         if let Some(ring) = self.st.ring.get() {
             if self.inner().shared.borrow().error.is_none() {
                 drop(self.inner().ops.write_with_imm(
-                    &self.staging,
+                    &self.st.staging,
                     0,
                     0,
                     Remote::at(ring, 0),
@@ -505,11 +629,12 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// is gone and everything it sent has been received; [`Error::PeerGone`] if the connection
     /// failed.
     pub async fn recv(&self) -> Result<T> {
-        let next = poll_fn(|cx| {
-            if let Some(n) = self.st.arrived.borrow_mut().pop_front() {
-                return Poll::Ready(Ok(n));
+        let n = self.consumed.get();
+        poll_fn(|cx| {
+            if self.st.arrived.get() > n {
+                return Poll::Ready(Ok(()));
             }
-            if self.closed.get() {
+            if self.st.closed.get() {
                 return Poll::Ready(Err(Error::Closed));
             }
             if let Some(e) = &self.inner().shared.borrow().error {
@@ -519,20 +644,18 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             Poll::Pending
         })
         .await?;
-        let Some(len) = next else {
-            self.closed.set(true);
-            return Err(Error::Closed);
-        };
-        let n = self.consumed.get();
-        if len > self.st.slot {
+        let at = (n % self.st.capacity) as usize * self.st.slot;
+        let mut prefix = [0u8; PREFIX];
+        self.st.ring.read_at(at, &mut prefix);
+        let len = u32::from_le_bytes(prefix) as usize;
+        if len > self.st.slot - PREFIX {
             return Err(Error::Malformed(format!(
                 "a {len}-byte message in a {}-byte slot",
                 self.st.slot
             )));
         }
-        let at = (n % self.st.capacity) as usize * self.st.slot;
         let mut bytes = vec![0u8; len];
-        self.st.ring.read_at(at, &mut bytes);
+        self.st.ring.read_at(at + PREFIX, &mut bytes);
         self.consumed.set(n + 1);
         if n + 1 - self.credited.get() >= credit_step(self.st.capacity as u32) {
             self.return_credits(n + 1);

@@ -384,6 +384,7 @@ fn a_dropped_receiver_fails_the_sender_and_a_dropped_sender_ends_the_receiver() 
                 9
             );
             drop(tx);
+            linger().await;
         },
         |_node, ep| async move {
             let (tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();

@@ -294,13 +294,30 @@ impl Endpoint {
         sges: Vec<Sge>,
         hold: &Rc<Buffer>,
     ) -> Result<(), DriverError> {
-        self.qp.post_send_batched(SendWr {
+        self.post_unsignaled_with(op, sges, hold, true)
+    }
+
+    /// As [`post_unsignaled`](Self::post_unsignaled), transmitted at once (`batched: false`)
+    /// or with the next progress pass (`batched: true`).
+    pub fn post_unsignaled_with(
+        &self,
+        op: SendOp,
+        sges: Vec<Sge>,
+        hold: &Rc<Buffer>,
+        batched: bool,
+    ) -> Result<(), DriverError> {
+        let wr = SendWr {
             wr_id: 0,
             op,
             sges,
             signaled: false,
             fence: false,
-        })?;
+        };
+        if batched {
+            self.qp.post_send_batched(wr)?;
+        } else {
+            self.qp.post_send(wr)?;
+        }
         let mut h = self.unsignaled.borrow_mut();
         if !h.iter().any(|b| Rc::ptr_eq(b, hold)) {
             h.push(hold.clone());

@@ -19,6 +19,12 @@ use barewire_bench::perf::compare::{installed, median, parse_ucx};
 
 const PINGS: usize = 20_000;
 
+/// Slots sized for the message (64 B + the 4-byte length), a ring of 1024.
+const OPTS: ChannelOptions = ChannelOptions {
+    capacity: 1024,
+    max_message: 64,
+};
+
 fn runtime(cpu: usize) -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()
         .core_ids(&[cpu])
@@ -35,10 +41,7 @@ fn serve_barewire(cpu: usize, n: usize) {
         println!("READY {port}");
         std::io::stdout().flush().unwrap();
         let ep = node.accept().await.unwrap();
-        let (tx, rx) = ep
-            .open_channel::<[u8; 64]>(ChannelOptions::default())
-            .await
-            .unwrap();
+        let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
         for _ in 0..PINGS {
             let m = rx.recv().await.unwrap();
             tx.send(&m).await.unwrap();
@@ -63,10 +66,7 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
                 .connect(format!("127.0.0.1:{port}").parse().unwrap())
                 .await
                 .unwrap();
-            let (tx, rx) = ep
-                .open_channel::<[u8; 64]>(ChannelOptions::default())
-                .await
-                .unwrap();
+            let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
             let mut lat = Vec::with_capacity(PINGS);
             for i in 0..PINGS {
                 let t = Instant::now();

@@ -50,8 +50,8 @@ fn serve_barewire(cpu: usize, n: usize) {
             rx.recv().await.unwrap();
         }
         tx.send(&[1; 64]).await.unwrap();
-        tx.flush().await.unwrap();
-        barewire::engine::time::sleep(Duration::from_millis(100)).await;
+        // The client hangs up once it has this; a flush that loses that race is fine.
+        let _ = tx.flush().await;
     });
 }
 

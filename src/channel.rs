@@ -208,6 +208,13 @@ fn schedule(st: &Rc<TxState>) {
         return;
     }
     PENDING.with(|p| p.borrow_mut().push(Rc::downgrade(st)));
+    ensure_flusher();
+}
+
+/// Registers this core's flush poller. A `Node` does it when it is made, so the flusher comes
+/// before the provider's poller in each pass: a run posted by it goes out before the core
+/// spends a system call looking for input.
+pub(crate) fn ensure_flusher() {
     let token = barewire_engine::core_token();
     if FLUSHER.with(|f| f.replace(token)) != token {
         barewire_engine::register_poller(Box::new(Flusher));

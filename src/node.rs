@@ -44,6 +44,12 @@ impl Node {
 
     /// Opens the device `cfg` selects.
     pub fn with_config(cfg: &DriverConfig) -> Result<Node> {
+        if !barewire_engine::in_runtime() {
+            return Err(Error::Invalid(
+                "a Node belongs to a core: create it inside Runtime::block_on or a task".into(),
+            ));
+        }
+        crate::channel::ensure_flusher();
         let dev = Device::open(cfg)?;
         let pd = dev.alloc_pd()?;
         Ok(Node {

@@ -54,8 +54,8 @@ pub use error::Error;
 pub use op::poll_fd::{poll_readable, poll_writable};
 pub use poller::Poller;
 pub use runtime::{
-    core_token, current_core, current_cpu, num_cores, reactor, register_poller, spawn_on, stats,
-    yield_now, Builder, Runtime,
+    core_token, current_core, current_cpu, in_runtime, num_cores, reactor, register_poller,
+    spawn_on, stats, yield_now, Builder, Runtime,
 };
 pub use stats::CoreStats;
 pub use task::{task_overhead_bytes, JoinError, JoinHandle};

@@ -485,6 +485,11 @@ pub fn current_core() -> usize {
     with_core(|c| c.index())
 }
 
+/// True on a thread that is running a barewire core (inside `Runtime::block_on` or a task).
+pub fn in_runtime() -> bool {
+    crate::core::try_with_core(|_| ()).is_some()
+}
+
 /// An id of the current core that is unique over the process's life, for libraries that keep
 /// per-core state in thread-locals: a new runtime on the same thread gets a new token.
 pub fn core_token() -> u64 {

@@ -661,13 +661,21 @@ impl<T, C: Codec<T>> Receiver<T, C> {
                 self.st.slot
             )));
         }
-        let mut bytes = vec![0u8; len];
-        self.st.ring.read_at(at + PREFIX, &mut bytes);
+        // Small messages are copied out onto the stack, larger ones into a fresh buffer.
+        let mut small = [0u8; 256];
+        let mut large = Vec::new();
+        let bytes: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large
+        };
+        self.st.ring.read_at(at + PREFIX, bytes);
         self.consumed.set(n + 1);
         if n + 1 - self.credited.get() >= credit_step(self.st.capacity as u32) {
             self.return_credits(n + 1);
         }
-        C::decode(&bytes)
+        C::decode(bytes)
     }
 
     fn return_credits(&self, count: u64) {

@@ -398,6 +398,10 @@ impl QueuePair {
     /// Disconnects: outstanding work flushes, and the peer sees the connection close.
     pub fn disconnect(&self) {
         let mut i = self.inner.borrow_mut();
+        // Hand what is already posted (batched sends included) to the socket first: the kernel
+        // delivers it before the FIN, so a message posted just before hanging up is not lost.
+        // Whatever the socket cannot take right now is flushed with the rest.
+        service(&mut i, false);
         close(&mut i, WcStatus::WrFlushErr);
     }
 }

@@ -496,3 +496,37 @@ fn an_idle_core_sleeps_and_wakes_for_a_message() {
     });
     sender.join().unwrap();
 }
+
+/// A send posted for the next progress pass and followed at once by a disconnect still
+/// reaches the peer: disconnecting hands queued work to the socket before the FIN.
+#[test]
+fn a_batched_send_posted_just_before_disconnect_is_delivered() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        let mut src = vec![0x42u8; 256];
+        let mut dst = vec![0u8; 256];
+        let amr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+        let bmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE);
+        qb.post_recv(RecvWr {
+            wr_id: 1,
+            sges: vec![sge(&bmr, 0, 256)],
+        })
+        .unwrap();
+        qa.post_send_batched(SendWr {
+            wr_id: 7,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sges: vec![sge(&amr, 0, 256)],
+            signaled: false,
+            fence: false,
+        })
+        .unwrap();
+        qa.disconnect();
+        let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 256));
+        drop((amr, bmr));
+    });
+}

@@ -64,7 +64,7 @@ pub(crate) struct Inner {
 
 /// Receive slots, by work request id, and how many are posted.
 #[derive(Default)]
-struct RecvSide {
+pub(crate) struct RecvSide {
     slots: RefCell<Vec<(Rc<Buffer>, usize)>>,
     posted: Cell<usize>,
 }
@@ -283,14 +283,32 @@ pub(crate) trait Arrival {
 }
 
 impl Endpoint {
+    /// The control receives a new connection starts with: made before it is connected and
+    /// posted by the drivers as the queue pair is created, so a peer that sends at once finds
+    /// them.
+    pub(crate) fn initial_recvs(pd: &ProtectionDomain) -> Result<(Rc<RecvSide>, Vec<RecvWr>)> {
+        let buf = Buffer::new(pd, CONTROL_RECVS * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
+        let side = Rc::new(RecvSide::default());
+        let mut wrs = Vec::with_capacity(CONTROL_RECVS);
+        for i in 0..CONTROL_RECVS {
+            wrs.push(RecvWr {
+                wr_id: i as u64,
+                sges: vec![buf.sge(i * CONTROL_MAX, CONTROL_MAX)],
+            });
+            side.slots.borrow_mut().push((buf.clone(), i * CONTROL_MAX));
+        }
+        side.posted.set(CONTROL_RECVS);
+        Ok((side, wrs))
+    }
+
     pub(crate) fn new(
         qp: QueuePair,
         scq: CompletionQueue,
         rcq: CompletionQueue,
         pd: Rc<ProtectionDomain>,
         accepting: bool,
+        recv: Rc<RecvSide>,
     ) -> Result<Endpoint> {
-        let recv = Rc::new(RecvSide::default());
         let inner = Rc::new_cyclic(|weak: &Weak<Inner>| {
             let (weak, side) = (weak.clone(), recv.clone());
             // Every receive completion, as it arrives: dispatch it and repost its slot. Once
@@ -331,7 +349,6 @@ impl Endpoint {
                 parity: accepting as u16,
             }
         });
-        inner.add_recvs(CONTROL_RECVS)?;
         Ok(Endpoint {
             link: Rc::new(Link { inner }),
         })

@@ -93,18 +93,22 @@ impl Node {
         let l = self.listener.borrow_mut().take().ok_or_else(|| {
             Error::Invalid("accept before listen (or from two tasks at once)".into())
         })?;
-        let r = l.accept(&self.pd, &scq, &rcq).await;
+        let (recv, wrs) = Endpoint::initial_recvs(&self.pd)?;
+        let r = l.accept_with_recvs(&self.pd, &scq, &rcq, wrs).await;
         *self.listener.borrow_mut() = Some(l);
         let (qp, _) = r?;
-        Endpoint::new(qp, scq, rcq, self.pd.clone(), true)
+        Endpoint::new(qp, scq, rcq, self.pd.clone(), true, recv)
     }
 
     /// Connects to a listening node.
     pub async fn connect(&self, addr: SocketAddr) -> Result<Endpoint> {
         let (scq, rcq) = self.endpoint_parts()?;
-        let (qp, _) =
-            barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &self.dev.connect_options())
-                .await?;
-        Endpoint::new(qp, scq, rcq, self.pd.clone(), false)
+        let (recv, wrs) = Endpoint::initial_recvs(&self.pd)?;
+        let opts = barewire_drivers::ConnectOptions {
+            initial_recvs: wrs,
+            ..self.dev.connect_options()
+        };
+        let (qp, _) = barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &opts).await?;
+        Endpoint::new(qp, scq, rcq, self.pd.clone(), false, recv)
     }
 }

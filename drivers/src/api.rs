@@ -261,6 +261,10 @@ pub struct ConnectOptions {
     pub mulpdu: usize,
     /// IP type of service for the connection (RoCE v2 traffic class, DSCP << 2).
     pub tos: Option<u8>,
+    /// Receives posted on the new queue pair before the peer can send anything (`connect`;
+    /// `Listener::accept_with_recvs` takes its own per connection). Their memory must stay
+    /// registered until they complete.
+    pub initial_recvs: Vec<RecvWr>,
 }
 
 impl Default for ConnectOptions {
@@ -274,6 +278,7 @@ impl Default for ConnectOptions {
             crc: false,
             mulpdu: 16 * 1024,
             tos: None,
+            initial_recvs: Vec::new(),
         }
     }
 }
@@ -355,10 +360,17 @@ pub async fn connect(
             let (qp, data) = soft::provider::connect(addr, pd, s, r, opts.soft())
                 .await
                 .map_err(cm_error)?;
+            // Posted before this task yields, so before the provider reads anything the peer
+            // sent after the handshake.
+            for wr in &opts.initial_recvs {
+                qp.post_recv(wr.clone())
+                    .map_err(|e| DriverError::Post(e.to_string()))?;
+            }
             Ok((QueuePair::Soft(qp), data))
         }
         (ProtectionDomain::Verbs(pd), CompletionQueue::Verbs(s), CompletionQueue::Verbs(r)) => {
-            let (qp, data) = cm::Qp::connect(addr, pd, s, r, &opts.verbs()).await?;
+            let (qp, data) =
+                cm::Qp::connect(addr, pd, s, r, &opts.verbs(), &opts.initial_recvs).await?;
             Ok((QueuePair::Verbs(qp), data))
         }
         _ => Err(mismatch()),
@@ -461,6 +473,18 @@ impl Listener {
         scq: &CompletionQueue,
         rcq: &CompletionQueue,
     ) -> Result<(QueuePair, Vec<u8>), DriverError> {
+        self.accept_with_recvs(pd, scq, rcq, Vec::new()).await
+    }
+
+    /// As [`accept`](Self::accept), posting `recvs` on the new queue pair before the peer can
+    /// send anything.
+    pub async fn accept_with_recvs(
+        &self,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+        recvs: Vec<RecvWr>,
+    ) -> Result<(QueuePair, Vec<u8>), DriverError> {
         match (self, pd, scq, rcq) {
             (
                 Listener::Soft(l),
@@ -469,6 +493,10 @@ impl Listener {
                 CompletionQueue::Soft(r),
             ) => {
                 let (qp, data) = l.accept(pd, s, r).await.map_err(cm_error)?;
+                for wr in recvs {
+                    qp.post_recv(wr)
+                        .map_err(|e| DriverError::Post(e.to_string()))?;
+                }
                 Ok((QueuePair::Soft(qp), data))
             }
             (
@@ -477,7 +505,7 @@ impl Listener {
                 CompletionQueue::Verbs(s),
                 CompletionQueue::Verbs(r),
             ) => {
-                let (qp, data) = l.accept(pd, s, r).await?;
+                let (qp, data) = l.accept(pd, s, r, &recvs).await?;
                 Ok((QueuePair::Verbs(qp), data))
             }
             _ => Err(mismatch()),

@@ -304,6 +304,7 @@ impl Qp {
         scq: &Rc<Cq>,
         rcq: &Rc<Cq>,
         s: &CmSettings,
+        recvs: &[RecvWr],
     ) -> Result<(Rc<Qp>, Vec<u8>), DriverError> {
         let ch = new_channel()?;
         let mut id = std::ptr::null_mut();
@@ -355,6 +356,7 @@ impl Qp {
             }
             expect(ch, sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED).await?;
             let inline = create_qp(id, pd, scq, rcq, s)?;
+            post_initial(id, recvs)?;
             let mut param = conn_param(s);
             // SAFETY: a live id with a QP; param points at our private data, alive here.
             if unsafe { sys::rdma_connect(id, &mut param) } != 0 {
@@ -556,6 +558,33 @@ impl Qp {
     }
 }
 
+/// Posts receives on a fresh queue pair before the connection is accepted or completed, so a
+/// peer that sends the moment it is connected finds them (an iWARP device, unlike InfiniBand's
+/// RNR retry, fails the connection on a Send with no receive posted).
+fn post_initial(id: *mut sys::rdma_cm_id, recvs: &[RecvWr]) -> Result<(), DriverError> {
+    for wr in recvs {
+        let mut sges = [sys::ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey: 0,
+        }; MAX_SGE];
+        let n = fill_sges(&mut sges, &wr.sges)?;
+        let mut w = sys::ibv_recv_wr {
+            wr_id: wr.wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: sges.as_mut_ptr(),
+            num_sge: n as i32,
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the id has a QP (created just before); w and its SGEs live across the call.
+        let rc = unsafe { sys::ibv_post_recv((*id).qp, &mut w, &mut bad) };
+        if rc != 0 {
+            return Err(os_error("ibv_post_recv", rc));
+        }
+    }
+    Ok(())
+}
+
 fn fill_sges(out: &mut [sys::ibv_sge; MAX_SGE], sges: &[Sge]) -> Result<usize, DriverError> {
     if sges.len() > MAX_SGE {
         return Err(DriverError::Unsupported(format!(
@@ -647,6 +676,7 @@ impl Listener {
         pd: &Rc<Pd>,
         scq: &Rc<Cq>,
         rcq: &Rc<Cq>,
+        recvs: &[RecvWr],
     ) -> Result<(Rc<Qp>, Vec<u8>), DriverError> {
         let req = loop {
             let ev = next_event(self.channel).await?;
@@ -672,6 +702,7 @@ impl Listener {
                 return Err(last_os_error("rdma_migrate_id"));
             }
             let inline = create_qp(child, pd, scq, rcq, &self.settings)?;
+            post_initial(child, recvs)?;
             let mut param = conn_param(&self.settings);
             // SAFETY: a live id with a QP; param points at our private data.
             if unsafe { sys::rdma_accept(child, &mut param) } != 0 {

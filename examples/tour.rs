@@ -28,6 +28,12 @@ struct Sample {
 }
 
 const PINGS: usize = 10_000;
+
+/// Slots sized for the messages (64 B), so a burst travels as runs of up to 64 per WRITE.
+const CHANNEL: ChannelOptions = ChannelOptions {
+    capacity: 1024,
+    max_message: 64,
+};
 const BURST: usize = 100_000;
 
 fn runtime(cpu: usize) -> Runtime {
@@ -77,9 +83,7 @@ async fn node(role: String) -> Result<()> {
         );
         ep.send_region(&counters).await?;
         ep.send_region(&samples).await?;
-        let (tx, rx) = ep
-            .open_channel::<[u8; 64]>(ChannelOptions::default())
-            .await?;
+        let (tx, rx) = ep.open_channel::<[u8; 64]>(CHANNEL).await?;
         for _ in 0..PINGS {
             let m = rx.recv().await?;
             tx.send(&m).await?;
@@ -213,9 +217,7 @@ async fn one_sided(ep: &Endpoint) -> Result<()> {
 
 async fn channel(ep: &Endpoint) -> Result<()> {
     println!("\n2. a Channel<[u8; 64]> with node a");
-    let (tx, rx) = ep
-        .open_channel::<[u8; 64]>(ChannelOptions::default())
-        .await?;
+    let (tx, rx) = ep.open_channel::<[u8; 64]>(CHANNEL).await?;
     let mut lat = Vec::with_capacity(PINGS);
     for i in 0..PINGS {
         let t = Instant::now();

@@ -147,8 +147,14 @@ impl TxState {
         }
     }
 
-    /// Posts the pending run, if any, as one WRITE with immediate.
+    /// Posts the pending run, if any, as one WRITE with immediate: transmitted at once, or
+    /// (`batched`) with the provider's next pass together with whatever else is posted before
+    /// then.
     fn post_run(&self) -> Result<()> {
+        self.post_run_with(false)
+    }
+
+    fn post_run_with(&self, batched: bool) -> Result<()> {
         let (from, to) = (self.posted.get(), self.seq.get());
         if from == to {
             return Ok(());
@@ -190,7 +196,7 @@ impl TxState {
             // has polled the network in this pass.
             inner
                 .ops
-                .post_unsignaled_with(op, vec![sge], &self.staging, false)
+                .post_unsignaled_with(op, vec![sge], &self.staging, batched)
                 .map_err(|e| inner.driver_error(e))?;
         }
         Ok(())
@@ -564,7 +570,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
             || seq + 1 - st.posted.get() >= MAX_RUN
             || st.slot > COALESCE_MAX_SLOT
         {
-            st.post_run()?;
+            // Batched: a sender in a burst posts many of these before it yields, and they
+            // leave together in one system call.
+            st.post_run_with(true)?;
         } else {
             schedule(st);
         }

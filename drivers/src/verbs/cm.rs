@@ -164,6 +164,29 @@ fn new_channel() -> Result<*mut sys::rdma_event_channel, DriverError> {
     Ok(ch)
 }
 
+/// A TCP-port-space connection identifier on its own non-blocking event channel; the caller
+/// destroys both.
+fn new_id() -> Result<(*mut sys::rdma_event_channel, *mut sys::rdma_cm_id), DriverError> {
+    let ch = new_channel()?;
+    let mut id = std::ptr::null_mut();
+    // SAFETY: a live channel.
+    let rc = unsafe {
+        sys::rdma_create_id(
+            ch,
+            &mut id,
+            std::ptr::null_mut(),
+            sys::rdma_port_space::RDMA_PS_TCP,
+        )
+    };
+    if rc != 0 {
+        let e = last_os_error("rdma_create_id");
+        // SAFETY: destroying what we made.
+        unsafe { sys::rdma_destroy_event_channel(ch) };
+        return Err(e);
+    }
+    Ok((ch, id))
+}
+
 fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -306,23 +329,7 @@ impl Qp {
         s: &CmSettings,
         recvs: &[RecvWr],
     ) -> Result<(Rc<Qp>, Vec<u8>), DriverError> {
-        let ch = new_channel()?;
-        let mut id = std::ptr::null_mut();
-        // SAFETY: a live channel; the id is destroyed on every path below.
-        let rc = unsafe {
-            sys::rdma_create_id(
-                ch,
-                &mut id,
-                std::ptr::null_mut(),
-                sys::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
-        if rc != 0 {
-            let e = last_os_error("rdma_create_id");
-            // SAFETY: destroying what we made.
-            unsafe { sys::rdma_destroy_event_channel(ch) };
-            return Err(e);
-        }
+        let (ch, id) = new_id()?;
         let cleanup = |id: *mut sys::rdma_cm_id, ch: *mut sys::rdma_event_channel| {
             // SAFETY: destroying what we made, QP first when there is one.
             unsafe {
@@ -432,6 +439,14 @@ impl Qp {
                 rkey: rkey.0,
             },
         };
+        let atomic = |remote_addr: u64, rkey: Stag, compare_add: u64, swap: u64| sys::wr_t {
+            atomic: sys::atomic_t {
+                remote_addr,
+                compare_add,
+                swap,
+                rkey: rkey.0,
+            },
+        };
         let payload: u32 = wr.sges.iter().map(|s| s.len).sum();
         let mut may_inline = false;
         match wr.op {
@@ -476,14 +491,7 @@ impl Qp {
                 add,
             } => {
                 w.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                w.wr = sys::wr_t {
-                    atomic: sys::atomic_t {
-                        remote_addr,
-                        compare_add: add,
-                        swap: 0,
-                        rkey: rkey.0,
-                    },
-                };
+                w.wr = atomic(remote_addr, rkey, add, 0);
             }
             SendOp::CmpSwap {
                 remote_addr,
@@ -492,14 +500,7 @@ impl Qp {
                 swap,
             } => {
                 w.opcode = op::IBV_WR_ATOMIC_CMP_AND_SWP;
-                w.wr = sys::wr_t {
-                    atomic: sys::atomic_t {
-                        remote_addr,
-                        compare_add: compare,
-                        swap,
-                        rkey: rkey.0,
-                    },
-                };
+                w.wr = atomic(remote_addr, rkey, compare, swap);
             }
             SendOp::LocalInvalidate { stag } => {
                 w.opcode = op::IBV_WR_LOCAL_INV;
@@ -528,25 +529,7 @@ impl Qp {
 
     /// Posts a receive.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<(), DriverError> {
-        let mut sges = [sys::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; MAX_SGE];
-        let n = fill_sges(&mut sges, &wr.sges)?;
-        let mut w = sys::ibv_recv_wr {
-            wr_id: wr.wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: sges.as_mut_ptr(),
-            num_sge: n as i32,
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: as post_send.
-        let rc = unsafe { sys::ibv_post_recv(self.qp, &mut w, &mut bad) };
-        if rc != 0 {
-            return Err(os_error("ibv_post_recv", rc));
-        }
-        Ok(())
+        post_recv_on(self.qp, wr)
     }
 
     /// Disconnects: the queue pair goes to ERROR and outstanding work flushes.
@@ -562,25 +545,31 @@ impl Qp {
 /// peer that sends the moment it is connected finds them (an iWARP device, unlike InfiniBand's
 /// RNR retry, fails the connection on a Send with no receive posted).
 fn post_initial(id: *mut sys::rdma_cm_id, recvs: &[RecvWr]) -> Result<(), DriverError> {
-    for wr in recvs {
-        let mut sges = [sys::ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey: 0,
-        }; MAX_SGE];
-        let n = fill_sges(&mut sges, &wr.sges)?;
-        let mut w = sys::ibv_recv_wr {
-            wr_id: wr.wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: sges.as_mut_ptr(),
-            num_sge: n as i32,
-        };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the id has a QP (created just before); w and its SGEs live across the call.
-        let rc = unsafe { sys::ibv_post_recv((*id).qp, &mut w, &mut bad) };
-        if rc != 0 {
-            return Err(os_error("ibv_post_recv", rc));
-        }
+    // SAFETY: the id has a QP (created just before).
+    let qp = unsafe { (*id).qp };
+    recvs.iter().try_for_each(|wr| post_recv_on(qp, wr))
+}
+
+/// `ibv_post_recv` of one work request on `qp` (a live queue pair).
+fn post_recv_on(qp: *mut sys::ibv_qp, wr: &RecvWr) -> Result<(), DriverError> {
+    let mut sges = [sys::ibv_sge {
+        addr: 0,
+        length: 0,
+        lkey: 0,
+    }; MAX_SGE];
+    let n = fill_sges(&mut sges, &wr.sges)?;
+    let mut w = sys::ibv_recv_wr {
+        wr_id: wr.wr_id,
+        next: std::ptr::null_mut(),
+        sg_list: sges.as_mut_ptr(),
+        num_sge: n as i32,
+    };
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: a live QP; w and its SGEs live across the call, and the SGEs point at registered
+    // memory the caller keeps until the completion.
+    let rc = unsafe { sys::ibv_post_recv(qp, &mut w, &mut bad) };
+    if rc != 0 {
+        return Err(os_error("ibv_post_recv", rc));
     }
     Ok(())
 }
@@ -628,23 +617,7 @@ pub struct Listener {
 impl Listener {
     /// Binds and listens on `addr`.
     pub fn bind(addr: SocketAddr, settings: CmSettings) -> Result<Listener, DriverError> {
-        let ch = new_channel()?;
-        let mut id = std::ptr::null_mut();
-        // SAFETY: a live channel.
-        let rc = unsafe {
-            sys::rdma_create_id(
-                ch,
-                &mut id,
-                std::ptr::null_mut(),
-                sys::rdma_port_space::RDMA_PS_TCP,
-            )
-        };
-        if rc != 0 {
-            let e = last_os_error("rdma_create_id");
-            // SAFETY: destroying what we made.
-            unsafe { sys::rdma_destroy_event_channel(ch) };
-            return Err(e);
-        }
+        let (ch, id) = new_id()?;
         let l = Listener {
             id,
             channel: ch,

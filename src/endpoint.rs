@@ -49,6 +49,8 @@ pub(crate) struct Shared {
 
 pub(crate) struct Inner {
     pub(crate) ops: Ops,
+    /// The receive queue (also drained by the receive poller, see `RxPoller`).
+    rcq: CompletionQueue,
     pub(crate) pd: Rc<ProtectionDomain>,
     pub(crate) shared: RefCell<Shared>,
     /// The receive slots (shared with the receive handler, which outlives this).
@@ -123,6 +125,48 @@ impl Inner {
             .map_err(Error::Driver)?;
         self.recv.posted.set(self.recv.posted.get() + 1);
         Ok(())
+    }
+
+    /// Handles every receive completion already in the queue; true if there was any.
+    fn drain(&self) -> bool {
+        let mut any = false;
+        let mut wcs = [WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num: 0,
+        }; 8];
+        loop {
+            let n = self.rcq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                self.recv
+                    .posted
+                    .set(self.recv.posted.get().saturating_sub(1));
+                self.handle(*wc);
+                any = true;
+            }
+            if n < wcs.len() {
+                return any;
+            }
+        }
+    }
+
+    fn handle(&self, wc: WorkCompletion) {
+        if wc.status != WcStatus::Success {
+            self.fail_with(Error::PeerGone(format!(
+                "the connection failed (receive completed with {:?})",
+                wc.status
+            )));
+            return;
+        }
+        self.dispatch(&wc);
+        if self.shared.borrow().error.is_none() {
+            let _ = self.post_slot(wc.wr_id as usize);
+        }
     }
 
     /// One receive completion: a control message or a channel arrival.
@@ -277,6 +321,47 @@ impl Inner {
     }
 }
 
+thread_local! {
+    /// This core's endpoints, whose receive queues the `RxPoller` drains.
+    static ENDPOINTS: RefCell<Vec<Weak<Inner>>> = const { RefCell::new(Vec::new()) };
+    static RX_POLLER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Drains every endpoint's receive queue in each pass over the sources, right after the
+/// provider has filled it (it is registered after the provider's poller): an arrival reaches
+/// its channel in the same pass, without waiting for the receive task to be scheduled. The
+/// receive task stays as the path for completions that come while the core sleeps.
+struct RxPoller;
+
+impl RxPoller {
+    fn add(inner: &Rc<Inner>) {
+        ENDPOINTS.with(|e| e.borrow_mut().push(Rc::downgrade(inner)));
+        let token = barewire_engine::core_token();
+        if RX_POLLER.with(|t| t.replace(token)) != token {
+            barewire_engine::register_poller(Box::new(RxPoller));
+        }
+    }
+}
+
+impl barewire_engine::Poller for RxPoller {
+    fn poll(&mut self) -> bool {
+        let live: Vec<Rc<Inner>> = ENDPOINTS.with(|e| {
+            let mut e = e.borrow_mut();
+            e.retain(|w| w.strong_count() > 0);
+            e.iter().filter_map(Weak::upgrade).collect()
+        });
+        let mut any = false;
+        for inner in live {
+            any |= inner.drain();
+        }
+        any
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+}
+
 /// What a channel half does when the receive task sees a WRITE with immediate for it.
 pub(crate) trait Arrival {
     fn arrived(&self, credit: bool, len: Option<usize>);
@@ -317,22 +402,13 @@ impl Endpoint {
             let handler = move |wc: WorkCompletion| {
                 side.posted.set(side.posted.get().saturating_sub(1));
                 if let Some(inner) = weak.upgrade() {
-                    if wc.status != WcStatus::Success {
-                        inner.fail_with(Error::PeerGone(format!(
-                            "the connection failed (receive completed with {:?})",
-                            wc.status
-                        )));
-                    } else {
-                        inner.dispatch(&wc);
-                        if inner.shared.borrow().error.is_none() {
-                            let _ = inner.post_slot(wc.wr_id as usize);
-                        }
-                    }
+                    inner.handle(wc);
                 }
                 side.posted.get() > 0
             };
             Inner {
-                ops: Ops::with_receiver(qp, scq, rcq, handler),
+                ops: Ops::with_receiver(qp, scq, rcq.clone(), handler),
+                rcq,
                 pd,
                 shared: RefCell::new(Shared {
                     inbox: VecDeque::new(),
@@ -349,6 +425,7 @@ impl Endpoint {
                 parity: accepting as u16,
             }
         });
+        RxPoller::add(&inner);
         Ok(Endpoint {
             link: Rc::new(Link { inner }),
         })

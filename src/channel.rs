@@ -223,18 +223,21 @@ fn schedule(st: &Rc<TxState>) {
 pub(crate) fn ensure_flusher() {
     let token = barewire_engine::core_token();
     if FLUSHER.with(|f| f.replace(token)) != token {
-        barewire_engine::register_poller(Box::new(Flusher));
+        barewire_engine::register_poller(Box::new(Flusher { batch: Vec::new() }));
     }
 }
 
 /// Posts every pending run on this core, once per loop pass, before the core sleeps.
-struct Flusher;
+struct Flusher {
+    /// The list being flushed, swapped with `PENDING` so neither allocates once warm.
+    batch: Vec<Weak<TxState>>,
+}
 
 impl Flusher {
-    fn flush_all() -> bool {
-        let list = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
-        let any = !list.is_empty();
-        for st in list.into_iter().filter_map(|w| w.upgrade()) {
+    fn flush_all(&mut self) -> bool {
+        PENDING.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut self.batch));
+        let any = !self.batch.is_empty();
+        for st in self.batch.drain(..).filter_map(|w| w.upgrade()) {
             st.listed.set(false);
             // An error here is the connection's; the sender sees it on its next call.
             let _ = st.post_run();
@@ -245,7 +248,7 @@ impl Flusher {
 
 impl barewire_engine::Poller for Flusher {
     fn poll(&mut self) -> bool {
-        Flusher::flush_all()
+        self.flush_all()
     }
 
     fn pure_poll(&mut self) -> bool {
@@ -253,7 +256,7 @@ impl barewire_engine::Poller for Flusher {
     }
 
     fn try_enter_interrupt_mode(&mut self) -> bool {
-        !Flusher::flush_all()
+        !self.flush_all()
     }
 }
 

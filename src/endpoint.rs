@@ -331,27 +331,30 @@ thread_local! {
 /// provider has filled it (it is registered after the provider's poller): an arrival reaches
 /// its channel in the same pass, without waiting for the receive task to be scheduled. The
 /// receive task stays as the path for completions that come while the core sleeps.
-struct RxPoller;
+struct RxPoller {
+    /// The live endpoints of the current pass (kept to reuse its allocation).
+    live: Vec<Rc<Inner>>,
+}
 
 impl RxPoller {
     fn add(inner: &Rc<Inner>) {
         ENDPOINTS.with(|e| e.borrow_mut().push(Rc::downgrade(inner)));
         let token = barewire_engine::core_token();
         if RX_POLLER.with(|t| t.replace(token)) != token {
-            barewire_engine::register_poller(Box::new(RxPoller));
+            barewire_engine::register_poller(Box::new(RxPoller { live: Vec::new() }));
         }
     }
 }
 
 impl barewire_engine::Poller for RxPoller {
     fn poll(&mut self) -> bool {
-        let live: Vec<Rc<Inner>> = ENDPOINTS.with(|e| {
+        ENDPOINTS.with(|e| {
             let mut e = e.borrow_mut();
             e.retain(|w| w.strong_count() > 0);
-            e.iter().filter_map(Weak::upgrade).collect()
+            self.live.extend(e.iter().filter_map(Weak::upgrade));
         });
         let mut any = false;
-        for inner in live {
+        for inner in self.live.drain(..) {
             any |= inner.drain();
         }
         any

@@ -26,3 +26,40 @@ pub fn unpin() {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
+
+/// Starts this program again with `args`, as a server that prints `READY <port>` first; returns
+/// the port and the child. (The bench binaries run their far side this way.)
+pub fn spawn_ready(args: &[&str]) -> (u16, std::process::Child) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("server process");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("READY ")
+        .unwrap_or_else(|| panic!("the server said {line:?}, not READY <port>"))
+        .parse()
+        .unwrap();
+    (port, child)
+}
+
+/// The value after `key` in `args`, if any.
+pub fn flag<'a>(args: &'a [String], key: &str) -> Option<&'a str> {
+    let i = args.iter().position(|a| a == key)?;
+    args.get(i + 1).map(String::as_str)
+}
+
+/// `A,B` as two CPU numbers.
+pub fn cpu_pair(v: &str) -> Option<[usize; 2]> {
+    let mut p = v.split(',').map(|x| x.parse::<usize>().ok());
+    match (p.next()?, p.next()?, p.next()) {
+        (Some(a), Some(b), None) => Some([a, b]),
+        _ => None,
+    }
+}

@@ -10,7 +10,7 @@
 //!
 //!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,8 @@ fn serve_barewire(cpu: usize, n: usize) {
 
 /// Returns (ping-pong p50 in µs, messages per second).
 fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
-    let port = spawn_server(&["--serve-barewire", &cpus[1].to_string(), &n.to_string()]);
+    let port =
+        barewire_bench::spawn_ready(&["--serve-barewire", &cpus[1].to_string(), &n.to_string()]);
     let (port, mut child) = port;
     let r = std::thread::spawn(move || {
         runtime(cpus[0]).block_on(async move {
@@ -119,8 +120,11 @@ fn serve_tokio_framed(cpu: usize, n: usize) {
 /// Idiomatic tokio: `FramedWrite` + `LengthDelimitedCodec`, one `send` per message (which
 /// flushes each message, as `SinkExt::send` does).
 fn run_tokio_framed(cpus: [usize; 2], n: usize) -> f64 {
-    let (port, mut child) =
-        spawn_server(&["--serve-tokio-framed", &cpus[1].to_string(), &n.to_string()]);
+    let (port, mut child) = barewire_bench::spawn_ready(&[
+        "--serve-tokio-framed",
+        &cpus[1].to_string(),
+        &n.to_string(),
+    ]);
     let rate = std::thread::spawn(move || {
         barewire_bench::pin(cpus[0]);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -182,7 +186,8 @@ fn serve_tokio(cpu: usize, n: usize) {
 }
 
 fn run_tokio(cpus: [usize; 2], n: usize) -> f64 {
-    let (port, mut child) = spawn_server(&["--serve-tokio", &cpus[1].to_string(), &n.to_string()]);
+    let (port, mut child) =
+        barewire_bench::spawn_ready(&["--serve-tokio", &cpus[1].to_string(), &n.to_string()]);
     let rate = std::thread::spawn(move || {
         barewire_bench::pin(cpus[0]);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -212,25 +217,6 @@ fn run_tokio(cpus: [usize; 2], n: usize) -> f64 {
     .unwrap();
     let _ = child.wait();
     rate
-}
-
-fn spawn_server(args: &[&str]) -> (u16, std::process::Child) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("server process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .strip_prefix("READY ")
-        .expect("READY")
-        .parse()
-        .unwrap();
-    (port, child)
 }
 
 /// barewire-perf's 64 B WRITE ping-pong p50, from its JSON line.
@@ -306,19 +292,11 @@ fn main() {
         }
         _ => {}
     }
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let get = |k: &str| barewire_bench::flag(&args, k);
     let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(3);
     let n: usize = get("-n").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let cpus = get("--cpu")
-        .and_then(|v| {
-            let mut p = v.split(',').map(|x| x.parse::<usize>().ok());
-            Some([p.next()??, p.next()??])
-        })
+        .and_then(barewire_bench::cpu_pair)
         .unwrap_or([0, 1]);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);

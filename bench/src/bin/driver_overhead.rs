@@ -7,8 +7,7 @@
 //!
 //! Prints each run's p50 and the medians, and the ratio drivers ÷ direct.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use barewire_bench::perf::compare::median;
@@ -169,16 +168,8 @@ fn side(mode: &str, cpu: usize, port: Option<u16>, iters: u64) -> Option<f64> {
 }
 
 fn one_run(mode: &str, cpus: [usize; 2], iters: u64) -> f64 {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--serve", mode, &cpus[1].to_string(), &iters.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("server process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().strip_prefix("READY ").unwrap().parse().unwrap();
+    let (port, mut child) =
+        barewire_bench::spawn_ready(&["--serve", mode, &cpus[1].to_string(), &iters.to_string()]);
     let mode2 = mode.to_string();
     let p50 = std::thread::spawn(move || side(&mode2, cpus[0], Some(port), iters).unwrap())
         .join()
@@ -198,19 +189,11 @@ fn main() {
         );
         return;
     }
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let get = |k: &str| barewire_bench::flag(&args, k);
     let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(5);
     let iters: u64 = get("-n").and_then(|v| v.parse().ok()).unwrap_or(100_000);
     let cpus = get("--cpu")
-        .and_then(|v| {
-            let mut p = v.split(',').map(|x| x.parse::<usize>().ok());
-            Some([p.next()??, p.next()??])
-        })
+        .and_then(barewire_bench::cpu_pair)
         .unwrap_or([0, 1]);
     let (mut direct, mut drivers) = (Vec::new(), Vec::new());
     for r in 0..reps {

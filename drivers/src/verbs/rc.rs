@@ -402,7 +402,7 @@ fn register(cq: &Rc<Cq>) {
         }
         c.cqs.borrow_mut().push(Rc::downgrade(cq));
         if !c.registered.replace(true) {
-            barewire_engine::register_poller(Box::new(VerbsPoller));
+            barewire_engine::register_poller(Box::new(VerbsPoller { live: Vec::new() }));
         }
     });
 }
@@ -410,27 +410,28 @@ fn register(cq: &Rc<Cq>) {
 /// Polls this core's verbs completion queues while the core is busy; arms them with
 /// `ibv_req_notify_cq` and waits on their completion channels (through the reactor) when it
 /// is about to sleep.
-struct VerbsPoller;
+struct VerbsPoller {
+    /// The live queues of the current pass (kept to reuse its allocation).
+    live: Vec<Rc<Cq>>,
+}
 
 impl VerbsPoller {
-    fn each(mut f: impl FnMut(&Rc<Cq>)) {
+    fn each(&mut self, mut f: impl FnMut(&Rc<Cq>)) {
         CQS.with(|c| {
-            let live: Vec<Rc<Cq>> = {
-                let mut cqs = c.cqs.borrow_mut();
-                cqs.retain(|w| w.strong_count() > 0);
-                cqs.iter().filter_map(Weak::upgrade).collect()
-            };
-            for cq in &live {
-                f(cq);
-            }
-        })
+            let mut cqs = c.cqs.borrow_mut();
+            cqs.retain(|w| w.strong_count() > 0);
+            self.live.extend(cqs.iter().filter_map(Weak::upgrade));
+        });
+        for cq in self.live.drain(..) {
+            f(&cq);
+        }
     }
 }
 
 impl Poller for VerbsPoller {
     fn poll(&mut self) -> bool {
         let mut moved = 0;
-        VerbsPoller::each(|cq| moved += cq.drain());
+        self.each(|cq| moved += cq.drain());
         moved > 0
     }
 
@@ -440,7 +441,7 @@ impl Poller for VerbsPoller {
 
     fn try_enter_interrupt_mode(&mut self) -> bool {
         let mut ready = true;
-        VerbsPoller::each(|cq| {
+        self.each(|cq| {
             if !cq.armed.get() {
                 // SAFETY: a live CQ; 0 asks for an event on any next completion.
                 if unsafe { sys::ibv_req_notify_cq(cq.cq, 0) } == 0 {

@@ -39,6 +39,25 @@ pub trait Codec<T> {
     fn encode(item: &T, out: &mut Vec<u8>) -> Result<()>;
     /// Decodes one message.
     fn decode(bytes: &[u8]) -> Result<T>;
+    /// The encoding of `item` where it is `item`'s own bytes (no copy needed to send it).
+    fn as_bytes(_item: &T) -> Option<&[u8]> {
+        None
+    }
+    /// Decodes a `len`-byte message that `fill` copies out of the ring into the slice it is
+    /// given (of exactly `len` bytes).
+    fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
+        // Small messages are copied out onto the stack, larger ones into a fresh buffer.
+        let mut small = [0u8; 256];
+        let mut large = Vec::new();
+        let bytes: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large
+        };
+        fill(bytes);
+        Self::decode(bytes)
+    }
 }
 
 /// Plain-old-data as its own bytes: no encoding step at all.
@@ -49,6 +68,21 @@ impl<T: Pod> Codec<T> for Raw {
     fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
         out.extend_from_slice(bytemuck::bytes_of(item));
         Ok(())
+    }
+    fn as_bytes(item: &T) -> Option<&[u8]> {
+        Some(bytemuck::bytes_of(item))
+    }
+    fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
+        if len != std::mem::size_of::<T>() {
+            return Err(Error::Malformed(format!(
+                "{len} bytes for a {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        // Straight into the value: one copy out of the ring.
+        let mut v = T::zeroed();
+        fill(bytemuck::bytes_of_mut(&mut v));
+        Ok(v)
     }
     fn decode(bytes: &[u8]) -> Result<T> {
         bytemuck::try_pod_read_unaligned(bytes).map_err(|e| {
@@ -131,8 +165,15 @@ pub(crate) struct TxState {
     staging: Rc<Buffer>,
     /// Messages written into staging so far.
     seq: Cell<u64>,
+    /// The slot message `seq` goes into (`seq % capacity`).
+    head: Cell<usize>,
     /// The first message not yet posted.
     posted: Cell<u64>,
+    /// The slot of message `posted`.
+    run_at: Cell<usize>,
+    /// The next message count that is a multiple of the credit step: the run that reaches
+    /// it is signaled.
+    signal_at: Cell<u64>,
     /// Length of the last message written (the run's WRITE ends there).
     last_len: Cell<usize>,
     /// On the core's flush list.
@@ -167,7 +208,7 @@ impl TxState {
         }
         let ring = self.ring.get().expect("accepted channel");
         let count = to - from;
-        let at = (from % self.capacity) as usize * self.slot;
+        let at = self.run_at.get() * self.slot;
         let len = (count as usize - 1) * self.slot + PREFIX + self.last_len.get();
         let op = SendOp::WriteWithImm {
             remote_addr: ring.addr + at as u64,
@@ -176,12 +217,14 @@ impl TxState {
         };
         let sge = self.staging.sge(at, len);
         self.posted.set(to);
+        self.run_at.set(self.head.get());
         // Runs go unsignaled (no completion to wait for, and on the software provider no
         // remote-completion round trip), except one whenever a quarter of the ring has gone
         // by, which keeps a verbs send queue from filling with unsignaled requests and
         // surfaces errors.
-        let step = credit_step(self.capacity as u32);
-        if from / step != to / step {
+        if to >= self.signal_at.get() {
+            let step = credit_step(self.capacity as u32);
+            self.signal_at.set((to / step + 1) * step);
             let op = inner
                 .ops
                 .execute(op, vec![sge], vec![self.staging.clone()], false);
@@ -313,7 +356,11 @@ pub struct Receiver<T, C: Codec<T> = Raw> {
     sender_credit: barewire_drivers::RegionDescriptor,
     credit_src: Rc<Buffer>,
     consumed: Cell<u64>,
+    /// The slot of message `consumed` (`consumed % capacity`).
+    tail: Cell<usize>,
     credited: Cell<u64>,
+    /// Credits go back every this many messages.
+    step: u64,
     returns: Cell<u64>,
     _t: PhantomData<(fn() -> T, C)>,
 }
@@ -382,7 +429,10 @@ impl Endpoint {
             link: Rc::downgrade(inner),
             staging: Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?,
             seq: Cell::new(0),
+            head: Cell::new(0),
             posted: Cell::new(0),
+            run_at: Cell::new(0),
+            signal_at: Cell::new(credit_step(opts.capacity)),
             last_len: Cell::new(0),
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),
@@ -500,7 +550,9 @@ impl Endpoint {
                 sender_credit: pcredit,
                 credit_src,
                 consumed: Cell::new(0),
+                tail: Cell::new(0),
                 credited: Cell::new(0),
+                step: credit_step(pcap),
                 returns: Cell::new(0),
                 _t: PhantomData,
             },
@@ -522,6 +574,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
     /// the message is in its slot of the outgoing run (it goes out when this task yields, or
     /// sooner; see the module docs); waits while the ring is full.
     pub async fn send(&self, item: &T) -> Result<()> {
+        if let Some(bytes) = C::as_bytes(item) {
+            return self.send_bytes(bytes).await;
+        }
         let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
         bytes.clear();
         C::encode(item, &mut bytes)?;
@@ -540,7 +595,42 @@ impl<T, C: Codec<T>> Sender<T, C> {
             });
         }
         let seq = st.seq.get();
-        // Room in the ring: fewer than `capacity` messages unconsumed.
+        // Room in the ring: fewer than `capacity` messages unconsumed (the common case is
+        // checked first, without a future).
+        let c = self.credits();
+        if c == u64::MAX || seq - c.min(seq) >= st.capacity || self.failed() {
+            self.wait_room(seq).await?;
+        }
+        // The staging slot is free: it last held message `seq - capacity`, which the receiver
+        // has consumed (the credit check above), so it was placed, so it was sent.
+        let head = st.head.get();
+        let at = head * st.slot;
+        st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
+        st.staging.write_at(at + PREFIX, bytes);
+        st.last_len.set(bytes.len());
+        st.seq.set(seq + 1);
+        let wrapped = head + 1 == st.capacity as usize;
+        st.head.set(if wrapped { 0 } else { head + 1 });
+        // A run ends at the ring's end (a WRITE covers contiguous slots), at MAX_RUN, or at
+        // once when slots are large (a run would carry each slot's unused tail).
+        if wrapped || seq + 1 - st.posted.get() >= MAX_RUN || st.slot > COALESCE_MAX_SLOT {
+            // Batched: a sender in a burst posts many of these before it yields, and they
+            // leave together in one system call.
+            st.post_run_with(true)?;
+        } else {
+            schedule(st);
+        }
+        Ok(())
+    }
+
+    /// The connection has failed.
+    fn failed(&self) -> bool {
+        self.inner().shared.borrow().error.is_some()
+    }
+
+    /// Waits until message `seq` has a free slot in the ring (or the channel fails).
+    async fn wait_room(&self, seq: u64) -> Result<()> {
+        let st = &self.st;
         if seq - self.credits().min(seq) >= st.capacity {
             // Post what is pending first: the receiver cannot free slots it has not seen.
             st.post_run()?;
@@ -559,27 +649,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
             *st.waker.borrow_mut() = Some(cx.waker().clone());
             Poll::Pending
         })
-        .await?;
-        // The staging slot is free: it last held message `seq - capacity`, which the receiver
-        // has consumed (the credit check above), so it was placed, so it was sent.
-        let at = (seq % st.capacity) as usize * st.slot;
-        st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
-        st.staging.write_at(at + PREFIX, bytes);
-        st.last_len.set(bytes.len());
-        st.seq.set(seq + 1);
-        // A run ends at the ring's end (a WRITE covers contiguous slots), at MAX_RUN, or at
-        // once when slots are large (a run would carry each slot's unused tail).
-        if (seq + 1) % st.capacity == 0
-            || seq + 1 - st.posted.get() >= MAX_RUN
-            || st.slot > COALESCE_MAX_SLOT
-        {
-            // Batched: a sender in a burst posts many of these before it yields, and they
-            // leave together in one system call.
-            st.post_run_with(true)?;
-        } else {
-            schedule(st);
-        }
-        Ok(())
+        .await
     }
 
     /// Waits until every message sent so far has been placed in the receiver's ring. Fails
@@ -662,7 +732,8 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             Poll::Pending
         })
         .await?;
-        let at = (n % self.st.capacity) as usize * self.st.slot;
+        let tail = self.tail.get();
+        let at = tail * self.st.slot;
         let mut prefix = [0u8; PREFIX];
         self.st.ring.read_at(at, &mut prefix);
         let len = u32::from_le_bytes(prefix) as usize;
@@ -672,21 +743,17 @@ impl<T, C: Codec<T>> Receiver<T, C> {
                 self.st.slot
             )));
         }
-        // Small messages are copied out onto the stack, larger ones into a fresh buffer.
-        let mut small = [0u8; 256];
-        let mut large = Vec::new();
-        let bytes: &mut [u8] = if len <= small.len() {
-            &mut small[..len]
-        } else {
-            large.resize(len, 0);
-            &mut large
-        };
-        self.st.ring.read_at(at + PREFIX, bytes);
+        let item = C::decode_from(len, |out| self.st.ring.read_at(at + PREFIX, out));
         self.consumed.set(n + 1);
-        if n + 1 - self.credited.get() >= credit_step(self.st.capacity as u32) {
+        self.tail.set(if tail + 1 == self.st.capacity as usize {
+            0
+        } else {
+            tail + 1
+        });
+        if n + 1 - self.credited.get() >= self.step {
             self.return_credits(n + 1);
         }
-        C::decode(bytes)
+        item
     }
 
     fn return_credits(&self, count: u64) {

@@ -9,7 +9,7 @@
 //! the peer may send it anything.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
@@ -34,13 +34,43 @@ pub(crate) enum ChanRef {
     Rx(Weak<RxState>),
 }
 
+/// Channel halves by id (ids are below 2048), looked up on every arrival.
+#[derive(Default)]
+pub(crate) struct ChanTable {
+    by_id: Vec<Option<ChanRef>>,
+}
+
+impl ChanTable {
+    pub(crate) fn insert(&mut self, id: u16, c: ChanRef) {
+        let i = id as usize;
+        if self.by_id.len() <= i {
+            self.by_id.resize_with(i + 1, || None);
+        }
+        self.by_id[i] = Some(c);
+    }
+
+    pub(crate) fn remove(&mut self, id: &u16) {
+        if let Some(c) = self.by_id.get_mut(*id as usize) {
+            *c = None;
+        }
+    }
+
+    fn get(&self, id: &u16) -> Option<&ChanRef> {
+        self.by_id.get(*id as usize).and_then(Option::as_ref)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &ChanRef> {
+        self.by_id.iter().flatten()
+    }
+}
+
 pub(crate) struct Shared {
     /// Control messages not yet taken, each with its ordinal among the peer's channel Opens
     /// (channels pair up in the order both sides open them).
     inbox: VecDeque<(usize, Control)>,
     opens_arrived: usize,
     waiters: Vec<Waker>,
-    pub(crate) chans: HashMap<u16, ChanRef>,
+    pub(crate) chans: ChanTable,
     next_chan: u16,
     pub(crate) error: Option<Error>,
     /// Channels opened so far (pairs the k-th open on each side).
@@ -69,6 +99,13 @@ pub(crate) struct Inner {
 pub(crate) struct RecvSide {
     slots: RefCell<Vec<(Rc<Buffer>, usize)>>,
     posted: Cell<usize>,
+}
+
+impl RecvSide {
+    /// One posted receive has completed.
+    fn taken(&self) {
+        self.posted.set(self.posted.get().saturating_sub(1));
+    }
 }
 
 /// Closes the connection when the last user handle (endpoint or channel half) goes.
@@ -130,22 +167,11 @@ impl Inner {
     /// Handles every receive completion already in the queue; true if there was any.
     fn drain(&self) -> bool {
         let mut any = false;
-        let mut wcs = [WorkCompletion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: 0,
-        }; 8];
+        let mut wcs = [NO_WC; 8];
         loop {
             let n = self.rcq.poll(&mut wcs);
             for wc in &wcs[..n] {
-                self.recv
-                    .posted
-                    .set(self.recv.posted.get().saturating_sub(1));
+                self.recv.taken();
                 self.handle(*wc);
                 any = true;
             }
@@ -321,16 +347,48 @@ impl Inner {
     }
 }
 
-thread_local! {
-    /// This core's endpoints, whose receive queues the `RxPoller` drains.
-    static ENDPOINTS: RefCell<Vec<Weak<Inner>>> = const { RefCell::new(Vec::new()) };
-    static RX_POLLER: Cell<u64> = const { Cell::new(0) };
+/// A placeholder to poll completions into.
+const NO_WC: WorkCompletion = WorkCompletion {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Recv,
+    byte_len: 0,
+    imm: None,
+    invalidated: None,
+    solicited: false,
+    qp_num: 0,
+};
+
+/// One endpoint's receive side, as the core's `RxPoller` sees it.
+struct Watched {
+    inner: Weak<Inner>,
+    rcq: CompletionQueue,
+    /// The receive slots, kept past the endpoint until every posted receive has flushed (the
+    /// queue pair may write into them until then).
+    recv: Rc<RecvSide>,
 }
 
-/// Drains every endpoint's receive queue in each pass over the sources, right after the
-/// provider has filled it (it is registered after the provider's poller): an arrival reaches
-/// its channel in the same pass, without waiting for the receive task to be scheduled. The
-/// receive task stays as the path for completions that come while the core sleeps.
+thread_local! {
+    /// This core's endpoints, whose receive queues the `RxPoller` drains.
+    static ENDPOINTS: RefCell<Vec<Watched>> = const { RefCell::new(Vec::new()) };
+    static RX_POLLER: Cell<u64> = const { Cell::new(0) };
+    /// An endpoint has gone since the last pass: look for the ones to forget.
+    static REAP: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        REAP.with(|r| r.set(true));
+    }
+}
+
+/// The only consumer of every endpoint's receive queue on this core. It runs in each pass over
+/// the sources right after the provider's poller (it is registered after it), so an arrival
+/// reaches its channel or control inbox in the pass that delivered it, and no task is woken
+/// just to look at the queue. Before the core sleeps it drains once more and keeps the core
+/// awake if it found anything (a completion a task caused, a flush). Once an endpoint is gone,
+/// its receive slots stay here until every posted receive has completed (flushed by the
+/// disconnect), then go.
 struct RxPoller {
     /// The live endpoints of the current pass (kept to reuse its allocation).
     live: Vec<Rc<Inner>>,
@@ -338,7 +396,13 @@ struct RxPoller {
 
 impl RxPoller {
     fn add(inner: &Rc<Inner>) {
-        ENDPOINTS.with(|e| e.borrow_mut().push(Rc::downgrade(inner)));
+        ENDPOINTS.with(|e| {
+            e.borrow_mut().push(Watched {
+                inner: Rc::downgrade(inner),
+                rcq: inner.rcq.clone(),
+                recv: inner.recv.clone(),
+            })
+        });
         let token = barewire_engine::core_token();
         if RX_POLLER.with(|t| t.replace(token)) != token {
             barewire_engine::register_poller(Box::new(RxPoller { live: Vec::new() }));
@@ -348,12 +412,37 @@ impl RxPoller {
 
 impl barewire_engine::Poller for RxPoller {
     fn poll(&mut self) -> bool {
-        ENDPOINTS.with(|e| {
-            let mut e = e.borrow_mut();
-            e.retain(|w| w.strong_count() > 0);
-            self.live.extend(e.iter().filter_map(Weak::upgrade));
-        });
         let mut any = false;
+        ENDPOINTS.with(|e| {
+            let mut reap = REAP.take();
+            for w in e.borrow().iter().filter(|w| !w.rcq.is_empty()) {
+                match w.inner.upgrade() {
+                    Some(inner) => self.live.push(inner),
+                    None => reap = true,
+                }
+            }
+            if reap {
+                // Endpoints that are gone: count their receives out as they flush, and
+                // forget each once none is left.
+                e.borrow_mut().retain(|w| {
+                    if w.inner.strong_count() > 0 {
+                        return true;
+                    }
+                    let mut wcs = [NO_WC; 8];
+                    loop {
+                        let n = w.rcq.poll(&mut wcs);
+                        for _ in 0..n {
+                            w.recv.taken();
+                        }
+                        any |= n > 0;
+                        if n < wcs.len() {
+                            break;
+                        }
+                    }
+                    w.recv.posted.get() > 0
+                });
+            }
+        });
         for inner in self.live.drain(..) {
             any |= inner.drain();
         }
@@ -361,7 +450,11 @@ impl barewire_engine::Poller for RxPoller {
     }
 
     fn pure_poll(&mut self) -> bool {
-        false
+        ENDPOINTS.with(|e| e.borrow().iter().any(|w| !w.rcq.is_empty()))
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        !self.poll()
     }
 }
 
@@ -397,36 +490,23 @@ impl Endpoint {
         accepting: bool,
         recv: Rc<RecvSide>,
     ) -> Result<Endpoint> {
-        let inner = Rc::new_cyclic(|weak: &Weak<Inner>| {
-            let (weak, side) = (weak.clone(), recv.clone());
-            // Every receive completion, as it arrives: dispatch it and repost its slot. Once
-            // the connection is gone, wait for every posted receive to flush (their slots'
-            // buffers live here until then), then stop.
-            let handler = move |wc: WorkCompletion| {
-                side.posted.set(side.posted.get().saturating_sub(1));
-                if let Some(inner) = weak.upgrade() {
-                    inner.handle(wc);
-                }
-                side.posted.get() > 0
-            };
-            Inner {
-                ops: Ops::with_receiver(qp, scq, rcq.clone(), handler),
-                rcq,
-                pd,
-                shared: RefCell::new(Shared {
-                    inbox: VecDeque::new(),
-                    opens_arrived: 0,
-                    waiters: Vec::new(),
-                    chans: HashMap::new(),
-                    next_chan: 0,
-                    error: None,
-                    opened: 0,
-                }),
-                recv,
-                scratch: RefCell::new(Vec::new()),
-                retired: RefCell::new(Vec::new()),
-                parity: accepting as u16,
-            }
+        let inner = Rc::new(Inner {
+            ops: Ops::sends_only(qp, scq),
+            rcq,
+            pd,
+            shared: RefCell::new(Shared {
+                inbox: VecDeque::new(),
+                opens_arrived: 0,
+                waiters: Vec::new(),
+                chans: ChanTable::default(),
+                next_chan: 0,
+                error: None,
+                opened: 0,
+            }),
+            recv,
+            scratch: RefCell::new(Vec::new()),
+            retired: RefCell::new(Vec::new()),
+            parity: accepting as u16,
         });
         RxPoller::add(&inner);
         Ok(Endpoint {

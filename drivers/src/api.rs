@@ -234,6 +234,11 @@ impl CompletionQueue {
         self.queue().poll(out)
     }
 
+    /// True if no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.queue().is_empty()
+    }
+
     /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
     /// when it sleeps).
     pub async fn next(&self) -> WorkCompletion {

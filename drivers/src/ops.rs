@@ -235,22 +235,11 @@ impl Endpoint {
         ep
     }
 
-    /// As [`new`](Self::new), but every receive completion goes to `handler`, in order, as it
-    /// arrives (no future per receive): for owners that post their own receives with
-    /// `qp().post_recv` and keep their buffers. The handler returns `false` to stop listening
-    /// (once the connection is gone and every posted receive has flushed).
-    pub fn with_receiver(
-        qp: QueuePair,
-        scq: CompletionQueue,
-        rcq: CompletionQueue,
-        mut handler: impl FnMut(WorkCompletion) -> bool + 'static,
-    ) -> Endpoint {
-        let ep = Endpoint::sends_only(qp, scq);
-        spawn_local(async move { while handler(rcq.next().await) {} });
-        ep
-    }
-
-    fn sends_only(qp: QueuePair, scq: CompletionQueue) -> Endpoint {
+    /// As [`new`](Self::new), for owners that post their own receives with `qp().post_recv`,
+    /// keep their buffers, and take receive completions themselves with
+    /// [`CompletionQueue::poll`] (from a [`Poller`](barewire_engine::Poller), say, which then
+    /// sees each one in the same pass the provider delivers it, with no task woken).
+    pub fn sends_only(qp: QueuePair, scq: CompletionQueue) -> Endpoint {
         let ep = Endpoint {
             qp,
             table: Rc::new(RefCell::new(Table::default())),

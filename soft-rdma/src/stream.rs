@@ -322,6 +322,8 @@ pub struct Stream {
     crc: u32,
     ulpdu_len: usize,
     extents: VecDeque<(*mut u8, usize)>,
+    /// Scratch: the local extents of the send request being started.
+    tx_extents: Vec<(*const u8, usize)>,
     place: Option<Place>,
     reassembly: Reassembly,
     rq: VecDeque<RecvWr>,
@@ -372,6 +374,7 @@ impl Stream {
             crc: 0,
             ulpdu_len: 0,
             extents: VecDeque::new(),
+            tx_extents: Vec::new(),
             place: None,
             reassembly: Reassembly::default(),
             rq: VecDeque::new(),
@@ -503,6 +506,14 @@ impl Stream {
     }
 
     fn start(&mut self, wr: SendWr) {
+        // The local extents of each request reuse one list (no allocation per request).
+        let mut extents = std::mem::take(&mut self.tx_extents);
+        extents.clear();
+        self.start_with(wr, &mut extents);
+        self.tx_extents = extents;
+    }
+
+    fn start_with(&mut self, wr: SendWr, extents: &mut Vec<(*const u8, usize)>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         if let SendOp::LocalInvalidate { stag } = wr.op {
@@ -533,7 +544,6 @@ impl Stream {
             return;
         }
         let write_local = wr.op.needs_ord();
-        let mut extents = Vec::with_capacity(wr.sges.len());
         let mut total: u64 = 0;
         for s in &wr.sges {
             match self
@@ -566,7 +576,7 @@ impl Stream {
                 let ulp = invalidate.map_or(0, |s| s.0);
                 self.queue_message(
                     op,
-                    &extents,
+                    extents,
                     |off| DdpHeader::Untagged {
                         ulp,
                         qn: qn::SEND,
@@ -577,7 +587,7 @@ impl Stream {
                 );
             }
             SendOp::Write { remote_addr, rkey } => {
-                self.queue_write(&extents, remote_addr, rkey);
+                self.queue_write(extents, remote_addr, rkey);
             }
             SendOp::Read { remote_addr, rkey } => {
                 let [sink] = wr.sges[..] else {
@@ -606,7 +616,7 @@ impl Stream {
                 rkey,
                 imm,
             } => {
-                self.queue_write(&extents, remote_addr, rkey);
+                self.queue_write(extents, remote_addr, rkey);
                 let msn = self.next_msn(qn::SEND);
                 self.queue_control(
                     RdmapOpcode::ImmediateData,

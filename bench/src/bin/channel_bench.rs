@@ -8,7 +8,7 @@
 //!   `BufWriter`, flushed once at the end: tokio at its best, a byte stream with no per-message
 //!   delivery); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
 //!
-//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B]
+//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -17,7 +17,13 @@ use std::time::{Duration, Instant};
 use barewire::{ChannelOptions, Node};
 use barewire_bench::perf::compare::{installed, median, parse_ucx};
 
-const PINGS: usize = 20_000;
+/// Ping-pong round trips per rep (`CHANNEL_BENCH_PINGS` overrides, e.g. to profile them).
+fn pings() -> usize {
+    std::env::var("CHANNEL_BENCH_PINGS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000)
+}
 
 /// Slots sized for the message (64 B + the 4-byte length), a ring of 1024.
 const OPTS: ChannelOptions = ChannelOptions {
@@ -33,7 +39,7 @@ fn runtime(cpu: usize) -> barewire::engine::Runtime {
         .expect("runtime")
 }
 
-/// The far side of a barewire run: echo `PINGS` messages, then count `n` and acknowledge.
+/// The far side of a barewire run: echo `pings()` messages, then count `n` and acknowledge.
 fn serve_barewire(cpu: usize, n: usize) {
     runtime(cpu).block_on(async move {
         let node = Node::soft().unwrap();
@@ -42,7 +48,7 @@ fn serve_barewire(cpu: usize, n: usize) {
         std::io::stdout().flush().unwrap();
         let ep = node.accept().await.unwrap();
         let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
-        for _ in 0..PINGS {
+        for _ in 0..pings() {
             let m = rx.recv().await.unwrap();
             tx.send(&m).await.unwrap();
         }
@@ -68,14 +74,15 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
                 .await
                 .unwrap();
             let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
-            let mut lat = Vec::with_capacity(PINGS);
-            for i in 0..PINGS {
+            let pings = pings();
+            let mut lat = Vec::with_capacity(pings);
+            for i in 0..pings {
                 let t = Instant::now();
                 tx.send(&[i as u8; 64]).await.unwrap();
                 rx.recv().await.unwrap();
                 lat.push(t.elapsed().as_nanos() as f64 / 2.0 / 1000.0);
             }
-            let warm = PINGS / 10;
+            let warm = pings / 10;
             let p50 = median(&mut lat[warm..]);
             let t = Instant::now();
             for i in 0..n {
@@ -231,7 +238,7 @@ fn raw_write(cpus: [usize; 2]) -> Option<f64> {
             "-s",
             "64",
             "-n",
-            &PINGS.to_string(),
+            &pings().to_string(),
             "--json",
         ])
         .args(["--cpu", &format!("{},{}", cpus[0], cpus[1])])
@@ -293,6 +300,8 @@ fn main() {
         _ => {}
     }
     let get = |k: &str| barewire_bench::flag(&args, k);
+    // Only barewire's own figures (the channel and the raw WRITE), for quick comparisons.
+    let channel_only = args.iter().any(|a| a == "--channel-only");
     let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(3);
     let n: usize = get("-n").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
     let cpus = get("--cpu")
@@ -304,6 +313,17 @@ fn main() {
     for rep in 0..reps {
         let (lat, rate) = run_barewire(cpus, n);
         let raw = raw_write(cpus);
+        if channel_only {
+            println!(
+                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s",
+                raw.map_or("-".into(), |v| format!("{v:.2} us")),
+                rate / 1e6
+            );
+            chan_lat.push(lat);
+            chan_rate.push(rate);
+            raw_lat.extend(raw);
+            continue;
+        }
         let tok = run_tokio(cpus, n);
         let framed = run_tokio_framed(cpus, n);
         let ucx = ucx_am_bw(cpus);
@@ -331,6 +351,14 @@ fn main() {
         m(&mut ucx_rate),
     );
     let fr = m(&mut framed_rate);
+    if channel_only {
+        println!(
+            "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s",
+            cl / rl,
+            cr / 1e6
+        );
+        return;
+    }
     println!(
         "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s vs tokio framed {:.3} = {:.2}x, vs tokio buffered {:.3} = {:.2}x, vs UCX am_bw {:.3} = {:.2}x",
         cl / rl,

@@ -103,9 +103,34 @@ struct Entry {
     access: Access,
 }
 
+/// Hashes an STag for the region table. STags come from a CSPRNG, so their bits are already
+/// uniform and a keyed hash (std's SipHash) would only add cost to every access check; a
+/// multiply spreads them into the high bits the table also uses. A peer only looks STags up,
+/// so it cannot crowd the table.
+#[derive(Default)]
+struct StagHasher(u64);
+
+impl std::hash::Hasher for StagHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type StagMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<StagHasher>>;
+
 #[derive(Default)]
 struct Tables {
-    live: HashMap<u32, Entry>,
+    live: StagMap<Entry>,
     retired: HashSet<u32>,
 }
 

@@ -29,6 +29,7 @@ const PINGS: u64 = 20_000;
 const OPTS: ChannelOptions = ChannelOptions {
     capacity: 1024,
     max_message: 64,
+    announce: false,
 };
 const BURST: u64 = 200_000;
 

@@ -33,6 +33,7 @@ const PINGS: usize = 10_000;
 const CHANNEL: ChannelOptions = ChannelOptions {
     capacity: 1024,
     max_message: 64,
+    announce: false,
 };
 const BURST: usize = 100_000;
 

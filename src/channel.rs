@@ -1,15 +1,24 @@
-//! `Channel<T>`: ordered, exactly-once messages written by RDMA WRITE with immediate data into a
-//! ring in the receiver's memory, with credits returned by WRITE.
+//! `Channel<T>`: ordered, exactly-once messages written by RDMA WRITE into a ring in the
+//! receiver's memory, with credits returned by WRITE.
 //!
 //! Each direction is a ring of `capacity` slots of `slot` bytes in the receiver's registered
-//! memory. Message `n` goes to slot `n % capacity`, as one WRITE with immediate from the
-//! sender's staging slot: the write places the bytes, and its immediate (channel, length) tells
-//! the receiver, through a receive the receiver posted in advance, that slot `n` is full.
+//! memory. Message `n` goes to slot `n % capacity` as its length, its bytes and a mark, written
+//! from the sender's staging slot; a burst of small messages goes as one WRITE covering
+//! several slots. How the receiver learns that a message is there depends on who places the
+//! data:
+//!
+//! - over the software provider, which places data in stream order from the receiving core's
+//!   own poller, the receiver watches its ring (a per-core poller looks at the next slot of
+//!   each waiting receiver after the provider has run) and sees a message once its mark is in,
+//!   exactly as a NIC user polls memory: the WRITE is one wire message and needs no receive;
+//! - over verbs, where the NIC places data with no event, each WRITE carries immediate data
+//!   (channel, message count) that completes a receive the receiver posted in advance.
+//!
 //! The receiver copies each message out, then tells the sender how many it has consumed by
-//! writing that count into a word of the sender's memory (again with immediate data, so a
-//! sender waiting for room is woken rather than spinning). The sender never has more than
-//! `capacity` messages unconsumed, so it never overwrites one the receiver has not read:
-//! a full ring is backpressure, not loss.
+//! writing that count into a word of the sender's memory (with immediate data, so a sender
+//! waiting for room is woken rather than spinning). The sender never has more than `capacity`
+//! messages unconsumed, so it never overwrites one the receiver has not read: a full ring is
+//! backpressure, not loss.
 //!
 //! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
 //! message format ([`Bare`], via serde).
@@ -114,17 +123,30 @@ pub struct ChannelOptions {
     /// Messages that may be in flight (sent, not yet received) per direction.
     pub capacity: u32,
     /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
-    /// 4-byte length; keep it close to the real size: slots of up to 512 bytes let a burst go
-    /// out as runs of up to 64 messages per WRITE.
+    /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512
+    /// bytes let a burst go out as runs of up to 64 messages per WRITE.
     pub max_message: usize,
+    /// Receive this side's direction as verbs does everywhere, announced: every run carries
+    /// immediate data that completes a receive, even where the provider places data on this
+    /// core and the ring could simply be watched (the default there, one wire message per run
+    /// and no receive to post). For tests of the announced protocol, and peers that want it.
+    pub announce: bool,
+}
+
+impl ChannelOptions {
+    /// `capacity` slots for messages of up to `max_message` bytes, not announced.
+    pub const fn new(capacity: u32, max_message: usize) -> ChannelOptions {
+        ChannelOptions {
+            capacity,
+            max_message,
+            announce: false,
+        }
+    }
 }
 
 impl Default for ChannelOptions {
     fn default() -> Self {
-        ChannelOptions {
-            capacity: 256,
-            max_message: 4096,
-        }
+        ChannelOptions::new(256, 4096)
     }
 }
 
@@ -143,16 +165,27 @@ const COALESCE_MAX_SLOT: usize = 512;
 /// Each slot starts with the message's length, 4 bytes little-endian.
 const PREFIX: usize = 4;
 
+/// After the message (at `PREFIX` + its length rounded up to 4) come these 4 bytes, the last a
+/// message's WRITE places: a receiver that watches its ring knows a message has fully landed
+/// once they read `MARK` (every byte non-zero, so a partly placed mark never matches).
+const MARK_LEN: usize = 4;
+const MARK: u32 = 0x5ab1_7e0d;
+
+/// Bytes a message of `len` bytes occupies in its slot: length, message, mark.
+fn extent(len: usize) -> usize {
+    PREFIX + len.next_multiple_of(4) + MARK_LEN
+}
+
 /// The sender's half: what `send` fills, and what the core's flush poller posts.
 ///
 /// `send` copies a message into the staging slot it will occupy in the receiver's ring and
-/// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (with one
-/// immediate announcing how many messages it carries) when the task that sent them yields
-/// (the flush poller runs before the core polls the network again), when it reaches
+/// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (on verbs
+/// with one immediate announcing how many messages it carries) when the task that sent them
+/// yields (the flush poller runs before the core polls the network again), when it reaches
 /// `MAX_RUN` messages or the end of the ring, or on `flush`. A burst of small messages
-/// therefore costs one work request, one wire message and one receive completion per run, not
-/// per message; a lone message goes out as soon as its sender waits for anything. (Runs need
-/// small slots: with a `max_message` over ~500 bytes each message is its own WRITE.)
+/// therefore costs one work request and one wire message per run, not per message; a lone
+/// message goes out as soon as its sender waits for anything. (Runs need small slots: with a
+/// `max_message` over ~500 bytes each message is its own WRITE.)
 pub(crate) struct TxState {
     id: u16,
     capacity: u64,
@@ -179,6 +212,8 @@ pub(crate) struct TxState {
     /// On the core's flush list.
     listed: Cell<bool>,
     inflight: RefCell<VecDeque<Op>>,
+    /// The receiver watches its ring: runs go as plain WRITEs (see `RxState::landed`).
+    polled: Cell<bool>,
 }
 
 impl TxState {
@@ -188,7 +223,8 @@ impl TxState {
         }
     }
 
-    /// Posts the pending run, if any, as one WRITE with immediate: transmitted at once, or
+    /// Posts the pending run, if any, as one WRITE (with immediate unless the receiver watches
+    /// its ring): transmitted at once, or
     /// (`batched`) with the provider's next pass together with whatever else is posted before
     /// then.
     fn post_run(&self) -> Result<()> {
@@ -209,11 +245,18 @@ impl TxState {
         let ring = self.ring.get().expect("accepted channel");
         let count = to - from;
         let at = self.run_at.get() * self.slot;
-        let len = (count as usize - 1) * self.slot + PREFIX + self.last_len.get();
-        let op = SendOp::WriteWithImm {
-            remote_addr: ring.addr + at as u64,
-            rkey: ring.rkey,
-            imm: imm::data(self.id, Some(count as usize)),
+        let len = (count as usize - 1) * self.slot + extent(self.last_len.get());
+        let op = if self.polled.get() {
+            SendOp::Write {
+                remote_addr: ring.addr + at as u64,
+                rkey: ring.rkey,
+            }
+        } else {
+            SendOp::WriteWithImm {
+                remote_addr: ring.addr + at as u64,
+                rkey: ring.rkey,
+                imm: imm::data(self.id, Some(count as usize)),
+            }
         };
         let sge = self.staging.sge(at, len);
         self.posted.set(to);
@@ -320,6 +363,12 @@ pub(crate) struct RxState {
     /// The sender's close notice has come.
     closed: Cell<bool>,
     waker: RefCell<Option<Waker>>,
+    /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
+    /// otherwise each run's immediate counts them (`arrived`).
+    polled: bool,
+    /// Where the waited-for message starts, while on the core's watch list.
+    watch_at: Cell<usize>,
+    watched: Cell<bool>,
 }
 
 impl RxState {
@@ -327,6 +376,89 @@ impl RxState {
         if let Some(w) = self.waker.borrow_mut().take() {
             w.wake();
         }
+    }
+
+    fn word_at(&self, at: usize) -> u32 {
+        let mut w = [0u8; 4];
+        self.ring.read_at(at, &mut w);
+        u32::from_le_bytes(w)
+    }
+
+    /// Polled rings: whether the message whose slot starts at `at` has fully landed. The
+    /// provider places a WRITE's bytes in order, so its length comes before the message and
+    /// the mark after; a consumed slot is zeroed, so a mark can only be this message's. A
+    /// length too large for the slot counts as landed, for `recv` to report.
+    fn landed(&self, at: usize) -> bool {
+        let len = self.word_at(at) as usize;
+        len > self.slot - extent(0) || self.word_at(at + extent(len) - MARK_LEN) == MARK
+    }
+}
+
+thread_local! {
+    /// This core's receivers of polled rings that wait for a message.
+    static WATCHED: RefCell<Vec<Weak<RxState>>> = const { RefCell::new(Vec::new()) };
+    static WATCHER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Puts a receiver that waits for the message at `at` on the core's watch list.
+fn watch(st: &Rc<RxState>, at: usize) {
+    st.watch_at.set(at);
+    if st.watched.replace(true) {
+        return;
+    }
+    WATCHED.with(|w| w.borrow_mut().push(Rc::downgrade(st)));
+    let token = barewire_engine::core_token();
+    if WATCHER.with(|t| t.replace(token)) != token {
+        barewire_engine::register_poller(Box::new(RingWatcher));
+    }
+}
+
+/// Looks, in every pass, at the next slot of each polled ring whose receiver waits, and wakes
+/// the receiver once its message has landed. It is registered after the provider's poller
+/// (a ring exists only once a connection does), so a message is seen in the pass that placed
+/// it, as a NIC user polling memory would; before the core sleeps it looks once more, and the
+/// next arrival wakes the core through the provider's socket.
+struct RingWatcher;
+
+impl RingWatcher {
+    fn scan(&self) -> bool {
+        WATCHED.with(|w| {
+            let mut any = false;
+            w.borrow_mut().retain(|st| {
+                let Some(st) = st.upgrade() else {
+                    return false;
+                };
+                let waiting = st.waker.borrow().is_some();
+                if waiting && !st.landed(st.watch_at.get()) {
+                    return true;
+                }
+                st.watched.set(false);
+                if waiting {
+                    any = true;
+                    st.wake();
+                }
+                false
+            });
+            any
+        })
+    }
+}
+
+impl barewire_engine::Poller for RingWatcher {
+    fn poll(&mut self) -> bool {
+        self.scan()
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        WATCHED.with(|w| {
+            w.borrow()
+                .iter()
+                .any(|st| st.upgrade().is_some_and(|st| st.landed(st.watch_at.get())))
+        })
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        !self.scan()
     }
 }
 
@@ -407,7 +539,7 @@ impl Endpoint {
         }
         let inner: &Rc<Inner> = self.inner();
         let fp = Fingerprint::of::<T>();
-        let slot = (opts.max_message + PREFIX).div_ceil(8) * 8;
+        let slot = extent(opts.max_message).next_multiple_of(8);
         let cap = opts.capacity as u64;
         let index = inner.next_open_index();
 
@@ -436,6 +568,7 @@ impl Endpoint {
             last_len: Cell::new(0),
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),
+            polled: Cell::new(false),
         });
         inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
         inner
@@ -484,7 +617,11 @@ impl Endpoint {
             inner.shared.borrow_mut().chans.remove(&id);
             return Err(e);
         }
-        if pcap == 0 || (pslot as usize) <= PREFIX || pslot as usize > imm::MAX_MESSAGE + 64 {
+        if pcap == 0
+            || (pslot as usize) < extent(1)
+            || pslot % 8 != 0
+            || pslot as usize > imm::MAX_MESSAGE + 64
+        {
             return Err(Error::Malformed(format!(
                 "channel of {pcap} slots of {pslot} bytes"
             )));
@@ -495,6 +632,8 @@ impl Endpoint {
             64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
+        // Watch the ring where the provider places data on this core (it is zeroed).
+        let polled = inner.ops.qp().places_on_this_core() && !opts.announce;
         let rx = Rc::new(RxState {
             id: pid,
             capacity: pcap as u64,
@@ -503,9 +642,13 @@ impl Endpoint {
             arrived: Cell::new(0),
             closed: Cell::new(false),
             waker: RefCell::new(None),
+            polled,
+            watch_at: Cell::new(0),
+            watched: Cell::new(false),
         });
-        // Every message the peer may have in flight needs a receive posted before it may send.
-        inner.add_recvs(pcap as usize + 4)?;
+        // Announced runs need a receive posted for every message the peer may have in flight
+        // before it may send; a polled ring only for the close notice.
+        inner.add_recvs(if polled { 4 } else { pcap as usize + 4 })?;
         inner
             .shared
             .borrow_mut()
@@ -515,19 +658,27 @@ impl Endpoint {
             .send_control(&Control::Accept {
                 id: pid,
                 ring: ring.descriptor(),
+                polled,
             })
             .await?;
 
         // The peer's answer to ours.
         let answer = inner
             .wait_control(|_, c| match c {
-                Control::Accept { id: a, ring } if *a == id => Some(Ok(*ring)),
+                Control::Accept {
+                    id: a,
+                    ring,
+                    polled,
+                } if *a == id => Some(Ok((*ring, *polled))),
                 Control::Refuse { id: a, reason } if *a == id => Some(Err(reason.clone())),
                 _ => None,
             })
             .await?;
         match answer {
-            Ok(r) => tx.ring.set(Some(r)),
+            Ok((r, polled)) => {
+                tx.ring.set(Some(r));
+                tx.polled.set(polled);
+            }
             Err(reason) => {
                 inner.shared.borrow_mut().chans.remove(&id);
                 return Err(Error::TypeMismatch {
@@ -587,7 +738,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
 
     async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
         let st = &self.st;
-        let max = (st.slot - PREFIX).min(imm::MAX_MESSAGE);
+        let max = (st.slot - extent(0)).min(imm::MAX_MESSAGE);
         if bytes.len() > max {
             return Err(Error::TooLarge {
                 len: bytes.len(),
@@ -607,6 +758,8 @@ impl<T, C: Codec<T>> Sender<T, C> {
         let at = head * st.slot;
         st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
         st.staging.write_at(at + PREFIX, bytes);
+        st.staging
+            .write_at(at + extent(bytes.len()) - MARK_LEN, &MARK.to_le_bytes());
         st.last_len.set(bytes.len());
         st.seq.set(seq + 1);
         let wrapped = head + 1 == st.capacity as usize;
@@ -718,8 +871,15 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// failed.
     pub async fn recv(&self) -> Result<T> {
         let n = self.consumed.get();
+        let tail = self.tail.get();
+        let at = tail * self.st.slot;
         poll_fn(|cx| {
-            if self.st.arrived.get() > n {
+            let here = if self.st.polled {
+                self.st.landed(at)
+            } else {
+                self.st.arrived.get() > n
+            };
+            if here {
                 return Poll::Ready(Ok(()));
             }
             if self.st.closed.get() {
@@ -729,21 +889,30 @@ impl<T, C: Codec<T>> Receiver<T, C> {
                 return Poll::Ready(Err(e.clone()));
             }
             *self.st.waker.borrow_mut() = Some(cx.waker().clone());
+            if self.st.polled {
+                watch(&self.st, at);
+            }
             Poll::Pending
         })
         .await?;
-        let tail = self.tail.get();
-        let at = tail * self.st.slot;
-        let mut prefix = [0u8; PREFIX];
-        self.st.ring.read_at(at, &mut prefix);
-        let len = u32::from_le_bytes(prefix) as usize;
-        if len > self.st.slot - PREFIX {
+        let len = self.st.word_at(at) as usize;
+        if len > self.st.slot - extent(0) {
             return Err(Error::Malformed(format!(
                 "a {len}-byte message in a {}-byte slot",
                 self.st.slot
             )));
         }
         let item = C::decode_from(len, |out| self.st.ring.read_at(at + PREFIX, out));
+        if self.st.polled {
+            // Zero what the sender may have written into the slot (a run carries whole slots,
+            // a lone large-slot message only its extent), so the next mark seen here is new.
+            let written = if self.st.slot <= COALESCE_MAX_SLOT {
+                self.st.slot
+            } else {
+                extent(len)
+            };
+            self.st.ring.zero(at, written);
+        }
         self.consumed.set(n + 1);
         self.tail.set(if tail + 1 == self.st.capacity as usize {
             0
@@ -791,5 +960,62 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
         self.inner().retired.borrow_mut().push(self.st.ring.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use barewire_drivers::{Device, DriverConfig};
+
+    /// A polled ring's slot seen at every stage of its placement, byte by byte in stream order
+    /// as the provider places a WRITE (TCP may cut anywhere): the message counts as landed only
+    /// once the last byte of its mark is in, never before, whatever length it has.
+    #[test]
+    fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
+        barewire_engine::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+                let pd = dev.alloc_pd().unwrap();
+                let slot = extent(40).next_multiple_of(8);
+                let ring = Buffer::new(&pd, slot, 64, Access::LOCAL_WRITE).unwrap();
+                let st = RxState {
+                    id: 1,
+                    capacity: 1,
+                    slot,
+                    ring: ring.clone(),
+                    arrived: Cell::new(0),
+                    closed: Cell::new(false),
+                    waker: RefCell::new(None),
+                    polled: true,
+                    watch_at: Cell::new(0),
+                    watched: Cell::new(false),
+                };
+                for len in [0usize, 1, 3, 4, 5, 39, 40] {
+                    // What the sender's staging slot holds: length, message (bytes that look
+                    // like marks, to be nasty), mark.
+                    let mut bytes = (len as u32).to_le_bytes().to_vec();
+                    bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));
+                    bytes.resize(extent(len) - MARK_LEN, 0);
+                    bytes.extend_from_slice(&MARK.to_le_bytes());
+                    for placed in 0..=bytes.len() {
+                        ring.write_at(0, &bytes[..placed]);
+                        assert_eq!(
+                            st.landed(0),
+                            placed == bytes.len(),
+                            "{len}-byte message with {placed} of {} bytes placed",
+                            bytes.len()
+                        );
+                        ring.zero(0, slot);
+                    }
+                }
+                // A length the slot cannot hold counts as landed, for `recv` to refuse.
+                ring.write_at(0, &(slot as u32).to_le_bytes());
+                assert!(st.landed(0));
+            });
     }
 }

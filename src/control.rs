@@ -27,8 +27,13 @@ pub(crate) enum Control {
         slot: u32,
         credit: RegionDescriptor,
     },
-    /// "Your channel `id` lands in `ring`."
-    Accept { id: u16, ring: RegionDescriptor },
+    /// "Your channel `id` lands in `ring`; `polled`: write plain WRITEs, I watch the ring's
+    /// memory (otherwise WRITE with immediate, one receive completion per run)."
+    Accept {
+        id: u16,
+        ring: RegionDescriptor,
+        polled: bool,
+    },
     /// "I will not take your channel `id`: `reason`."
     Refuse { id: u16, reason: String },
 }
@@ -68,10 +73,11 @@ impl Control {
                 out.extend_from_slice(&slot.to_be_bytes());
                 desc(&mut out, credit);
             }
-            Control::Accept { id, ring } => {
+            Control::Accept { id, ring, polled } => {
                 out.push(3);
                 out.extend_from_slice(&id.to_be_bytes());
                 desc(&mut out, ring);
+                out.push(*polled as u8);
             }
             Control::Refuse { id, reason } => {
                 out.push(4);
@@ -105,6 +111,11 @@ impl Control {
             3 => Control::Accept {
                 id: take_u16(b)?,
                 ring: take_desc(b)?,
+                polled: match take(b, 1)?[0] {
+                    0 => false,
+                    1 => true,
+                    v => return Err(Error::Malformed(format!("ring mode {v}"))),
+                },
             },
             4 => {
                 let id = take_u16(b)?;
@@ -184,7 +195,16 @@ mod tests {
                 slot: 128,
                 credit: d(2),
             },
-            Control::Accept { id: 7, ring: d(3) },
+            Control::Accept {
+                id: 7,
+                ring: d(3),
+                polled: false,
+            },
+            Control::Accept {
+                id: 8,
+                ring: d(4),
+                polled: true,
+            },
             Control::Refuse {
                 id: 7,
                 reason: "type mismatch".into(),
@@ -201,6 +221,15 @@ mod tests {
             assert!(Control::decode(&long).is_err());
         }
         assert!(Control::decode(&[9]).is_err());
+        // A ring mode other than 0 or 1 is refused.
+        let mut b = Control::Accept {
+            id: 1,
+            ring: d(1),
+            polled: true,
+        }
+        .encode();
+        *b.last_mut().unwrap() = 2;
+        assert!(Control::decode(&b).is_err());
     }
 
     #[test]

@@ -67,6 +67,7 @@ fn rdma(c: &mut Criterion) {
     let opts = ChannelOptions {
         capacity: 1024,
         max_message: 64,
+        announce: false,
     };
     // The one-core group above pinned this thread; the two cores here are CPUs 0 and 1.
     barewire_bench::unpin();

@@ -383,6 +383,15 @@ pub async fn connect(
 }
 
 impl QueuePair {
+    /// True when incoming data is placed by this core's own progress poller (the software
+    /// provider), in stream order: a poller registered after the provider's then sees an RDMA
+    /// WRITE's bytes in the same pass that delivered them, and the socket that carried them
+    /// wakes a sleeping core. On verbs the NIC places data on its own, with no event unless
+    /// the sender asks for a completion (WRITE with immediate).
+    pub fn places_on_this_core(&self) -> bool {
+        matches!(self, QueuePair::Soft(_))
+    }
+
     /// Posts a send work request (Send, Write, Read, atomics, local invalidate).
     pub fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
         match self {

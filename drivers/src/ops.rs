@@ -115,6 +115,13 @@ impl Buffer {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
     }
 
+    /// Sets `len` bytes at `offset` to zero. Panics if the range is outside the buffer.
+    pub fn zero(&self, offset: usize, len: usize) {
+        self.check(offset, len);
+        // SAFETY: in bounds (checked); a plain store with no reference into shared memory.
+        unsafe { std::ptr::write_bytes(self.ptr.add(offset), 0, len) }
+    }
+
     /// Reads the aligned 8-byte word at `offset` (native endian), atomically with respect to
     /// the device's atomics on it.
     pub fn load_u64(&self, offset: usize) -> u64 {

@@ -29,6 +29,7 @@ fn pings() -> usize {
 const OPTS: ChannelOptions = ChannelOptions {
     capacity: 1024,
     max_message: 64,
+    announce: false,
 };
 
 fn runtime(cpu: usize) -> barewire::engine::Runtime {

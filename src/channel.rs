@@ -150,6 +150,9 @@ impl Default for ChannelOptions {
     }
 }
 
+/// Set in the credit word once the receiver is gone; the rest is its final consumed count.
+const GONE: u64 = 1 << 63;
+
 /// Credits are returned after this many messages (a quarter of the ring).
 fn credit_step(capacity: u32) -> u64 {
     (capacity as u64 / 4).max(1)
@@ -190,7 +193,7 @@ pub(crate) struct TxState {
     id: u16,
     capacity: u64,
     slot: usize,
-    /// The word the receiver writes its consumed count into (`u64::MAX`: receiver gone).
+    /// The word the receiver writes its consumed count into (with `GONE` once it is gone).
     credit: Rc<Buffer>,
     ring: Cell<Option<barewire_drivers::RegionDescriptor>>,
     waker: RefCell<Option<Waker>>,
@@ -716,9 +719,14 @@ impl<T, C: Codec<T>> Sender<T, C> {
         &self.link.inner
     }
 
-    /// The receiver's consumed count (or `u64::MAX` once it is gone).
+    /// The receiver's credit word: its consumed count, with `GONE` once it is gone.
     fn credits(&self) -> u64 {
         self.st.credit.load_u64(0)
+    }
+
+    /// True if the receiver has said it consumed everything sent so far.
+    fn all_consumed(&self) -> bool {
+        self.credits() & !GONE >= self.st.seq.get()
     }
 
     /// Sends one message: in order, exactly once, unless the connection fails. Returns once
@@ -749,7 +757,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
         // Room in the ring: fewer than `capacity` messages unconsumed (the common case is
         // checked first, without a future).
         let c = self.credits();
-        if c == u64::MAX || seq - c.min(seq) >= st.capacity || self.failed() {
+        if c & GONE != 0 || seq - c.min(seq) >= st.capacity || self.failed() {
             self.wait_room(seq).await?;
         }
         // The staging slot is free: it last held message `seq - capacity`, which the receiver
@@ -793,7 +801,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 return Poll::Ready(Err(e.clone()));
             }
             let c = self.credits();
-            if c == u64::MAX {
+            if c & GONE != 0 {
                 return Poll::Ready(Err(Error::Closed));
             }
             if seq - c < st.capacity {
@@ -805,10 +813,10 @@ impl<T, C: Codec<T>> Sender<T, C> {
         .await
     }
 
-    /// Waits until every message sent so far has been placed in the receiver's ring. Fails
-    /// with [`Error::PeerGone`] if the connection closes first (even when the peer had already
-    /// received everything), so a peer that hangs up right after its last receive should
-    /// linger, or answer, first.
+    /// Waits until every message sent so far has been placed in the receiver's ring. If the
+    /// connection closes first, succeeds only when the receiver had taken every message (a
+    /// dropped receiver tells the sender how many it took, ahead of the hang-up), and fails
+    /// with [`Error::PeerGone`] otherwise.
     pub async fn flush(&self) -> Result<()> {
         let Some(ring) = self.st.ring.get() else {
             return Ok(());
@@ -820,14 +828,23 @@ impl<T, C: Codec<T>> Sender<T, C> {
             .inner()
             .ops
             .read(&self.st.staging, 0, 0, Remote::at(ring, 0));
+        let mut done = Ok(());
         loop {
+            // (The borrow ends here: the flush poller may post while this waits.)
             let Some(op) = self.st.inflight.borrow_mut().pop_front() else {
                 break;
             };
-            op.await.map_err(|e| self.inner().driver_error(e))?;
+            if let Err(e) = op.await {
+                done = Err(e);
+            }
         }
-        probe.await.map_err(|e| self.inner().driver_error(e))?;
-        Ok(())
+        match done.and(probe.await.map(|_| ())) {
+            Ok(()) => Ok(()),
+            // The connection went, but the receiver had taken every message first (its last
+            // word travels before the hang-up): nothing was lost.
+            Err(_) if self.all_consumed() => Ok(()),
+            Err(e) => Err(self.inner().driver_error(e)),
+        }
     }
 
     /// Messages sent so far.
@@ -939,7 +956,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         // (and the last) is signaled, so the send queue drains on verbs too.
         let returns = self.returns.get() + 1;
         self.returns.set(returns);
-        if returns % 16 == 0 || count == u64::MAX {
+        if returns % 16 == 0 || count & GONE != 0 {
             drop(ops.execute(op, vec![sge], vec![self.credit_src.clone()], false));
         } else if let Err(e) = ops.post_unsignaled(op, vec![sge], &self.credit_src) {
             self.inner().driver_error(e);
@@ -954,9 +971,10 @@ impl<T, C: Codec<T>> Receiver<T, C> {
 
 impl<T, C: Codec<T>> Drop for Receiver<T, C> {
     fn drop(&mut self) {
-        // Tell the sender: its credit word becomes u64::MAX, and its next send fails.
+        // Tell the sender how many it took, and that it is gone: its next send fails, and its
+        // flush knows whether everything arrived.
         if self.inner().shared.borrow().error.is_none() {
-            self.return_credits(u64::MAX);
+            self.return_credits(self.consumed.get() | GONE);
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
         self.inner().retired.borrow_mut().push(self.st.ring.clone());

@@ -620,3 +620,36 @@ fn messages_of_every_length_arrive_intact_through_both_ring_shapes() {
         },
     );
 }
+
+/// A receiver that takes every message and hangs up at once (no lingering): the sender's
+/// flush afterwards still succeeds, because the receiver's last word (how many it took)
+/// travels ahead of the hang-up; sending more then fails.
+#[test]
+fn a_flush_after_the_receiver_took_everything_and_left_succeeds() {
+    const N: u64 = 1000;
+    pair(
+        |_node, ep| async move {
+            let (_tx, rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            for i in 0..N {
+                assert_eq!(rx.recv().await.unwrap(), i);
+            }
+            // Everything (receiver, sender, endpoint) goes here, right after the last recv.
+        },
+        |_node, ep| async move {
+            let (tx, _rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            for i in 0..N {
+                tx.send(&i).await.unwrap();
+            }
+            // The peer is gone by the time the flush asks.
+            time::sleep(Duration::from_millis(200)).await;
+            tx.flush().await.unwrap();
+            assert!(tx.send(&N).await.is_err());
+        },
+    );
+}

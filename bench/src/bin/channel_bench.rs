@@ -3,10 +3,10 @@
 //! - 64 B ping-pong p50 (half the round trip) over `Channel<[u8; 64]>`, beside a raw 64 B RDMA
 //!   WRITE ping-pong of the same provider (`barewire-perf write_lat -s 64`);
 //! - 64 B one-way throughput over `Channel<[u8; 64]>`, beside tokio TCP with length-prefixed
-//!   framing, twice: idiomatic (`FramedWrite` + `LengthDelimitedCodec`, `send` per message,
-//!   which flushes each) and buffered (a u32 length before each message into a 64 KiB
-//!   `BufWriter`, flushed once at the end: tokio at its best, a byte stream with no per-message
-//!   delivery); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
+//!   framing, three ways: idiomatic (`FramedWrite` + `LengthDelimitedCodec`, `send` per
+//!   message, which flushes each), fed (the same codec, `feed` per message and one `flush`)
+//!   and buffered (a u32 length before each message into a 64 KiB `BufWriter`, flushed once
+//!   at the end); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
 //!
 //!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]
 
@@ -126,8 +126,10 @@ fn serve_tokio_framed(cpu: usize, n: usize) {
 }
 
 /// Idiomatic tokio: `FramedWrite` + `LengthDelimitedCodec`, one `send` per message (which
-/// flushes each message, as `SinkExt::send` does).
-fn run_tokio_framed(cpus: [usize; 2], n: usize) -> f64 {
+/// flushes each message, as `SinkExt::send` does), or (`fed`) one `feed` per message, which
+/// leaves the framed bytes in the writer's buffer until it passes its backpressure boundary
+/// (128 KiB), and one `flush` at the end: tokio-util's own batching.
+fn run_tokio_framed(cpus: [usize; 2], n: usize, fed: bool) -> f64 {
     let (port, mut child) = barewire_bench::spawn_ready(&[
         "--serve-tokio-framed",
         &cpus[1].to_string(),
@@ -153,11 +155,14 @@ fn run_tokio_framed(cpus: [usize; 2], n: usize) -> f64 {
             );
             let t = Instant::now();
             for i in 0..n {
-                frames
-                    .send(bytes::Bytes::copy_from_slice(&[i as u8; 64]))
-                    .await
-                    .unwrap();
+                let m = bytes::Bytes::copy_from_slice(&[i as u8; 64]);
+                if fed {
+                    frames.feed(m).await.unwrap();
+                } else {
+                    frames.send(m).await.unwrap();
+                }
             }
+            SinkExt::<bytes::Bytes>::flush(&mut frames).await.unwrap();
             let mut ack = [0u8; 1];
             r.read_exact(&mut ack).await.unwrap();
             n as f64 / t.elapsed().as_secs_f64()
@@ -310,7 +315,7 @@ fn main() {
         .unwrap_or([0, 1]);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);
-    let mut framed_rate = vec![];
+    let (mut framed_rate, mut fed_rate) = (vec![], vec![]);
     for rep in 0..reps {
         let (lat, rate) = run_barewire(cpus, n);
         let raw = raw_write(cpus);
@@ -326,17 +331,20 @@ fn main() {
             continue;
         }
         let tok = run_tokio(cpus, n);
-        let framed = run_tokio_framed(cpus, n);
+        let framed = run_tokio_framed(cpus, n, false);
+        let fed = run_tokio_framed(cpus, n, true);
         let ucx = ucx_am_bw(cpus);
         println!(
-            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
+            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
             rate / 1e6,
             framed / 1e6,
+            fed / 1e6,
             tok / 1e6,
             ucx.map_or("-".into(), |v| format!("{:.3} M msg/s", v / 1e6))
         );
         framed_rate.push(framed);
+        fed_rate.push(fed);
         chan_lat.push(lat);
         chan_rate.push(rate);
         tokio_rate.push(tok);
@@ -352,6 +360,7 @@ fn main() {
         m(&mut ucx_rate),
     );
     let fr = m(&mut framed_rate);
+    let fd = m(&mut fed_rate);
     if channel_only {
         println!(
             "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s",
@@ -361,11 +370,13 @@ fn main() {
         return;
     }
     println!(
-        "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s vs tokio framed {:.3} = {:.2}x, vs tokio buffered {:.3} = {:.2}x, vs UCX am_bw {:.3} = {:.2}x",
+        "medians: channel 64 B p50 {cl:.2} us vs raw WRITE {rl:.2} us = {:.2}x; channel {:.3} M msg/s vs tokio framed {:.3} = {:.2}x, vs tokio framed fed {:.3} = {:.2}x, vs tokio buffered {:.3} = {:.2}x, vs UCX am_bw {:.3} = {:.2}x",
         cl / rl,
         cr / 1e6,
         fr / 1e6,
         cr / fr,
+        fd / 1e6,
+        cr / fd,
         tr / 1e6,
         cr / tr,
         ur / 1e6,

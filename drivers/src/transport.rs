@@ -376,7 +376,10 @@ pub(crate) fn select_from(
     match (pick, transport) {
         (Some(d), _) => {
             if transport == Transport::Auto {
-                eprintln!("barewire: using RDMA device {} ({})", d.name, d.transport);
+                say_once(&format!(
+                    "barewire: using RDMA device {} ({})",
+                    d.name, d.transport
+                ));
             }
             Ok(Chosen {
                 transport: d.transport,
@@ -385,8 +388,8 @@ pub(crate) fn select_from(
             })
         }
         (None, Transport::Auto) => {
-            eprintln!(
-                "barewire: no usable RDMA device; using the software provider (iWARP over TCP)"
+            say_once(
+                "barewire: no usable RDMA device; using the software provider (iWARP over TCP)",
             );
             Ok(soft())
         }
@@ -395,6 +398,12 @@ pub(crate) fn select_from(
             found: describe(devs),
         }),
     }
+}
+
+/// Prints what `auto` chose, once per process (every core's node makes the same choice).
+fn say_once(line: &str) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("{line}"));
 }
 
 #[cfg(test)]

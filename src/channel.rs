@@ -734,6 +734,10 @@ impl<T, C: Codec<T>> Sender<T, C> {
     /// sooner; see the module docs); waits while the ring is full.
     pub async fn send(&self, item: &T) -> Result<()> {
         if let Some(bytes) = C::as_bytes(item) {
+            // Room in the ring is the common case: placed without a future of its own.
+            if let Some(done) = self.try_place(bytes) {
+                return done;
+            }
             return self.send_bytes(bytes).await;
         }
         let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
@@ -745,20 +749,30 @@ impl<T, C: Codec<T>> Sender<T, C> {
     }
 
     async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
+        loop {
+            if let Some(done) = self.try_place(bytes) {
+                return done;
+            }
+            self.wait_room(self.st.seq.get()).await?;
+        }
+    }
+
+    /// Places `bytes` as the next message if the ring has room for it (`None`: it has not,
+    /// or the channel has failed; `send_bytes` then waits and reports).
+    fn try_place(&self, bytes: &[u8]) -> Option<Result<()>> {
         let st = &self.st;
         let max = (st.slot - extent(0)).min(imm::MAX_MESSAGE);
         if bytes.len() > max {
-            return Err(Error::TooLarge {
+            return Some(Err(Error::TooLarge {
                 len: bytes.len(),
                 max,
-            });
+            }));
         }
         let seq = st.seq.get();
-        // Room in the ring: fewer than `capacity` messages unconsumed (the common case is
-        // checked first, without a future).
+        // Room in the ring: fewer than `capacity` messages unconsumed.
         let c = self.credits();
         if c & GONE != 0 || seq - c.min(seq) >= st.capacity || self.failed() {
-            self.wait_room(seq).await?;
+            return None;
         }
         // The staging slot is free: it last held message `seq - capacity`, which the receiver
         // has consumed (the credit check above), so it was placed, so it was sent.
@@ -777,11 +791,11 @@ impl<T, C: Codec<T>> Sender<T, C> {
         if wrapped || seq + 1 - st.posted.get() >= MAX_RUN || st.slot > COALESCE_MAX_SLOT {
             // Batched: a sender in a burst posts many of these before it yields, and they
             // leave together in one system call.
-            st.post_run_with(true)?;
+            Some(st.post_run_with(true))
         } else {
             schedule(st);
+            Some(Ok(()))
         }
-        Ok(())
     }
 
     /// The connection has failed.
@@ -887,16 +901,28 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// is gone and everything it sent has been received; [`Error::PeerGone`] if the connection
     /// failed.
     pub async fn recv(&self) -> Result<T> {
-        let n = self.consumed.get();
-        let tail = self.tail.get();
-        let at = tail * self.st.slot;
+        loop {
+            // A message already here is taken without a future of its own.
+            if let Some(item) = self.try_take() {
+                return item;
+            }
+            self.wait().await?;
+        }
+    }
+
+    /// Whether the next message is here.
+    fn ready(&self) -> bool {
+        if self.st.polled {
+            self.st.landed(self.tail.get() * self.st.slot)
+        } else {
+            self.st.arrived.get() > self.consumed.get()
+        }
+    }
+
+    /// Waits until the next message is here, or the channel is closed or failed.
+    async fn wait(&self) -> Result<()> {
         poll_fn(|cx| {
-            let here = if self.st.polled {
-                self.st.landed(at)
-            } else {
-                self.st.arrived.get() > n
-            };
-            if here {
+            if self.ready() {
                 return Poll::Ready(Ok(()));
             }
             if self.st.closed.get() {
@@ -907,17 +933,27 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             }
             *self.st.waker.borrow_mut() = Some(cx.waker().clone());
             if self.st.polled {
-                watch(&self.st, at);
+                watch(&self.st, self.tail.get() * self.st.slot);
             }
             Poll::Pending
         })
-        .await?;
+        .await
+    }
+
+    /// Takes the next message if it is here (`None`: it is not).
+    fn try_take(&self) -> Option<Result<T>> {
+        if !self.ready() {
+            return None;
+        }
+        let n = self.consumed.get();
+        let tail = self.tail.get();
+        let at = tail * self.st.slot;
         let len = self.st.word_at(at) as usize;
         if len > self.st.slot - extent(0) {
-            return Err(Error::Malformed(format!(
+            return Some(Err(Error::Malformed(format!(
                 "a {len}-byte message in a {}-byte slot",
                 self.st.slot
-            )));
+            ))));
         }
         let item = C::decode_from(len, |out| self.st.ring.read_at(at + PREFIX, out));
         if self.st.polled {
@@ -939,7 +975,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         if n + 1 - self.credited.get() >= self.step {
             self.return_credits(n + 1);
         }
-        item
+        Some(item)
     }
 
     fn return_credits(&self, count: u64) {

@@ -39,6 +39,10 @@ pub struct Figure {
     pub command: String,
     /// Latency percentiles the tool reported, (percentile, µs), for the plot.
     pub percentiles: Vec<(f64, f64)>,
+    /// barewire's latency tail, (p99, p99.9) in µs, medians over reps.
+    pub tail: Option<(f64, f64)>,
+    /// barewire's same figure with MPA CRC32c negotiated on (the figure itself is CRC off).
+    pub crc_on: Option<f64>,
 }
 
 /// A peer tool that is not installed.
@@ -229,7 +233,6 @@ impl Runner<'_> {
         what: &str,
         pick: fn(&run::Outcome) -> f64,
     ) -> Option<Figure> {
-        let mut vals = Vec::new();
         let mut args = RunArgs {
             test,
             server: None,
@@ -251,15 +254,27 @@ impl Runner<'_> {
         if test.is_bw() {
             args.iters = 1;
         }
-        for _ in 0..self.a.reps {
-            match run::run(&args) {
-                Ok(out) => {
-                    if test == Test::WriteLat && size == 8 && self.cmp.write_lat.is_none() {
-                        self.cmp.write_lat = out.lat.first().map(|(_, h)| h.clone());
+        let (mut vals, mut p99s, mut p999s, mut crc_vals) = (vec![], vec![], vec![], vec![]);
+        for crc in [false, true] {
+            args.crc = crc;
+            for _ in 0..self.a.reps {
+                match run::run(&args) {
+                    Ok(out) => {
+                        if crc {
+                            crc_vals.push(pick(&out));
+                            continue;
+                        }
+                        if test == Test::WriteLat && size == 8 && self.cmp.write_lat.is_none() {
+                            self.cmp.write_lat = out.lat.first().map(|(_, h)| h.clone());
+                        }
+                        if let Some((row, _)) = out.lat.first() {
+                            p99s.push(row.p99);
+                            p999s.push(row.p999);
+                        }
+                        vals.push(pick(&out));
                     }
-                    vals.push(pick(&out));
+                    Err(e) => self.cmp.failed.push((format!("barewire-perf {test}"), e)),
                 }
-                Err(e) => self.cmp.failed.push((format!("barewire-perf {test}"), e)),
             }
         }
         (!vals.is_empty()).then(|| Figure {
@@ -286,6 +301,8 @@ impl Runner<'_> {
                 ""
             },
             percentiles: Vec::new(),
+            tail: (!p99s.is_empty()).then(|| (median(&mut p99s), median(&mut p999s))),
+            crc_on: (!crc_vals.is_empty()).then(|| median(&mut crc_vals)),
         })
     }
 
@@ -336,6 +353,8 @@ impl Runner<'_> {
             unit,
             command,
             percentiles: pct,
+            tail: None,
+            crc_on: None,
         })
     }
 
@@ -512,20 +531,27 @@ pub fn table(c: &Comparison) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| barewire test | barewire | peer | peer figure | barewire ÷ peer |"
+        "| barewire test | barewire (CRC off) | p99 / p99.9 | CRC on | peer | peer figure | barewire ÷ peer |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for r in &c.rows {
-        let fmt = |f: &Figure| match f.unit {
-            Unit::Micros => format!("{:.2} µs", f.value),
-            Unit::MibPerSec => format!("{:.0} MiB/s", f.value),
+        let fmt_v = |v: f64, u: Unit| match u {
+            Unit::Micros => format!("{v:.2} µs"),
+            Unit::MibPerSec => format!("{v:.0} MiB/s"),
         };
+        let fmt = |f: &Figure| fmt_v(f.value, f.unit);
         let _ = writeln!(
             s,
-            "| {} ({}) | {} | {} ({}) | {} | **{:.2}** {} |",
+            "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}** {} |",
             r.ours.tool.trim_start_matches("barewire-perf "),
             r.ours.what,
             fmt(&r.ours),
+            r.ours
+                .tail
+                .map_or("–".into(), |(a, b)| format!("{a:.2} / {b:.2} µs")),
+            r.ours
+                .crc_on
+                .map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
             r.peer.tool,
             r.peer.what,
             fmt(&r.peer),
@@ -594,7 +620,9 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
         sec,
         "Machine: {cores} CPUs ({cpu}), Linux {kernel}. Client on CPU {}, server on CPU {}; \
          every figure is the median of {} runs (barewire's first, then each peer's, all in this one \
-         session). \
+         session). barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
+         setting), its CRC-on runs beside them (the same command with `--crc`), and its latency \
+         tails are the medians of each run's p99 and p99.9. \
          Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
         a.cpus[0],
         a.cpus[1],
@@ -664,10 +692,16 @@ mod tests {
             unit: Unit::Micros,
             command: format!("{tool} -x"),
             percentiles: vec![],
+            tail: None,
+            crc_on: None,
         };
         let c = Comparison {
             rows: vec![Row {
-                ours: f("barewire-perf write_lat", 4.0),
+                ours: Figure {
+                    tail: Some((5.5, 20.25)),
+                    crc_on: Some(4.5),
+                    ..f("barewire-perf write_lat", 4.0)
+                },
                 peer: f("fi_pingpong", 5.0),
             }],
             missing: vec![PEERS[0].clone()],
@@ -676,7 +710,9 @@ mod tests {
         };
         let t = table(&c);
         assert!(
-            t.contains("| write_lat (p50) | 4.00 µs | fi_pingpong (p50) | 5.00 µs | **0.80**"),
+            t.contains(
+                "| write_lat (p50) | 4.00 µs | 5.50 / 20.25 µs | 4.50 µs | fi_pingpong (p50) | 5.00 µs | **0.80**"
+            ),
             "{t}"
         );
         assert!(

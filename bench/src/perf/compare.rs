@@ -61,12 +61,20 @@ pub struct Row {
     pub ours: Figure,
     /// The peer's.
     pub peer: Figure,
+    /// barewire ÷ peer in each rep (both measured within minutes of each other).
+    pub ratios: Vec<f64>,
 }
 
 impl Row {
-    /// barewire ÷ peer (below 1 is better for latency, above 1 for bandwidth).
+    /// barewire ÷ peer (below 1 is better for latency, above 1 for bandwidth): the median of
+    /// the per-rep ratios when there are several (robust to the machine changing pace
+    /// between reps), else the ratio of the figures.
     pub fn ratio(&self) -> f64 {
-        self.ours.value / self.peer.value
+        if self.ratios.is_empty() {
+            self.ours.value / self.peer.value
+        } else {
+            median(&mut self.ratios.clone())
+        }
     }
 }
 
@@ -361,6 +369,7 @@ impl Runner<'_> {
     fn pair(&mut self, ours: &Option<Figure>, peer: Option<Figure>) {
         if let (Some(o), Some(p)) = (ours, peer) {
             self.cmp.rows.push(Row {
+                ratios: vec![o.value / p.value],
                 ours: o.clone(),
                 peer: p,
             });
@@ -376,8 +385,71 @@ fn bw(o: &run::Outcome) -> f64 {
     o.bw[0].avg
 }
 
-/// Runs barewire and every installed peer (`reps` times each, medians) and pairs the figures.
+/// Runs barewire and every installed peer `reps` times and pairs the figures. Reps are
+/// interleaved (each rep runs barewire's tests, then every peer's, once), so a figure and the
+/// peer it is compared with are measured close together; figures are medians over reps and
+/// each ratio is the median of the per-rep ratios.
 pub fn compare(a: &CompareArgs) -> Comparison {
+    let once = CompareArgs {
+        reps: 1,
+        ..a.clone()
+    };
+    let reps: Vec<Comparison> = (0..a.reps.max(1)).map(|_| compare_once(&once)).collect();
+    merge(reps)
+}
+
+/// Folds several reps into one comparison: rows matched by their figures' tools and what
+/// they measure, values and tails as medians, the per-rep ratios kept.
+fn merge(reps: Vec<Comparison>) -> Comparison {
+    let mut out = Comparison::default();
+    let key = |r: &Row| {
+        (
+            r.ours.tool.clone(),
+            r.ours.what.clone(),
+            r.peer.tool.clone(),
+            r.peer.what.clone(),
+        )
+    };
+    let mut groups: Vec<Vec<Row>> = Vec::new();
+    for c in reps {
+        for row in c.rows {
+            match groups.iter_mut().find(|g| key(&g[0]) == key(&row)) {
+                Some(g) => g.push(row),
+                None => groups.push(vec![row]),
+            }
+        }
+        for m in c.missing {
+            if !out.missing.contains(&m) {
+                out.missing.push(m);
+            }
+        }
+        out.failed.extend(c.failed);
+        if out.write_lat.is_none() {
+            out.write_lat = c.write_lat;
+        }
+    }
+    let fold = |figs: Vec<&Figure>| {
+        let mut f = figs[0].clone();
+        let col = |get: &dyn Fn(&Figure) -> Option<f64>| {
+            let mut v: Vec<f64> = figs.iter().filter_map(|f| get(f)).collect();
+            (!v.is_empty()).then(|| median(&mut v))
+        };
+        f.value = col(&|f| Some(f.value)).unwrap_or(f.value);
+        f.crc_on = col(&|f| f.crc_on);
+        f.tail = col(&|f| f.tail.map(|t| t.0)).zip(col(&|f| f.tail.map(|t| t.1)));
+        f
+    };
+    for g in groups {
+        out.rows.push(Row {
+            ours: fold(g.iter().map(|r| &r.ours).collect()),
+            peer: fold(g.iter().map(|r| &r.peer).collect()),
+            ratios: g.iter().flat_map(|r| r.ratios.iter().copied()).collect(),
+        });
+    }
+    out
+}
+
+fn compare_once(a: &CompareArgs) -> Comparison {
     let mut r = Runner {
         a,
         cmp: Comparison::default(),
@@ -549,9 +621,7 @@ pub fn table(c: &Comparison) -> String {
             r.ours
                 .tail
                 .map_or("–".into(), |(a, b)| format!("{a:.2} / {b:.2} µs")),
-            r.ours
-                .crc_on
-                .map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
+            r.ours.crc_on.map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
             r.peer.tool,
             r.peer.what,
             fmt(&r.peer),
@@ -619,8 +689,10 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
     let _ = writeln!(
         sec,
         "Machine: {cores} CPUs ({cpu}), Linux {kernel}. Client on CPU {}, server on CPU {}; \
-         every figure is the median of {} runs (barewire's first, then each peer's, all in this one \
-         session). barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
+         {} reps in this one session, interleaved (each rep runs barewire's tests, then every \
+         peer's, once); every figure is the median over the reps, and each ratio the median of \
+         the per-rep ratios, so a change of pace on this shared machine between reps does not \
+         pair a fast run with a slow one. barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
          setting), its CRC-on runs beside them (the same command with `--crc`), and its latency \
          tails are the medians of each run's p99 and p99.9. \
          Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
@@ -703,6 +775,7 @@ mod tests {
                     ..f("barewire-perf write_lat", 4.0)
                 },
                 peer: f("fi_pingpong", 5.0),
+                ratios: vec![],
             }],
             missing: vec![PEERS[0].clone()],
             failed: vec![],
@@ -722,6 +795,42 @@ mod tests {
             commands(&c),
             "    barewire-perf write_lat -x\n    fi_pingpong -x\n"
         );
+    }
+
+    #[test]
+    fn reps_merge_into_medians_and_per_rep_ratios() {
+        let f = |tool: &str, v: f64, tail: Option<(f64, f64)>| Figure {
+            tool: tool.into(),
+            what: "p50".into(),
+            value: v,
+            unit: Unit::Micros,
+            command: String::new(),
+            percentiles: vec![],
+            tail,
+            crc_on: None,
+        };
+        let rep = |ours: f64, peer: f64| {
+            let mut c = Comparison::default();
+            c.rows.push(Row {
+                ours: f(
+                    "barewire-perf write_lat",
+                    ours,
+                    Some((ours + 1.0, ours + 10.0)),
+                ),
+                peer: f("fi_pingpong", peer, None),
+                ratios: vec![ours / peer],
+            });
+            c
+        };
+        // The second rep ran while the machine was slow: both figures moved together.
+        let m = merge(vec![rep(4.0, 5.0), rep(8.0, 10.0), rep(4.2, 5.0)]);
+        assert_eq!(m.rows.len(), 1);
+        let r = &m.rows[0];
+        assert_eq!(r.ours.value, 4.2);
+        assert_eq!(r.peer.value, 5.0);
+        assert_eq!(r.ours.tail, Some((5.2, 14.2)));
+        assert_eq!(r.ratios.len(), 3);
+        assert!((r.ratio() - 0.8).abs() < 1e-9, "{}", r.ratio());
     }
 
     #[test]

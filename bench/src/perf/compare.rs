@@ -614,7 +614,7 @@ pub fn table(c: &Comparison) -> String {
         let fmt = |f: &Figure| fmt_v(f.value, f.unit);
         let _ = writeln!(
             s,
-            "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}** {} |",
+            "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}**{} {} |",
             r.ours.tool.trim_start_matches("barewire-perf "),
             r.ours.what,
             fmt(&r.ours),
@@ -626,6 +626,13 @@ pub fn table(c: &Comparison) -> String {
             r.peer.what,
             fmt(&r.peer),
             r.ratio(),
+            if r.ratios.len() > 1 {
+                let lo = r.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.ratios.iter().copied().fold(0.0, f64::max);
+                format!(" (reps {lo:.2}–{hi:.2})")
+            } else {
+                String::new()
+            },
             if r.ours.unit == Unit::Micros {
                 "(lower is better)"
             } else {
@@ -831,6 +838,11 @@ mod tests {
         assert_eq!(r.ours.tail, Some((5.2, 14.2)));
         assert_eq!(r.ratios.len(), 3);
         assert!((r.ratio() - 0.8).abs() < 1e-9, "{}", r.ratio());
+        assert!(
+            table(&m).contains("**0.80** (reps 0.80–0.84)"),
+            "{}",
+            table(&m)
+        );
     }
 
     #[test]

@@ -179,6 +179,34 @@ fn extent(len: usize) -> usize {
     PREFIX + len.next_multiple_of(4) + MARK_LEN
 }
 
+/// The tasks waiting on a channel half: usually one, but tasks may share a half by reference,
+/// and each must be woken.
+#[derive(Default)]
+pub(crate) struct Waiters(RefCell<Vec<Waker>>);
+
+impl Waiters {
+    fn register(&self, w: &Waker) {
+        let mut v = self.0.borrow_mut();
+        if !v.iter().any(|x| x.will_wake(w)) {
+            v.push(w.clone());
+        }
+    }
+
+    /// Wakes every waiting task (keeping the list's allocation for the next wait).
+    pub(crate) fn wake(&self) {
+        loop {
+            let Some(w) = self.0.borrow_mut().pop() else {
+                return;
+            };
+            w.wake();
+        }
+    }
+
+    fn any(&self) -> bool {
+        !self.0.borrow().is_empty()
+    }
+}
+
 /// The sender's half: what `send` fills, and what the core's flush poller posts.
 ///
 /// `send` copies a message into the staging slot it will occupy in the receiver's ring and
@@ -196,7 +224,7 @@ pub(crate) struct TxState {
     /// The word the receiver writes its consumed count into (with `GONE` once it is gone).
     credit: Rc<Buffer>,
     ring: Cell<Option<barewire_drivers::RegionDescriptor>>,
-    waker: RefCell<Option<Waker>>,
+    waker: Waiters,
     link: Weak<Inner>,
     staging: Rc<Buffer>,
     /// Messages written into staging so far.
@@ -221,9 +249,7 @@ pub(crate) struct TxState {
 
 impl TxState {
     pub(crate) fn wake(&self) {
-        if let Some(w) = self.waker.borrow_mut().take() {
-            w.wake();
-        }
+        self.waker.wake();
     }
 
     /// Posts the pending run, if any, as one WRITE (with immediate unless the receiver watches
@@ -365,7 +391,7 @@ pub(crate) struct RxState {
     arrived: Cell<u64>,
     /// The sender's close notice has come.
     closed: Cell<bool>,
-    waker: RefCell<Option<Waker>>,
+    waker: Waiters,
     /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
     /// otherwise each run's immediate counts them (`arrived`).
     polled: bool,
@@ -376,9 +402,7 @@ pub(crate) struct RxState {
 
 impl RxState {
     pub(crate) fn wake(&self) {
-        if let Some(w) = self.waker.borrow_mut().take() {
-            w.wake();
-        }
+        self.waker.wake();
     }
 
     fn word_at(&self, at: usize) -> u32 {
@@ -431,7 +455,7 @@ impl RingWatcher {
                 let Some(st) = st.upgrade() else {
                     return false;
                 };
-                let waiting = st.waker.borrow().is_some();
+                let waiting = st.waker.any();
                 if waiting && !st.landed(st.watch_at.get()) {
                     return true;
                 }
@@ -560,7 +584,7 @@ impl Endpoint {
             slot,
             credit: credit.clone(),
             ring: Cell::new(None),
-            waker: RefCell::new(None),
+            waker: Waiters::default(),
             link: Rc::downgrade(inner),
             staging: Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?,
             seq: Cell::new(0),
@@ -644,7 +668,7 @@ impl Endpoint {
             ring: ring.clone(),
             arrived: Cell::new(0),
             closed: Cell::new(false),
-            waker: RefCell::new(None),
+            waker: Waiters::default(),
             polled,
             watch_at: Cell::new(0),
             watched: Cell::new(false),
@@ -821,7 +845,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
             if seq - c < st.capacity {
                 return Poll::Ready(Ok(()));
             }
-            *st.waker.borrow_mut() = Some(cx.waker().clone());
+            st.waker.register(cx.waker());
             Poll::Pending
         })
         .await
@@ -931,7 +955,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             if let Some(e) = &self.inner().shared.borrow().error {
                 return Poll::Ready(Err(e.clone()));
             }
-            *self.st.waker.borrow_mut() = Some(cx.waker().clone());
+            self.st.waker.register(cx.waker());
             if self.st.polled {
                 watch(&self.st, self.tail.get() * self.st.slot);
             }
@@ -1044,7 +1068,7 @@ mod tests {
                     ring: ring.clone(),
                     arrived: Cell::new(0),
                     closed: Cell::new(false),
-                    waker: RefCell::new(None),
+                    waker: Waiters::default(),
                     polled: true,
                     watch_at: Cell::new(0),
                     watched: Cell::new(false),

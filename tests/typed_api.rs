@@ -653,3 +653,51 @@ fn a_flush_after_the_receiver_took_everything_and_left_succeeds() {
         },
     );
 }
+
+/// Two tasks share one sender (by reference) and both find the ring full: when the receiver
+/// frees slots, both are woken and everything arrives, each task's messages in its order.
+#[test]
+fn every_task_waiting_on_a_shared_sender_is_woken() {
+    const EACH: u32 = 300;
+    pair(
+        |_node, ep| async move {
+            let (_tx, rx) = ep
+                .open_channel::<[u32; 2]>(ChannelOptions::new(4, 8))
+                .await
+                .unwrap();
+            // Let both senders run into the full ring first.
+            time::sleep(Duration::from_millis(50)).await;
+            let mut next = [0u32; 2];
+            for _ in 0..2 * EACH {
+                let [task, seq] = rx.recv().await.unwrap();
+                assert_eq!(seq, next[task as usize], "task {task} in order");
+                next[task as usize] += 1;
+            }
+            assert_eq!(next, [EACH, EACH]);
+        },
+        |_node, ep| async move {
+            let (tx, _rx) = ep
+                .open_channel::<[u32; 2]>(ChannelOptions::new(4, 8))
+                .await
+                .unwrap();
+            let tx = std::rc::Rc::new(tx);
+            let tasks: Vec<_> = (0..2u32)
+                .map(|task| {
+                    let tx = tx.clone();
+                    barewire::engine::spawn_local(async move {
+                        for seq in 0..EACH {
+                            tx.send(&[task, seq]).await.unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                time::timeout(Duration::from_secs(20), t)
+                    .await
+                    .expect("a sender task was never woken")
+                    .unwrap();
+            }
+            tx.flush().await.unwrap();
+        },
+    );
+}

@@ -153,6 +153,11 @@ impl Default for ChannelOptions {
 /// Set in the credit word once the receiver is gone; the rest is its final consumed count.
 const GONE: u64 = 1 << 63;
 
+/// True once a credit word holds its receiver's final value (nothing more will be written).
+pub(crate) fn credit_word_final(word: &Buffer) -> bool {
+    word.load_u64(0) & GONE != 0
+}
+
 /// Credits are returned after this many messages (a quarter of the ring).
 fn credit_step(capacity: u32) -> u64 {
     (capacity as u64 / 4).max(1)
@@ -909,10 +914,13 @@ impl<T, C: Codec<T>> Drop for Sender<T, C> {
             }
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
-        self.inner()
-            .retired
-            .borrow_mut()
-            .push(self.st.credit.clone());
+        // The receiver may still write its credit word, until its final one.
+        if !credit_word_final(&self.st.credit) {
+            self.inner()
+                .retired
+                .borrow_mut()
+                .push((self.st.id, self.st.credit.clone()));
+        }
     }
 }
 
@@ -1037,7 +1045,13 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
             self.return_credits(self.consumed.get() | GONE);
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
-        self.inner().retired.borrow_mut().push(self.st.ring.clone());
+        // The sender may still write into the ring, until its close notice.
+        if !self.st.closed.get() {
+            self.inner()
+                .retired
+                .borrow_mut()
+                .push((self.st.id, self.st.ring.clone()));
+        }
     }
 }
 
@@ -1045,6 +1059,83 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
 mod tests {
     use super::*;
     use barewire_drivers::{Device, DriverConfig};
+
+    /// Channels opened and dropped over and over on one long-lived connection: each dropped
+    /// half's buffer goes once the peer's last word for it has arrived, so nothing piles up.
+    #[test]
+    fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
+        use crate::Node;
+        use std::time::Duration;
+        barewire_engine::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .idle_spin(Duration::ZERO)
+            .build()
+            .unwrap()
+            .block_on(async {
+                let a = Node::soft().unwrap();
+                let b = Node::soft().unwrap();
+                let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+                let accepted = barewire_engine::spawn_local(async move {
+                    let ep = a.accept().await.unwrap();
+                    (a, ep)
+                });
+                let eb = b
+                    .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                    .await
+                    .unwrap();
+                let (_a, ea) = accepted.await.unwrap();
+                for round in 0..50u64 {
+                    let ea2 = ea.clone();
+                    let side_a = barewire_engine::spawn_local(async move {
+                        let (tx, rx) = ea2
+                            .open_channel::<u64>(ChannelOptions::new(8, 8))
+                            .await
+                            .unwrap();
+                        tx.send(&round).await.unwrap();
+                        assert_eq!(rx.recv().await.unwrap(), round + 1);
+                        // This side drops its halves first in even rounds, last in odd ones.
+                        if round % 2 == 1 {
+                            barewire_engine::time::sleep(Duration::from_millis(2)).await;
+                        }
+                    });
+                    let (tx, rx) = eb
+                        .open_channel::<u64>(ChannelOptions::new(8, 8))
+                        .await
+                        .unwrap();
+                    assert_eq!(rx.recv().await.unwrap(), round);
+                    tx.send(&(round + 1)).await.unwrap();
+                    tx.flush().await.unwrap();
+                    if round % 2 == 0 {
+                        barewire_engine::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    drop((tx, rx));
+                    side_a.await.unwrap();
+                }
+                // Let the last notices land.
+                barewire_engine::time::sleep(Duration::from_millis(20)).await;
+                for ep in [&ea, &eb] {
+                    let left = ep.inner().retired.borrow().len();
+                    assert_eq!(left, 0, "{left} buffers of dropped halves still held");
+                }
+                // The connection still works.
+                let ea2 = ea.clone();
+                let side_a = barewire_engine::spawn_local(async move {
+                    let (tx, _rx) = ea2
+                        .open_channel::<u64>(ChannelOptions::new(8, 8))
+                        .await
+                        .unwrap();
+                    tx.send(&7).await.unwrap();
+                    tx.flush().await.unwrap();
+                });
+                let (_tx, rx) = eb
+                    .open_channel::<u64>(ChannelOptions::new(8, 8))
+                    .await
+                    .unwrap();
+                assert_eq!(rx.recv().await.unwrap(), 7);
+                side_a.await.unwrap();
+            });
+    }
 
     /// A polled ring's slot seen at every stage of its placement, byte by byte in stream order
     /// as the provider places a WRITE (TCP may cut anywhere): the message counts as landed only

@@ -86,10 +86,11 @@ pub(crate) struct Inner {
     /// The receive slots (shared with the receive handler, which outlives this).
     recv: Rc<RecvSide>,
     scratch: RefCell<Vec<Rc<Buffer>>>,
-    /// Buffers of dropped channel halves that the peer may still write (a ring it has not yet
-    /// heard is gone, a credit word): they stay registered while the connection lives, so a
-    /// late write lands harmlessly instead of meeting a dead STag and a Terminate.
-    pub(crate) retired: RefCell<Vec<Rc<Buffer>>>,
+    /// Buffers of dropped channel halves that the peer may still write, by channel id (a ring
+    /// whose sender has not yet sent its close notice, a credit word whose receiver has not yet
+    /// said it is gone): they stay registered until that last word arrives, so a late write
+    /// lands harmlessly instead of meeting a dead STag and a Terminate.
+    pub(crate) retired: RefCell<Vec<(u16, Rc<Buffer>)>>,
     /// Which channel ids this side opens: even on the connecting side, odd on the accepting.
     parity: u16,
 }
@@ -205,8 +206,9 @@ impl Inner {
                         ChanRef::Tx(t) => t.upgrade().map(|t| t as Rc<dyn Arrival>),
                         ChanRef::Rx(r) => r.upgrade().map(|r| r as Rc<dyn Arrival>),
                     });
-                if let Some(c) = chan {
-                    c.arrived(credit, len);
+                match chan {
+                    Some(c) => c.arrived(credit, len),
+                    None => self.last_word(id, credit, len),
                 }
             }
             _ => {
@@ -234,6 +236,24 @@ impl Inner {
                     }
                 }
             }
+        }
+    }
+
+    /// A channel arrival for a half already dropped here: when it is the peer's last write into
+    /// that half's buffer (a sender's close notice into our ring, or a receiver's final credit
+    /// word, marked gone, into ours), the buffer can go.
+    fn last_word(&self, id: u16, credit: bool, len: Option<usize>) {
+        let mut retired = self.retired.borrow_mut();
+        let Some(i) = retired.iter().position(|(r, _)| *r == id) else {
+            return;
+        };
+        let done = if credit {
+            crate::channel::credit_word_final(&retired[i].1)
+        } else {
+            len.is_none()
+        };
+        if done {
+            retired.swap_remove(i);
         }
     }
 

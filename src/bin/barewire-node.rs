@@ -1,9 +1,11 @@
 //! barewire-node: a small peer process for tests and demonstrations of the typed API.
 //!
-//!     barewire-node echo         listen on 127.0.0.1 (port printed as `READY <port>`), accept
-//!                                one endpoint, open a `u64` channel, answer each n with n + 1
-//!     barewire-node send ADDR    connect to ADDR, open a `u64` channel, send 0, 1, 2, ... one
-//!                                per millisecond, forever
+//! ```text
+//! barewire-node echo         listen on 127.0.0.1 (port printed as `READY <port>`), accept
+//!                            one endpoint, open a `u64` channel, answer each n with n + 1
+//! barewire-node send ADDR    connect to ADDR, open a `u64` channel, send 0, 1, 2, ... one
+//!                            per millisecond, forever
+//! ```
 //!
 //! The driver comes from `BAREWIRE_DRIVER` (the software provider when unset and there is no
 //! RDMA hardware).

@@ -1,8 +1,10 @@
 //! barewire-peer: a passive RDMA peer over barewire's drivers, for the conformance suite and
 //! for interoperability runs (soft against verbs, e.g. Linux siw).
 //!
-//!     barewire-peer serve [PORT]     listen (0 picks a port), print `READY <port>`, serve
-//!     barewire-peer check HOST:PORT  WRITE, READ and SEND against a serving peer, bytes checked
+//! ```text
+//! barewire-peer serve [PORT]     listen (0 picks a port), print `READY <port>`, serve
+//! barewire-peer check HOST:PORT  WRITE, READ and SEND against a serving peer, bytes checked
+//! ```
 //!
 //! The driver comes from `BAREWIRE_DRIVER` / `BAREWIRE_DEVICE` (see barewire-drivers).
 //!

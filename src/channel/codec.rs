@@ -1,0 +1,85 @@
+//! How a channel's messages become bytes: plain-old-data as itself, anything serde can
+//! describe in the BARE message format.
+
+use bytemuck::Pod;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// How a channel turns `T` into bytes and back.
+pub trait Codec<T> {
+    /// Identifies the codec in the channel handshake (both sides must agree).
+    const ID: u8;
+    /// Appends the encoding of `item` to `out`.
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()>;
+    /// Decodes one message.
+    fn decode(bytes: &[u8]) -> Result<T>;
+    /// The encoding of `item` where it is `item`'s own bytes (no copy needed to send it).
+    fn as_bytes(_item: &T) -> Option<&[u8]> {
+        None
+    }
+    /// Decodes a `len`-byte message that `fill` copies out of the ring into the slice it is
+    /// given (of exactly `len` bytes).
+    fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
+        // Small messages are copied out onto the stack, larger ones into a fresh buffer.
+        let mut small = [0u8; 256];
+        let mut large = Vec::new();
+        let bytes: &mut [u8] = if len <= small.len() {
+            &mut small[..len]
+        } else {
+            large.resize(len, 0);
+            &mut large
+        };
+        fill(bytes);
+        Self::decode(bytes)
+    }
+}
+
+/// Plain-old-data as its own bytes: no encoding step at all.
+pub struct Raw;
+
+impl<T: Pod> Codec<T> for Raw {
+    const ID: u8 = 0;
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(bytemuck::bytes_of(item));
+        Ok(())
+    }
+    fn as_bytes(item: &T) -> Option<&[u8]> {
+        Some(bytemuck::bytes_of(item))
+    }
+    fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
+        if len != std::mem::size_of::<T>() {
+            return Err(Error::Malformed(format!(
+                "{len} bytes for a {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        // Straight into the value: one copy out of the ring.
+        let mut v = T::zeroed();
+        fill(bytemuck::bytes_of_mut(&mut v));
+        Ok(v)
+    }
+    fn decode(bytes: &[u8]) -> Result<T> {
+        bytemuck::try_pod_read_unaligned(bytes).map_err(|e| {
+            Error::Malformed(format!(
+                "{} bytes for a {}: {e}",
+                bytes.len(),
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}
+
+/// The BARE message format (draft-devault-bare) through serde.
+pub struct Bare;
+
+impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
+    const ID: u8 = 1;
+    fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
+        serde_bare::to_writer(out, item).map_err(|e| Error::Invalid(format!("BARE encoding: {e}")))
+    }
+    fn decode(bytes: &[u8]) -> Result<T> {
+        serde_bare::from_slice(bytes).map_err(|e| Error::Malformed(format!("BARE: {e}")))
+    }
+}

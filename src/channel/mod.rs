@@ -1,0 +1,467 @@
+//! `Channel<T>`: ordered, exactly-once messages written by RDMA WRITE into a ring in the
+//! receiver's memory, with credits returned by WRITE.
+//!
+//! Each direction is a ring of `capacity` slots of `slot` bytes in the receiver's registered
+//! memory. Message `n` goes to slot `n % capacity` as its length, its bytes and a mark, written
+//! from the sender's staging slot; a burst of small messages goes as one WRITE covering
+//! several slots. How the receiver learns that a message is there depends on who places the
+//! data:
+//!
+//! - over the software provider, which places data in stream order from the receiving core's
+//!   own poller, the receiver watches its ring (a per-core poller looks at the next slot of
+//!   each waiting receiver after the provider has run) and sees a message once its mark is in,
+//!   exactly as a NIC user polls memory: the WRITE is one wire message and needs no receive;
+//! - over verbs, where the NIC places data with no event, each WRITE carries immediate data
+//!   (channel, message count) that completes a receive the receiver posted in advance.
+//!
+//! The receiver copies each message out, then tells the sender how many it has consumed by
+//! writing that count into a word of the sender's memory (with immediate data, so a sender
+//! waiting for room is woken rather than spinning). The sender never has more than `capacity`
+//! messages unconsumed, so it never overwrites one the receiver has not read: a full ring is
+//! backpressure, not loss.
+//!
+//! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
+//! message format ([`Bare`], via serde).
+
+mod codec;
+mod open;
+mod ring;
+mod send;
+#[cfg(test)]
+mod tests;
+
+use std::cell::{Cell, RefCell};
+use std::future::poll_fn;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+
+use barewire_drivers::{Buffer, Remote, SendOp};
+
+pub use codec::{Bare, Codec, Raw};
+pub(crate) use ring::RxState;
+pub(crate) use send::{ensure_flusher, TxState};
+
+use crate::control::imm;
+use crate::endpoint::{Inner, Link};
+use crate::error::{Error, Result};
+use ring::{extent, watch, MARK, MARK_LEN, PREFIX};
+use send::schedule;
+
+/// A channel's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelOptions {
+    /// Messages that may be in flight (sent, not yet received) per direction.
+    pub capacity: u32,
+    /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
+    /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512
+    /// bytes let a burst go out as runs of up to 64 messages per WRITE.
+    pub max_message: usize,
+    /// Receive this side's direction as verbs does everywhere, announced: every run carries
+    /// immediate data that completes a receive, even where the provider places data on this
+    /// core and the ring could simply be watched (the default there, one wire message per run
+    /// and no receive to post). For tests of the announced protocol, and peers that want it.
+    pub announce: bool,
+}
+
+impl ChannelOptions {
+    /// `capacity` slots for messages of up to `max_message` bytes, not announced.
+    pub const fn new(capacity: u32, max_message: usize) -> ChannelOptions {
+        ChannelOptions {
+            capacity,
+            max_message,
+            announce: false,
+        }
+    }
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        ChannelOptions::new(256, 4096)
+    }
+}
+
+/// Set in the credit word once the receiver is gone; the rest is its final consumed count.
+const GONE: u64 = 1 << 63;
+
+/// True once a credit word holds its receiver's final value (nothing more will be written).
+pub(crate) fn credit_word_final(word: &Buffer) -> bool {
+    word.load_u64(0) & GONE != 0
+}
+
+/// Credits are returned after this many messages (a quarter of the ring).
+fn credit_step(capacity: u32) -> u64 {
+    (capacity as u64 / 4).max(1)
+}
+
+/// Most messages one WRITE carries.
+const MAX_RUN: u64 = 64;
+
+/// Runs of several messages are written only when slots are at most this large; with larger
+/// slots each message goes as its own WRITE (a run would carry every slot's unused tail).
+const COALESCE_MAX_SLOT: usize = 512;
+
+/// The tasks waiting on a channel half: usually one, but tasks may share a half by reference,
+/// and each must be woken.
+#[derive(Default)]
+pub(crate) struct Waiters(RefCell<Vec<Waker>>);
+
+impl Waiters {
+    fn register(&self, w: &Waker) {
+        let mut v = self.0.borrow_mut();
+        if !v.iter().any(|x| x.will_wake(w)) {
+            v.push(w.clone());
+        }
+    }
+
+    /// Wakes every waiting task (keeping the list's allocation for the next wait).
+    pub(crate) fn wake(&self) {
+        loop {
+            let Some(w) = self.0.borrow_mut().pop() else {
+                return;
+            };
+            w.wake();
+        }
+    }
+
+    fn any(&self) -> bool {
+        !self.0.borrow().is_empty()
+    }
+}
+
+/// The sending half of a channel.
+pub struct Sender<T, C: Codec<T> = Raw> {
+    link: Rc<Link>,
+    st: Rc<TxState>,
+    scratch: RefCell<Vec<u8>>,
+    _t: PhantomData<(fn(T), C)>,
+}
+
+/// The receiving half of a channel.
+pub struct Receiver<T, C: Codec<T> = Raw> {
+    link: Rc<Link>,
+    st: Rc<RxState>,
+    /// Where the sender's credit word is.
+    sender_credit: barewire_drivers::RegionDescriptor,
+    credit_src: Rc<Buffer>,
+    consumed: Cell<u64>,
+    /// The slot of message `consumed` (`consumed % capacity`).
+    tail: Cell<usize>,
+    credited: Cell<u64>,
+    /// Credits go back every this many messages.
+    step: u64,
+    returns: Cell<u64>,
+    _t: PhantomData<(fn() -> T, C)>,
+}
+
+impl<T, C: Codec<T>> Sender<T, C> {
+    fn inner(&self) -> &Inner {
+        &self.link.inner
+    }
+
+    /// The receiver's credit word: its consumed count, with `GONE` once it is gone.
+    fn credits(&self) -> u64 {
+        self.st.credit.load_u64(0)
+    }
+
+    /// True if the receiver has said it consumed everything sent so far.
+    fn all_consumed(&self) -> bool {
+        self.credits() & !GONE >= self.st.seq.get()
+    }
+
+    /// Sends one message: in order, exactly once, unless the connection fails. Returns once
+    /// the message is in its slot of the outgoing run (it goes out when this task yields, or
+    /// sooner; see the module docs); waits while the ring is full.
+    pub async fn send(&self, item: &T) -> Result<()> {
+        if let Some(bytes) = C::as_bytes(item) {
+            // Room in the ring is the common case: placed without a future of its own.
+            if let Some(done) = self.try_place(bytes) {
+                return done;
+            }
+            return self.send_bytes(bytes).await;
+        }
+        let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
+        bytes.clear();
+        C::encode(item, &mut bytes)?;
+        let r = self.send_bytes(&bytes).await;
+        *self.scratch.borrow_mut() = bytes;
+        r
+    }
+
+    async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
+        loop {
+            if let Some(done) = self.try_place(bytes) {
+                return done;
+            }
+            self.wait_room(self.st.seq.get()).await?;
+        }
+    }
+
+    /// Places `bytes` as the next message if the ring has room for it (`None`: it has not,
+    /// or the channel has failed; `send_bytes` then waits and reports).
+    fn try_place(&self, bytes: &[u8]) -> Option<Result<()>> {
+        let st = &self.st;
+        let max = (st.slot - extent(0)).min(imm::MAX_MESSAGE);
+        if bytes.len() > max {
+            return Some(Err(Error::TooLarge {
+                len: bytes.len(),
+                max,
+            }));
+        }
+        let seq = st.seq.get();
+        // Room in the ring: fewer than `capacity` messages unconsumed.
+        let c = self.credits();
+        if c & GONE != 0 || seq - c.min(seq) >= st.capacity || self.failed() {
+            return None;
+        }
+        // The staging slot is free: it last held message `seq - capacity`, which the receiver
+        // has consumed (the credit check above), so it was placed, so it was sent.
+        let head = st.head.get();
+        let at = head * st.slot;
+        st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
+        st.staging.write_at(at + PREFIX, bytes);
+        st.staging
+            .write_at(at + extent(bytes.len()) - MARK_LEN, &MARK.to_le_bytes());
+        st.last_len.set(bytes.len());
+        st.seq.set(seq + 1);
+        let wrapped = head + 1 == st.capacity as usize;
+        st.head.set(if wrapped { 0 } else { head + 1 });
+        // A run ends at the ring's end (a WRITE covers contiguous slots), at MAX_RUN, or at
+        // once when slots are large (a run would carry each slot's unused tail).
+        if wrapped || seq + 1 - st.posted.get() >= MAX_RUN || st.slot > COALESCE_MAX_SLOT {
+            // Batched: a sender in a burst posts many of these before it yields, and they
+            // leave together in one system call.
+            Some(st.post_run_with(true))
+        } else {
+            schedule(st);
+            Some(Ok(()))
+        }
+    }
+
+    /// The connection has failed.
+    fn failed(&self) -> bool {
+        self.inner().shared.borrow().error.is_some()
+    }
+
+    /// Waits until message `seq` has a free slot in the ring (or the channel fails).
+    async fn wait_room(&self, seq: u64) -> Result<()> {
+        let st = &self.st;
+        if seq - self.credits().min(seq) >= st.capacity {
+            // Post what is pending first: the receiver cannot free slots it has not seen.
+            st.post_run()?;
+        }
+        poll_fn(|cx| {
+            if let Some(e) = &self.inner().shared.borrow().error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            let c = self.credits();
+            if c & GONE != 0 {
+                return Poll::Ready(Err(Error::Closed));
+            }
+            if seq - c < st.capacity {
+                return Poll::Ready(Ok(()));
+            }
+            st.waker.register(cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits until every message sent so far has been placed in the receiver's ring. If the
+    /// connection closes first, succeeds only when the receiver had taken every message (a
+    /// dropped receiver tells the sender how many it took, ahead of the hang-up), and fails
+    /// with [`Error::PeerGone`] otherwise.
+    pub async fn flush(&self) -> Result<()> {
+        let Some(ring) = self.st.ring.get() else {
+            return Ok(());
+        };
+        self.st.post_run()?;
+        // A zero-length READ completes only after everything posted before it has been
+        // carried out at the peer.
+        let probe = self
+            .inner()
+            .ops
+            .read(&self.st.staging, 0, 0, Remote::at(ring, 0));
+        let mut done = Ok(());
+        loop {
+            // (The borrow ends here: the flush poller may post while this waits.)
+            let Some(op) = self.st.inflight.borrow_mut().pop_front() else {
+                break;
+            };
+            if let Err(e) = op.await {
+                done = Err(e);
+            }
+        }
+        match done.and(probe.await.map(|_| ())) {
+            Ok(()) => Ok(()),
+            // The connection went, but the receiver had taken every message first (its last
+            // word travels before the hang-up): nothing was lost.
+            Err(_) if self.all_consumed() => Ok(()),
+            Err(e) => Err(self.inner().driver_error(e)),
+        }
+    }
+
+    /// Messages sent so far.
+    pub fn sent(&self) -> u64 {
+        self.st.seq.get()
+    }
+}
+
+impl<T, C: Codec<T>> Drop for Sender<T, C> {
+    fn drop(&mut self) {
+        // Post what is pending, then tell the receiver no more is coming (it drains what
+        // already arrived first). The close notice holds the staging buffer until it
+        // completes, so the pending run's bytes stay valid too.
+        let _ = self.st.post_run();
+        if let Some(ring) = self.st.ring.get() {
+            if self.inner().shared.borrow().error.is_none() {
+                drop(self.inner().ops.write_with_imm(
+                    &self.st.staging,
+                    0,
+                    0,
+                    Remote::at(ring, 0),
+                    imm::data(self.st.id, None),
+                ));
+            }
+        }
+        self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+        // The receiver may still write its credit word, until its final one.
+        if !credit_word_final(&self.st.credit) {
+            self.inner()
+                .retired
+                .borrow_mut()
+                .push((self.st.id, self.st.credit.clone()));
+        }
+    }
+}
+
+impl<T, C: Codec<T>> Receiver<T, C> {
+    fn inner(&self) -> &Inner {
+        &self.link.inner
+    }
+
+    /// The next message, in the order sent. Waits for one; [`Error::Closed`] once the sender
+    /// is gone and everything it sent has been received; [`Error::PeerGone`] if the connection
+    /// failed.
+    pub async fn recv(&self) -> Result<T> {
+        loop {
+            // A message already here is taken without a future of its own.
+            if let Some(item) = self.try_take() {
+                return item;
+            }
+            self.wait().await?;
+        }
+    }
+
+    /// Whether the next message is here.
+    fn ready(&self) -> bool {
+        if self.st.polled {
+            self.st.landed(self.tail.get() * self.st.slot)
+        } else {
+            self.st.arrived.get() > self.consumed.get()
+        }
+    }
+
+    /// Waits until the next message is here, or the channel is closed or failed.
+    async fn wait(&self) -> Result<()> {
+        poll_fn(|cx| {
+            if self.ready() {
+                return Poll::Ready(Ok(()));
+            }
+            if self.st.closed.get() {
+                return Poll::Ready(Err(Error::Closed));
+            }
+            if let Some(e) = &self.inner().shared.borrow().error {
+                return Poll::Ready(Err(e.clone()));
+            }
+            self.st.waker.register(cx.waker());
+            if self.st.polled {
+                watch(&self.st, self.tail.get() * self.st.slot);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Takes the next message if it is here (`None`: it is not).
+    fn try_take(&self) -> Option<Result<T>> {
+        if !self.ready() {
+            return None;
+        }
+        let n = self.consumed.get();
+        let tail = self.tail.get();
+        let at = tail * self.st.slot;
+        let len = self.st.word_at(at) as usize;
+        if len > self.st.slot - extent(0) {
+            return Some(Err(Error::Malformed(format!(
+                "a {len}-byte message in a {}-byte slot",
+                self.st.slot
+            ))));
+        }
+        let item = C::decode_from(len, |out| self.st.ring.read_at(at + PREFIX, out));
+        if self.st.polled {
+            // Zero what the sender may have written into the slot (a run carries whole slots,
+            // a lone large-slot message only its extent), so the next mark seen here is new.
+            let written = if self.st.slot <= COALESCE_MAX_SLOT {
+                self.st.slot
+            } else {
+                extent(len)
+            };
+            self.st.ring.zero(at, written);
+        }
+        self.consumed.set(n + 1);
+        self.tail.set(if tail + 1 == self.st.capacity as usize {
+            0
+        } else {
+            tail + 1
+        });
+        if n + 1 - self.credited.get() >= self.step {
+            self.return_credits(n + 1);
+        }
+        Some(item)
+    }
+
+    fn return_credits(&self, count: u64) {
+        self.credited.set(count);
+        self.credit_src.write_at(0, &count.to_ne_bytes());
+        let op = SendOp::WriteWithImm {
+            remote_addr: self.sender_credit.addr,
+            rkey: self.sender_credit.rkey,
+            imm: imm::credit(self.st.id),
+        };
+        let sge = self.credit_src.sge(0, 8);
+        let ops = &self.inner().ops;
+        // Not awaited: credits only grow, and a failure shows up on the next recv. One in 16
+        // (and the last) is signaled, so the send queue drains on verbs too.
+        let returns = self.returns.get() + 1;
+        self.returns.set(returns);
+        if returns % 16 == 0 || count & GONE != 0 {
+            drop(ops.execute(op, vec![sge], vec![self.credit_src.clone()], false));
+        } else if let Err(e) = ops.post_unsignaled(op, vec![sge], &self.credit_src) {
+            self.inner().driver_error(e);
+        }
+    }
+
+    /// Messages received so far.
+    pub fn received(&self) -> u64 {
+        self.consumed.get()
+    }
+}
+
+impl<T, C: Codec<T>> Drop for Receiver<T, C> {
+    fn drop(&mut self) {
+        // Tell the sender how many it took, and that it is gone: its next send fails, and its
+        // flush knows whether everything arrived.
+        if self.inner().shared.borrow().error.is_none() {
+            self.return_credits(self.consumed.get() | GONE);
+        }
+        self.inner().shared.borrow_mut().chans.remove(&self.st.id);
+        // The sender may still write into the ring, until its close notice.
+        if !self.st.closed.get() {
+            self.inner()
+                .retired
+                .borrow_mut()
+                .push((self.st.id, self.st.ring.clone()));
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Opening a channel: the handshake by control message that pairs both directions.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use barewire_drivers::{Access, Buffer};
+use bytemuck::Pod;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::ring::{extent, RxState};
+use super::send::TxState;
+use super::{credit_step, Bare, ChannelOptions, Codec, Raw, Receiver, Sender, Waiters};
+use crate::control::{imm, Control};
+use crate::endpoint::{ChanRef, Endpoint, Inner};
+use crate::error::{Error, Result};
+use crate::region::Fingerprint;
+
+impl Endpoint {
+    /// Opens a duplex channel of plain-old-data `T` with the peer, who calls this too: each
+    /// side gets the sender of its direction and the receiver of the other. Channels pair up in
+    /// the order both sides open them; a peer that opens a channel of another type (or codec)
+    /// makes both calls fail with [`Error::TypeMismatch`].
+    ///
+    /// ```no_run
+    /// # async fn demo(ep: barewire::Endpoint) -> barewire::Result<()> {
+    /// let (tx, rx) = ep.open_channel::<[u64; 8]>(Default::default()).await?;
+    /// tx.send(&[1; 8]).await?;
+    /// let got: [u64; 8] = rx.recv().await?;
+    /// # let _ = got; Ok(()) }
+    /// ```
+    pub async fn open_channel<T: Pod>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, Raw>, Receiver<T, Raw>)> {
+        self.open::<T, Raw>(opts).await
+    }
+
+    /// As [`open_channel`](Self::open_channel), for any serde type, BARE-encoded.
+    pub async fn open_bare_channel<T: Serialize + DeserializeOwned>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, Bare>, Receiver<T, Bare>)> {
+        self.open::<T, Bare>(opts).await
+    }
+
+    async fn open<T, C: Codec<T>>(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<T, C>, Receiver<T, C>)> {
+        if opts.capacity == 0 || opts.max_message == 0 || opts.max_message > imm::MAX_MESSAGE {
+            return Err(Error::Invalid(format!(
+                "channel capacity {} and max_message {} (1..={})",
+                opts.capacity,
+                opts.max_message,
+                imm::MAX_MESSAGE
+            )));
+        }
+        let inner: &Rc<Inner> = self.inner();
+        let fp = Fingerprint::of::<T>();
+        let slot = extent(opts.max_message).next_multiple_of(8);
+        let cap = opts.capacity as u64;
+        let index = inner.next_open_index();
+
+        // Our direction: a credit word the peer may write, receives for its credit notices.
+        let id = inner.next_chan_id()?;
+        let credit = Buffer::new(
+            &inner.pd,
+            64,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        let tx = Rc::new(TxState {
+            id,
+            capacity: cap,
+            slot,
+            credit: credit.clone(),
+            ring: Cell::new(None),
+            waker: Waiters::default(),
+            link: Rc::downgrade(inner),
+            staging: Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?,
+            seq: Cell::new(0),
+            head: Cell::new(0),
+            posted: Cell::new(0),
+            run_at: Cell::new(0),
+            signal_at: Cell::new(credit_step(opts.capacity)),
+            last_len: Cell::new(0),
+            listed: Cell::new(false),
+            inflight: RefCell::new(VecDeque::new()),
+            polled: Cell::new(false),
+        });
+        inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
+        inner
+            .shared
+            .borrow_mut()
+            .chans
+            .insert(id, ChanRef::Tx(Rc::downgrade(&tx)));
+        inner
+            .send_control(&Control::Open {
+                id,
+                fp: fp.clone(),
+                codec: C::ID,
+                capacity: opts.capacity,
+                slot: slot as u32,
+                credit: credit.descriptor(),
+            })
+            .await?;
+
+        // Their direction: the index-th Open the peer sent.
+        let (pid, pfp, pcodec, pcap, pslot, pcredit) = inner
+            .wait_control(|ord, c| match c {
+                Control::Open {
+                    id,
+                    fp,
+                    codec,
+                    capacity,
+                    slot,
+                    credit,
+                } if ord == index => Some((*id, fp.clone(), *codec, *capacity, *slot, *credit)),
+                _ => None,
+            })
+            .await?;
+        let mismatch = fp.check(&pfp).err().or_else(|| {
+            (pcodec != C::ID).then(|| Error::TypeMismatch {
+                expected: format!("{fp} with codec {}", C::ID),
+                found: format!("{pfp} with codec {pcodec}"),
+            })
+        });
+        if let Some(e) = mismatch {
+            let _ = inner
+                .send_control(&Control::Refuse {
+                    id: pid,
+                    reason: e.to_string(),
+                })
+                .await;
+            inner.shared.borrow_mut().chans.remove(&id);
+            return Err(e);
+        }
+        if pcap == 0
+            || (pslot as usize) < extent(1)
+            || pslot % 8 != 0
+            || pslot as usize > imm::MAX_MESSAGE + 64
+        {
+            return Err(Error::Malformed(format!(
+                "channel of {pcap} slots of {pslot} bytes"
+            )));
+        }
+        let ring = Buffer::new(
+            &inner.pd,
+            pcap as usize * pslot as usize,
+            64,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )?;
+        // Watch the ring where the provider places data on this core (it is zeroed).
+        let polled = inner.ops.qp().places_on_this_core() && !opts.announce;
+        let rx = Rc::new(RxState {
+            id: pid,
+            capacity: pcap as u64,
+            slot: pslot as usize,
+            ring: ring.clone(),
+            arrived: Cell::new(0),
+            closed: Cell::new(false),
+            waker: Waiters::default(),
+            polled,
+            watch_at: Cell::new(0),
+            watched: Cell::new(false),
+        });
+        // Announced runs need a receive posted for every message the peer may have in flight
+        // before it may send; a polled ring only for the close notice.
+        inner.add_recvs(if polled { 4 } else { pcap as usize + 4 })?;
+        inner
+            .shared
+            .borrow_mut()
+            .chans
+            .insert(pid, ChanRef::Rx(Rc::downgrade(&rx)));
+        inner
+            .send_control(&Control::Accept {
+                id: pid,
+                ring: ring.descriptor(),
+                polled,
+            })
+            .await?;
+
+        // The peer's answer to ours.
+        let answer = inner
+            .wait_control(|_, c| match c {
+                Control::Accept {
+                    id: a,
+                    ring,
+                    polled,
+                } if *a == id => Some(Ok((*ring, *polled))),
+                Control::Refuse { id: a, reason } if *a == id => Some(Err(reason.clone())),
+                _ => None,
+            })
+            .await?;
+        match answer {
+            Ok((r, polled)) => {
+                tx.ring.set(Some(r));
+                tx.polled.set(polled);
+            }
+            Err(reason) => {
+                inner.shared.borrow_mut().chans.remove(&id);
+                return Err(Error::TypeMismatch {
+                    expected: format!("{fp} with codec {}", C::ID),
+                    found: format!("a channel the peer refused: {reason}"),
+                });
+            }
+        }
+        let credit_src = Buffer::new(&inner.pd, 64, 64, Access::LOCAL_WRITE)?;
+        Ok((
+            Sender {
+                link: self.link.clone(),
+                st: tx,
+                scratch: RefCell::new(Vec::with_capacity(opts.max_message)),
+                _t: PhantomData,
+            },
+            Receiver {
+                link: self.link.clone(),
+                st: rx,
+                sender_credit: pcredit,
+                credit_src,
+                consumed: Cell::new(0),
+                tail: Cell::new(0),
+                credited: Cell::new(0),
+                step: credit_step(pcap),
+                returns: Cell::new(0),
+                _t: PhantomData,
+            },
+        ))
+    }
+}

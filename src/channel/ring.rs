@@ -1,0 +1,142 @@
+//! The ring's slot layout and the receiving half's state, with the per-core watcher that
+//! sees messages land in watched rings.
+
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+
+use barewire_drivers::Buffer;
+
+use super::Waiters;
+use crate::endpoint::Arrival;
+
+/// Each slot starts with the message's length, 4 bytes little-endian.
+pub(super) const PREFIX: usize = 4;
+
+/// After the message (at `PREFIX` + its length rounded up to 4) come these 4 bytes, the last a
+/// message's WRITE places: a receiver that watches its ring knows a message has fully landed
+/// once they read `MARK` (every byte non-zero, so a partly placed mark never matches).
+pub(super) const MARK_LEN: usize = 4;
+pub(super) const MARK: u32 = 0x5ab1_7e0d;
+
+/// Bytes a message of `len` bytes occupies in its slot: length, message, mark.
+pub(super) fn extent(len: usize) -> usize {
+    PREFIX + len.next_multiple_of(4) + MARK_LEN
+}
+
+/// The receiver's half, as the receive task sees it.
+pub(crate) struct RxState {
+    pub(super) id: u16,
+    pub(super) capacity: u64,
+    pub(super) slot: usize,
+    pub(super) ring: Rc<Buffer>,
+    /// Messages that have arrived (the ring holds them in order from `consumed`).
+    pub(super) arrived: Cell<u64>,
+    /// The sender's close notice has come.
+    pub(super) closed: Cell<bool>,
+    pub(super) waker: Waiters,
+    /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
+    /// otherwise each run's immediate counts them (`arrived`).
+    pub(super) polled: bool,
+    /// Where the waited-for message starts, while on the core's watch list.
+    pub(super) watch_at: Cell<usize>,
+    pub(super) watched: Cell<bool>,
+}
+
+impl RxState {
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    pub(super) fn word_at(&self, at: usize) -> u32 {
+        let mut w = [0u8; 4];
+        self.ring.read_at(at, &mut w);
+        u32::from_le_bytes(w)
+    }
+
+    /// Polled rings: whether the message whose slot starts at `at` has fully landed. The
+    /// provider places a WRITE's bytes in order, so its length comes before the message and
+    /// the mark after; a consumed slot is zeroed, so a mark can only be this message's. A
+    /// length too large for the slot counts as landed, for `recv` to report.
+    pub(super) fn landed(&self, at: usize) -> bool {
+        let len = self.word_at(at) as usize;
+        len > self.slot - extent(0) || self.word_at(at + extent(len) - MARK_LEN) == MARK
+    }
+}
+
+thread_local! {
+    /// This core's receivers of polled rings that wait for a message.
+    static WATCHED: RefCell<Vec<Weak<RxState>>> = const { RefCell::new(Vec::new()) };
+    static WATCHER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Puts a receiver that waits for the message at `at` on the core's watch list.
+pub(super) fn watch(st: &Rc<RxState>, at: usize) {
+    st.watch_at.set(at);
+    if st.watched.replace(true) {
+        return;
+    }
+    WATCHED.with(|w| w.borrow_mut().push(Rc::downgrade(st)));
+    let token = barewire_engine::core_token();
+    if WATCHER.with(|t| t.replace(token)) != token {
+        barewire_engine::register_poller(Box::new(RingWatcher));
+    }
+}
+
+/// Looks, in every pass, at the next slot of each polled ring whose receiver waits, and wakes
+/// the receiver once its message has landed. It is registered after the provider's poller
+/// (a ring exists only once a connection does), so a message is seen in the pass that placed
+/// it, as a NIC user polling memory would; before the core sleeps it looks once more, and the
+/// next arrival wakes the core through the provider's socket.
+struct RingWatcher;
+
+impl RingWatcher {
+    pub(super) fn scan(&self) -> bool {
+        WATCHED.with(|w| {
+            let mut any = false;
+            w.borrow_mut().retain(|st| {
+                let Some(st) = st.upgrade() else {
+                    return false;
+                };
+                let waiting = st.waker.any();
+                if waiting && !st.landed(st.watch_at.get()) {
+                    return true;
+                }
+                st.watched.set(false);
+                if waiting {
+                    any = true;
+                    st.wake();
+                }
+                false
+            });
+            any
+        })
+    }
+}
+
+impl barewire_engine::Poller for RingWatcher {
+    fn poll(&mut self) -> bool {
+        self.scan()
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        WATCHED.with(|w| {
+            w.borrow()
+                .iter()
+                .any(|st| st.upgrade().is_some_and(|st| st.landed(st.watch_at.get())))
+        })
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        !self.scan()
+    }
+}
+
+impl Arrival for RxState {
+    fn arrived(&self, _credit: bool, count: Option<usize>) {
+        match count {
+            Some(n) => self.arrived.set(self.arrived.get() + n as u64),
+            None => self.closed.set(true),
+        }
+        self.wake();
+    }
+}

@@ -1,0 +1,188 @@
+//! The sending half's state: staging slots, runs, and the per-core flush poller that posts
+//! them.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::{Rc, Weak};
+
+use barewire_drivers::{Buffer, Op, SendOp};
+
+use super::ring::extent;
+use super::{credit_step, Waiters};
+use crate::control::imm;
+use crate::endpoint::{Arrival, Inner};
+use crate::error::Result;
+
+/// The sender's half: what `send` fills, and what the core's flush poller posts.
+///
+/// `send` copies a message into the staging slot it will occupy in the receiver's ring and
+/// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (on verbs
+/// with one immediate announcing how many messages it carries) when the task that sent them
+/// yields (the flush poller runs before the core polls the network again), when it reaches
+/// `MAX_RUN` messages or the end of the ring, or on `flush`. A burst of small messages
+/// therefore costs one work request and one wire message per run, not per message; a lone
+/// message goes out as soon as its sender waits for anything. (Runs need small slots: with a
+/// `max_message` over ~500 bytes each message is its own WRITE.)
+pub(crate) struct TxState {
+    pub(super) id: u16,
+    pub(super) capacity: u64,
+    pub(super) slot: usize,
+    /// The word the receiver writes its consumed count into (with `GONE` once it is gone).
+    pub(super) credit: Rc<Buffer>,
+    pub(super) ring: Cell<Option<barewire_drivers::RegionDescriptor>>,
+    pub(super) waker: Waiters,
+    pub(super) link: Weak<Inner>,
+    pub(super) staging: Rc<Buffer>,
+    /// Messages written into staging so far.
+    pub(super) seq: Cell<u64>,
+    /// The slot message `seq` goes into (`seq % capacity`).
+    pub(super) head: Cell<usize>,
+    /// The first message not yet posted.
+    pub(super) posted: Cell<u64>,
+    /// The slot of message `posted`.
+    pub(super) run_at: Cell<usize>,
+    /// The next message count that is a multiple of the credit step: the run that reaches
+    /// it is signaled.
+    pub(super) signal_at: Cell<u64>,
+    /// Length of the last message written (the run's WRITE ends there).
+    pub(super) last_len: Cell<usize>,
+    /// On the core's flush list.
+    pub(super) listed: Cell<bool>,
+    pub(super) inflight: RefCell<VecDeque<Op>>,
+    /// The receiver watches its ring: runs go as plain WRITEs (see `RxState::landed`).
+    pub(super) polled: Cell<bool>,
+}
+
+impl TxState {
+    pub(crate) fn wake(&self) {
+        self.waker.wake();
+    }
+
+    /// Posts the pending run, if any, as one WRITE (with immediate unless the receiver watches
+    /// its ring): transmitted at once, or
+    /// (`batched`) with the provider's next pass together with whatever else is posted before
+    /// then.
+    pub(super) fn post_run(&self) -> Result<()> {
+        self.post_run_with(false)
+    }
+
+    pub(super) fn post_run_with(&self, batched: bool) -> Result<()> {
+        let (from, to) = (self.posted.get(), self.seq.get());
+        if from == to {
+            return Ok(());
+        }
+        let Some(inner) = self.link.upgrade() else {
+            return Ok(());
+        };
+        if let Some(e) = &inner.shared.borrow().error {
+            return Err(e.clone());
+        }
+        let ring = self.ring.get().expect("accepted channel");
+        let count = to - from;
+        let at = self.run_at.get() * self.slot;
+        let len = (count as usize - 1) * self.slot + extent(self.last_len.get());
+        let op = if self.polled.get() {
+            SendOp::Write {
+                remote_addr: ring.addr + at as u64,
+                rkey: ring.rkey,
+            }
+        } else {
+            SendOp::WriteWithImm {
+                remote_addr: ring.addr + at as u64,
+                rkey: ring.rkey,
+                imm: imm::data(self.id, Some(count as usize)),
+            }
+        };
+        let sge = self.staging.sge(at, len);
+        self.posted.set(to);
+        self.run_at.set(self.head.get());
+        // Runs go unsignaled (no completion to wait for, and on the software provider no
+        // remote-completion round trip), except one whenever a quarter of the ring has gone
+        // by, which keeps a verbs send queue from filling with unsignaled requests and
+        // surfaces errors.
+        if to >= self.signal_at.get() {
+            let step = credit_step(self.capacity as u32);
+            self.signal_at.set((to / step + 1) * step);
+            let op = inner
+                .ops
+                .execute(op, vec![sge], vec![self.staging.clone()], false);
+            let mut inflight = self.inflight.borrow_mut();
+            inflight.push_back(op);
+            // Completed ones are dropped; a failure shows on the next `send` or `flush`.
+            while inflight.len() > 4 {
+                drop(inflight.pop_front());
+            }
+        } else {
+            // At once: a run is already a batch, and the flush poller runs after the provider
+            // has polled the network in this pass.
+            inner
+                .ops
+                .post_unsignaled_with(op, vec![sge], &self.staging, batched)
+                .map_err(|e| inner.driver_error(e))?;
+        }
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// This core's senders with a run to post.
+    static PENDING: RefCell<Vec<Weak<TxState>>> = const { RefCell::new(Vec::new()) };
+    static FLUSHER: Cell<u64> = const { Cell::new(0) };
+}
+
+pub(super) fn schedule(st: &Rc<TxState>) {
+    if st.listed.replace(true) {
+        return;
+    }
+    PENDING.with(|p| p.borrow_mut().push(Rc::downgrade(st)));
+    ensure_flusher();
+}
+
+/// Registers this core's flush poller. A `Node` does it when it is made, so the flusher comes
+/// before the provider's poller in each pass: a run posted by it goes out before the core
+/// spends a system call looking for input.
+pub(crate) fn ensure_flusher() {
+    let token = barewire_engine::core_token();
+    if FLUSHER.with(|f| f.replace(token)) != token {
+        barewire_engine::register_poller(Box::new(Flusher { batch: Vec::new() }));
+    }
+}
+
+/// Posts every pending run on this core, once per loop pass, before the core sleeps.
+struct Flusher {
+    /// The list being flushed, swapped with `PENDING` so neither allocates once warm.
+    batch: Vec<Weak<TxState>>,
+}
+
+impl Flusher {
+    pub(super) fn flush_all(&mut self) -> bool {
+        PENDING.with(|p| std::mem::swap(&mut *p.borrow_mut(), &mut self.batch));
+        let any = !self.batch.is_empty();
+        for st in self.batch.drain(..).filter_map(|w| w.upgrade()) {
+            st.listed.set(false);
+            // An error here is the connection's; the sender sees it on its next call.
+            let _ = st.post_run();
+        }
+        any
+    }
+}
+
+impl barewire_engine::Poller for Flusher {
+    fn poll(&mut self) -> bool {
+        self.flush_all()
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        PENDING.with(|p| !p.borrow().is_empty())
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        !self.flush_all()
+    }
+}
+
+impl Arrival for TxState {
+    fn arrived(&self, _credit: bool, _len: Option<usize>) {
+        self.wake();
+    }
+}

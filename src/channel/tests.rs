@@ -1,0 +1,132 @@
+//! Unit tests of the ring layout and of buffer lifetimes.
+
+use super::*;
+use barewire_drivers::{Access, Device, DriverConfig};
+
+/// Channels opened and dropped over and over on one long-lived connection: each dropped
+/// half's buffer goes once the peer's last word for it has arrived, so nothing piles up.
+#[test]
+fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
+    use crate::Node;
+    use std::time::Duration;
+    barewire_engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let a = Node::soft().unwrap();
+            let b = Node::soft().unwrap();
+            let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let accepted = barewire_engine::spawn_local(async move {
+                let ep = a.accept().await.unwrap();
+                (a, ep)
+            });
+            let eb = b
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let (_a, ea) = accepted.await.unwrap();
+            for round in 0..50u64 {
+                let ea2 = ea.clone();
+                let side_a = barewire_engine::spawn_local(async move {
+                    let (tx, rx) = ea2
+                        .open_channel::<u64>(ChannelOptions::new(8, 8))
+                        .await
+                        .unwrap();
+                    tx.send(&round).await.unwrap();
+                    assert_eq!(rx.recv().await.unwrap(), round + 1);
+                    // This side drops its halves first in even rounds, last in odd ones.
+                    if round % 2 == 1 {
+                        barewire_engine::time::sleep(Duration::from_millis(2)).await;
+                    }
+                });
+                let (tx, rx) = eb
+                    .open_channel::<u64>(ChannelOptions::new(8, 8))
+                    .await
+                    .unwrap();
+                assert_eq!(rx.recv().await.unwrap(), round);
+                tx.send(&(round + 1)).await.unwrap();
+                tx.flush().await.unwrap();
+                if round % 2 == 0 {
+                    barewire_engine::time::sleep(Duration::from_millis(2)).await;
+                }
+                drop((tx, rx));
+                side_a.await.unwrap();
+            }
+            // Let the last notices land.
+            barewire_engine::time::sleep(Duration::from_millis(20)).await;
+            for ep in [&ea, &eb] {
+                let left = ep.inner().retired.borrow().len();
+                assert_eq!(left, 0, "{left} buffers of dropped halves still held");
+            }
+            // The connection still works.
+            let ea2 = ea.clone();
+            let side_a = barewire_engine::spawn_local(async move {
+                let (tx, _rx) = ea2
+                    .open_channel::<u64>(ChannelOptions::new(8, 8))
+                    .await
+                    .unwrap();
+                tx.send(&7).await.unwrap();
+                tx.flush().await.unwrap();
+            });
+            let (_tx, rx) = eb
+                .open_channel::<u64>(ChannelOptions::new(8, 8))
+                .await
+                .unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 7);
+            side_a.await.unwrap();
+        });
+}
+
+/// A polled ring's slot seen at every stage of its placement, byte by byte in stream order
+/// as the provider places a WRITE (TCP may cut anywhere): the message counts as landed only
+/// once the last byte of its mark is in, never before, whatever length it has.
+#[test]
+fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
+    barewire_engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+            let pd = dev.alloc_pd().unwrap();
+            let slot = extent(40).next_multiple_of(8);
+            let ring = Buffer::new(&pd, slot, 64, Access::LOCAL_WRITE).unwrap();
+            let st = RxState {
+                id: 1,
+                capacity: 1,
+                slot,
+                ring: ring.clone(),
+                arrived: Cell::new(0),
+                closed: Cell::new(false),
+                waker: Waiters::default(),
+                polled: true,
+                watch_at: Cell::new(0),
+                watched: Cell::new(false),
+            };
+            for len in [0usize, 1, 3, 4, 5, 39, 40] {
+                // What the sender's staging slot holds: length, message (bytes that look
+                // like marks, to be nasty), mark.
+                let mut bytes = (len as u32).to_le_bytes().to_vec();
+                bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));
+                bytes.resize(extent(len) - MARK_LEN, 0);
+                bytes.extend_from_slice(&MARK.to_le_bytes());
+                for placed in 0..=bytes.len() {
+                    ring.write_at(0, &bytes[..placed]);
+                    assert_eq!(
+                        st.landed(0),
+                        placed == bytes.len(),
+                        "{len}-byte message with {placed} of {} bytes placed",
+                        bytes.len()
+                    );
+                    ring.zero(0, slot);
+                }
+            }
+            // A length the slot cannot hold counts as landed, for `recv` to refuse.
+            ring.write_at(0, &(slot as u32).to_le_bytes());
+            assert!(st.landed(0));
+        });
+}

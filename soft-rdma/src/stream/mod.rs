@@ -1,0 +1,654 @@
+//! The RDMAP stream of one reliable-connected queue pair, without I/O: work requests go in,
+//! bytes to send come out as a gather list, received bytes go straight to where they belong,
+//! and completions land in the completion queues.
+//!
+//! Receive is zero-copy: [`Stream::rx_buffer`] says where the next bytes must be written —
+//! a small scratch buffer while a header is read, then the target region itself once the
+//! header has been checked (tagged: the STag's region; untagged: the posted receive's buffers).
+//! The I/O layer `recv`s directly into that pointer. Nothing is written into a region before
+//! its STag, domain, bounds and rights have been checked; a violation answers with a
+//! Terminate and moves only this queue pair to ERROR.
+//!
+//! Send is zero-copy too: [`Stream::tx_iovecs`] lists headers (small owned buffers) and
+//! payloads (pointers into the registered source memory) for one `sendmsg`.
+//!
+//! A connection that presents an invalid STag — or breaks any other protection rule — is cut at
+//! the first offence: the Terminate goes out and the queue pair moves to ERROR. The threshold is
+//! one, so a peer gets a single guess before it must reconnect (and every STag is random, see
+//! [`crate::verbs`]): probing STags one connection at a time is as slow as reconnecting.
+//!
+//! Completion semantics follow iWARP (and Linux siw): a Send or RDMA Write completes when its
+//! last byte has been handed to TCP; an RDMA Read completes when the last Read Response
+//! segment has been placed. A Terminate from the peer fails the outstanding Reads with the
+//! status its code maps to and flushes everything else.
+
+mod rx;
+mod tx;
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+use crate::verbs::{
+    Access, CompletionQueue, Device, QpState, Stag, Violation, WcOpcode, WcStatus, WorkCompletion,
+};
+use crate::wire::{
+    fpdu_trailer_after, qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader,
+    DdpUntaggedErrorCode, ImmediateData, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode,
+    ReadRequest, Reassembly, Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN,
+    UNTAGGED_HEADER_LEN,
+};
+
+/// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub len: u32,
+    /// The local region's STag.
+    pub lkey: Stag,
+}
+
+/// What a send work request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// A Send into the peer's next posted receive; `invalidate` names a peer STag to invalidate.
+    Send {
+        /// Ask for a solicited event at the receiver.
+        solicited: bool,
+        /// Send with Invalidate.
+        invalidate: Option<Stag>,
+    },
+    /// An RDMA Write to `remote_addr` in the peer's region `rkey`.
+    Write {
+        /// Target address.
+        remote_addr: u64,
+        /// Target region.
+        rkey: Stag,
+    },
+    /// An RDMA Read from `remote_addr` in the peer's region `rkey` into the (single) local SGE.
+    Read {
+        /// Source address.
+        remote_addr: u64,
+        /// Source region.
+        rkey: Stag,
+    },
+    /// An RDMA Write followed by RFC 7306 Immediate Data: the peer's next receive completes
+    /// with `imm` (as `RecvRdmaWithImm`) once the written data is in place.
+    WriteWithImm {
+        /// Target address.
+        remote_addr: u64,
+        /// Target region.
+        rkey: Stag,
+        /// Delivered in the receiver's completion.
+        imm: u32,
+    },
+    /// Adds `add` to the 8-byte word at `remote_addr`; the original value lands in the single
+    /// 8-byte local SGE.
+    FetchAdd {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// Addend.
+        add: u64,
+    },
+    /// Replaces the word with `swap` if it equals `compare`; the original lands locally.
+    CmpSwap {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Invalidates one of this side's own STags (ibv_post_send(3) `IBV_WR_LOCAL_INV`), in
+    /// order with the requests before it: later remote accesses with it fail.
+    LocalInvalidate {
+        /// The STag to invalidate.
+        stag: Stag,
+    },
+    /// Replaces the word with `swap` unconditionally; the original lands locally.
+    Swap {
+        /// Target word (8-byte aligned).
+        remote_addr: u64,
+        /// Target region (needs REMOTE_ATOMIC).
+        rkey: Stag,
+        /// New value.
+        swap: u64,
+    },
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local memory: the payload of a Send/Write, the sink of a Read.
+    pub sges: Vec<Sge>,
+    /// Produce a completion on success (errors always complete).
+    pub signaled: bool,
+    /// `IBV_SEND_FENCE`: start only after every earlier RDMA Read and atomic has completed
+    /// (so this request sees their effects, e.g. a Send that announces data just read).
+    pub fence: bool,
+}
+
+/// A receive work request (`struct ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming Send lands, in order.
+    pub sges: Vec<Sge>,
+}
+
+/// Negotiated parameters of the stream.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamConfig {
+    /// This queue pair's number.
+    pub qp_num: u32,
+    /// The protection domain.
+    pub pd: u32,
+    /// CRC32c on every FPDU.
+    pub crc: bool,
+    /// Largest ULPDU to send (the MULPDU, from the TCP MSS).
+    pub mulpdu: usize,
+    /// Inbound Reads the peer may have outstanding.
+    pub ird: u16,
+    /// Outbound Reads we may have outstanding.
+    pub ord: u16,
+    /// Complete signaled Sends and Writes only once the peer has processed them, as InfiniBand
+    /// RC does, instead of when the bytes reach TCP (plain iWARP). A zero-length RDMA Read
+    /// follows each such request; its response is the acknowledgement, so a request the peer
+    /// refuses completes with the peer's error (`REM_ACCESS_ERR`, ...) rather than `SUCCESS`.
+    /// Costs a round trip per signaled request and an ORD slot while it waits.
+    pub remote_completion: bool,
+}
+
+/// Why a post was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// The queue pair's state does not accept this post.
+    #[error("queue pair in state {0:?} does not accept this work request")]
+    State(QpState),
+}
+
+/// Room for any header, trailer or whole control FPDU (the largest, an Atomic Request, is
+/// 2 + 18 + 56 + 7 = 83 bytes), so queuing one never allocates.
+const INLINE: usize = 96;
+
+enum Chunk {
+    /// Bytes of ours: a header, a trailer, a control message.
+    Inline([u8; INLINE], u8),
+    /// Payload bytes in a registered region, sent from where they are.
+    Raw(*const u8, usize),
+}
+
+impl Chunk {
+    fn len(&self) -> usize {
+        match self {
+            Chunk::Inline(_, n) => *n as usize,
+            Chunk::Raw(_, n) => *n,
+        }
+    }
+}
+
+/// A completion due once the transmit stream has sent `until` bytes.
+struct TxMark {
+    until: u64,
+    /// The send-queue request it completes: its sequence number, its completion, and whether
+    /// that completion is reported on success (errors always are).
+    sq: Option<(u64, WorkCompletion, bool)>,
+    inbound_read: bool,
+}
+
+struct OutstandingRead {
+    /// The request's place in the send queue's completion order.
+    seq: u64,
+    wr_id: u64,
+    len: u32,
+    signaled: bool,
+    /// For an atomic: the request id, where the original value goes, and the opcode.
+    atomic: Option<(u32, *mut u8, WcOpcode)>,
+    /// The completion's opcode (a Read, or the Send/Write a zero-length Read acknowledges).
+    opcode: WcOpcode,
+}
+
+enum Rx {
+    /// Reading the 2-byte length and the 2 control bytes into `hdr`.
+    Start { have: usize },
+    /// Reading the rest of the header into `hdr`.
+    Header { have: usize, need: usize },
+    /// Payload straight into memory, extent by extent.
+    Payload,
+    /// A control message's body into `body`.
+    Body { have: usize, need: usize },
+    /// Pad and CRC field.
+    Trailer { have: usize, need: usize },
+    /// After a fatal error: nothing more is accepted.
+    Dead,
+}
+
+/// Where the current segment's payload goes.
+enum Place {
+    Tagged {
+        last: bool,
+        read_response: bool,
+    },
+    Untagged {
+        last: bool,
+        len: u32,
+        solicited: bool,
+        invalidated: Option<u32>,
+    },
+    Control {
+        opcode: RdmapOpcode,
+    },
+}
+
+/// The RDMAP stream of one connected queue pair.
+///
+/// Two streams wired back to back in memory, one Write from A into B's region:
+///
+/// ```
+/// use barewire_soft_rdma::stream::*;
+/// use barewire_soft_rdma::verbs::*;
+///
+/// let cfg = |qp, pd| StreamConfig { qp_num: qp, pd, crc: true, mulpdu: 1024, ird: 4, ord: 4, remote_completion: false };
+/// let (da, db) = (Device::new(), Device::new());
+/// let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
+/// let (acq, bcq) = (CompletionQueue::new(8), CompletionQueue::new(8));
+/// let mut a = Stream::new(da.clone(), cfg(1, pa.id()), acq.clone(), acq.clone());
+/// let mut b = Stream::new(db.clone(), cfg(2, pb.id()), bcq.clone(), bcq.clone());
+///
+/// let mut src = vec![7u8; 3000];
+/// let mut dst = vec![0u8; 3000];
+/// // SAFETY: both buffers outlive their regions.
+/// let smr = unsafe { pa.register(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE) }.unwrap();
+/// let dmr = unsafe { pb.register(dst.as_mut_ptr(), dst.len(), Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap();
+/// a.post_send(SendWr {
+///     wr_id: 1,
+///     op: SendOp::Write { remote_addr: dmr.addr() as u64, rkey: dmr.stag() },
+///     sges: vec![Sge { addr: smr.addr() as u64, len: 3000, lkey: smr.stag() }],
+///     signaled: true,
+///     fence: false,
+/// }).unwrap();
+///
+/// // The I/O layer's job: A's gather list out, into B's receive buffer.
+/// let mut wire = Vec::new();
+/// let mut iov = [std::io::IoSlice::new(&[]); 64];
+/// let n = a.tx_iovecs(&mut iov);
+/// iov[..n].iter().for_each(|s| wire.extend_from_slice(s));
+/// a.tx_advance(wire.len());
+/// b.rx_feed(&wire);
+///
+/// drop((smr, dmr));
+/// assert!(dst.iter().all(|&x| x == 7));
+/// ```
+pub struct Stream {
+    dev: Device,
+    cfg: StreamConfig,
+    /// Bytes of the RDMA Write message being received, and of the last one completed: a Write
+    /// with Immediate's receive completion reports the Write's length (`byte_len`), as verbs
+    /// do for `IBV_WC_RECV_RDMA_WITH_IMM`.
+    write_run: u64,
+    last_write_len: u64,
+    state: QpState,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    // Transmit.
+    tx: VecDeque<Chunk>,
+    tx_front_off: usize,
+    tx_queued: u64,
+    tx_sent: u64,
+    marks: VecDeque<TxMark>,
+    /// Send-queue completions are reported in posting order (as verbs requires): each started
+    /// request gets a sequence number, and finished ones wait here for those before them.
+    next_seq: u64,
+    released_seq: u64,
+    done: std::collections::BTreeMap<u64, Option<WorkCompletion>>,
+    tx_msn: [u32; crate::wire::QUEUES],
+    orq: VecDeque<OutstandingRead>,
+    blocked: VecDeque<SendWr>,
+    inbound_reads: usize,
+    atomic_id: u32,
+    terminate_sent: bool,
+    // Receive.
+    rx: Rx,
+    hdr: [u8; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+    body: [u8; 64],
+    trailer: [u8; 8],
+    crc: u32,
+    ulpdu_len: usize,
+    extents: VecDeque<(*mut u8, usize)>,
+    /// Scratch: the local extents of the send request being started.
+    tx_extents: Vec<(*const u8, usize)>,
+    place: Option<Place>,
+    reassembly: Reassembly,
+    rq: VecDeque<RecvWr>,
+    recv_placed: u32,
+    last_terminate: Option<TermCode>,
+}
+
+fn status_for(code: TermCode) -> WcStatus {
+    match (code.layer, code.etype) {
+        (Layer::Rdmap, 1) | (Layer::Ddp, 1) => WcStatus::RemAccessErr,
+        (Layer::Ddp, 2) => WcStatus::RemInvReqErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+impl Stream {
+    /// A stream in RTS, with completions going to `scq` (sends) and `rcq` (receives).
+    pub fn new(
+        dev: Device,
+        cfg: StreamConfig,
+        scq: CompletionQueue,
+        rcq: CompletionQueue,
+    ) -> Stream {
+        Stream {
+            dev,
+            cfg,
+            state: QpState::Rts,
+            scq,
+            rcq,
+            tx: VecDeque::new(),
+            tx_front_off: 0,
+            tx_queued: 0,
+            tx_sent: 0,
+            marks: VecDeque::new(),
+            next_seq: 0,
+            released_seq: 0,
+            done: std::collections::BTreeMap::new(),
+            tx_msn: [1; crate::wire::QUEUES],
+            orq: VecDeque::new(),
+            blocked: VecDeque::new(),
+            inbound_reads: 0,
+            atomic_id: 0,
+            terminate_sent: false,
+            rx: Rx::Start { have: 0 },
+            hdr: [0; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+            body: [0; 64],
+            trailer: [0; 8],
+            crc: 0,
+            ulpdu_len: 0,
+            extents: VecDeque::new(),
+            tx_extents: Vec::new(),
+            place: None,
+            reassembly: Reassembly::default(),
+            rq: VecDeque::new(),
+            recv_placed: 0,
+            last_terminate: None,
+            write_run: 0,
+            last_write_len: 0,
+        }
+    }
+
+    /// The queue pair's state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// True while the peer owes us something: bytes still queued to send, or Read Responses.
+    /// A stalled or vanished peer shows up as this staying true without progress.
+    pub fn awaiting_peer(&self) -> bool {
+        !self.orq.is_empty() || self.wants_tx()
+    }
+
+    /// True once receiving has stopped (a Terminate was sent or received).
+    pub fn rx_dead(&self) -> bool {
+        matches!(self.rx, Rx::Dead)
+    }
+
+    /// The Terminate code that broke the stream, sent or received.
+    pub fn last_terminate(&self) -> Option<TermCode> {
+        self.last_terminate
+    }
+
+    fn complete(
+        &self,
+        cq: &CompletionQueue,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+    ) {
+        cq.push(WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num: self.cfg.qp_num,
+        });
+    }
+
+    /// Records the end of send-queue request `seq` and reports, in order, every completion no
+    /// longer waiting for an earlier one.
+    fn sq_complete(&mut self, seq: u64, wc: Option<WorkCompletion>) {
+        self.done.insert(seq, wc);
+        while let Some(wc) = self.done.remove(&self.released_seq) {
+            if let Some(wc) = wc {
+                self.scq.push(wc);
+            }
+            self.released_seq += 1;
+        }
+    }
+
+    fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num: self.cfg.qp_num,
+        }
+    }
+
+    /// Fails a started request, in order.
+    fn sq_fail(&mut self, seq: u64, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+        let wc = self.wc(wr_id, status, opcode, 0);
+        self.sq_complete(seq, Some(wc));
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.state == QpState::Error {
+            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+            return Ok(());
+        }
+        if !self.state.can_post_recv() {
+            return Err(PostError::State(self.state));
+        }
+        for s in &wr.sges {
+            if self
+                .dev
+                .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, true)
+                .is_err()
+            {
+                self.complete(&self.rcq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0);
+                return Ok(());
+            }
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Posts a send work request.
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        if self.state == QpState::Error {
+            self.complete(
+                &self.scq,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                opcode_of(&wr.op),
+                0,
+            );
+            return Ok(());
+        }
+        if !self.state.can_post_send() {
+            return Err(PostError::State(self.state));
+        }
+        if !self.blocked.is_empty() || self.must_wait(&wr) {
+            // RDMAP ordering: nothing overtakes a Read waiting for an ORD slot or a fenced
+            // request waiting for earlier Reads and atomics.
+            self.blocked.push_back(wr);
+            return Ok(());
+        }
+        self.start(wr);
+        Ok(())
+    }
+
+    /// Whether the request will occupy an ORD slot: Reads, atomics, and acknowledged requests.
+    fn takes_ord(&self, wr: &SendWr) -> bool {
+        wr.op.needs_ord()
+            || (self.cfg.remote_completion
+                && wr.signaled
+                && matches!(
+                    wr.op,
+                    SendOp::Send { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }
+                ))
+    }
+
+    fn must_wait(&self, wr: &SendWr) -> bool {
+        (self.takes_ord(wr) && self.orq.len() >= self.cfg.ord as usize)
+            || (wr.fence && !self.orq.is_empty())
+    }
+
+    fn unblock(&mut self) {
+        while let Some(wr) = self.blocked.front() {
+            if self.must_wait(wr) {
+                return;
+            }
+            let wr = self.blocked.pop_front().expect("peeked");
+            self.start(wr);
+        }
+    }
+
+    /// A received violation: answer with a Terminate (quoting the failing header when `hend`
+    /// says where it is) and stop receiving.
+    fn fatal(&mut self, code: TermCode, hend: Option<usize>) {
+        let ddp = hend.map(|e| {
+            let mut h = [0u8; UNTAGGED_HEADER_LEN];
+            let n = e - FPDU_HEADER_LEN;
+            h[..n].copy_from_slice(&self.hdr[FPDU_HEADER_LEN..e]);
+            (self.ulpdu_len as u16, h, n)
+        });
+        self.send_terminate(Terminate {
+            code,
+            m: true,
+            ddp,
+            rdmap: None,
+        });
+        self.rx = Rx::Dead;
+    }
+
+    fn send_terminate(&mut self, t: Terminate) {
+        self.last_terminate = Some(t.code);
+        if !self.terminate_sent {
+            self.terminate_sent = true;
+            let mut body = [0u8; 80];
+            let n = t.encode(&mut body).expect("fits");
+            let msn = self.next_msn(qn::TERMINATE);
+            self.queue_control(RdmapOpcode::Terminate, qn::TERMINATE, msn, &body[..n]);
+        }
+        self.enter_error(WcStatus::WrFlushErr);
+        self.rx = Rx::Dead;
+    }
+
+    /// Moves to ERROR: outstanding Reads complete with `read_status`, everything else flushes.
+    /// Bytes already queued (a Terminate among them) may still be sent.
+    pub fn enter_error(&mut self, read_status: WcStatus) {
+        if self.state == QpState::Error {
+            return;
+        }
+        self.state = QpState::Error;
+        // Started requests fail in their order: Reads and atomics (and acknowledged requests)
+        // with the peer's verdict, the rest flushed. Then the ones that never started.
+        for r in std::mem::take(&mut self.orq) {
+            let wc = self.wc(r.wr_id, read_status, r.opcode, 0);
+            self.sq_complete(r.seq, Some(wc));
+        }
+        // Sends and Writes not yet fully handed to TCP will not be: flush them, and keep only
+        // a Terminate that is still queued.
+        for m in std::mem::take(&mut self.marks) {
+            if let Some((seq, wc, _)) = m.sq {
+                self.sq_complete(
+                    seq,
+                    Some(WorkCompletion {
+                        status: WcStatus::WrFlushErr,
+                        byte_len: 0,
+                        ..wc
+                    }),
+                );
+            }
+        }
+        for wr in std::mem::take(&mut self.blocked) {
+            let wc = self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(&wr.op), 0);
+            self.scq.push(wc);
+        }
+        for wr in std::mem::take(&mut self.rq) {
+            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+        }
+        if self.terminate_sent {
+            // The Terminate is the last chunk queued; drop everything before it that was not
+            // started, so it goes out promptly.
+            if let Some(last) = self.tx.pop_back() {
+                let started = self.tx_front_off > 0;
+                let front = if started { self.tx.pop_front() } else { None };
+                self.tx.clear();
+                if let Some(f) = front {
+                    self.tx.push_back(f);
+                } else {
+                    self.tx_front_off = 0;
+                }
+                self.tx.push_back(last);
+            }
+        } else {
+            let started = self.tx_front_off > 0;
+            let front = if started { self.tx.pop_front() } else { None };
+            self.tx.clear();
+            if let Some(f) = front {
+                self.tx.push_back(f);
+            } else {
+                self.tx_front_off = 0;
+            }
+        }
+        self.tx_queued = self.tx_sent + self.tx.iter().map(|c| c.len() as u64).sum::<u64>()
+            - self.tx_front_off as u64;
+    }
+}
+
+fn opcode_of(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::Write { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
+        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
+    }
+}
+
+impl SendOp {
+    /// Reads and atomics take an ORD slot and write into local memory.
+    fn needs_ord(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::CmpSwap { .. }
+                | SendOp::Swap { .. }
+        )
+    }
+}

@@ -1,0 +1,372 @@
+//! The sending side of the stream: work requests become FPDUs in the transmit queue, handed to
+//! the socket as one gather list.
+
+use super::*;
+
+impl Stream {
+    pub(super) fn start(&mut self, wr: SendWr) {
+        // The local extents of each request reuse one list (no allocation per request).
+        let mut extents = std::mem::take(&mut self.tx_extents);
+        extents.clear();
+        self.start_with(wr, &mut extents);
+        self.tx_extents = extents;
+    }
+
+    pub(super) fn start_with(&mut self, wr: SendWr, extents: &mut Vec<(*const u8, usize)>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if let SendOp::LocalInvalidate { stag } = wr.op {
+            let status = match self.dev.invalidate(stag, self.cfg.pd) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocProtErr,
+            };
+            let wc = WorkCompletion {
+                wr_id: wr.wr_id,
+                status,
+                opcode: WcOpcode::LocalInv,
+                byte_len: 0,
+                imm: None,
+                invalidated: Some(stag.0),
+                solicited: false,
+                qp_num: self.cfg.qp_num,
+            };
+            // Completes in order, after the requests queued before it.
+            let report = wr.signaled || status != WcStatus::Success;
+            self.marks.push_back(TxMark {
+                until: self.tx_queued,
+                sq: Some((seq, wc, report)),
+                inbound_read: false,
+            });
+            if self.tx.is_empty() {
+                self.tx_advance(0);
+            }
+            return;
+        }
+        let write_local = wr.op.needs_ord();
+        let mut total: u64 = 0;
+        for s in &wr.sges {
+            match self
+                .dev
+                .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, write_local)
+            {
+                Ok(p) => extents.push((p as *const u8, s.len as usize)),
+                Err(_) => {
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocProtErr, opcode_of(&wr.op))
+                }
+            }
+            total += s.len as u64;
+        }
+        if total > u32::MAX as u64 {
+            return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
+        }
+        match wr.op {
+            SendOp::LocalInvalidate { .. } => unreachable!("handled above"),
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                let op = match (solicited, invalidate.is_some()) {
+                    (false, false) => RdmapOpcode::Send,
+                    (false, true) => RdmapOpcode::SendInvalidate,
+                    (true, false) => RdmapOpcode::SendSe,
+                    (true, true) => RdmapOpcode::SendSeInvalidate,
+                };
+                let msn = self.next_msn(qn::SEND);
+                let ulp = invalidate.map_or(0, |s| s.0);
+                self.queue_message(
+                    op,
+                    extents,
+                    |off| DdpHeader::Untagged {
+                        ulp,
+                        qn: qn::SEND,
+                        msn,
+                        mo: off as u32,
+                    },
+                    UNTAGGED_HEADER_LEN,
+                );
+            }
+            SendOp::Write { remote_addr, rkey } => {
+                self.queue_write(extents, remote_addr, rkey);
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                let [sink] = wr.sges[..] else {
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::RdmaRead);
+                };
+                let rr = ReadRequest {
+                    sink_stag: sink.lkey.0,
+                    sink_to: sink.addr,
+                    size: sink.len,
+                    source_stag: rkey.0,
+                    source_to: remote_addr,
+                };
+                self.queue_read_request(&rr);
+                self.orq.push_back(OutstandingRead {
+                    seq,
+                    wr_id: wr.wr_id,
+                    len: sink.len,
+                    signaled: wr.signaled,
+                    atomic: None,
+                    opcode: WcOpcode::RdmaRead,
+                });
+                return;
+            }
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => {
+                self.queue_write(extents, remote_addr, rkey);
+                let msn = self.next_msn(qn::SEND);
+                self.queue_control(
+                    RdmapOpcode::ImmediateData,
+                    qn::SEND,
+                    msn,
+                    &(imm as u64).to_be_bytes(),
+                );
+            }
+            SendOp::FetchAdd {
+                remote_addr, rkey, ..
+            }
+            | SendOp::CmpSwap {
+                remote_addr, rkey, ..
+            }
+            | SendOp::Swap {
+                remote_addr, rkey, ..
+            } => {
+                let ([_], [(sink_ptr, 8)]) = (&wr.sges[..], &extents[..]) else {
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
+                };
+                let (op, data, compare) = match wr.op {
+                    SendOp::FetchAdd { add, .. } => (AtomicOp::FetchAdd, add, 0),
+                    SendOp::CmpSwap { compare, swap, .. } => (AtomicOp::CmpSwap, swap, compare),
+                    SendOp::Swap { swap, .. } => (AtomicOp::Swap, swap, 0),
+                    _ => unreachable!("matched above"),
+                };
+                self.atomic_id = self.atomic_id.wrapping_add(1);
+                let req = AtomicRequest {
+                    op,
+                    request_id: self.atomic_id,
+                    stag: rkey.0,
+                    to: remote_addr,
+                    data,
+                    data_mask: !0,
+                    compare,
+                    compare_mask: !0,
+                };
+                let mut body = [0u8; AtomicRequest::LEN];
+                req.encode(&mut body);
+                let msn = self.next_msn(qn::ATOMIC_REQUEST);
+                self.queue_control(RdmapOpcode::AtomicRequest, qn::ATOMIC_REQUEST, msn, &body);
+                self.orq.push_back(OutstandingRead {
+                    seq,
+                    wr_id: wr.wr_id,
+                    len: 8,
+                    signaled: wr.signaled,
+                    atomic: Some((self.atomic_id, *sink_ptr as *mut u8, opcode_of(&wr.op))),
+                    opcode: opcode_of(&wr.op),
+                });
+                return;
+            }
+        }
+        if wr.signaled && self.cfg.remote_completion {
+            // The acknowledgement: a zero-length Read, answered only after the peer processed
+            // everything before it (RDMAP keeps order).
+            let rr = ReadRequest {
+                sink_stag: 0,
+                sink_to: 0,
+                size: 0,
+                source_stag: 0,
+                source_to: 0,
+            };
+            self.queue_read_request(&rr);
+            self.orq.push_back(OutstandingRead {
+                seq,
+                wr_id: wr.wr_id,
+                len: total as u32,
+                signaled: true,
+                atomic: None,
+                opcode: opcode_of(&wr.op),
+            });
+            return;
+        }
+        let wc = self.wc(wr.wr_id, WcStatus::Success, opcode_of(&wr.op), total as u32);
+        self.marks.push_back(TxMark {
+            until: self.tx_queued,
+            sq: Some((seq, wc, wr.signaled)),
+            inbound_read: false,
+        });
+    }
+
+    /// Queues an RDMA Write of `extents` to `remote_addr` in the peer's region `rkey`.
+    pub(super) fn queue_write(
+        &mut self,
+        extents: &[(*const u8, usize)],
+        remote_addr: u64,
+        rkey: Stag,
+    ) {
+        let header = |off: usize| DdpHeader::Tagged {
+            stag: rkey.0,
+            to: remote_addr + off as u64,
+        };
+        self.queue_message(RdmapOpcode::Write, extents, header, TAGGED_HEADER_LEN);
+    }
+
+    /// Queues a Read Request (QN 1, the next MSN).
+    pub(super) fn queue_read_request(&mut self, rr: &ReadRequest) {
+        let mut body = [0u8; ReadRequest::LEN];
+        rr.encode(&mut body);
+        let msn = self.next_msn(qn::READ_REQUEST);
+        self.queue_control(RdmapOpcode::ReadRequest, qn::READ_REQUEST, msn, &body);
+    }
+
+    pub(super) fn next_msn(&mut self, q: u32) -> u32 {
+        let m = self.tx_msn[q as usize];
+        self.tx_msn[q as usize] = m.wrapping_add(1);
+        m
+    }
+
+    pub(super) fn push(&mut self, c: Chunk) {
+        self.tx_queued += c.len() as u64;
+        self.tx.push_back(c);
+    }
+
+    /// Queues a (possibly segmented) message whose payload lies in `extents`.
+    pub(super) fn queue_message(
+        &mut self,
+        op: RdmapOpcode,
+        extents: &[(*const u8, usize)],
+        header: impl Fn(usize) -> DdpHeader,
+        hlen: usize,
+    ) {
+        let total: usize = extents.iter().map(|e| e.1).sum();
+        let mut ext = 0;
+        let mut ext_off = 0;
+        for (off, len, last) in split(total, hlen, self.cfg.mulpdu) {
+            let seg = Segment {
+                last,
+                opcode: op,
+                header: header(off),
+                payload: &[],
+            };
+            let mut head = [0u8; INLINE];
+            let ulpdu_len = hlen + len;
+            head[..2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+            seg.encode_header(&mut head[2..])
+                .expect("sized for the header");
+            let head_len = FPDU_HEADER_LEN + hlen;
+            let mut crc = if self.cfg.crc {
+                crc32c::crc32c(&head[..head_len])
+            } else {
+                0
+            };
+            self.push(Chunk::Inline(head, head_len as u8));
+            let mut left = len;
+            while left > 0 {
+                let (p, n) = extents[ext];
+                let take = (n - ext_off).min(left);
+                let ptr = p.wrapping_add(ext_off);
+                if self.cfg.crc {
+                    // SAFETY: the SGE was checked against a live local region; the verbs
+                    // contract keeps it untouched until the work request completes.
+                    crc = crc32c::crc32c_append(crc, unsafe {
+                        std::slice::from_raw_parts(ptr, take)
+                    });
+                }
+                self.push(Chunk::Raw(ptr, take));
+                left -= take;
+                ext_off += take;
+                if ext_off == n {
+                    ext += 1;
+                    ext_off = 0;
+                }
+            }
+            let mut tail = [0u8; 8];
+            let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
+            let mut inline = [0u8; INLINE];
+            inline[..n].copy_from_slice(&tail[..n]);
+            self.push(Chunk::Inline(inline, n as u8));
+        }
+    }
+
+    /// Queues a single-segment untagged control message.
+    pub(super) fn queue_control(&mut self, op: RdmapOpcode, q: u32, msn: u32, body: &[u8]) {
+        let seg = Segment {
+            last: true,
+            opcode: op,
+            header: DdpHeader::Untagged {
+                ulp: 0,
+                qn: q,
+                msn,
+                mo: 0,
+            },
+            payload: body,
+        };
+        let mut b = [0u8; INLINE];
+        let ulpdu_len = UNTAGGED_HEADER_LEN + body.len();
+        b[..2].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+        seg.encode_header(&mut b[2..])
+            .expect("sized for the header");
+        let at = FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN;
+        b[at..at + body.len()].copy_from_slice(body);
+        let end = at + body.len();
+        let crc = if self.cfg.crc {
+            crc32c::crc32c(&b[..end])
+        } else {
+            0
+        };
+        let mut tail = [0u8; 8];
+        let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
+        b[end..end + n].copy_from_slice(&tail[..n]);
+        self.push(Chunk::Inline(b, (end + n) as u8));
+    }
+
+    /// True if bytes wait to be sent.
+    pub fn wants_tx(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Fills `out` with the bytes to send next, in order, and returns how many slices it
+    /// filled. A caller-owned array keeps the transmit path free of allocations.
+    pub fn tx_iovecs<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+        let n = out.len().min(self.tx.len());
+        for (i, c) in self.tx.iter().enumerate().take(n) {
+            let skip = if i == 0 { self.tx_front_off } else { 0 };
+            let s: &'a [u8] = match c {
+                Chunk::Inline(b, n) => &b[skip..*n as usize],
+                // SAFETY: Raw chunks point into checked local regions that the verbs contract
+                // keeps alive and unchanged until the work request completes.
+                Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },
+            };
+            out[i] = IoSlice::new(s);
+        }
+        n
+    }
+
+    /// `n` bytes from the front of `tx_iovecs` were sent: releases them and completes the work
+    /// requests (and inbound Reads) they finished.
+    pub fn tx_advance(&mut self, mut n: usize) {
+        self.tx_sent += n as u64;
+        while n > 0 {
+            let front = self.tx.front().expect("advanced past the queued bytes");
+            let left = front.len() - self.tx_front_off;
+            if n >= left {
+                n -= left;
+                self.tx.pop_front();
+                self.tx_front_off = 0;
+            } else {
+                self.tx_front_off += n;
+                n = 0;
+            }
+        }
+        while self.marks.front().is_some_and(|m| m.until <= self.tx_sent) {
+            let m = self.marks.pop_front().expect("checked");
+            if m.inbound_read {
+                self.inbound_reads -= 1;
+            }
+            if let Some((seq, wc, report)) = m.sq {
+                let report = report || wc.status != WcStatus::Success;
+                self.sq_complete(seq, report.then_some(wc));
+            }
+        }
+    }
+}

@@ -417,16 +417,7 @@ impl Stream {
         opcode: WcOpcode,
         byte_len: u32,
     ) {
-        cq.push(WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: self.cfg.qp_num,
-        });
+        cq.push(self.wc(wr_id, status, opcode, byte_len));
     }
 
     /// Records the end of send-queue request `seq` and reports, in order, every completion no

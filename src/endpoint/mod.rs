@@ -1,68 +1,37 @@
 //! An endpoint: one connection to one peer, with typed one-sided operations, region exchange,
 //! and the receive side that every channel on the connection shares.
 //!
-//! Every message that arrives consumes one posted receive, in order: control messages (SEND)
-//! land in the receive's slot; channel data and credits (WRITE with immediate) only use the
-//! receive to announce themselves. Each receive completion is handled as it arrives: control
+//! Every announced message consumes one posted receive, in order: control messages (SEND)
+//! land in the receive's slot; channel credits, close notices and (where a ring is not
+//! watched, as on verbs) channel data come by WRITE with immediate and only use the receive to
+//! announce themselves. Each receive completion is handled as it arrives (see `recv`): control
 //! messages go to whoever waits for them, arrivals to their channel, and the slot is posted
-//! again. Each channel posts enough receives for everything it can have in flight, before
+//! again. Each channel posts enough receives for everything it can announce in flight, before
 //! the peer may send it anything.
 
-use std::cell::{Cell, RefCell};
+mod recv;
+
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 use std::task::{Poll, Waker};
 
 use barewire_drivers::{
     Access, Buffer, CompletionQueue, DriverError, Endpoint as Ops, Op, ProtectionDomain, QueuePair,
-    RecvWr, Remote, SendOp, WcOpcode, WcStatus, WorkCompletion,
+    RecvWr, Remote, SendOp,
 };
 use bytemuck::Pod;
 
-use crate::channel::{RxState, TxState};
-use crate::control::{imm, Control, MAX as CONTROL_MAX};
+use crate::control::{Control, MAX as CONTROL_MAX};
 use crate::error::{Error, Result};
 use crate::region::{Fingerprint, Region, RemoteRegion};
 
+use recv::RxPoller;
+pub(crate) use recv::{Arrival, ChanRef, ChanTable, RecvSide};
+
 /// Receives posted when an endpoint starts, for control messages.
 const CONTROL_RECVS: usize = 32;
-
-/// A channel's half on this side, as the receive task sees it.
-pub(crate) enum ChanRef {
-    Tx(Weak<TxState>),
-    Rx(Weak<RxState>),
-}
-
-/// Channel halves by id (ids are below 2048), looked up on every arrival.
-#[derive(Default)]
-pub(crate) struct ChanTable {
-    by_id: Vec<Option<ChanRef>>,
-}
-
-impl ChanTable {
-    pub(crate) fn insert(&mut self, id: u16, c: ChanRef) {
-        let i = id as usize;
-        if self.by_id.len() <= i {
-            self.by_id.resize_with(i + 1, || None);
-        }
-        self.by_id[i] = Some(c);
-    }
-
-    pub(crate) fn remove(&mut self, id: &u16) {
-        if let Some(c) = self.by_id.get_mut(*id as usize) {
-            *c = None;
-        }
-    }
-
-    fn get(&self, id: &u16) -> Option<&ChanRef> {
-        self.by_id.get(*id as usize).and_then(Option::as_ref)
-    }
-
-    fn values(&self) -> impl Iterator<Item = &ChanRef> {
-        self.by_id.iter().flatten()
-    }
-}
 
 pub(crate) struct Shared {
     /// Control messages not yet taken, each with its ordinal among the peer's channel Opens
@@ -95,20 +64,6 @@ pub(crate) struct Inner {
     parity: u16,
 }
 
-/// Receive slots, by work request id, and how many are posted.
-#[derive(Default)]
-pub(crate) struct RecvSide {
-    slots: RefCell<Vec<(Rc<Buffer>, usize)>>,
-    posted: Cell<usize>,
-}
-
-impl RecvSide {
-    /// One posted receive has completed.
-    fn taken(&self) {
-        self.posted.set(self.posted.get().saturating_sub(1));
-    }
-}
-
 /// Closes the connection when the last user handle (endpoint or channel half) goes.
 pub(crate) struct Link {
     pub(crate) inner: Rc<Inner>,
@@ -131,129 +86,6 @@ impl Inner {
     pub(crate) fn wake_all(&self) {
         for w in self.shared.borrow_mut().waiters.drain(..) {
             w.wake();
-        }
-    }
-
-    /// Adds and posts `n` receive slots of `CONTROL_MAX` bytes.
-    pub(crate) fn add_recvs(&self, n: usize) -> Result<()> {
-        let buf = Buffer::new(&self.pd, n * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
-        for i in 0..n {
-            let id = {
-                let mut slots = self.recv.slots.borrow_mut();
-                slots.push((buf.clone(), i * CONTROL_MAX));
-                slots.len() - 1
-            };
-            self.post_slot(id)?;
-        }
-        Ok(())
-    }
-
-    fn post_slot(&self, id: usize) -> Result<()> {
-        let sge = {
-            let slots = self.recv.slots.borrow();
-            let (buf, off) = &slots[id];
-            buf.sge(*off, CONTROL_MAX)
-        };
-        self.ops
-            .qp()
-            .post_recv(RecvWr {
-                wr_id: id as u64,
-                sges: vec![sge],
-            })
-            .map_err(Error::Driver)?;
-        self.recv.posted.set(self.recv.posted.get() + 1);
-        Ok(())
-    }
-
-    /// Handles every receive completion already in the queue; true if there was any.
-    fn drain(&self) -> bool {
-        let mut any = false;
-        let mut wcs = [NO_WC; 8];
-        loop {
-            let n = self.rcq.poll(&mut wcs);
-            for wc in &wcs[..n] {
-                self.recv.taken();
-                self.handle(*wc);
-                any = true;
-            }
-            if n < wcs.len() {
-                return any;
-            }
-        }
-    }
-
-    fn handle(&self, wc: WorkCompletion) {
-        if wc.status != WcStatus::Success {
-            self.fail_with(Error::PeerGone(format!(
-                "the connection failed (receive completed with {:?})",
-                wc.status
-            )));
-            return;
-        }
-        self.dispatch(&wc);
-        if self.shared.borrow().error.is_none() {
-            let _ = self.post_slot(wc.wr_id as usize);
-        }
-    }
-
-    /// One receive completion: a control message or a channel arrival.
-    fn dispatch(&self, wc: &WorkCompletion) {
-        match wc.opcode {
-            WcOpcode::RecvRdmaWithImm => {
-                let (credit, id, len) = imm::parse(wc.imm.unwrap_or(0));
-                let chan: Option<Rc<dyn Arrival>> =
-                    self.shared.borrow().chans.get(&id).and_then(|c| match c {
-                        ChanRef::Tx(t) => t.upgrade().map(|t| t as Rc<dyn Arrival>),
-                        ChanRef::Rx(r) => r.upgrade().map(|r| r as Rc<dyn Arrival>),
-                    });
-                match chan {
-                    Some(c) => c.arrived(credit, len),
-                    None => self.last_word(id, credit, len),
-                }
-            }
-            _ => {
-                let mut bytes = vec![0u8; wc.byte_len as usize];
-                {
-                    let slots = self.recv.slots.borrow();
-                    let (buf, off) = &slots[wc.wr_id as usize];
-                    buf.read_at(*off, &mut bytes);
-                }
-                match Control::decode(&bytes) {
-                    Ok(c) => {
-                        let mut s = self.shared.borrow_mut();
-                        let ord = s.opens_arrived;
-                        if matches!(c, Control::Open { .. }) {
-                            s.opens_arrived += 1;
-                        }
-                        s.inbox.push_back((ord, c));
-                        drop(s);
-                        self.wake_all();
-                    }
-                    Err(e) => {
-                        // A peer that sends garbage loses the connection.
-                        self.fail_with(e);
-                        self.ops.qp().disconnect();
-                    }
-                }
-            }
-        }
-    }
-
-    /// A channel arrival for a half already dropped here: when it is the peer's last write into
-    /// that half's buffer (a sender's close notice into our ring, or a receiver's final credit
-    /// word, marked gone, into ours), the buffer can go.
-    fn last_word(&self, id: u16, credit: bool, len: Option<usize>) {
-        let mut retired = self.retired.borrow_mut();
-        let Some(i) = retired.iter().position(|(r, _)| *r == id) else {
-            return;
-        };
-        let done = if credit {
-            crate::channel::credit_word_final(&retired[i].1)
-        } else {
-            len.is_none()
-        };
-        if done {
-            retired.swap_remove(i);
         }
     }
 
@@ -365,122 +197,6 @@ impl Inner {
         s.opened += 1;
         s.opened - 1
     }
-}
-
-/// A placeholder to poll completions into.
-const NO_WC: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Recv,
-    byte_len: 0,
-    imm: None,
-    invalidated: None,
-    solicited: false,
-    qp_num: 0,
-};
-
-/// One endpoint's receive side, as the core's `RxPoller` sees it.
-struct Watched {
-    inner: Weak<Inner>,
-    rcq: CompletionQueue,
-    /// The receive slots, kept past the endpoint until every posted receive has flushed (the
-    /// queue pair may write into them until then).
-    recv: Rc<RecvSide>,
-}
-
-thread_local! {
-    /// This core's endpoints, whose receive queues the `RxPoller` drains.
-    static ENDPOINTS: RefCell<Vec<Watched>> = const { RefCell::new(Vec::new()) };
-    static RX_POLLER: Cell<u64> = const { Cell::new(0) };
-    /// An endpoint has gone since the last pass: look for the ones to forget.
-    static REAP: Cell<bool> = const { Cell::new(false) };
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        REAP.with(|r| r.set(true));
-    }
-}
-
-/// The only consumer of every endpoint's receive queue on this core. It runs in each pass over
-/// the sources right after the provider's poller (it is registered after it), so an arrival
-/// reaches its channel or control inbox in the pass that delivered it, and no task is woken
-/// just to look at the queue. Before the core sleeps it drains once more and keeps the core
-/// awake if it found anything (a completion a task caused, a flush). Once an endpoint is gone,
-/// its receive slots stay here until every posted receive has completed (flushed by the
-/// disconnect), then go.
-struct RxPoller {
-    /// The live endpoints of the current pass (kept to reuse its allocation).
-    live: Vec<Rc<Inner>>,
-}
-
-impl RxPoller {
-    fn add(inner: &Rc<Inner>) {
-        ENDPOINTS.with(|e| {
-            e.borrow_mut().push(Watched {
-                inner: Rc::downgrade(inner),
-                rcq: inner.rcq.clone(),
-                recv: inner.recv.clone(),
-            })
-        });
-        let token = barewire_engine::core_token();
-        if RX_POLLER.with(|t| t.replace(token)) != token {
-            barewire_engine::register_poller(Box::new(RxPoller { live: Vec::new() }));
-        }
-    }
-}
-
-impl barewire_engine::Poller for RxPoller {
-    fn poll(&mut self) -> bool {
-        let mut any = false;
-        ENDPOINTS.with(|e| {
-            let mut reap = REAP.take();
-            for w in e.borrow().iter().filter(|w| !w.rcq.is_empty()) {
-                match w.inner.upgrade() {
-                    Some(inner) => self.live.push(inner),
-                    None => reap = true,
-                }
-            }
-            if reap {
-                // Endpoints that are gone: count their receives out as they flush, and
-                // forget each once none is left.
-                e.borrow_mut().retain(|w| {
-                    if w.inner.strong_count() > 0 {
-                        return true;
-                    }
-                    let mut wcs = [NO_WC; 8];
-                    loop {
-                        let n = w.rcq.poll(&mut wcs);
-                        for _ in 0..n {
-                            w.recv.taken();
-                        }
-                        any |= n > 0;
-                        if n < wcs.len() {
-                            break;
-                        }
-                    }
-                    w.recv.posted.get() > 0
-                });
-            }
-        });
-        for inner in self.live.drain(..) {
-            any |= inner.drain();
-        }
-        any
-    }
-
-    fn pure_poll(&mut self) -> bool {
-        ENDPOINTS.with(|e| e.borrow().iter().any(|w| !w.rcq.is_empty()))
-    }
-
-    fn try_enter_interrupt_mode(&mut self) -> bool {
-        !self.poll()
-    }
-}
-
-/// What a channel half does when the receive task sees a WRITE with immediate for it.
-pub(crate) trait Arrival {
-    fn arrived(&self, credit: bool, len: Option<usize>);
 }
 
 impl Endpoint {

@@ -1,0 +1,473 @@
+//! The software provider on the engine: connection setup with the MPA handshake, and the
+//! progress engine that moves every queue pair's bytes.
+//!
+//! Progress runs inside the core's reactor as a registered [`Poller`](barewire_engine::Poller): all of a core's queue
+//! pair sockets sit in one epoll set (edge-triggered), and each pass of the core's loop asks it
+//! which are ready and services them — receive straight into the target memory, transmit with
+//! one `sendmsg` over the gather list. No application task runs for the target side of a WRITE,
+//! READ or Terminate, as on a NIC. While the core sleeps, a POLL_ADD on the epoll fd wakes it.
+//!
+//! Small pieces (headers, short payloads) are read through a 64 KiB staging buffer, one per
+//! core, so one `recv` can bring several FPDUs; a payload of at least [`DIRECT_PLACEMENT`]
+//! bytes is received straight into its region with no staging copy.
+//!
+//! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
+//! error, or a queue pair that is owed bytes (unsent data, or Read Responses) makes no progress
+//! for the configured timeout (default 1 s). Either way its outstanding work completes with
+//! `RETRY_EXC_ERR` (Reads) and `WR_FLUSH_ERR` (the rest).
+
+mod progress;
+
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use barewire_engine::net::{TcpListener, TcpStream};
+
+use crate::stream::{PostError, RecvWr, SendWr, Stream, StreamConfig};
+use crate::verbs::{CompletionQueue, ProtectionDomain, QpState, WcStatus};
+use crate::wire::{
+    negotiate, MpaFrame, MpaKind, MpaSettings, Negotiated, Reject, Rev2Params, WireError,
+    MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA,
+};
+pub use progress::DIRECT_POLL_MAX;
+use progress::{close, service, PROVIDER};
+
+/// Payloads at least this long are received straight into their target region.
+pub const DIRECT_PLACEMENT: usize = 2048;
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// MPA settings (CRC, revision, IRD/ORD).
+    pub mpa: MpaSettings,
+    /// Sent in the MPA Request (or Reply): how applications exchange region descriptors.
+    pub private_data: Vec<u8>,
+    /// Largest ULPDU to send.
+    pub mulpdu: usize,
+    /// How long a queue pair that is owed bytes may go without progress before it fails.
+    pub timeout: Duration,
+    /// Complete signaled Sends and Writes once the peer processed them (on by default), so a
+    /// request the peer refuses completes with its error; off gives plain iWARP's local
+    /// completion. See [`StreamConfig::remote_completion`].
+    pub remote_completion: bool,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mpa: MpaSettings::default(),
+            private_data: Vec::new(),
+            mulpdu: 16 * 1024,
+            timeout: Duration::from_secs(1),
+            remote_completion: true,
+        }
+    }
+}
+
+/// Why a connection could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CmError {
+    /// The TCP connection failed.
+    #[error("connection failed: {0}")]
+    Io(#[from] io::Error),
+    /// The peer's MPA frame was malformed.
+    #[error("bad MPA frame from the peer: {0}")]
+    Wire(#[from] WireError),
+    /// The peer rejected us (its private data says why), or asked for markers.
+    #[error("connection rejected: {reason}")]
+    Rejected {
+        /// Why.
+        reason: Reject,
+        /// The peer's private data.
+        private_data: Vec<u8>,
+    },
+    /// Private data over 512 bytes (less the 4 IRD/ORD bytes in revision 2).
+    #[error("private data too long: {0} bytes")]
+    PrivateDataTooLong(usize),
+}
+
+async fn read_mpa(s: &TcpStream, kind: MpaKind) -> Result<(Negotiable, usize), CmError> {
+    let (r, head) = s.read_exact(vec![0u8; MPA_HEADER_LEN]).await;
+    r?;
+    let pd_len = u16::from_be_bytes([head[18], head[19]]) as usize;
+    if pd_len > MPA_MAX_PRIVATE_DATA {
+        MpaFrame::decode(&head, kind)?; // reports the length error with its field
+    }
+    let (r, pd) = s.read_exact(vec![0u8; pd_len]).await;
+    r?;
+    let all = [head, pd].concat();
+    let (f, used) = MpaFrame::decode(&all, kind)?.expect("complete frame");
+    Ok((Negotiable::from(&f), used))
+}
+
+/// An owned copy of a peer's MPA frame.
+struct Negotiable {
+    markers: bool,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+    rev2: Option<Rev2Params>,
+    private_data: Vec<u8>,
+}
+
+impl Negotiable {
+    fn from(f: &MpaFrame<'_>) -> Self {
+        Negotiable {
+            markers: f.markers,
+            crc: f.crc,
+            reject: f.reject,
+            revision: f.revision,
+            rev2: f.rev2,
+            private_data: f.private_data.to_vec(),
+        }
+    }
+    fn frame(&self, kind: MpaKind) -> MpaFrame<'_> {
+        MpaFrame {
+            kind,
+            markers: self.markers,
+            crc: self.crc,
+            reject: self.reject,
+            revision: self.revision,
+            rev2: self.rev2,
+            private_data: &self.private_data,
+        }
+    }
+}
+
+fn our_frame<'a>(
+    kind: MpaKind,
+    opts: &'a ConnectOptions,
+    crc: bool,
+    reject: bool,
+    revision: u8,
+) -> MpaFrame<'a> {
+    let rev2 = (revision == 2).then_some(Rev2Params {
+        ird: opts.mpa.ird,
+        ord: opts.mpa.ord,
+        ..Rev2Params::default()
+    });
+    MpaFrame {
+        kind,
+        markers: false,
+        crc,
+        reject,
+        revision,
+        rev2,
+        private_data: &opts.private_data,
+    }
+}
+
+async fn write_frame(s: &TcpStream, f: &MpaFrame<'_>) -> Result<(), CmError> {
+    let mut buf = vec![0u8; f.encoded_len()];
+    let n = f.encode(&mut buf)?;
+    buf.truncate(n);
+    s.write_all(buf).await.0?;
+    Ok(())
+}
+
+fn check_private_data(opts: &ConnectOptions) -> Result<(), CmError> {
+    let room = MPA_MAX_PRIVATE_DATA - if opts.mpa.revision == 2 { 4 } else { 0 };
+    if opts.private_data.len() > room {
+        return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
+    }
+    Ok(())
+}
+
+/// Connects to a listening peer: TCP, then the MPA Request/Reply exchange. Returns the queue
+/// pair (in RTS) and the peer's private data.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), barewire_soft_rdma::provider::CmError> {
+/// use barewire_soft_rdma::{provider::*, verbs::*};
+/// let dev = Device::new();
+/// let pd = dev.alloc_pd();
+/// let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+/// let (qp, peer_data) = connect("127.0.0.1:9999".parse().unwrap(), &pd, &scq, &rcq, ConnectOptions::default()).await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(
+    addr: SocketAddr,
+    pd: &ProtectionDomain,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    opts: ConnectOptions,
+) -> Result<(QueuePair, Vec<u8>), CmError> {
+    check_private_data(&opts)?;
+    let s = TcpStream::connect(addr).await?;
+    write_frame(
+        &s,
+        &our_frame(
+            MpaKind::Request,
+            &opts,
+            opts.mpa.crc,
+            false,
+            opts.mpa.revision,
+        ),
+    )
+    .await?;
+    let (peer, _) = read_mpa(&s, MpaKind::Reply).await?;
+    let neg =
+        negotiate(&opts.mpa, &peer.frame(MpaKind::Reply)).map_err(|reason| CmError::Rejected {
+            reason,
+            private_data: peer.private_data.clone(),
+        })?;
+    let qp = QueuePair::start(s.into_fd(), pd, scq, rcq, &opts, neg);
+    Ok((qp, peer.private_data))
+}
+
+/// Accepts connections with the MPA handshake.
+pub struct Listener {
+    inner: TcpListener,
+    opts: ConnectOptions,
+}
+
+impl Listener {
+    /// Listens on `addr`.
+    pub fn bind(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener, CmError> {
+        check_private_data(&opts)?;
+        Ok(Listener {
+            inner: TcpListener::bind(addr)?,
+            opts,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    /// Accepts one peer. A peer asking for markers gets a Reply with R set and is refused.
+    pub async fn accept(
+        &self,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+    ) -> Result<(QueuePair, Vec<u8>), CmError> {
+        let (s, _) = self.inner.accept().await?;
+        let (peer, _) = read_mpa(&s, MpaKind::Request).await?;
+        let f = peer.frame(MpaKind::Request);
+        match negotiate(&self.opts.mpa, &f) {
+            Ok(neg) => {
+                write_frame(
+                    &s,
+                    &our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision),
+                )
+                .await?;
+                Ok((
+                    QueuePair::start(s.into_fd(), pd, scq, rcq, &self.opts, neg),
+                    peer.private_data,
+                ))
+            }
+            Err(reason) => {
+                let rev = self.opts.mpa.revision.min(peer.revision);
+                write_frame(&s, &our_frame(MpaKind::Reply, &self.opts, false, true, rev)).await?;
+                Err(CmError::Rejected {
+                    reason,
+                    private_data: peer.private_data,
+                })
+            }
+        }
+    }
+}
+
+struct QpInner {
+    qp: u32,
+    stream: Stream,
+    fd: OwnedFd,
+    timeout: Duration,
+    last_progress: Instant,
+    closed: bool,
+    /// Its slot in the core's provider.
+    key: usize,
+    /// On the provider's active list (owed bytes, or closed and waiting to be forgotten).
+    listed: bool,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // Have the poller free the slot; the fd leaves the epoll set as it closes.
+        let key = self.key;
+        let _ = PROVIDER.try_with(|p| {
+            if let Ok(mut active) = p.active.try_borrow_mut() {
+                active.push(key);
+            } else {
+                p.late.borrow_mut().push(key);
+            }
+        });
+    }
+}
+
+/// Puts a queue pair on the active list if it needs the poller's attention beyond epoll events:
+/// bytes owed (for the stall timeout and send-space retries), or a closed socket to forget.
+fn mark_active(i: &mut QpInner) {
+    if !i.listed && (i.closed || i.stream.awaiting_peer()) {
+        i.listed = true;
+        let key = i.key;
+        PROVIDER.with(|p| p.active.borrow_mut().push(key));
+    }
+}
+
+/// A connected reliable queue pair of the software provider.
+#[derive(Clone)]
+pub struct QueuePair {
+    inner: Rc<RefCell<QpInner>>,
+}
+
+impl QueuePair {
+    fn start(
+        fd: OwnedFd,
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+        opts: &ConnectOptions,
+        neg: Negotiated,
+    ) -> QueuePair {
+        let qp_num = PROVIDER.with(|p| {
+            p.bind_to_current_core();
+            p.next_qp.replace(p.next_qp.get() + 1)
+        });
+        let cfg = StreamConfig {
+            qp_num,
+            pd: pd.id(),
+            crc: neg.crc,
+            mulpdu: opts.mulpdu,
+            ird: neg.ird.max(1),
+            ord: neg.ord.max(1),
+            remote_completion: opts.remote_completion,
+        };
+        let stream = Stream::new(pd.device().clone(), cfg, scq.clone(), rcq.clone());
+        let inner = Rc::new(RefCell::new(QpInner {
+            qp: qp_num,
+            stream,
+            fd,
+            timeout: opts.timeout,
+            last_progress: Instant::now(),
+            closed: false,
+            key: usize::MAX,
+            listed: false,
+        }));
+        let qp = QueuePair { inner };
+        PROVIDER.with(|p| p.add(&qp));
+        qp
+    }
+
+    /// The queue pair's number.
+    pub fn qp_num(&self) -> u32 {
+        self.inner.borrow().qp
+    }
+
+    /// Its state.
+    pub fn state(&self) -> QpState {
+        self.inner.borrow().stream.state()
+    }
+
+    /// The Terminate that broke it, if one did.
+    pub fn last_terminate(&self) -> Option<crate::wire::TermCode> {
+        self.inner.borrow().stream.last_terminate()
+    }
+
+    /// Posts a send work request; transmission starts at once.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        let mut i = self.inner.borrow_mut();
+        i.stream.post_send(wr)?;
+        service(&mut i, false);
+        Ok(())
+    }
+
+    /// Posts a send work request that goes out with the core's next progress pass (once the
+    /// current task yields), together with whatever else was posted meanwhile: one system call
+    /// for a burst of small messages instead of one each. Ordering with `post_send` is kept
+    /// (both append to the same send queue).
+    pub fn post_send_batched(&self, wr: SendWr) -> Result<(), PostError> {
+        let mut i = self.inner.borrow_mut();
+        i.stream.post_send(wr)?;
+        if !i.listed && !i.closed {
+            i.listed = true;
+            let key = i.key;
+            PROVIDER.with(|p| p.active.borrow_mut().push(key));
+        }
+        Ok(())
+    }
+
+    /// Posts a receive.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.inner.borrow_mut().stream.post_recv(wr)
+    }
+
+    /// Disconnects: outstanding work flushes, and the peer sees the connection close.
+    pub fn disconnect(&self) {
+        let mut i = self.inner.borrow_mut();
+        // Hand what is already posted (batched sends included) to the socket first: the kernel
+        // delivers it before the FIN, so a message posted just before hanging up is not lost.
+        // Whatever the socket cannot take right now is flushed with the rest.
+        service(&mut i, false);
+        close(&mut i, WcStatus::WrFlushErr);
+    }
+}
+
+/// Where a peer may access a region: what applications put in the MPA private data (or a
+/// message) so the other side can address its one-sided operations. 20 bytes on the wire,
+/// big-endian.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionDescriptor {
+    /// The region's STag.
+    pub rkey: crate::verbs::Stag,
+    /// The address of its first byte (the tagged offset).
+    pub addr: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl RegionDescriptor {
+    /// Bytes of the encoding.
+    pub const LEN: usize = 20;
+
+    /// Describes a registered region.
+    pub fn of(mr: &crate::verbs::MemoryRegion) -> RegionDescriptor {
+        RegionDescriptor {
+            rkey: mr.stag(),
+            addr: mr.addr() as u64,
+            len: mr.len() as u64,
+        }
+    }
+
+    /// The 20-byte encoding.
+    pub fn to_bytes(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&self.rkey.0.to_be_bytes());
+        b[4..12].copy_from_slice(&self.addr.to_be_bytes());
+        b[12..].copy_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    /// Decodes the first 20 bytes of `b`; `None` if it is shorter.
+    pub fn from_bytes(b: &[u8]) -> Option<RegionDescriptor> {
+        let b: &[u8; Self::LEN] = b.get(..Self::LEN)?.try_into().ok()?;
+        Some(RegionDescriptor {
+            rkey: crate::verbs::Stag(u32::from_be_bytes(b[..4].try_into().ok()?)),
+            addr: u64::from_be_bytes(b[4..12].try_into().ok()?),
+            len: u64::from_be_bytes(b[12..].try_into().ok()?),
+        })
+    }
+}
+
+/// Accepts peers forever, keeping their queue pairs alive: the passive side of one-sided
+/// operations needs no more than this (the provider's poller does the work).
+pub async fn serve(
+    listener: Listener,
+    pd: ProtectionDomain,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+) -> ! {
+    let mut qps = Vec::new();
+    loop {
+        match listener.accept(&pd, &scq, &rcq).await {
+            Ok((qp, _)) => qps.push(qp),
+            Err(e) => eprintln!("barewire-soft-rdma: refused a peer: {e}"),
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! Progress: the per-core poller that moves every queue pair's bytes (epoll, or direct
+//! receives for a few queue pairs), the staging buffer small pieces are read through, and the
+//! stall timeout.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Weak;
+use std::time::{Duration, Instant};
+
+use barewire_engine::Poller;
+
+use super::*;
+
+pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
+    i.stream.enter_error(read_status);
+    if !i.closed {
+        i.closed = true;
+        // SAFETY: shutting down our own socket.
+        unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+    mark_active(i);
+}
+
+/// Moves bytes for one queue pair. True if anything moved.
+pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
+    if i.closed {
+        return false;
+    }
+    let fd = i.fd.as_raw_fd();
+    let mut moved = false;
+    // Transmit.
+    while i.stream.wants_tx() {
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let count = i.stream.tx_iovecs(&mut iov);
+        // SAFETY: msghdr over iovecs (IoSlice is ABI-compatible with iovec on Unix) that borrow
+        // live memory for the duration of the call.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+            msg.msg_iovlen = count;
+            libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+        };
+        if n > 0 {
+            i.stream.tx_advance(n as usize);
+            moved = true;
+        } else {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                close(i, WcStatus::RetryExcErr);
+                return true;
+            }
+            break;
+        }
+    }
+    // After a Terminate went out (or came in) and nothing is left to send, hang up.
+    if i.stream.rx_dead() && !i.stream.wants_tx() {
+        close(i, WcStatus::WrFlushErr);
+        return true;
+    }
+    if readable {
+        moved |= receive(i, fd);
+    }
+    if moved {
+        i.last_progress = Instant::now();
+    }
+    mark_active(i);
+    moved
+}
+
+fn receive(i: &mut QpInner, fd: RawFd) -> bool {
+    let mut moved = false;
+    while let Some((dst, want)) = i.stream.rx_buffer() {
+        let asked = if want >= DIRECT_PLACEMENT {
+            want
+        } else {
+            STAGE_LEN
+        };
+        let n = if want >= DIRECT_PLACEMENT {
+            // SAFETY: the stream handed out a checked target extent of `want` bytes.
+            let n = unsafe { libc::recv(fd, dst as *mut libc::c_void, want, libc::MSG_DONTWAIT) };
+            if n > 0 {
+                i.stream.rx_advance(n as usize);
+            }
+            n
+        } else {
+            // Small pieces go through the core's staging buffer, so one recv can bring several
+            // FPDUs; everything read is fed at once, so the buffer is free again on return.
+            STAGE.with(|stage| {
+                let mut stage = stage.borrow_mut();
+                // SAFETY: recv writes at most stage.len() bytes into our buffer.
+                let n = unsafe {
+                    libc::recv(
+                        fd,
+                        stage.as_mut_ptr() as *mut libc::c_void,
+                        stage.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if n > 0 {
+                    // Bytes after a fatal error are dropped with the stream, as a closed socket would.
+                    i.stream.rx_feed(&stage[..n as usize]);
+                }
+                n
+            })
+        };
+        if n > 0 {
+            moved = true;
+            // A TCP socket returns less than asked only when it has no more bytes right now;
+            // with edge-triggered epoll the next arrival raises a new event, so stop here
+            // instead of paying a recv just to hear EAGAIN.
+            if (n as usize) < asked {
+                break;
+            }
+            continue;
+        }
+        if n == 0 {
+            close(i, WcStatus::RetryExcErr);
+            return true;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock {
+            close(i, WcStatus::RetryExcErr);
+            return true;
+        }
+        break;
+    }
+    // A Terminate may have been queued by what arrived.
+    if i.stream.wants_tx() {
+        moved |= service(i, false);
+    }
+    moved
+}
+
+const STAGE_LEN: usize = 64 * 1024;
+
+thread_local! {
+    /// One staging buffer per core: queue pairs are serviced one at a time and each empties it.
+    static STAGE: RefCell<Box<[u8]>> = RefCell::new(vec![0u8; STAGE_LEN].into_boxed_slice());
+}
+
+pub(super) struct Provider {
+    /// The engine core this state belongs to (see `barewire_engine::core_token`).
+    pub(super) core: Cell<u64>,
+    pub(super) epfd: Cell<Option<OwnedFd>>,
+    /// Weak: a queue pair lives as long as the application holds it; dropping the last handle
+    /// closes its socket (the peer sees the connection end) and frees its slot here.
+    pub(super) qps: RefCell<Vec<Option<Weak<RefCell<QpInner>>>>>,
+    pub(super) free: RefCell<Vec<usize>>,
+    /// Slots the poller must look at each pass; idle queue pairs are not on it, so a core with
+    /// a thousand quiet connections pays nothing for them.
+    pub(super) active: RefCell<Vec<usize>>,
+    /// Slots freed while `active` was borrowed (a queue pair dropped during a pass).
+    pub(super) late: RefCell<Vec<usize>>,
+    pub(super) next_qp: Cell<u32>,
+    pub(super) registered: Cell<bool>,
+    pub(super) timer_armed: Cell<bool>,
+    /// A poll on the epoll fd is in flight through the engine's reactor (the interrupt source).
+    /// It is armed only when the core is about to sleep: while the core spins, the poller's own
+    /// `epoll_wait` sees every event and an armed poll would only cost a completion per message.
+    pub(super) irq_armed: Cell<bool>,
+}
+
+thread_local! {
+    pub(super) static PROVIDER: Provider = const {
+        Provider {
+            core: Cell::new(0),
+            epfd: Cell::new(None),
+            qps: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            active: RefCell::new(Vec::new()),
+            late: RefCell::new(Vec::new()),
+            next_qp: Cell::new(1),
+            registered: Cell::new(false),
+            timer_armed: Cell::new(false),
+            irq_armed: Cell::new(false),
+        }
+    };
+}
+
+impl Provider {
+    pub(super) fn epfd(&self) -> RawFd {
+        let fd = self.epfd.take().unwrap_or_else(|| {
+            // SAFETY: plain syscall; the fd is owned from here on.
+            let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+            assert!(fd >= 0, "epoll_create1: {}", io::Error::last_os_error());
+            // SAFETY: fresh fd.
+            unsafe { OwnedFd::from_raw_fd(fd) }
+        });
+        let raw = fd.as_raw_fd();
+        self.epfd.set(Some(fd));
+        raw
+    }
+
+    /// Forgets the state of an earlier runtime that ran on this thread.
+    pub(super) fn bind_to_current_core(&self) {
+        let token = barewire_engine::core_token();
+        if self.core.replace(token) != token {
+            for qp in self
+                .qps
+                .take()
+                .into_iter()
+                .flatten()
+                .filter_map(|w| w.upgrade())
+            {
+                close(&mut qp.borrow_mut(), WcStatus::WrFlushErr);
+            }
+            self.free.take();
+            self.active.take();
+            self.late.take();
+            self.epfd.set(None);
+            self.registered.set(false);
+            self.timer_armed.set(false);
+            self.irq_armed.set(false);
+        }
+    }
+
+    pub(super) fn add(&self, qp: &QueuePair) {
+        self.bind_to_current_core();
+        let epfd = self.epfd();
+        let key = {
+            let mut qps = self.qps.borrow_mut();
+            let key = self.free.borrow_mut().pop().unwrap_or_else(|| {
+                qps.push(None);
+                qps.len() - 1
+            });
+            qps[key] = Some(Rc::downgrade(&qp.inner));
+            key
+        };
+        qp.inner.borrow_mut().key = key;
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
+            u64: key as u64,
+        };
+        let fd = qp.inner.borrow().fd.as_raw_fd();
+        // SAFETY: registering a socket we own with our epoll set.
+        unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if !self.registered.replace(true) {
+            barewire_engine::register_poller(Box::new(ProgressPoller {
+                events: vec![libc::epoll_event { events: 0, u64: 0 }; 64],
+                last_timeout_check: Instant::now(),
+                gone: Vec::new(),
+                passes: 0,
+                skipped_epoll: false,
+            }));
+        }
+    }
+
+    pub(super) fn get(&self, key: usize) -> Option<Rc<RefCell<QpInner>>> {
+        self.qps.borrow().get(key)?.as_ref()?.upgrade()
+    }
+}
+
+/// A core with at most this many queue pairs busy-polls them with `recv` directly instead of
+/// asking `epoll_wait` first: one system call per pass instead of two when data is there.
+pub const DIRECT_POLL_MAX: usize = 4;
+
+/// In direct mode, `epoll_wait` still runs every this many passes, to drain stale edges and to
+/// see send space and hang-ups.
+const EPOLL_EVERY: u32 = 64;
+
+struct ProgressPoller {
+    passes: u32,
+    /// A direct pass ran since the last `epoll_wait`: the ready list may hold stale edges that
+    /// would wake a sleeping core at once, so drain it before sleeping.
+    skipped_epoll: bool,
+    events: Vec<libc::epoll_event>,
+    last_timeout_check: Instant,
+    gone: Vec<usize>,
+}
+
+impl ProgressPoller {
+    /// Serves what `epoll_wait` reports. True if anything moved.
+    fn drain_epoll(&mut self, p: &Provider, epfd: RawFd) -> bool {
+        self.skipped_epoll = false;
+        let mut moved = false;
+        loop {
+            // SAFETY: events is a valid buffer of len entries.
+            let n = unsafe {
+                libc::epoll_wait(epfd, self.events.as_mut_ptr(), self.events.len() as i32, 0)
+            };
+            for ev in self.events.iter().take(n.max(0) as usize) {
+                if let Some(qp) = p.get(ev.u64 as usize) {
+                    let readable = ev.events
+                        & (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR)
+                            as u32
+                        != 0;
+                    moved |= service(&mut qp.borrow_mut(), readable);
+                }
+            }
+            if (n.max(0) as usize) < self.events.len() {
+                return moved;
+            }
+        }
+    }
+}
+
+impl Poller for ProgressPoller {
+    fn poll(&mut self) -> bool {
+        PROVIDER.with(|p| {
+            let epfd = p.epfd();
+            let mut moved = false;
+            self.passes = self.passes.wrapping_add(1);
+            let live = p.qps.borrow().len() - p.free.borrow().len();
+            if live <= DIRECT_POLL_MAX && self.passes % EPOLL_EVERY != 0 {
+                self.skipped_epoll = true;
+                let count = p.qps.borrow().len();
+                for key in 0..count {
+                    if let Some(qp) = p.get(key) {
+                        moved |= service(&mut qp.borrow_mut(), true);
+                    }
+                }
+            } else {
+                moved |= self.drain_epoll(p, epfd);
+            }
+            // Queue pairs with bytes waiting for socket space, the stall timeout, and slots of
+            // queue pairs that were dropped or closed.
+            let mut list = std::mem::take(&mut *p.active.borrow_mut());
+            list.append(&mut p.late.borrow_mut());
+            if list.is_empty() {
+                return moved; // nothing owed: no clock read, no list work
+            }
+            let now = Instant::now();
+            let check_timeouts =
+                now.duration_since(self.last_timeout_check) >= Duration::from_millis(1);
+            if check_timeouts {
+                self.last_timeout_check = now;
+            }
+            list.retain(|&key| {
+                let Some(qp) = p.get(key) else {
+                    // Dropped: free the slot (its fd already left the epoll set on close).
+                    if p.qps.borrow().get(key).is_some_and(Option::is_some) {
+                        p.qps.borrow_mut()[key] = None;
+                        p.free.borrow_mut().push(key);
+                    }
+                    return false;
+                };
+                let mut i = qp.borrow_mut();
+                if i.closed {
+                    self.gone.push(key);
+                    i.listed = false;
+                    return false;
+                }
+                if i.stream.wants_tx() {
+                    moved |= service(&mut i, false);
+                }
+                if check_timeouts
+                    && i.stream.awaiting_peer()
+                    && now.duration_since(i.last_progress) > i.timeout
+                {
+                    close(&mut i, WcStatus::RetryExcErr);
+                    moved = true;
+                }
+                let keep = i.closed || i.stream.awaiting_peer();
+                i.listed = keep;
+                keep
+            });
+            // Entries added during the pass (by service or close) join the kept ones.
+            let mut active = p.active.borrow_mut();
+            list.append(&mut active);
+            list.sort_unstable();
+            list.dedup();
+            *active = list;
+            drop(active);
+            for key in self.gone.drain(..) {
+                if let Some(qp) = p.get(key) {
+                    let fd = qp.borrow().fd.as_raw_fd();
+                    // SAFETY: removing our own socket from our epoll set.
+                    unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+                }
+                if p.qps.borrow().get(key).is_some_and(Option::is_some) {
+                    p.qps.borrow_mut()[key] = None;
+                    p.free.borrow_mut().push(key);
+                }
+            }
+            moved
+        })
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        // Bytes waiting for socket space are driven by the EPOLLOUT edge, which wakes the core.
+        // A queue pair that is owed bytes needs its stall timer to run: keep a short timer.
+        PROVIDER.with(|p| {
+            if self.skipped_epoll {
+                // Edges consumed by direct receives are still on the ready list; serve what it
+                // holds now so the armed poll below does not fire for nothing.
+                if self.drain_epoll(p, p.epfd()) {
+                    return false;
+                }
+            }
+            let waiting = p
+                .active
+                .borrow()
+                .iter()
+                .filter_map(|&k| p.get(k))
+                .any(|qp| {
+                    let i = qp.borrow();
+                    !i.closed && i.stream.awaiting_peer()
+                });
+            if waiting && !p.timer_armed.replace(true) {
+                barewire_engine::spawn_local(async {
+                    barewire_engine::time::sleep(Duration::from_millis(5)).await;
+                    PROVIDER.with(|p| p.timer_armed.set(false));
+                });
+                return false; // run the new timer task before sleeping
+            }
+            if !p.irq_armed.replace(true) {
+                // Wake the core when the epoll set has events. The epoll fd is readable while
+                // its ready list is non-empty, so an event that arrived since the last
+                // `epoll_wait` completes the poll at once.
+                let epfd = p.epfd();
+                barewire_engine::spawn_local(async move {
+                    let _ = barewire_engine::poll_readable(epfd).await;
+                    PROVIDER.with(|p| p.irq_armed.set(false));
+                });
+                return false; // submit the poll before sleeping
+            }
+            true
+        })
+    }
+}

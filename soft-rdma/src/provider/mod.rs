@@ -279,7 +279,11 @@ struct QpInner {
     stream: Stream,
     fd: OwnedFd,
     timeout: Duration,
+    /// When the poller last saw bytes move (for the stall timeout; read from the clock only
+    /// while the queue pair is on the active list, not per message).
     last_progress: Instant,
+    /// Bytes moved since the poller last looked.
+    moved: bool,
     closed: bool,
     /// Its slot in the core's provider.
     key: usize,
@@ -306,6 +310,8 @@ impl Drop for QpInner {
 fn mark_active(i: &mut QpInner) {
     if !i.listed && (i.closed || i.stream.awaiting_peer()) {
         i.listed = true;
+        // Its stall clock starts now (at the poller's next look).
+        i.moved = true;
         let key = i.key;
         PROVIDER.with(|p| p.active.borrow_mut().push(key));
     }
@@ -346,6 +352,7 @@ impl QueuePair {
             fd,
             timeout: opts.timeout,
             last_progress: Instant::now(),
+            moved: false,
             closed: false,
             key: usize::MAX,
             listed: false,

@@ -61,9 +61,7 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
     if readable {
         moved |= receive(i, fd);
     }
-    if moved {
-        i.last_progress = Instant::now();
-    }
+    i.moved |= moved;
     mark_active(i);
     moved
 }
@@ -342,6 +340,9 @@ impl Poller for ProgressPoller {
                 }
                 if i.stream.wants_tx() {
                     moved |= service(&mut i, false);
+                }
+                if std::mem::take(&mut i.moved) {
+                    i.last_progress = now;
                 }
                 if check_timeouts
                     && i.stream.awaiting_peer()

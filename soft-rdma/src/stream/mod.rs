@@ -590,30 +590,17 @@ impl Stream {
         for wr in std::mem::take(&mut self.rq) {
             self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
         }
-        if self.terminate_sent {
-            // The Terminate is the last chunk queued; drop everything before it that was not
-            // started, so it goes out promptly.
-            if let Some(last) = self.tx.pop_back() {
-                let started = self.tx_front_off > 0;
-                let front = if started { self.tx.pop_front() } else { None };
-                self.tx.clear();
-                if let Some(f) = front {
-                    self.tx.push_back(f);
-                } else {
-                    self.tx_front_off = 0;
-                }
-                self.tx.push_back(last);
-            }
+        // Drop what the socket has not started: a started chunk must finish (or the peer's
+        // stream is cut mid-FPDU), and a Terminate, the last chunk queued, still goes out,
+        // promptly. (A Terminate that is itself the started chunk stays where it is.)
+        let started = (self.tx_front_off > 0) as usize;
+        let terminate = if self.terminate_sent && self.tx.len() > started {
+            self.tx.pop_back()
         } else {
-            let started = self.tx_front_off > 0;
-            let front = if started { self.tx.pop_front() } else { None };
-            self.tx.clear();
-            if let Some(f) = front {
-                self.tx.push_back(f);
-            } else {
-                self.tx_front_off = 0;
-            }
-        }
+            None
+        };
+        self.tx.truncate(started);
+        self.tx.extend(terminate);
         self.tx_queued = self.tx_sent + self.tx.iter().map(|c| c.len() as u64).sum::<u64>()
             - self.tx_front_off as u64;
     }

@@ -26,11 +26,7 @@ fn rt(cpu: usize) -> Runtime {
 }
 
 const PINGS: u64 = 20_000;
-const OPTS: ChannelOptions = ChannelOptions {
-    capacity: 1024,
-    max_message: 64,
-    announce: false,
-};
+const OPTS: ChannelOptions = ChannelOptions::new(1024, 64);
 const BURST: u64 = 200_000;
 
 fn main() -> barewire::Result<()> {

@@ -30,11 +30,7 @@ struct Sample {
 const PINGS: usize = 10_000;
 
 /// Slots sized for the messages (64 B), so a burst travels as runs of up to 64 per WRITE.
-const CHANNEL: ChannelOptions = ChannelOptions {
-    capacity: 1024,
-    max_message: 64,
-    announce: false,
-};
+const CHANNEL: ChannelOptions = ChannelOptions::new(1024, 64);
 const BURST: usize = 100_000;
 
 fn runtime(cpu: usize) -> Runtime {

@@ -306,11 +306,7 @@ fn typed_atomics_from_several_endpoints_give_the_exact_count() {
 fn a_full_ring_holds_the_sender_back_until_the_receiver_reads() {
     pair(
         |_node, ep| async move {
-            let opts = ChannelOptions {
-                capacity: 8,
-                max_message: 64,
-                announce: false,
-            };
+            let opts = ChannelOptions::new(8, 64);
             let (_tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
             // Read nothing for a while: the sender must stop at 8.
             time::sleep(Duration::from_millis(300)).await;
@@ -321,11 +317,7 @@ fn a_full_ring_holds_the_sender_back_until_the_receiver_reads() {
             time::sleep(Duration::from_millis(100)).await;
         },
         |_node, ep| async move {
-            let opts = ChannelOptions {
-                capacity: 8,
-                max_message: 64,
-                announce: false,
-            };
+            let opts = ChannelOptions::new(8, 64);
             let (tx, _rx) = ep.open_channel::<u64>(opts).await.unwrap();
             for i in 0..8u64 {
                 tx.send(&i).await.unwrap();
@@ -345,22 +337,14 @@ fn messages_over_the_maximum_are_refused() {
     pair(
         |_node, ep| async move {
             let _c = ep
-                .open_bare_channel::<Vec<u8>>(ChannelOptions {
-                    capacity: 4,
-                    max_message: 100,
-                    announce: false,
-                })
+                .open_bare_channel::<Vec<u8>>(ChannelOptions::new(4, 100))
                 .await
                 .unwrap();
             time::sleep(Duration::from_millis(50)).await;
         },
         |_node, ep| async move {
             let (tx, _rx) = ep
-                .open_bare_channel::<Vec<u8>>(ChannelOptions {
-                    capacity: 4,
-                    max_message: 100,
-                    announce: false,
-                })
+                .open_bare_channel::<Vec<u8>>(ChannelOptions::new(4, 100))
                 .await
                 .unwrap();
             let e = tx.send(&vec![0u8; 200]).await.unwrap_err();
@@ -479,11 +463,7 @@ fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressur
         |_node, ep| async move {
             // A small ring (wraps 15,625 times) and a receiver that stalls now and then, so the
             // sender keeps running into a full ring.
-            let opts = ChannelOptions {
-                capacity: 64,
-                max_message: 16,
-                announce: false,
-            };
+            let opts = ChannelOptions::new(64, 16);
             let (tx, rx) = ep.open_channel::<[u64; 2]>(opts).await.unwrap();
             let mut sum = 0u64;
             for i in 0..N {
@@ -501,11 +481,7 @@ fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressur
             tx.flush().await.unwrap();
         },
         |_node, ep| async move {
-            let opts = ChannelOptions {
-                capacity: 64,
-                max_message: 16,
-                announce: false,
-            };
+            let opts = ChannelOptions::new(64, 16);
             let (tx, rx) = ep.open_channel::<[u64; 2]>(opts).await.unwrap();
             for i in 0..N {
                 tx.send(&[i, i.wrapping_mul(0x9e37_79b9_7f4a_7c15)])

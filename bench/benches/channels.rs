@@ -64,11 +64,7 @@ fn rdma(c: &mut Criterion) {
     let mut g = c.benchmark_group("rdma_channel_64b_100k");
     g.throughput(Throughput::Elements(N));
     g.sample_size(10);
-    let opts = ChannelOptions {
-        capacity: 1024,
-        max_message: 64,
-        announce: false,
-    };
+    let opts = ChannelOptions::new(1024, 64);
     // The one-core group above pinned this thread; the two cores here are CPUs 0 and 1.
     barewire_bench::unpin();
     // A peer core that answers each batch of N messages with one.

@@ -199,11 +199,7 @@ pub fn tokio(cfg: Config) -> Report {
     let size = cfg.size;
     let server_cpu = cfg.server_cpu;
     std::thread::spawn(move || {
-        crate::pin(server_cpu);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = crate::tokio_on(server_cpu);
         rt.block_on(async move {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             atx.send(l.local_addr().unwrap()).unwrap();
@@ -225,11 +221,7 @@ pub fn tokio(cfg: Config) -> Report {
         });
     });
     let addr = arx.recv().unwrap();
-    crate::pin(cfg.client_cpu);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = crate::tokio_on(cfg.client_cpu);
     rt.block_on(async move {
         let connect = move || async move {
             let c = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -13,6 +13,16 @@ pub fn pin(cpu: usize) {
     }
 }
 
+/// Pins the calling thread to `cpu` and builds a tokio current_thread runtime (I/O and timers
+/// enabled) on it: the tokio side of every comparison.
+pub fn tokio_on(cpu: usize) -> tokio::runtime::Runtime {
+    pin(cpu);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// Lets the calling thread run on every online CPU again (a runtime pinned on this thread
 /// earlier narrows what threads spawned from it inherit).
 pub fn unpin() {

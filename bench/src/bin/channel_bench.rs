@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use barewire::{ChannelOptions, Node};
 use barewire_bench::perf::compare::{installed, median, parse_ucx};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// Ping-pong round trips per rep (`CHANNEL_BENCH_PINGS` overrides, e.g. to profile them).
 fn pings() -> usize {
@@ -26,11 +27,7 @@ fn pings() -> usize {
 }
 
 /// Slots sized for the message (64 B + the 4-byte length), a ring of 1024.
-const OPTS: ChannelOptions = ChannelOptions {
-    capacity: 1024,
-    max_message: 64,
-    announce: false,
-};
+const OPTS: ChannelOptions = ChannelOptions::new(1024, 64);
 
 fn runtime(cpu: usize) -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()
@@ -99,22 +96,33 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
     r
 }
 
+/// The tokio servers' start: listen on loopback, announce the port to the parent
+/// (`READY <port>`), take one connection with Nagle off.
+async fn tokio_accept_ready() -> (OwnedReadHalf, OwnedWriteHalf) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("READY {}", l.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    let (s, _) = l.accept().await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.into_split()
+}
+
+/// The tokio clients' start: connect to the server's port with Nagle off.
+async fn tokio_connect(port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
+    let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.set_nodelay(true).unwrap();
+    s.into_split()
+}
+
 /// The far side of the idiomatic tokio run: `FramedRead` with `LengthDelimitedCodec`.
 fn serve_tokio_framed(cpu: usize, n: usize) {
-    barewire_bench::pin(cpu);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = barewire_bench::tokio_on(cpu);
     rt.block_on(async move {
         use futures_util::StreamExt;
         use tokio::io::AsyncWriteExt;
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("READY {}", l.local_addr().unwrap().port());
-        std::io::stdout().flush().unwrap();
-        let (s, _) = l.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let (r, mut w) = s.into_split();
+        let (r, mut w) = tokio_accept_ready().await;
         let mut frames =
             tokio_util::codec::FramedRead::new(r, tokio_util::codec::LengthDelimitedCodec::new());
         for _ in 0..n {
@@ -136,19 +144,11 @@ fn run_tokio_framed(cpus: [usize; 2], n: usize, fed: bool) -> f64 {
         &n.to_string(),
     ]);
     let rate = std::thread::spawn(move || {
-        barewire_bench::pin(cpus[0]);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = barewire_bench::tokio_on(cpus[0]);
         rt.block_on(async move {
             use futures_util::SinkExt;
             use tokio::io::AsyncReadExt;
-            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            s.set_nodelay(true).unwrap();
-            let (mut r, w) = s.into_split();
+            let (mut r, w) = tokio_connect(port).await;
             let mut frames = tokio_util::codec::FramedWrite::new(
                 w,
                 tokio_util::codec::LengthDelimitedCodec::new(),
@@ -175,19 +175,10 @@ fn run_tokio_framed(cpus: [usize; 2], n: usize, fed: bool) -> f64 {
 }
 
 fn serve_tokio(cpu: usize, n: usize) {
-    barewire_bench::pin(cpu);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = barewire_bench::tokio_on(cpu);
     rt.block_on(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("READY {}", l.local_addr().unwrap().port());
-        std::io::stdout().flush().unwrap();
-        let (s, _) = l.accept().await.unwrap();
-        s.set_nodelay(true).unwrap();
-        let (r, mut w) = s.into_split();
+        let (r, mut w) = tokio_accept_ready().await;
         let mut r = BufReader::with_capacity(64 * 1024, r);
         let mut buf = [0u8; 64];
         for _ in 0..n {
@@ -202,18 +193,10 @@ fn run_tokio(cpus: [usize; 2], n: usize) -> f64 {
     let (port, mut child) =
         barewire_bench::spawn_ready(&["--serve-tokio", &cpus[1].to_string(), &n.to_string()]);
     let rate = std::thread::spawn(move || {
-        barewire_bench::pin(cpus[0]);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = barewire_bench::tokio_on(cpus[0]);
         rt.block_on(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-            let s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .unwrap();
-            s.set_nodelay(true).unwrap();
-            let (mut r, w) = s.into_split();
+            let (mut r, w) = tokio_connect(port).await;
             let mut w = BufWriter::with_capacity(64 * 1024, w);
             let t = Instant::now();
             for i in 0..n {

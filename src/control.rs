@@ -36,6 +36,8 @@ pub(crate) enum Control {
     },
     /// "I will not take your channel `id`: `reason`."
     Refuse { id: u16, reason: String },
+    /// "I am rank `rank` of a mesh of `size`" (the first word on a mesh connection).
+    Hello { rank: u32, size: u32 },
 }
 
 fn desc(out: &mut Vec<u8>, d: &RegionDescriptor) {
@@ -86,6 +88,11 @@ impl Control {
                 out.extend_from_slice(&(r.len() as u16).to_be_bytes());
                 out.extend_from_slice(r);
             }
+            Control::Hello { rank, size } => {
+                out.push(5);
+                out.extend_from_slice(&rank.to_be_bytes());
+                out.extend_from_slice(&size.to_be_bytes());
+            }
         }
         out.truncate(MAX);
         out
@@ -125,6 +132,10 @@ impl Control {
                     reason: String::from_utf8_lossy(take(b, n)?).into_owned(),
                 }
             }
+            5 => Control::Hello {
+                rank: take_u32(b)?,
+                size: take_u32(b)?,
+            },
             k => {
                 return Err(Error::Malformed(format!(
                     "unknown control message kind {k}"
@@ -209,6 +220,7 @@ mod tests {
                 id: 7,
                 reason: "type mismatch".into(),
             },
+            Control::Hello { rank: 2, size: 3 },
         ];
         for c in all {
             let b = c.encode();

@@ -40,6 +40,15 @@ pub enum Error {
     /// The peer is gone (killed, cut off, or disconnected): the connection failed.
     #[error("the peer is gone: {0}")]
     PeerGone(String),
+    /// The connection was lost while an operation that changes remote memory was in flight:
+    /// it may or may not have taken effect. Read the value again to find out; never retry a
+    /// non-idempotent operation blindly.
+    #[error("outcome unknown (the connection was lost mid-operation): {0}")]
+    Indeterminate(String),
+    /// A lock could not be taken or kept (its lease was broken by another node, or the wait
+    /// for it exceeded the limit).
+    #[error("lock: {0}")]
+    Lock(String),
     /// The peer refused a channel.
     #[error("the peer refused the channel: {0}")]
     Refused(String),

@@ -29,8 +29,11 @@
 mod channel;
 mod control;
 mod distributed;
+pub mod dsm;
 mod endpoint;
 mod error;
+mod join;
+mod mesh;
 mod node;
 mod region;
 
@@ -42,5 +45,6 @@ pub use channel::{Bare, ChannelOptions, Codec, Raw, Receiver, Sender};
 pub use distributed::DistributedChannel;
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
+pub use mesh::Mesh;
 pub use node::Node;
 pub use region::{Align, Fingerprint, Region, RemoteRegion};

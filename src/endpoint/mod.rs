@@ -324,6 +324,40 @@ impl Endpoint {
         res.map(|()| out)
     }
 
+    /// Reads `len` bytes from element `start` of `r` straight into `dst` at byte `at` (one
+    /// RDMA READ, no staging copy).
+    pub(crate) async fn read_into<T: Pod>(
+        &self,
+        r: &RemoteRegion<T>,
+        start: u64,
+        dst: &Rc<Buffer>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let off = r.check(start, (len / std::mem::size_of::<T>().max(1)) as u64)?;
+        self.run(self.inner().ops.read(dst, at, len, Remote::at(r.desc, off)))
+            .await
+    }
+
+    /// Writes `len` bytes of `src` from byte `at` to element `start` of `r` (one RDMA WRITE
+    /// straight from `src`).
+    pub(crate) async fn write_from<T: Pod>(
+        &self,
+        r: &RemoteRegion<T>,
+        start: u64,
+        src: &Rc<Buffer>,
+        at: usize,
+        len: usize,
+    ) -> Result<()> {
+        let off = r.check(start, (len / std::mem::size_of::<T>().max(1)) as u64)?;
+        self.run(
+            self.inner()
+                .ops
+                .write(src, at, len, Remote::at(r.desc, off)),
+        )
+        .await
+    }
+
     /// Writes element `i` of the peer's region (RDMA WRITE); returns once it is placed.
     pub async fn write<T: Pod>(&self, r: &RemoteRegion<T>, i: u64, v: T) -> Result<()> {
         self.write_slice(r, i, std::slice::from_ref(&v)).await

@@ -13,6 +13,9 @@ echo "== cargo test --workspace (epoll reactor)"
 BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
 BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
+echo "== distributed shared memory: linearizability of multi-process histories, with faults (release: the checker is slow unoptimized)"
+cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
+
 echo "== drivers conformance on verbs (runs where an RDMA device exists; otherwise each test prints SKIP and why)"
 BAREWIRE_DRIVER=verbs cargo test -p barewire-drivers --test conformance -- --nocapture
 

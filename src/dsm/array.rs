@@ -58,6 +58,8 @@ struct Inner {
     servers: Vec<JoinHandle<()>>,
     /// Leases this node broke.
     breaks: Cell<u64>,
+    /// Commits of this node that came back fenced (its lease had been broken).
+    fenced: Cell<u64>,
 }
 
 /// What this node needs to reach one rank's block.
@@ -189,6 +191,7 @@ impl<T: Pod> SharedArray<T> {
                 id_wait: Semaphore::new(CLIENTS as usize),
                 servers,
                 breaks: Cell::new(0),
+                fenced: Cell::new(0),
             }),
             _t: std::marker::PhantomData,
         })
@@ -217,6 +220,11 @@ impl<T: Pod> SharedArray<T> {
     /// Leases this node has broken so far (locks whose holder stopped renewing them).
     pub fn lease_breaks(&self) -> u64 {
         self.inner.breaks.get()
+    }
+
+    /// This node's commits that its lease's breaking fenced off so far (each was redone).
+    pub fn fenced_commits(&self) -> u64 {
+        self.inner.fenced.get()
     }
 
     fn locate(&self, i: u64) -> Result<(&Remote, u64)> {
@@ -326,6 +334,7 @@ impl<T: Pod> SharedArray<T> {
                 // Our lease was broken before the home saw the commit: nothing of it is
                 // visible; start again from the value as it is now.
                 Outcome::Fenced => {
+                    self.inner.fenced.set(self.inner.fenced.get() + 1);
                     watched = None;
                     continue;
                 }
@@ -455,7 +464,10 @@ impl<T: Pod> SharedArray<T> {
         local_len: usize,
         local_start: usize,
     ) -> Result<()> {
-        if start.checked_add(count).map_or(true, |e| e > self.inner.len) {
+        if start
+            .checked_add(count)
+            .map_or(true, |e| e > self.inner.len)
+        {
             return Err(Error::OutOfBounds {
                 index: start,
                 count,

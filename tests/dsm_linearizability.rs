@@ -513,24 +513,34 @@ fn histories_of_three_processes_are_linearizable() {
     ignore = "unoptimized, the checker takes minutes: scripts/test.sh runs these in release"
 )]
 fn a_lock_holder_killed_mid_update_leaves_the_history_linearizable() {
-    // Each update holds its lock for 200 us of "computation": a kill lands mid-update.
-    let out = workload(&Run {
-        fault: Fault::Kill,
-        hold_us: 100,
-        victim_hold_us: 3000,
-        pace_us: 400,
-        ops: 1500,
-        ..Run::default()
-    });
-    let calls = &out.calls;
-    assert!(in_flight(calls) >= 1, "the kill left no call in flight");
-    let n = check(calls).unwrap();
-    eprintln!(
-        "{n} calls ({} in flight) with a member killed: linearizable; leases broken by the \
-         survivors: {:?}",
-        in_flight(calls),
-        &out.breaks[..MEMBERS - 1]
-    );
+    // The killed member is nearly always inside an update (3 ms under the lock) on one of the
+    // survivors' keys (its own are left alone), so the survivors must break its leases. A kill
+    // can still land between two updates: up to three runs, every one checked, until one
+    // killed a holder.
+    for attempt in 1..=3 {
+        let out = workload(&Run {
+            fault: Fault::Kill,
+            isolate_victim_home: true,
+            hold_us: 100,
+            victim_hold_us: 3000,
+            pace_us: 400,
+            ops: 1500,
+            ..Run::default()
+        });
+        let calls = &out.calls;
+        assert!(in_flight(calls) >= 1, "the kill left no call in flight");
+        let n = check(calls).unwrap();
+        let broken: u64 = out.breaks[..MEMBERS - 1].iter().sum();
+        eprintln!(
+            "run {attempt}: {n} calls ({} in flight) with a member killed: linearizable; leases \
+             of the killed holder broken by the survivors: {broken}",
+            in_flight(calls),
+        );
+        if broken >= 1 {
+            return;
+        }
+    }
+    panic!("in three runs the kill never landed on a lock holder");
 }
 
 #[test]

@@ -38,29 +38,21 @@ use barewire::dsm::{Broken, SharedArray, SharedMemory, SharedOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Error, Mesh, Node, Result};
 
-/// A 64-byte value whose every field derives from one number: a read that mixed two versions
-/// shows fields that disagree.
-#[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C)]
-struct Wide {
-    v: u64,
-    triple: u64,
-    pad: [u32; 10],
-    inverse: u64,
+/// A 64-byte value whose every word derives from one number: a read that mixed two versions
+/// shows words that disagree. A plain `[u64; 8]`, so any program can join the same arrays.
+type Wide = [u64; 8];
+
+fn wide_of(v: u64) -> Wide {
+    let mut w = [0u64; 8];
+    for (i, x) in w.iter_mut().enumerate() {
+        *x = v.wrapping_mul(2 * i as u64 + 1) ^ (i as u64) << 56;
+    }
+    w[7] = !v;
+    w
 }
 
-impl Wide {
-    fn of(v: u64) -> Wide {
-        Wide {
-            v,
-            triple: v.wrapping_mul(3),
-            pad: [v as u32; 10],
-            inverse: !v,
-        }
-    }
-    fn value(&self) -> Option<u64> {
-        (*self == Wide::of(self.v)).then_some(self.v)
-    }
+fn wide_value(w: &Wide) -> Option<u64> {
+    (*w == wide_of(w[0])).then_some(w[0])
 }
 
 struct Args {
@@ -210,7 +202,7 @@ async fn run(a: Args) -> Result<()> {
     let mut opts = SharedOptions::with_lease(a.lease);
     opts.broken = a.broken;
     let bar = SharedMemory::<u64>::create(&node, &mesh, 0, SharedOptions::default()).await?;
-    let wide = Rc::new(SharedArray::create(&node, &mesh, a.keys, Wide::of(0), opts).await?);
+    let wide = Rc::new(SharedArray::create(&node, &mesh, a.keys, wide_of(0), opts).await?);
     let word = Rc::new(SharedArray::<u64>::create(&node, &mesh, a.keys, 0, opts).await?);
     bar.fetch_add(0, 1).await?;
     while bar.read_from(0).await? < n as u64 {
@@ -304,18 +296,18 @@ async fn client(
         };
         let r: Result<String> = if is_wide {
             match op {
-                'R' => wide.get(key).await.map(|v| match v.value() {
+                'R' => wide.get(key).await.map(|v| match wide_value(&v) {
                     Some(v) => format!("V {v}"),
                     None => "TORN".into(),
                 }),
-                'W' => wide.put(key, Wide::of(x)).await.map(|_| "OK".into()),
+                'W' => wide.put(key, wide_of(x)).await.map(|_| "OK".into()),
                 _ => wide
                     .update(key, |v| {
                         spin();
-                        Wide::of(v.v.wrapping_add(1))
+                        wide_of(v[0].wrapping_add(1))
                     })
                     .await
-                    .map(|v| format!("V {}", v.v)),
+                    .map(|v| format!("V {}", v[0])),
             }
         } else {
             match op {

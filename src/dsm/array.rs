@@ -18,7 +18,10 @@ use crate::error::{Error, Result};
 use crate::join::try_join_all;
 use crate::mesh::Mesh;
 use crate::node::Node;
-use crate::region::{Align, Region, RemoteRegion};
+use crate::region::{Align, Fingerprint, Region, RemoteRegion};
+
+/// How long a commit waits for its answer before it checks that the home is still there.
+const ANSWER_PROBE: Duration = Duration::from_millis(10);
 
 /// Client ids per process per array: lock owners are `1 + rank * CLIENTS + k`.
 const CLIENTS: u16 = 64;
@@ -125,12 +128,31 @@ impl<T: Pod> SharedArray<T> {
                 region.set(s, as_word(&initial));
             }
         }
+        // Each member's block, described as holding `block` elements of `T` (so a member that
+        // made the array with another element type or length is refused here).
+        let fp = Fingerprint::of::<T>();
+        let desc = region.remote().desc;
         for j in 0..size {
-            mesh.endpoint(j).send_region(&region).await?;
+            mesh.endpoint(j)
+                .send_described(desc, fp.clone(), block)
+                .await?;
         }
         let mut blocks = Vec::with_capacity(size);
         for j in 0..size {
-            blocks.push(mesh.inbound_from(j).recv_region::<u64>().await?);
+            let (d, n) = mesh
+                .inbound_from(j)
+                .recv_described(&fp, layout.stride as u64 * 8)
+                .await?;
+            if n != block {
+                return Err(Error::Invalid(format!(
+                    "rank {j} made this shared array with blocks of {n} elements, this node with \
+                     {block}: every member must create it with the same length"
+                )));
+            }
+            blocks.push(RemoteRegion::<u64>::from_parts(
+                d,
+                block * layout.stride as u64,
+            ));
         }
         let words = if node.device().transport() == Transport::Soft {
             Words::Cpu
@@ -264,6 +286,7 @@ impl<T: Pod> SharedArray<T> {
             self.update(i, |_| v).await.map(|_| ())
         } else {
             let (r, slot) = self.locate(i)?;
+            r.alive()?;
             r.ep.swap(&r.block, slot, as_word(&v))
                 .await
                 .map(|_| ())
@@ -280,6 +303,7 @@ impl<T: Pod> SharedArray<T> {
             let mut cur = r.ep.read(&r.block, slot).await?;
             loop {
                 let new = as_word(&f(&from_word(cur)));
+                r.alive()?;
                 let old =
                     r.ep.compare_and_swap(&r.block, slot, cur, new)
                         .await
@@ -366,6 +390,7 @@ impl<T: Pod> SharedArray<T> {
     }
 
     async fn commit(&self, r: &Remote, slot: u64, lock: LockWord, v: &T) -> Result<Outcome> {
+        r.alive()?;
         let (req, answer) = r.pending.start()?;
         let msg = Msg::Commit {
             req,
@@ -377,12 +402,29 @@ impl<T: Pod> SharedArray<T> {
             r.pending.forget(req);
             return Err(indeterminate(e));
         }
-        answer.await.map_err(|_| {
+        let lost = || {
             Error::Indeterminate(format!(
                 "the connection to rank {} failed before it answered a commit",
                 self.home_of_remote(r)
             ))
-        })
+        };
+        // The answer normally comes within a round trip. A home that is stopped (or cut off)
+        // has its kernel acknowledge the bytes all the same, so nothing would ever fail: after
+        // a while without an answer, probe it with a flush (a READ, which only the home's own
+        // progress answers), which the provider fails within its fault bound if it is gone.
+        let mut answer = answer;
+        loop {
+            match time::timeout(ANSWER_PROBE, &mut answer).await {
+                Ok(Ok(outcome)) => return Ok(outcome),
+                Ok(Err(_)) => return Err(lost()),
+                Err(_) => {
+                    if r.commits.flush().await.is_err() {
+                        r.pending.forget(req);
+                        return Err(lost());
+                    }
+                }
+            }
+        }
     }
 
     fn home_of_remote(&self, r: &Remote) -> usize {
@@ -445,6 +487,7 @@ impl<T: Pod> SharedArray<T> {
             let r = &self.inner.homes[home];
             let from = src_start + at as usize;
             if !self.inner.layout.wide {
+                r.alive()?;
                 r.ep.write_from(&r.block, slot, &src.buf, from * 8, n as usize * 8)
                     .await
                     .map_err(indeterminate)?;
@@ -574,6 +617,7 @@ impl SharedArray<u64> {
     /// Atomically adds `add` to element `i` (one RDMA atomic); returns the old value.
     pub async fn fetch_add(&self, i: u64, add: u64) -> Result<u64> {
         let (r, slot) = self.locate(i)?;
+        r.alive()?;
         r.ep.fetch_add(&r.block, slot, add)
             .await
             .map_err(indeterminate)
@@ -583,6 +627,7 @@ impl SharedArray<u64> {
     /// returns the old value (the swap happened when it equals `expected`).
     pub async fn compare_and_swap(&self, i: u64, expected: u64, new: u64) -> Result<u64> {
         let (r, slot) = self.locate(i)?;
+        r.alive()?;
         r.ep.compare_and_swap(&r.block, slot, expected, new)
             .await
             .map_err(indeterminate)
@@ -595,6 +640,17 @@ fn indeterminate(e: Error) -> Error {
     match e {
         Error::PeerGone(m) => Error::Indeterminate(m),
         e => e,
+    }
+}
+
+impl Remote {
+    /// Fails with `PeerGone` when the connection had already failed before an operation that
+    /// changes memory is posted: then it certainly did not happen.
+    fn alive(&self) -> Result<()> {
+        match self.ep.failed() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

@@ -254,22 +254,49 @@ impl Endpoint {
         &self.link.inner
     }
 
+    /// The error this connection already failed with, if it did: an operation posted now
+    /// would certainly not reach the peer.
+    pub(crate) fn failed(&self) -> Option<Error> {
+        self.inner().shared.borrow().error.clone()
+    }
+
     /// Sends `region`'s descriptor, with `T`'s fingerprint, to the peer (who takes it with
     /// [`recv_region`](Self::recv_region)).
     pub async fn send_region<T: Pod>(&self, region: &Region<T>) -> Result<()> {
         let r = region.remote();
-        self.inner()
-            .send_control(&Control::Region {
-                fp: Fingerprint::of::<T>(),
-                desc: r.desc,
-                len: r.len,
-            })
+        self.send_described(r.desc, Fingerprint::of::<T>(), r.len)
             .await
     }
 
     /// The next region descriptor the peer sent, checked to hold `T`s: a mismatch of type name,
     /// size or alignment is an error naming both, and the descriptor is dropped.
     pub async fn recv_region<T: Pod>(&self) -> Result<RemoteRegion<T>> {
+        let (desc, len) = self
+            .recv_described(&Fingerprint::of::<T>(), std::mem::size_of::<T>() as u64)
+            .await?;
+        Ok(RemoteRegion::from_parts(desc, len))
+    }
+
+    /// Sends a descriptor of memory that holds `len` elements described by `fp` (for
+    /// structures whose memory is laid out in words of their own, as shared arrays are).
+    pub(crate) async fn send_described(
+        &self,
+        desc: barewire_drivers::RegionDescriptor,
+        fp: Fingerprint,
+        len: u64,
+    ) -> Result<()> {
+        self.inner()
+            .send_control(&Control::Region { fp, desc, len })
+            .await
+    }
+
+    /// The next descriptor the peer sent, checked against `fp` and to span at least `len`
+    /// elements of `element_bytes`; returns it and `len`.
+    pub(crate) async fn recv_described(
+        &self,
+        expected: &Fingerprint,
+        element_bytes: u64,
+    ) -> Result<(barewire_drivers::RegionDescriptor, u64)> {
         let (fp, desc, len) = self
             .inner()
             .wait_control(|_, c| match c {
@@ -277,14 +304,14 @@ impl Endpoint {
                 _ => None,
             })
             .await?;
-        Fingerprint::of::<T>().check(&fp)?;
-        if desc.len < len.saturating_mul(std::mem::size_of::<T>() as u64) {
+        expected.check(&fp)?;
+        if desc.len < len.saturating_mul(element_bytes) {
             return Err(Error::Malformed(format!(
                 "a region of {len} elements described with only {} bytes",
                 desc.len
             )));
         }
-        Ok(RemoteRegion::from_parts(desc, len))
+        Ok((desc, len))
     }
 
     async fn run(&self, op: Op) -> Result<()> {

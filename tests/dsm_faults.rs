@@ -1,0 +1,170 @@
+//! A home that is killed or stopped: this test process is rank 0 of a mesh with two
+//! `barewire-dsm-node` processes, and checks what its operations on the failed member's objects
+//! report, and how soon. A gone home gives `PeerGone` within the provider's fault bound; a
+//! commit in flight when the home stopped is `Indeterminate`, never a success or a failure.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use barewire::dsm::{SharedArray, SharedMemory, SharedOptions};
+use barewire::engine::{time, Runtime};
+use barewire::{Error, Mesh, Node};
+
+/// The provider fails a stalled connection within 1 s; this leaves room for a loaded machine.
+const BOUND: Duration = Duration::from_secs(3);
+const KEYS: u64 = 6;
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Worker {
+    fn spawn(rank: usize) -> Worker {
+        let out = std::env::temp_dir().join(format!(
+            "barewire-dsm-faults-{}-{rank}.hist",
+            std::process::id()
+        ));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_barewire-dsm-node"))
+            .args(["--rank", &rank.to_string(), "--ops", "0"])
+            .args(["--keys", &KEYS.to_string(), "--out", out.to_str().unwrap()])
+            .env("BAREWIRE_DRIVER", "soft")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("barewire-dsm-node starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        Worker {
+            stdin: child.stdin.take().unwrap(),
+            child,
+            lines,
+        }
+    }
+
+    fn expect(&self, what: &str) -> String {
+        loop {
+            let l = self
+                .lines
+                .recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
+            if l.starts_with(what) {
+                return l;
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Rank 0 here, ranks 1 and 2 as processes, the same shared objects as the workload makes
+/// (a barrier counter, six 64-byte keys, six word keys; keys 4 and 5 live on rank 2).
+fn with_mesh<F, Fut>(body: F)
+where
+    F: FnOnce(Rc<[Worker; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut workers = [Worker::spawn(1), Worker::spawn(2)];
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let node = Node::soft().unwrap();
+            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let mut addrs = vec![format!("127.0.0.1:{port}")];
+            for w in &workers {
+                let p = w.expect("READY");
+                addrs.push(format!("127.0.0.1:{}", p.trim_start_matches("READY ")));
+            }
+            for w in &mut workers {
+                writeln!(w.stdin, "ADDRS {}", addrs.join(" ")).unwrap();
+            }
+            let addrs: Vec<_> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+            let mesh = Mesh::join(&node, 0, &addrs).await.unwrap();
+            let opts = SharedOptions::default();
+            let bar = SharedMemory::<u64>::create(&node, &mesh, 0, opts)
+                .await
+                .unwrap();
+            let wide = SharedArray::<[u64; 8]>::create(&node, &mesh, KEYS, [0; 8], opts)
+                .await
+                .unwrap();
+            let word = SharedArray::<u64>::create(&node, &mesh, KEYS, 0, opts)
+                .await
+                .unwrap();
+            bar.fetch_add(0, 1).await.unwrap();
+            while bar.read_from(0).await.unwrap() < 3 {
+                time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(wide.home_of(4), 2);
+            // Everything works before the fault.
+            wide.update(4, |v| [v[0] + 1; 8]).await.unwrap();
+            word.fetch_add(4, 1).await.unwrap();
+            body(Rc::new(workers), Rc::new(wide), Rc::new(word)).await;
+        });
+}
+
+#[test]
+fn a_killed_home_fails_its_objects_with_peer_gone_within_the_bound() {
+    with_mesh(|workers, wide, word| async move {
+        workers[1].signal(libc::SIGKILL);
+        let t0 = Instant::now();
+        let e = wide.get(4).await.unwrap_err();
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        assert!(t0.elapsed() < BOUND, "took {:?}", t0.elapsed());
+        // Known gone before anything is posted: a definite failure, not an unknown outcome.
+        let e = word.fetch_add(5, 1).await.unwrap_err();
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        let e = wide.update(5, |v| *v).await.unwrap_err();
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        // The survivors' objects still work.
+        assert_eq!(wide.update(0, |v| [v[0] + 1; 8]).await.unwrap(), [1; 8]);
+        assert_eq!(word.fetch_add(2, 5).await.unwrap(), 0);
+    });
+}
+
+#[test]
+fn a_commit_to_a_home_stopped_mid_update_is_indeterminate() {
+    with_mesh(|workers, wide, _| async move {
+        let t0 = Instant::now();
+        // The home stops after this node took the lock and before its commit arrives.
+        let r = wide
+            .update(4, |v| {
+                workers[1].signal(libc::SIGSTOP);
+                [v[0] + 1; 8]
+            })
+            .await;
+        let took = t0.elapsed();
+        workers[1].signal(libc::SIGCONT);
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Indeterminate(_)), "{e}");
+        assert!(took < BOUND, "took {took:?}");
+        assert!(
+            took >= Duration::from_millis(500),
+            "failed after only {took:?}"
+        );
+        let e = wide.get(4).await.unwrap_err();
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+    });
+}

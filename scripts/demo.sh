@@ -2,8 +2,10 @@
 # The main job: installs what is missing, then runs the barewire tour — three nodes (three
 # processes) on loopback over barewire's drivers (the software provider, iWARP over TCP, where
 # there is no RDMA hardware): typed one-sided operations, a channel and a fan-out, with what
-# each costs.
+# each costs; then three processes sharing memory (a counter, a histogram and a record updated
+# concurrently from every node, checked for lost updates).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo run --release --example tour
+cargo run --release --example dsm

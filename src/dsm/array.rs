@@ -654,12 +654,14 @@ impl Remote {
     }
 }
 
+/// Waiting for a lock or a landing commit: a few yields (the holder is usually a round trip
+/// from done), then sleeps growing from 20 us to 160 us.
 async fn backoff(spins: &mut u32) {
     *spins += 1;
-    if *spins < 8 {
+    if *spins < 4 {
         yield_now().await;
     } else {
-        time::sleep(Duration::from_micros(20 << (*spins - 8).min(6))).await;
+        time::sleep(Duration::from_micros(20 << (*spins - 4).min(3))).await;
     }
 }
 

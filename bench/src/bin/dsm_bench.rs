@@ -1,0 +1,446 @@
+//! dsm-bench: distributed shared memory against raw RDMA READ and against redis, on two pinned
+//! cores, reps interleaved (each rep runs every barewire measurement, then redis's).
+//!
+//! ```text
+//! dsm-bench [--reps 5] [--iters 20000] [--cpus 0,1] [--no-redis]
+//! ```
+//!
+//! barewire: this process (rank 0, first CPU) and a copy of it (rank 1, second CPU) form a
+//! two-member mesh over the driver `BAREWIRE_DRIVER` picks (the software provider here); every
+//! object measured lives on rank 1. Latencies are one operation at a time from one task, p50
+//! and p99 over `--iters`; "read throughput" is 64 tasks on one core reading for 0.5 s;
+//! "contended update" is 4 tasks updating one 64-byte object, 2,000 updates each.
+//!
+//! redis: Debian's `redis-server` on the second CPU, `redis-benchmark` on the first, GET and
+//! INCR with one client (p50), GET with 50 clients (requests/s).
+
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use barewire::dsm::{SharedArray, SharedOptions};
+use barewire::engine::{spawn_local, time, Runtime};
+use barewire::{Align, Mesh, Node};
+use hdrhistogram::Histogram;
+
+type Wide = [u64; 8];
+
+fn runtime(cpu: usize) -> Runtime {
+    Runtime::builder()
+        .core_ids(&[cpu])
+        .idle_spin(Duration::from_millis(50))
+        .build()
+        .expect("runtime")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--serve") {
+        let cpu: usize = args[1].parse().unwrap();
+        let lead: std::net::SocketAddr = args[2].parse().unwrap();
+        barewire_bench::unpin(); // started from a thread pinned to the other CPU
+        runtime(cpu).block_on(serve(lead));
+        return;
+    }
+    let reps: usize = barewire_bench::flag(&args, "--reps").map_or(5, |v| v.parse().unwrap());
+    let iters: u64 = barewire_bench::flag(&args, "--iters").map_or(20_000, |v| v.parse().unwrap());
+    let cpus = barewire_bench::flag(&args, "--cpus")
+        .map_or(Some([0, 1]), barewire_bench::cpu_pair)
+        .expect("--cpus A,B");
+    let redis = !args.iter().any(|a| a == "--no-redis");
+    let rows = runtime(cpus[0]).block_on(lead(reps, iters, cpus, redis));
+    report(&rows);
+}
+
+/// Two members: rank 0 here, rank 1 in the child. The objects measured are homed on rank 1.
+struct Objects {
+    mesh: Mesh,
+    words: SharedArray<u64>,
+    wides: SharedArray<Wide>,
+    raw8: barewire::RemoteRegion<u64>,
+    raw64: barewire::RemoteRegion<u64>,
+}
+
+async fn setup(node: &Node, rank: usize, addrs: &[std::net::SocketAddr]) -> Objects {
+    let mesh = Mesh::join(node, rank, addrs).await.unwrap();
+    let opts = SharedOptions::default();
+    // Two elements over two members: element 1 lives on rank 1.
+    let words = SharedArray::<u64>::create(node, &mesh, 2, 0, opts)
+        .await
+        .unwrap();
+    let wides = SharedArray::<Wide>::create(node, &mesh, 2, [0; 8], opts)
+        .await
+        .unwrap();
+    let other = mesh.endpoint(1 - rank);
+    let raw = node.region::<u64>(16, Align::CacheLine).unwrap();
+    other.send_region(&raw).await.unwrap();
+    other.send_region(&raw).await.unwrap();
+    let raw8 = other.recv_region::<u64>().await.unwrap();
+    let raw64 = other.recv_region::<u64>().await.unwrap();
+    std::mem::forget(raw); // lives as long as the process
+    Objects {
+        mesh,
+        words,
+        wides,
+        raw8,
+        raw64,
+    }
+}
+
+async fn serve(lead: std::net::SocketAddr) {
+    let node = Node::new().unwrap();
+    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    println!("READY {port}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let me = format!("127.0.0.1:{port}").parse().unwrap();
+    let _objs = setup(&node, 1, &[lead, me]).await;
+    // Serve (the provider's poller answers every operation) until the lead kills this process.
+    loop {
+        time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn on_path(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[derive(Default, Clone)]
+struct Row {
+    name: &'static str,
+    unit: &'static str,
+    /// Per rep: (p50 or throughput, p99).
+    reps: Vec<(f64, f64)>,
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap()
+}
+
+async fn latency<F, Fut>(iters: u64, mut op: F) -> (f64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..iters / 10 {
+        op().await;
+    }
+    let mut h = hist();
+    for _ in 0..iters {
+        let t = Instant::now();
+        op().await;
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+    }
+    (
+        h.value_at_quantile(0.5) as f64 / 1e3,
+        h.value_at_quantile(0.99) as f64 / 1e3,
+    )
+}
+
+async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row> {
+    let node = Node::new().unwrap();
+    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (peer_port, mut child) =
+        barewire_bench::spawn_ready(&["--serve", &cpus[1].to_string(), &me.to_string()]);
+    let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
+    let objs = Rc::new(setup(&node, 0, &[me, peer]).await);
+    let mut rows: Vec<Row> = [
+        ("raw READ 8 B p50", "us"),
+        ("read_from 8 B (word) p50", "us"),
+        ("raw READ 64 B p50", "us"),
+        ("read_from 64 B (wide) p50", "us"),
+        ("update 64 B p50", "us"),
+        ("update 8 B (word) p50", "us"),
+        ("fetch_add p50", "us"),
+        ("read throughput, 64 tasks on one core", "k ops/s"),
+        ("contended update, 4 writers on one 64 B key", "k ops/s"),
+        ("redis GET p50, 1 client", "us"),
+        ("redis INCR p50, 1 client", "us"),
+        ("redis GET, 50 clients", "k ops/s"),
+    ]
+    .iter()
+    .map(|(name, unit)| Row {
+        name,
+        unit,
+        reps: Vec::new(),
+    })
+    .collect();
+    let server = if !redis {
+        None
+    } else if !on_path("redis-server") || !on_path("redis-benchmark") {
+        eprintln!("dsm-bench: redis-server or redis-benchmark not found (apt-get install redis-server redis-tools); redis rows skipped");
+        None
+    } else {
+        Some(Redis::start(cpus[1]).expect("redis-server starts"))
+    };
+    for rep in 0..reps {
+        let o = objs.clone();
+        let mut put = |i: usize, v: (f64, f64)| rows[i].reps.push(v);
+        put(
+            0,
+            latency(iters, || async {
+                o.mesh
+                    .endpoint(1)
+                    .read(&o.raw8, 0)
+                    .await
+                    .map(|_| ())
+                    .unwrap()
+            })
+            .await,
+        );
+        put(
+            1,
+            latency(iters, || async {
+                o.words.get(1).await.map(|_| ()).unwrap()
+            })
+            .await,
+        );
+        put(
+            2,
+            latency(iters, || async {
+                o.mesh
+                    .endpoint(1)
+                    .read_slice(&o.raw64, 0, 8)
+                    .await
+                    .map(|_| ())
+                    .unwrap()
+            })
+            .await,
+        );
+        put(
+            3,
+            latency(iters, || async {
+                o.wides.get(1).await.map(|_| ()).unwrap()
+            })
+            .await,
+        );
+        put(
+            4,
+            latency(iters, || async {
+                o.wides
+                    .update(1, |v| [v[0] + 1; 8])
+                    .await
+                    .map(|_| ())
+                    .unwrap()
+            })
+            .await,
+        );
+        put(
+            5,
+            latency(iters, || async {
+                o.words.update(1, |v| v + 1).await.map(|_| ()).unwrap()
+            })
+            .await,
+        );
+        put(
+            6,
+            latency(iters, || async {
+                o.words.fetch_add(1, 1).await.map(|_| ()).unwrap()
+            })
+            .await,
+        );
+        put(7, (read_throughput(&o).await, 0.0));
+        put(8, contended(&o).await);
+        if let Some(s) = &server {
+            let one = s.bench(cpus[0], 1, iters, "get,incr");
+            put(9, (one[0].1, 0.0));
+            put(10, (one[1].1, 0.0));
+            let many = s.bench(cpus[0], 50, 200_000, "get");
+            put(11, (many[0].0 / 1e3, 0.0));
+        }
+        eprintln!("rep {} of {reps} done", rep + 1);
+    }
+    drop(objs);
+    let _ = child.kill();
+    let _ = child.wait();
+    rows
+}
+
+async fn read_throughput(o: &Rc<Objects>) -> f64 {
+    let stop = Instant::now() + Duration::from_millis(500);
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let o = o.clone();
+        tasks.push(spawn_local(async move {
+            let mut n = 0u64;
+            while Instant::now() < stop {
+                o.words.get(1).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / 0.5 / 1e3
+}
+
+async fn contended(o: &Rc<Objects>) -> (f64, f64) {
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let o = o.clone();
+        tasks.push(spawn_local(async move {
+            let mut h = hist();
+            for _ in 0..2_000 {
+                let t = Instant::now();
+                o.wides.update(1, |v| [v[0] + 1; 8]).await.unwrap();
+                h.record(t.elapsed().as_nanos() as u64).unwrap();
+            }
+            h
+        }));
+    }
+    let mut all = hist();
+    for t in tasks {
+        all.add(t.await.unwrap()).unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    (
+        8_000.0 / secs / 1e3,
+        all.value_at_quantile(0.99) as f64 / 1e3,
+    )
+}
+
+struct Redis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start(cpu: usize) -> std::io::Result<Redis> {
+        let port = 16_379 + (std::process::id() % 1000) as u16;
+        let child = Command::new("taskset")
+            .args([
+                "-c",
+                &cpu.to_string(),
+                "redis-server",
+                "--port",
+                &port.to_string(),
+            ])
+            .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .stdout(Stdio::null())
+            .spawn()?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Redis { child, port })
+    }
+
+    /// redis-benchmark's CSV: per test (requests/s, p50 in us).
+    fn bench(&self, cpu: usize, clients: u32, n: u64, tests: &str) -> Vec<(f64, f64)> {
+        let out = Command::new("taskset")
+            .args([
+                "-c",
+                &cpu.to_string(),
+                "redis-benchmark",
+                "-p",
+                &self.port.to_string(),
+            ])
+            .args([
+                "-c",
+                &clients.to_string(),
+                "-n",
+                &n.to_string(),
+                "-t",
+                tests,
+                "--csv",
+            ])
+            .output()
+            .expect("redis-benchmark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<f64> = l
+                    .split(',')
+                    .skip(1)
+                    .filter_map(|x| x.trim_matches('"').parse().ok())
+                    .collect();
+                // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
+                (f.len() >= 4).then(|| (f[0], f[3] * 1e3))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// The median across reps of `rows[a] / rows[b]` computed per rep.
+fn ratio(rows: &[Row], a: usize, b: usize) -> String {
+    let r: Vec<f64> = rows[a]
+        .reps
+        .iter()
+        .zip(&rows[b].reps)
+        .map(|(x, y)| x.0 / y.0)
+        .collect();
+    if r.is_empty() {
+        return "n/a".into();
+    }
+    let (lo, hi) = r
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+    format!("{:.2}x ({lo:.2}-{hi:.2})", median(r))
+}
+
+fn report(rows: &[Row]) {
+    println!("| measurement | median over reps | p99 (median) |");
+    println!("|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {:.2} {} | {} |",
+            r.name,
+            median(r.reps.iter().map(|x| x.0).collect()),
+            r.unit,
+            if r.reps.iter().any(|x| x.1 > 0.0) {
+                format!("{:.2} us", median(r.reps.iter().map(|x| x.1).collect()))
+            } else {
+                "-".into()
+            }
+        );
+    }
+    println!();
+    println!("| target | ratio: median of per-rep ratios (range) | target |");
+    println!("|---|---|---|");
+    println!(
+        "| read_from 8 B / raw READ 8 B | {} | <= 1.15x |",
+        ratio(rows, 1, 0)
+    );
+    println!(
+        "| read_from 64 B / raw READ 64 B | {} | <= 1.15x |",
+        ratio(rows, 3, 2)
+    );
+    println!(
+        "| update 64 B / raw READ 8 B | {} | <= 3.5x |",
+        ratio(rows, 4, 0)
+    );
+    println!(
+        "| read_from 8 B / redis GET, 1 client | {} | <= 0.2x |",
+        ratio(rows, 1, 9)
+    );
+    println!(
+        "| fetch_add / redis INCR, 1 client | {} | <= 0.2x |",
+        ratio(rows, 6, 10)
+    );
+    println!(
+        "| read throughput, one core / redis GET, 50 clients | {} | >= 2x |",
+        ratio(rows, 7, 11)
+    );
+}

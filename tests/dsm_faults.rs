@@ -3,87 +3,46 @@
 //! report, and how soon. A gone home gives `PeerGone` within the provider's fault bound; a
 //! commit in flight when the home stopped is `Indeterminate`, never a success or a failure.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
+mod common;
+
 use std::rc::Rc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use barewire::dsm::{SharedArray, SharedMemory, SharedOptions};
 use barewire::engine::{time, Runtime};
 use barewire::{Error, Mesh, Node};
+use common::DsmNode;
 
 /// The provider fails a stalled connection within 1 s; this leaves room for a loaded machine.
 const BOUND: Duration = Duration::from_secs(3);
 const KEYS: u64 = 6;
 
-struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Worker {
-    fn spawn(rank: usize) -> Worker {
-        let out = std::env::temp_dir().join(format!(
-            "barewire-dsm-faults-{}-{rank}.hist",
-            std::process::id()
-        ));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_barewire-dsm-node"))
-            .args(["--rank", &rank.to_string(), "--ops", "0"])
-            .args(["--keys", &KEYS.to_string(), "--out", out.to_str().unwrap()])
-            .env("BAREWIRE_DRIVER", "soft")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("barewire-dsm-node starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(l);
-            }
-        });
-        Worker {
-            stdin: child.stdin.take().unwrap(),
-            child,
-            lines,
-        }
-    }
-
-    fn expect(&self, what: &str) -> String {
-        loop {
-            let l = self
-                .lines
-                .recv_timeout(Duration::from_secs(20))
-                .unwrap_or_else(|e| panic!("waiting for {what}: {e}"));
-            if l.starts_with(what) {
-                return l;
-            }
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn worker(rank: usize) -> DsmNode {
+    let out = std::env::temp_dir().join(format!(
+        "barewire-dsm-faults-{}-{rank}.hist",
+        std::process::id()
+    ));
+    let args = [
+        "--rank".to_string(),
+        rank.to_string(),
+        "--ops".into(),
+        "0".into(),
+        "--keys".into(),
+        KEYS.to_string(),
+        "--out".into(),
+        out.to_string_lossy().into_owned(),
+    ];
+    DsmNode::spawn(&args, None)
 }
 
 /// Rank 0 here, ranks 1 and 2 as processes, the same shared objects as the workload makes
 /// (a barrier counter, six 64-byte keys, six word keys; keys 4 and 5 live on rank 2).
 fn with_mesh<F, Fut>(body: F)
 where
-    F: FnOnce(Rc<[Worker; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
+    F: FnOnce(Rc<[DsmNode; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let mut workers = [Worker::spawn(1), Worker::spawn(2)];
+    let mut workers = [worker(1), worker(2)];
     Runtime::builder()
         .cores(1)
         .pin(false)
@@ -95,11 +54,10 @@ where
             let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
             let mut addrs = vec![format!("127.0.0.1:{port}")];
             for w in &workers {
-                let p = w.expect("READY");
-                addrs.push(format!("127.0.0.1:{}", p.trim_start_matches("READY ")));
+                addrs.push(format!("127.0.0.1:{}", w.port()));
             }
             for w in &mut workers {
-                writeln!(w.stdin, "ADDRS {}", addrs.join(" ")).unwrap();
+                w.say(&format!("ADDRS {}", addrs.join(" ")));
             }
             let addrs: Vec<_> = addrs.iter().map(|a| a.parse().unwrap()).collect();
             let mesh = Mesh::join(&node, 0, &addrs).await.unwrap();

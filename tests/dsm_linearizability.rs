@@ -15,13 +15,14 @@
 //! And the checker itself: the same workload on two deliberately broken variants (updates
 //! without a lock; writes in place with no version or check) must be reported as violations.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::DsmNode;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
 const MEMBERS: usize = 3;
@@ -236,35 +237,6 @@ impl Default for Run {
     }
 }
 
-struct Member {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    stdin: std::process::ChildStdin,
-}
-
-impl Member {
-    fn expect(&self, what: &str, within: Duration) -> String {
-        loop {
-            match self.lines.recv_timeout(within) {
-                Ok(l) if l.starts_with(what) => return l,
-                Ok(_) => {}
-                Err(e) => panic!("waited {within:?} for {what}: {e}"),
-            }
-        }
-    }
-    fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-}
-
-impl Drop for Member {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct Netns {
     name: String,
     veth: String,
@@ -319,54 +291,34 @@ impl Drop for Netns {
     }
 }
 
-fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) -> Member {
-    let bin = env!("CARGO_BIN_EXE_barewire-dsm-node");
-    let mut cmd = match netns {
-        Some(ns) => {
-            let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, bin]);
-            c
-        }
-        None => Command::new(bin),
-    };
-    let s = |v: u64| v.to_string();
+fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) -> DsmNode {
     let hold = if rank == MEMBERS - 1 {
         run.victim_hold_us
     } else {
         run.hold_us
     };
-    cmd.args(["--rank", &s(rank as u64), "--out", out.to_str().unwrap()])
-        .args(["--bind", bind, "--ops", &s(run.ops), "--hold-us", &s(hold)])
-        .args(["--pace-us", &s(run.pace_us), "--lease-ms", &s(run.lease_ms)])
-        .args(["--seed", &s(std::process::id() as u64)])
-        .env("BAREWIRE_DRIVER", "soft")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped());
+    let mut args: Vec<String> = [
+        ("--rank", rank.to_string()),
+        ("--out", out.to_string_lossy().into_owned()),
+        ("--bind", bind.to_string()),
+        ("--ops", run.ops.to_string()),
+        ("--hold-us", hold.to_string()),
+        ("--pace-us", run.pace_us.to_string()),
+        ("--lease-ms", run.lease_ms.to_string()),
+        ("--seed", std::process::id().to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .collect();
     if let Some(b) = run.broken {
-        cmd.args(["--broken", b]);
+        args.extend(["--broken".into(), b.into()]);
     }
     if run.isolate_victim_home {
         // Nobody touches the faulty member's own keys: its locks are all on the survivors'
         // keys, which the survivors keep working on.
-        cmd.args(["--skip-home", &s(MEMBERS as u64 - 1)]);
+        args.extend(["--skip-home".into(), (MEMBERS - 1).to_string()]);
     }
-    let mut child = cmd.spawn().expect("barewire-dsm-node starts");
-    let stdout = child.stdout.take().unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    Member {
-        child,
-        lines,
-        stdin,
-    }
+    DsmNode::spawn(&args, netns)
 }
 
 /// What a run left: every call recorded, and per surviving member its `DONE` counters
@@ -403,7 +355,7 @@ fn workload(run: &Run) -> Outcome {
         None
     };
     let victim = MEMBERS - 1;
-    let mut members: Vec<Member> = (0..MEMBERS)
+    let mut members: Vec<DsmNode> = (0..MEMBERS)
         .map(|r| match &netns {
             Some((ns, host, peer)) if r == victim => {
                 spawn(r, run, &outs[r], peer, Some(ns.name.as_str()))
@@ -420,13 +372,10 @@ fn workload(run: &Run) -> Outcome {
     let addrs: Vec<String> = members
         .iter()
         .enumerate()
-        .map(|(r, m)| {
-            let port = m.expect("READY", Duration::from_secs(20));
-            format!("{}:{}", ip(r), port.trim_start_matches("READY "))
-        })
+        .map(|(r, m)| format!("{}:{}", ip(r), m.port()))
         .collect();
     for m in &mut members {
-        writeln!(m.stdin, "ADDRS {}", addrs.join(" ")).unwrap();
+        m.say(&format!("ADDRS {}", addrs.join(" ")));
     }
     for m in &members {
         m.expect("STARTED", Duration::from_secs(20));
@@ -462,7 +411,7 @@ fn workload(run: &Run) -> Outcome {
         }
     }
     for m in &mut members {
-        let _ = writeln!(m.stdin, "EXIT");
+        m.say("EXIT");
     }
     drop(members);
     let calls = read_histories(&outs);

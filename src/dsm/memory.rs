@@ -16,7 +16,7 @@ use crate::node::Node;
 /// use barewire::dsm::{SharedMemory, SharedOptions};
 /// let counters = SharedMemory::<u64>::create(node, mesh, 0, SharedOptions::default()).await?;
 /// counters.fetch_add(1, 10).await?;            // node 1's counter += 10
-/// counters.update(2, |v| v.max(7)).await?;     // read-modify-write on node 2's
+/// counters.update(2, |v| (*v).max(7)).await?;  // read-modify-write on node 2's
 /// counters.write_to(0, 99).await?;
 /// assert_eq!(counters.read_from(0).await?, 99);
 /// # Ok(()) }

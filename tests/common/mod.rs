@@ -1,0 +1,85 @@
+//! A `barewire-dsm-node` process driven over its standard input and output, shared by the
+//! distributed-shared-memory tests.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// One member process: its lines on standard output arrive through `lines`.
+pub struct DsmNode {
+    pub child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl DsmNode {
+    /// Starts `barewire-dsm-node ARGS` on the software provider, inside network namespace
+    /// `netns` when given.
+    pub fn spawn(args: &[String], netns: Option<&str>) -> DsmNode {
+        let bin = env!("CARGO_BIN_EXE_barewire-dsm-node");
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, bin]);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let mut child = cmd
+            .args(args)
+            .env("BAREWIRE_DRIVER", "soft")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("barewire-dsm-node starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        DsmNode {
+            stdin: child.stdin.take().unwrap(),
+            child,
+            lines,
+        }
+    }
+
+    /// The next line that starts with `what` (earlier lines are skipped).
+    pub fn expect(&self, what: &str, within: Duration) -> String {
+        loop {
+            match self.lines.recv_timeout(within) {
+                Ok(l) if l.starts_with(what) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("waited {within:?} for {what}: {e}"),
+            }
+        }
+    }
+
+    /// The port it printed in `READY <port>`.
+    pub fn port(&self) -> u16 {
+        let l = self.expect("READY", Duration::from_secs(20));
+        l.trim_start_matches("READY ").parse().expect("a port")
+    }
+
+    /// Writes one line to its standard input (it may have exited: then nothing happens).
+    pub fn say(&mut self, line: &str) {
+        let _ = writeln!(self.stdin, "{line}");
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+}
+
+impl Drop for DsmNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -49,6 +49,12 @@ pub enum Error {
     /// for it exceeded the limit).
     #[error("lock: {0}")]
     Lock(String),
+    /// The actor has exited (its reason).
+    #[error("the actor has exited: {0}")]
+    Exited(String),
+    /// No answer in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
     /// The peer refused a channel.
     #[error("the peer refused the channel: {0}")]
     Refused(String),

@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+pub mod actor;
 mod channel;
 mod control;
 mod distributed;

@@ -1,0 +1,418 @@
+//! OTP supervision: children started in order, restarted by strategy and restart type, within
+//! a restart intensity, and stopped in reverse order.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use barewire_engine::{spawn_local, time};
+
+use super::cell::{spawn, ActorRef, Exit};
+use super::{Actor, ExitReason};
+
+/// Which children a restart takes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Only the child that exited.
+    OneForOne,
+    /// Every child: the others are stopped (reverse start order), then all start again.
+    OneForAll,
+    /// The child and those started after it: those are stopped (reverse order), then it and
+    /// they start again.
+    RestForOne,
+}
+
+/// When a child is restarted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restart {
+    /// Always.
+    Permanent,
+    /// Only after an abnormal exit (anything but `Normal` or `Shutdown`).
+    Transient,
+    /// Never; and when a sibling's restart stops it, it is removed rather than restarted.
+    Temporary,
+}
+
+/// A running child, whatever it is (an actor or a supervisor).
+pub(crate) struct Child {
+    exit: Rc<Exit>,
+    stop: Box<dyn Fn()>,
+    kill: Box<dyn Fn()>,
+}
+
+/// How to start one child, and how to treat it.
+pub struct ChildSpec {
+    /// Its name (also the name an actor child is registered under, see [`whereis`]).
+    pub name: String,
+    /// When it is restarted.
+    pub restart: Restart,
+    /// How long it has to stop when asked before it is killed.
+    pub shutdown: Duration,
+    start: Rc<dyn Fn() -> Child>,
+}
+
+impl ChildSpec {
+    /// A child actor made by `make` at every (re)start, registered under `name` on this core
+    /// while it runs (find it with [`whereis`]). Permanent, 5 s to shut down (OTP's defaults).
+    pub fn actor<A: Actor>(name: &str, make: impl Fn() -> A + 'static) -> ChildSpec {
+        let n = name.to_string();
+        ChildSpec {
+            name: name.to_string(),
+            restart: Restart::Permanent,
+            shutdown: Duration::from_secs(5),
+            start: Rc::new(move || {
+                let r = spawn(make());
+                register(&n, &r);
+                let (s, k) = (r.clone(), r.clone());
+                Child {
+                    exit: r.exit_cell(),
+                    stop: Box::new(move || s.stop(ExitReason::Shutdown)),
+                    kill: Box::new(move || k.kill()),
+                }
+            }),
+        }
+    }
+
+    /// A child supervisor, built from `spec` at every (re)start. Permanent, and given as long as
+    /// it needs to stop its own children (OTP's `infinity`, here an hour).
+    pub fn supervisor(name: &str, spec: impl Fn() -> SupervisorSpec + 'static) -> ChildSpec {
+        ChildSpec {
+            name: name.to_string(),
+            restart: Restart::Permanent,
+            shutdown: Duration::from_secs(3600),
+            start: Rc::new(move || {
+                let s = Supervisor::start(spec());
+                let (a, b) = (s.clone(), s.clone());
+                Child {
+                    exit: s.state.exit.clone(),
+                    stop: Box::new(move || a.stop()),
+                    kill: Box::new(move || b.kill()),
+                }
+            }),
+        }
+    }
+
+    /// With restart type `r`.
+    pub fn restart(mut self, r: Restart) -> ChildSpec {
+        self.restart = r;
+        self
+    }
+
+    /// With `d` to shut down.
+    pub fn shutdown(mut self, d: Duration) -> ChildSpec {
+        self.shutdown = d;
+        self
+    }
+}
+
+/// A supervisor's shape: its strategy, its restart intensity, and its children in start order.
+pub struct SupervisorSpec {
+    /// Which children a restart takes with it.
+    pub strategy: Strategy,
+    /// More than this many restarts within `period`...
+    pub intensity: u32,
+    /// ...and the supervisor gives up: it stops every child and exits with `Shutdown`.
+    pub period: Duration,
+    /// Started in this order, stopped in the reverse.
+    pub children: Vec<ChildSpec>,
+}
+
+impl SupervisorSpec {
+    /// `strategy` with OTP's default intensity (1 restart in 5 s).
+    pub fn new(strategy: Strategy, children: Vec<ChildSpec>) -> SupervisorSpec {
+        SupervisorSpec {
+            strategy,
+            intensity: 1,
+            period: Duration::from_secs(5),
+            children,
+        }
+    }
+
+    /// With at most `intensity` restarts in `period`.
+    pub fn intensity(mut self, intensity: u32, period: Duration) -> SupervisorSpec {
+        self.intensity = intensity;
+        self.period = period;
+        self
+    }
+}
+
+struct Slot {
+    spec: ChildSpec,
+    running: Option<Child>,
+    /// A temporary child that exited, or was stopped by a sibling's restart: gone for good.
+    removed: bool,
+    starts: u64,
+}
+
+struct State {
+    exit: Rc<Exit>,
+    stop: Cell<bool>,
+    kill: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+    slots: RefCell<Vec<Slot>>,
+    restarts: Cell<u64>,
+}
+
+/// A running supervisor (a handle: clone it freely).
+///
+/// ```
+/// use barewire::actor::{Actor, ChildSpec, Context, Strategy, Supervisor, SupervisorSpec};
+/// struct Worker;
+/// impl Actor for Worker {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), _: &Context<Self>) { panic!("boom") }
+/// }
+/// # barewire::engine::Runtime::builder().cores(1).pin(false).build().unwrap().block_on(async {
+/// let sup = Supervisor::start(SupervisorSpec::new(Strategy::OneForOne, vec![
+///     ChildSpec::actor("worker", || Worker),
+/// ]));
+/// barewire::actor::whereis::<Worker>("worker").unwrap().tell(()).unwrap(); // it panics...
+/// barewire::engine::time::sleep(std::time::Duration::from_millis(5)).await;
+/// assert_eq!(sup.starts("worker"), Some(2));                               // ...and is restarted
+/// sup.stop();
+/// sup.wait().await;
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Supervisor {
+    state: Rc<State>,
+}
+
+impl Supervisor {
+    /// Starts every child, in order, and supervises them from a task of this core.
+    pub fn start(spec: SupervisorSpec) -> Supervisor {
+        let state = Rc::new(State {
+            exit: Rc::new(Exit::default()),
+            stop: Cell::new(false),
+            kill: Cell::new(false),
+            waker: RefCell::new(None),
+            slots: RefCell::new(
+                spec.children
+                    .into_iter()
+                    .map(|spec| Slot {
+                        spec,
+                        running: None,
+                        removed: false,
+                        starts: 0,
+                    })
+                    .collect(),
+            ),
+            restarts: Cell::new(0),
+        });
+        let n = state.slots.borrow().len();
+        for i in 0..n {
+            start_child(&state, i);
+        }
+        let s = state.clone();
+        spawn_local(async move {
+            let reason = supervise(&s, spec.strategy, spec.intensity, spec.period).await;
+            s.exit.set(reason);
+        });
+        Supervisor { state }
+    }
+
+    /// Stops every child in reverse start order, then itself (`Shutdown`).
+    pub fn stop(&self) {
+        self.state.stop.set(true);
+        self.wake();
+    }
+
+    fn kill(&self) {
+        self.state.kill.set(true);
+        self.stop();
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.state.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Waits until it has ended; why.
+    pub async fn wait(&self) -> ExitReason {
+        poll_fn(|cx| self.state.exit.poll_exit(cx)).await
+    }
+
+    /// How it ended, once it has.
+    pub fn exit_reason(&self) -> Option<ExitReason> {
+        self.state.exit.get()
+    }
+
+    /// How many times the child `name` has been started (None: no such child).
+    pub fn starts(&self, name: &str) -> Option<u64> {
+        self.state
+            .slots
+            .borrow()
+            .iter()
+            .find(|s| s.spec.name == name)
+            .map(|s| s.starts)
+    }
+
+    /// Whether child `name` is running now.
+    pub fn is_running(&self, name: &str) -> bool {
+        self.state
+            .slots
+            .borrow()
+            .iter()
+            .any(|s| s.spec.name == name && s.running.is_some())
+    }
+
+    /// Restarts so far (a group restart counts once).
+    pub fn restarts(&self) -> u64 {
+        self.state.restarts.get()
+    }
+}
+
+fn start_child(state: &State, i: usize) {
+    let start = state.slots.borrow()[i].spec.start.clone();
+    let child = start();
+    let mut slots = state.slots.borrow_mut();
+    slots[i].running = Some(child);
+    slots[i].starts += 1;
+}
+
+/// Stops running child `i` (asked, then killed after its shutdown time); returns once it has
+/// ended.
+async fn terminate(state: &State, i: usize) {
+    let (exit, grace) = {
+        let slots = state.slots.borrow();
+        let Some(c) = &slots[i].running else { return };
+        if state.kill.get() {
+            (c.kill)();
+        } else {
+            (c.stop)();
+        }
+        (c.exit.clone(), slots[i].spec.shutdown)
+    };
+    if time::timeout(grace, poll_fn(|cx| exit.poll_exit(cx)))
+        .await
+        .is_err()
+    {
+        if let Some(c) = &state.slots.borrow()[i].running {
+            (c.kill)();
+        }
+    }
+    let mut slots = state.slots.borrow_mut();
+    slots[i].running = None;
+    if slots[i].spec.restart == Restart::Temporary {
+        slots[i].removed = true;
+    }
+}
+
+async fn terminate_all(state: &State, from: usize) {
+    let n = state.slots.borrow().len();
+    for i in (from..n).rev() {
+        terminate(state, i).await;
+    }
+}
+
+/// The next child to exit, with its reason; `None` when asked to stop.
+async fn next_exit(state: &State) -> Option<(usize, ExitReason)> {
+    poll_fn(|cx| {
+        if state.stop.get() {
+            return Poll::Ready(None);
+        }
+        for (i, s) in state.slots.borrow().iter().enumerate() {
+            if let Some(c) = &s.running {
+                if let Poll::Ready(r) = c.exit.poll_exit(cx) {
+                    return Poll::Ready(Some((i, r)));
+                }
+            }
+        }
+        *state.waker.borrow_mut() = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
+async fn supervise(
+    state: &State,
+    strategy: Strategy,
+    intensity: u32,
+    period: Duration,
+) -> ExitReason {
+    let mut recent: VecDeque<Instant> = VecDeque::new();
+    while let Some((i, reason)) = next_exit(state).await {
+        let restart = {
+            let mut slots = state.slots.borrow_mut();
+            let s = &mut slots[i];
+            s.running = None;
+            let restart = match s.spec.restart {
+                Restart::Permanent => true,
+                Restart::Transient => reason.is_abnormal(),
+                Restart::Temporary => false,
+            };
+            if s.spec.restart == Restart::Temporary {
+                s.removed = true;
+            }
+            restart
+        };
+        if !restart {
+            continue;
+        }
+        let now = Instant::now();
+        recent.push_back(now);
+        while recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > period)
+        {
+            recent.pop_front();
+        }
+        if recent.len() > intensity as usize {
+            // Too many restarts: give up, and let our own supervisor decide.
+            terminate_all(state, 0).await;
+            return ExitReason::Shutdown;
+        }
+        state.restarts.set(state.restarts.get() + 1);
+        let from = match strategy {
+            Strategy::OneForOne => i,
+            Strategy::OneForAll => 0,
+            Strategy::RestForOne => i,
+        };
+        let to = match strategy {
+            Strategy::OneForOne => i + 1,
+            _ => state.slots.borrow().len(),
+        };
+        // Stop the others of the group (the one that exited already has), last first...
+        for j in (from..to).rev() {
+            if j != i {
+                terminate(state, j).await;
+            }
+        }
+        // ...then start the group again, first first.
+        for j in from..to {
+            let removed = state.slots.borrow()[j].removed;
+            if !removed {
+                start_child(state, j);
+            }
+        }
+    }
+    terminate_all(state, 0).await;
+    ExitReason::Shutdown
+}
+
+thread_local! {
+    static REGISTRY: RefCell<HashMap<String, Box<dyn Any>>> = RefCell::new(HashMap::new());
+}
+
+/// Registers `actor` under `name` on this core (replacing whatever was there).
+pub fn register<A: Actor>(name: &str, actor: &ActorRef<A>) {
+    REGISTRY.with(|r| {
+        r.borrow_mut()
+            .insert(name.to_string(), Box::new(actor.clone()))
+    });
+}
+
+/// The actor registered under `name` on this core, if it is an `A` and has not exited.
+pub fn whereis<A: Actor>(name: &str) -> Option<ActorRef<A>> {
+    REGISTRY.with(|r| {
+        let r = r.borrow();
+        let a = r.get(name)?.downcast_ref::<ActorRef<A>>()?;
+        a.exit_reason().is_none().then(|| a.clone())
+    })
+}

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 use barewire::dsm::{SharedArray, SharedMemory, SharedOptions};
 use barewire::engine::{time, Runtime};
 use barewire::{Error, Mesh, Node};
-use common::DsmNode;
+use common::Member;
 
 /// The provider fails a stalled connection within 1 s; this leaves room for a loaded machine.
 const BOUND: Duration = Duration::from_secs(3);
 const KEYS: u64 = 6;
 
-fn worker(rank: usize) -> DsmNode {
+fn worker(rank: usize) -> Member {
     let out = std::env::temp_dir().join(format!(
         "barewire-dsm-faults-{}-{rank}.hist",
         std::process::id()
@@ -32,14 +32,14 @@ fn worker(rank: usize) -> DsmNode {
         "--out".into(),
         out.to_string_lossy().into_owned(),
     ];
-    DsmNode::spawn(&args, None)
+    Member::spawn(env!("CARGO_BIN_EXE_barewire-dsm-node"), &args, None)
 }
 
 /// Rank 0 here, ranks 1 and 2 as processes, the same shared objects as the workload makes
 /// (a barrier counter, six 64-byte keys, six word keys; keys 4 and 5 live on rank 2).
 fn with_mesh<F, Fut>(body: F)
 where
-    F: FnOnce(Rc<[DsmNode; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
+    F: FnOnce(Rc<[Member; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     let mut workers = [worker(1), worker(2)];

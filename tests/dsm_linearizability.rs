@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::DsmNode;
+use common::Member;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
 const MEMBERS: usize = 3;
@@ -291,7 +291,7 @@ impl Drop for Netns {
     }
 }
 
-fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) -> DsmNode {
+fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) -> Member {
     let hold = if rank == MEMBERS - 1 {
         run.victim_hold_us
     } else {
@@ -318,7 +318,7 @@ fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) ->
         // keys, which the survivors keep working on.
         args.extend(["--skip-home".into(), (MEMBERS - 1).to_string()]);
     }
-    DsmNode::spawn(&args, netns)
+    Member::spawn(env!("CARGO_BIN_EXE_barewire-dsm-node"), &args, netns)
 }
 
 /// What a run left: every call recorded, and per surviving member its `DONE` counters
@@ -355,7 +355,7 @@ fn workload(run: &Run) -> Outcome {
         None
     };
     let victim = MEMBERS - 1;
-    let mut members: Vec<DsmNode> = (0..MEMBERS)
+    let mut members: Vec<Member> = (0..MEMBERS)
         .map(|r| match &netns {
             Some((ns, host, peer)) if r == victim => {
                 spawn(r, run, &outs[r], peer, Some(ns.name.as_str()))

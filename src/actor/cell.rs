@@ -11,6 +11,7 @@ use std::time::Duration;
 use barewire_engine::sync::{mpsc, oneshot};
 use barewire_engine::{spawn_local, time, JoinHandle};
 
+use super::system::RemoteRef;
 use super::{Actor, ExitReason};
 use crate::error::{Error, Result};
 
@@ -53,21 +54,50 @@ impl Exit {
     }
 }
 
-struct Shared<A: Actor> {
+pub(crate) struct Shared<A: Actor> {
     tx: mpsc::Sender<Envelope<A>>,
     exit: Rc<Exit>,
     task: RefCell<Option<JoinHandle<()>>>,
 }
 
-/// A reference to an actor on this core: cheap to clone, usable from any task of the core.
+/// A reference to an actor, wherever it runs: on this core, or on another node of an
+/// [`ActorSystem`](super::ActorSystem). Cheap to clone; the same methods either way.
 pub struct ActorRef<A: Actor> {
-    shared: Rc<Shared<A>>,
+    kind: Kind<A>,
+}
+
+impl<A: Actor> std::fmt::Debug for ActorRef<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Local(s) => write!(
+                f,
+                "ActorRef<{}>(local {:p})",
+                std::any::type_name::<A>(),
+                Rc::as_ptr(s)
+            ),
+            Kind::Remote(r) => write!(
+                f,
+                "ActorRef<{}>(node {}, id {})",
+                std::any::type_name::<A>(),
+                r.node,
+                r.id
+            ),
+        }
+    }
+}
+
+enum Kind<A: Actor> {
+    Local(Rc<Shared<A>>),
+    Remote(Rc<RemoteRef<A>>),
 }
 
 impl<A: Actor> Clone for ActorRef<A> {
     fn clone(&self) -> Self {
         ActorRef {
-            shared: self.shared.clone(),
+            kind: match &self.kind {
+                Kind::Local(s) => Kind::Local(s.clone()),
+                Kind::Remote(r) => Kind::Remote(r.clone()),
+            },
         }
     }
 }
@@ -98,19 +128,21 @@ pub fn spawn<A: Actor>(actor: A) -> ActorRef<A> {
         exit: Rc::new(Exit::default()),
         task: RefCell::new(None),
     });
-    let me = ActorRef { shared };
+    let me = ActorRef {
+        kind: Kind::Local(shared.clone()),
+    };
     let ctx = Context {
         myself: me.clone(),
         stop: RefCell::new(None),
     };
-    let exit = me.shared.exit.clone();
+    let exit = shared.exit.clone();
     let task = spawn_local(async move {
         let reason = run(actor, rx, &ctx).await;
         // The context holds a reference to this actor: drop the mailbox with it.
         drop(ctx);
         exit.set(reason);
     });
-    *me.shared.task.borrow_mut() = Some(task);
+    *shared.task.borrow_mut() = Some(task);
     me
 }
 
@@ -165,25 +197,46 @@ async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
 }
 
 impl<A: Actor> ActorRef<A> {
-    fn send(&self, env: Envelope<A>) -> Result<()> {
-        if let Some(r) = self.shared.exit.get() {
+    pub(crate) fn remote(r: RemoteRef<A>) -> ActorRef<A> {
+        ActorRef {
+            kind: Kind::Remote(Rc::new(r)),
+        }
+    }
+
+    fn send(shared: &Shared<A>, env: Envelope<A>) -> Result<()> {
+        if let Some(r) = shared.exit.get() {
             return Err(Error::Exited(r.to_string()));
         }
-        self.shared
+        shared
             .tx
             .try_send(env)
             .map_err(|_| Error::Exited("its mailbox is closed".into()))
     }
 
-    /// Sends `msg`; messages from one sender are handled in the order sent.
+    /// Sends `msg`; messages from one sender to one actor are handled in the order sent.
     pub fn tell(&self, msg: A::Msg) -> Result<()> {
-        self.send(Envelope::Tell(msg))
+        match &self.kind {
+            Kind::Local(s) => Self::send(s, Envelope::Tell(msg)),
+            Kind::Remote(r) => r.tell(&msg),
+        }
     }
 
     /// Sends `msg` and waits for the handler's reply, at most `timeout`.
     pub async fn ask(&self, msg: A::Msg, timeout: Duration) -> Result<A::Reply> {
+        let s = match &self.kind {
+            Kind::Local(s) => s,
+            Kind::Remote(r) => return r.ask(&msg, timeout).await,
+        };
         let (tx, rx) = oneshot::channel();
-        self.send(Envelope::Ask(msg, tx))?;
+        Self::send(s, Envelope::Ask(msg, tx))?;
+        self.await_reply(rx, timeout).await
+    }
+
+    pub(crate) async fn await_reply(
+        &self,
+        rx: oneshot::Receiver<A::Reply>,
+        timeout: Duration,
+    ) -> Result<A::Reply> {
         match time::timeout(timeout, rx).await {
             Ok(Ok(r)) => Ok(r),
             Ok(Err(_)) => Err(Error::Exited(
@@ -194,36 +247,74 @@ impl<A: Actor> ActorRef<A> {
         }
     }
 
+    /// For a local actor: queues an ask and hands back where its reply will come.
+    pub(crate) fn ask_local(&self, msg: A::Msg) -> Result<oneshot::Receiver<A::Reply>> {
+        let Kind::Local(s) = &self.kind else {
+            return Err(Error::Invalid("not a local actor".into()));
+        };
+        let (tx, rx) = oneshot::channel();
+        Self::send(s, Envelope::Ask(msg, tx))?;
+        Ok(rx)
+    }
+
     /// Asks it to stop with `reason` after the messages already in its mailbox.
     pub fn stop(&self, reason: ExitReason) {
-        let _ = self.send(Envelope::Stop(reason));
+        match &self.kind {
+            Kind::Local(s) => {
+                let _ = Self::send(s, Envelope::Stop(reason));
+            }
+            Kind::Remote(r) => r.exit_signal(reason, false),
+        }
     }
 
     /// Ends it now: its task is dropped at its next scheduling point, `stopped` does not run,
     /// and its exit reason is `Killed`.
     pub fn kill(&self) {
-        if let Some(t) = &*self.shared.task.borrow() {
-            t.cancel();
+        match &self.kind {
+            Kind::Local(s) => {
+                if let Some(t) = &*s.task.borrow() {
+                    t.cancel();
+                }
+                s.exit.set(ExitReason::Killed);
+            }
+            Kind::Remote(r) => r.exit_signal(ExitReason::Killed, true),
         }
-        self.shared.exit.set(ExitReason::Killed);
     }
 
-    /// How it ended, once it has.
+    /// How it ended, once it has (for a remote actor: once this node has heard, which
+    /// [`wait`](Self::wait) arranges).
     pub fn exit_reason(&self) -> Option<ExitReason> {
-        self.shared.exit.get()
+        self.exit_cell().get()
     }
 
-    /// Waits until it ends; its exit reason.
+    /// Waits until it ends; its exit reason. For a remote actor this monitors it: its node
+    /// reports the exit, and a node that goes down gives `NoConnection`.
     pub async fn wait(&self) -> ExitReason {
-        poll_fn(|cx| self.shared.exit.poll_exit(cx)).await
+        let exit = self.exit_cell();
+        poll_fn(|cx| exit.poll_exit(cx)).await
     }
 
     pub(crate) fn exit_cell(&self) -> Rc<Exit> {
-        self.shared.exit.clone()
+        match &self.kind {
+            Kind::Local(s) => s.exit.clone(),
+            Kind::Remote(r) => r.monitored_exit(),
+        }
     }
 
     /// True when both refer to the same actor.
     pub fn same(&self, other: &ActorRef<A>) -> bool {
-        Rc::ptr_eq(&self.shared, &other.shared)
+        match (&self.kind, &other.kind) {
+            (Kind::Local(a), Kind::Local(b)) => Rc::ptr_eq(a, b),
+            (Kind::Remote(a), Kind::Remote(b)) => a.node == b.node && a.id == b.id,
+            _ => false,
+        }
+    }
+
+    /// The rank of the node it runs on, for a remote actor; `None` for one of this core.
+    pub fn node(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Local(_) => None,
+            Kind::Remote(r) => Some(r.node),
+        }
     }
 }

@@ -45,14 +45,16 @@
 
 mod cell;
 mod supervisor;
+mod system;
 
 pub use cell::{spawn, ActorRef, Context};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
+pub use system::{ActorSystem, RemoteActor, SystemOptions};
 
 use std::future::Future;
 
 /// Why an actor (or a supervisor) ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExitReason {
     /// It finished its work (`Context::stop` with `Normal`).
     Normal,

@@ -1,5 +1,5 @@
-//! A `barewire-dsm-node` process driven over its standard input and output, shared by the
-//! distributed-shared-memory tests.
+//! A member process (`barewire-dsm-node`, `barewire-actor-node`) driven over its standard
+//! input and output, shared by the multi-process tests.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -7,17 +7,16 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 /// One member process: its lines on standard output arrive through `lines`.
-pub struct DsmNode {
+pub struct Member {
     pub child: Child,
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
 }
 
-impl DsmNode {
-    /// Starts `barewire-dsm-node ARGS` on the software provider, inside network namespace
+impl Member {
+    /// Starts program `bin` with `args` on the software provider, inside network namespace
     /// `netns` when given.
-    pub fn spawn(args: &[String], netns: Option<&str>) -> DsmNode {
-        let bin = env!("CARGO_BIN_EXE_barewire-dsm-node");
+    pub fn spawn(bin: &str, args: &[String], netns: Option<&str>) -> Member {
         let mut cmd = match netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -42,7 +41,7 @@ impl DsmNode {
                 }
             }
         });
-        DsmNode {
+        Member {
             stdin: child.stdin.take().unwrap(),
             child,
             lines,
@@ -77,7 +76,7 @@ impl DsmNode {
     }
 }
 
-impl Drop for DsmNode {
+impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

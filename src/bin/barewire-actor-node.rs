@@ -1,0 +1,126 @@
+//! barewire-actor-node: one member of a distributed actor system, for tests and for trying
+//! node faults by hand.
+//!
+//! ```text
+//! barewire-actor-node --rank R [--bind IP] [--heartbeat-ms 10] [--misses 5]
+//! ```
+//!
+//! It listens on IP (127.0.0.1) port 0 and prints `READY <port>`, reads one line
+//! `ADDRS <addr> ...` (every member's address, by rank), joins the mesh, starts its actor
+//! system, registers an `echo` actor (`String -> String`) and a `counter` actor (`u64 -> u64`:
+//! adds, returns the total) and the kind `counter` (argument: the starting total), prints
+//! `STARTED`, and then serves until standard input says `EXIT` or closes. A `DOWN <rank>` line
+//! is printed for every node it declares down.
+
+use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use barewire::actor::{spawn, Actor, ActorSystem, Context, SystemOptions};
+use barewire::engine::{spawn_local, time};
+use barewire::{Error, Mesh, Node, Result};
+
+struct Echo;
+impl Actor for Echo {
+    type Msg = String;
+    type Reply = String;
+    async fn handle(&mut self, s: String, _: &Context<Self>) -> String {
+        s
+    }
+}
+
+struct Counter(u64);
+impl Actor for Counter {
+    type Msg = u64;
+    type Reply = u64;
+    async fn handle(&mut self, add: u64, _: &Context<Self>) -> u64 {
+        self.0 += add;
+        self.0
+    }
+}
+
+fn say(s: &str) {
+    println!("{s}");
+    let _ = std::io::stdout().flush();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let Some(rank) = get("--rank").and_then(|r| r.parse::<usize>().ok()) else {
+        eprintln!(
+            "usage: barewire-actor-node --rank R [--bind IP] [--heartbeat-ms N] [--misses N]"
+        );
+        std::process::exit(2);
+    };
+    let bind = get("--bind").unwrap_or_else(|| "127.0.0.1".into());
+    let mut opts = SystemOptions::default();
+    if let Some(ms) = get("--heartbeat-ms").and_then(|v| v.parse().ok()) {
+        opts.heartbeat = Duration::from_millis(ms);
+    }
+    if let Some(m) = get("--misses").and_then(|v| v.parse().ok()) {
+        opts.misses = m;
+    }
+    let rt = barewire::engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .expect("runtime");
+    if let Err(e) = rt.block_on(run(rank, bind, opts)) {
+        eprintln!("barewire-actor-node: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
+    let node = Node::new()?;
+    let addr = format!("{bind}:0")
+        .parse()
+        .map_err(|e| Error::Invalid(format!("--bind {bind}: {e}")))?;
+    let port = node.listen(addr)?;
+    say(&format!("READY {port}"));
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let addrs = line
+        .split_whitespace()
+        .skip(1)
+        .map(|s| s.parse().map_err(|e| Error::Invalid(format!("{s}: {e}"))))
+        .collect::<Result<Vec<std::net::SocketAddr>>>()?;
+    let exit = Arc::new(AtomicBool::new(false));
+    let watch = exit.clone();
+    std::thread::spawn(move || {
+        let mut l = String::new();
+        while std::io::stdin().lock().read_line(&mut l).unwrap_or(0) > 0 && l.trim() != "EXIT" {
+            l.clear();
+        }
+        watch.store(true, Ordering::Release);
+    });
+    let mesh = Mesh::join(&node, rank, &addrs).await?;
+    let sys = ActorSystem::start(&mesh, opts).await?;
+    sys.register("echo", &spawn(Echo))?;
+    sys.register("counter", &spawn(Counter(0)))?;
+    sys.register_kind("counter", Counter);
+    let s = sys.clone();
+    let _downs = spawn_local(async move {
+        let mut seen = 0;
+        loop {
+            let r = s.next_down(&mut seen).await;
+            say(&format!("DOWN {r}"));
+        }
+    });
+    say("STARTED");
+    while !exit.load(Ordering::Acquire) {
+        time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}

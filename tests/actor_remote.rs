@@ -1,0 +1,161 @@
+//! Actors across processes: this test process is rank 0 of a three-member actor system whose
+//! ranks 1 and 2 are `barewire-actor-node` processes. Remote ask, tell (in order), lookup with a
+//! type check, remote spawn, remote monitors; node-down by heartbeat deadline when a member is
+//! stopped, and when one is killed.
+
+mod common;
+
+use std::future::Future;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use barewire::actor::{Actor, ActorSystem, Context, ExitReason, SystemOptions};
+use barewire::engine::Runtime;
+use barewire::{Error, Mesh, Node};
+use common::Member;
+
+const ASK: Duration = Duration::from_secs(2);
+
+struct Echo;
+impl Actor for Echo {
+    type Msg = String;
+    type Reply = String;
+    async fn handle(&mut self, s: String, _: &Context<Self>) -> String {
+        s
+    }
+}
+
+struct Counter;
+impl Actor for Counter {
+    type Msg = u64;
+    type Reply = u64;
+    async fn handle(&mut self, _: u64, _: &Context<Self>) -> u64 {
+        unreachable!("only ever a reference to the members' counters")
+    }
+}
+
+fn member(rank: usize) -> Member {
+    let args = ["--rank".to_string(), rank.to_string()];
+    Member::spawn(env!("CARGO_BIN_EXE_barewire-actor-node"), &args, None)
+}
+
+fn with_system<F, Fut>(body: F)
+where
+    F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut members = [member(1), member(2)];
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+        .block_on(async {
+            let node = Node::soft().unwrap();
+            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let mut addrs = vec![format!("127.0.0.1:{port}")];
+            for m in &members {
+                addrs.push(format!("127.0.0.1:{}", m.port()));
+            }
+            for m in &mut members {
+                m.say(&format!("ADDRS {}", addrs.join(" ")));
+            }
+            let addrs: Vec<_> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+            let mesh = Mesh::join(&node, 0, &addrs).await.unwrap();
+            let sys = ActorSystem::start(&mesh, SystemOptions::default())
+                .await
+                .unwrap();
+            for m in &members {
+                m.expect("STARTED", Duration::from_secs(20));
+            }
+            body(Rc::new(members), sys).await;
+        });
+}
+
+#[test]
+fn remote_ask_tell_lookup_spawn_and_monitor() {
+    with_system(|members, sys| async move {
+        let _alive = members; // the member processes live as long as this test body
+        let echo = sys.lookup::<Echo>(1, "echo").await.unwrap();
+        assert_eq!(echo.node(), Some(1));
+        assert_eq!(echo.ask("hello".into(), ASK).await.unwrap(), "hello");
+
+        // Tells from one sender arrive in order, and before a later ask.
+        let counter = sys.lookup::<Counter>(2, "counter").await.unwrap();
+        for _ in 0..1000 {
+            counter.tell(1).unwrap();
+        }
+        assert_eq!(counter.ask(0, ASK).await.unwrap(), 1000);
+
+        // A name bound to an actor of other message types is refused, naming both.
+        let e = sys.lookup::<Counter>(1, "echo").await.unwrap_err();
+        assert!(e.to_string().contains("alloc::string::String"), "{e}");
+        assert!(sys.lookup::<Echo>(1, "nobody").await.is_err());
+        assert!(sys.whereis::<Echo>("echo").await.unwrap().node().is_some());
+
+        // Remote spawn of a registered kind, with its argument.
+        let c = sys
+            .spawn_on::<Counter, u64>(1, "counter", &100)
+            .await
+            .unwrap();
+        assert_eq!(c.ask(5, ASK).await.unwrap(), 105);
+        let e = sys
+            .spawn_on::<Echo, u64>(1, "counter", &1)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Refused(_)), "{e}");
+
+        // A monitor sees a remote actor's exit with its reason.
+        c.stop(ExitReason::Shutdown);
+        assert_eq!(c.wait().await, ExitReason::Shutdown);
+        assert!(sys.is_up(1) && sys.is_up(2));
+    });
+}
+
+#[test]
+fn a_stopped_node_is_declared_down_by_its_heartbeat_deadline() {
+    with_system(|members, sys| async move {
+        let counter = sys.lookup::<Counter>(2, "counter").await.unwrap();
+        let _ = counter.exit_reason(); // places the monitor
+        assert_eq!(counter.ask(1, ASK).await.unwrap(), 1);
+        members[1].signal(libc::SIGSTOP);
+        let t0 = Instant::now();
+        assert_eq!(counter.wait().await, ExitReason::NoConnection);
+        let took = t0.elapsed();
+        let mut seen = 0;
+        assert_eq!(sys.next_down(&mut seen).await, 2);
+        assert!(!sys.is_up(2) && sys.is_up(1));
+        // Default deadline: 5 heartbeats of 10 ms without a word.
+        assert!(
+            took >= Duration::from_millis(40) && took < Duration::from_millis(500),
+            "declared down after {took:?}"
+        );
+        let e = counter.ask(1, ASK).await.unwrap_err();
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        // The other survivor reached the same verdict on its own.
+        assert_eq!(members[0].expect("DOWN", Duration::from_secs(5)), "DOWN 2");
+        members[1].signal(libc::SIGCONT);
+        eprintln!("stopped node declared down after {took:?}");
+    });
+}
+
+#[test]
+fn a_killed_node_fails_asks_and_fires_monitors_with_noconnection() {
+    with_system(|members, sys| async move {
+        let echo = sys.lookup::<Echo>(1, "echo").await.unwrap();
+        let _ = echo.exit_reason();
+        members[0].signal(libc::SIGKILL);
+        let t0 = Instant::now();
+        assert_eq!(echo.wait().await, ExitReason::NoConnection);
+        assert!(
+            t0.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(echo.ask("x".into(), ASK).await.is_err());
+        // Rank 2 is unaffected.
+        let other = sys.lookup::<Echo>(2, "echo").await.unwrap();
+        assert_eq!(other.ask("still".into(), ASK).await.unwrap(), "still");
+    });
+}

@@ -9,8 +9,11 @@ use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use barewire::actor::{Actor, ActorSystem, Context, ExitReason, SystemOptions};
-use barewire::engine::Runtime;
+use barewire::actor::{
+    link, Actor, ActorSystem, ChildSpec, Context, ExitReason, Strategy, Supervisor, SupervisorSpec,
+    SystemOptions,
+};
+use barewire::engine::{time, Runtime};
 use barewire::{Error, Mesh, Node};
 use common::Member;
 
@@ -157,5 +160,43 @@ fn a_killed_node_fails_asks_and_fires_monitors_with_noconnection() {
         // Rank 2 is unaffected.
         let other = sys.lookup::<Echo>(2, "echo").await.unwrap();
         assert_eq!(other.ask("still".into(), ASK).await.unwrap(), "still");
+    });
+}
+
+#[test]
+fn a_distributed_supervisor_restarts_a_dead_nodes_children_on_a_survivor() {
+    with_system(|members, sys| async move {
+        let sup = Supervisor::start(
+            SupervisorSpec::new(
+                Strategy::OneForOne,
+                vec![
+                    ChildSpec::remote::<Counter, u64>("w1", &sys, "counter", 10, vec![1, 2]),
+                    ChildSpec::remote::<Counter, u64>("w2", &sys, "counter", 20, vec![2, 1]),
+                ],
+            )
+            .intensity(3, Duration::from_secs(5)),
+        )
+        .await;
+        assert_eq!(sup.node_of("w1"), Some(Some(1)));
+        assert_eq!(sup.node_of("w2"), Some(Some(2)));
+        // A local actor linked to one on node 2 goes down with it.
+        let local = barewire::actor::spawn(Echo);
+        let there = sys.lookup::<Echo>(2, "echo").await.unwrap();
+        link(&local, &there);
+
+        members[1].signal(libc::SIGKILL);
+        let t0 = Instant::now();
+        while sup.node_of("w2") != Some(Some(1)) {
+            assert!(t0.elapsed() < Duration::from_secs(3), "w2 never came back");
+            time::sleep(Duration::from_millis(1)).await;
+        }
+        eprintln!("w2 running again on node 1 after {:?}", t0.elapsed());
+        assert_eq!(sup.starts("w2"), Some(2));
+        assert_eq!(sup.starts("w1"), Some(1), "one_for_one leaves w1 alone");
+        assert_eq!(sup.node_of("w1"), Some(Some(1)));
+        assert_eq!(local.wait().await, ExitReason::NoConnection);
+        sup.stop();
+        assert_eq!(sup.wait().await, ExitReason::Shutdown);
+        let _alive = members;
     });
 }

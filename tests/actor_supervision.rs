@@ -185,7 +185,7 @@ proptest! {
                 names.iter().zip(&restarts).map(|(n, r)| child(n, *r, &journal)).collect(),
             )
             .intensity(intensity as u32, Duration::from_secs(3600));
-            let sup = Supervisor::start(spec);
+            let sup = Supervisor::start(spec).await;
             settle().await;
             for (k, abnormal) in &crashes {
                 let i = k % names.len();
@@ -253,7 +253,8 @@ fn a_group_restart_stops_siblings_last_first_and_starts_them_first_first() {
                     .collect(),
             )
             .intensity(3, Duration::from_secs(5)),
-        );
+        )
+        .await;
         settle().await;
         journal.borrow_mut().clear();
         whereis::<Child>("c")
@@ -285,7 +286,8 @@ fn a_child_that_ignores_shutdown_is_killed_after_its_shutdown_time() {
         let sup = Supervisor::start(SupervisorSpec::new(
             Kind::OneForOne,
             vec![child("slow", Restart::Permanent, &journal).shutdown(Duration::from_millis(50))],
-        ));
+        ))
+        .await;
         settle().await;
         let slow = whereis::<Child>("slow").unwrap();
         slow.tell(Cmd::Busy(Duration::from_secs(30))).unwrap();
@@ -324,7 +326,8 @@ fn escalation_reaches_the_parent_which_restarts_the_subtree() {
                 })],
             )
             .intensity(5, Duration::from_secs(5)),
-        );
+        )
+        .await;
         settle().await;
         let first = whereis::<Child>("leaf").unwrap();
         first

@@ -270,14 +270,20 @@ impl<A: Actor> ActorRef<A> {
     /// Ends it now: its task is dropped at its next scheduling point, `stopped` does not run,
     /// and its exit reason is `Killed`.
     pub fn kill(&self) {
+        self.exit_with(ExitReason::Killed)
+    }
+
+    /// Ends it now with `reason` (an exit signal, as a linked actor's abnormal exit sends):
+    /// its task is dropped at its next scheduling point and `stopped` does not run.
+    pub fn exit_with(&self, reason: ExitReason) {
         match &self.kind {
             Kind::Local(s) => {
                 if let Some(t) = &*s.task.borrow() {
                     t.cancel();
                 }
-                s.exit.set(ExitReason::Killed);
+                s.exit.set(reason);
             }
-            Kind::Remote(r) => r.exit_signal(ExitReason::Killed, true),
+            Kind::Remote(r) => r.exit_signal(reason, true),
         }
     }
 
@@ -317,4 +323,22 @@ impl<A: Actor> ActorRef<A> {
             Kind::Remote(r) => Some(r.node),
         }
     }
+}
+
+/// Links two actors, wherever each runs, as Erlang's `link`: when either exits abnormally
+/// (anything but `Normal` or `Shutdown`, `NoConnection` included when its node goes down), the
+/// other is made to exit with the same reason.
+pub fn link<A: Actor, B: Actor>(a: &ActorRef<A>, b: &ActorRef<B>) {
+    propagate(a.clone(), b.clone());
+    propagate(b.clone(), a.clone());
+}
+
+fn propagate<A: Actor, B: Actor>(from: ActorRef<A>, to: ActorRef<B>) {
+    // Detached: it ends when `from` does.
+    drop(spawn_local(async move {
+        let r = from.wait().await;
+        if r.is_abnormal() && to.exit_reason().is_none() {
+            to.exit_with(r);
+        }
+    }));
 }

@@ -47,7 +47,7 @@ mod cell;
 mod supervisor;
 mod system;
 
-pub use cell::{spawn, ActorRef, Context};
+pub use cell::{link, spawn, ActorRef, Context};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
 pub use system::{ActorSystem, RemoteActor, SystemOptions};
 

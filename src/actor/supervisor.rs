@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use barewire_engine::{spawn_local, time};
 
 use super::cell::{spawn, ActorRef, Exit};
-use super::{Actor, ExitReason};
+use super::{Actor, ActorSystem, ExitReason, RemoteActor};
 
 /// Which children a restart takes with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,11 +37,36 @@ pub enum Restart {
     Temporary,
 }
 
-/// A running child, whatever it is (an actor or a supervisor).
+/// A running child, whatever it is (an actor here or on another node, or a supervisor).
 pub(crate) struct Child {
     exit: Rc<Exit>,
     stop: Box<dyn Fn()>,
     kill: Box<dyn Fn()>,
+    /// Where it runs, for reports (`None`: this node).
+    node: Option<usize>,
+}
+
+impl Child {
+    fn of<A: Actor>(r: &ActorRef<A>) -> Child {
+        let (s, k) = (r.clone(), r.clone());
+        Child {
+            exit: r.exit_cell(),
+            stop: Box::new(move || s.stop(ExitReason::Shutdown)),
+            kill: Box::new(move || k.kill()),
+            node: r.node(),
+        }
+    }
+
+    fn exited(reason: ExitReason) -> Child {
+        let exit = Rc::new(Exit::default());
+        exit.set(reason);
+        Child {
+            exit,
+            stop: Box::new(|| {}),
+            kill: Box::new(|| {}),
+            node: None,
+        }
+    }
 }
 
 /// How to start one child, and how to treat it.
@@ -52,8 +77,10 @@ pub struct ChildSpec {
     pub restart: Restart,
     /// How long it has to stop when asked before it is killed.
     pub shutdown: Duration,
-    start: Rc<dyn Fn() -> Child>,
+    start: Rc<dyn Fn() -> StartFuture>,
 }
+
+type StartFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Child>>>;
 
 impl ChildSpec {
     /// A child actor made by `make` at every (re)start, registered under `name` on this core
@@ -67,12 +94,7 @@ impl ChildSpec {
             start: Rc::new(move || {
                 let r = spawn(make());
                 register(&n, &r);
-                let (s, k) = (r.clone(), r.clone());
-                Child {
-                    exit: r.exit_cell(),
-                    stop: Box::new(move || s.stop(ExitReason::Shutdown)),
-                    kill: Box::new(move || k.kill()),
-                }
+                Box::pin(std::future::ready(Child::of(&r)))
             }),
         }
     }
@@ -85,13 +107,60 @@ impl ChildSpec {
             restart: Restart::Permanent,
             shutdown: Duration::from_secs(3600),
             start: Rc::new(move || {
-                let s = Supervisor::start(spec());
-                let (a, b) = (s.clone(), s.clone());
-                Child {
-                    exit: s.state.exit.clone(),
-                    stop: Box::new(move || a.stop()),
-                    kill: Box::new(move || b.kill()),
-                }
+                let spec = spec();
+                Box::pin(async move {
+                    let s = Supervisor::start(spec).await;
+                    let (a, b) = (s.clone(), s.clone());
+                    Child {
+                        exit: s.state.exit.clone(),
+                        stop: Box::new(move || a.stop()),
+                        kill: Box::new(move || b.kill()),
+                        node: None,
+                    }
+                })
+            }),
+        }
+    }
+
+    /// A child actor of registered kind `kind` (see
+    /// [`ActorSystem::register_kind`](super::ActorSystem::register_kind)), started with `args`
+    /// on the first node of `nodes` that is up, at every (re)start: when its node goes down it
+    /// exits with `NoConnection`, and its restart places it on a surviving node. Permanent, 5 s
+    /// to shut down.
+    pub fn remote<A, Args>(
+        name: &str,
+        sys: &ActorSystem,
+        kind: &str,
+        args: Args,
+        nodes: Vec<usize>,
+    ) -> ChildSpec
+    where
+        A: RemoteActor,
+        Args: serde::Serialize + 'static,
+    {
+        let (sys, kind, args, nodes) =
+            (sys.clone(), kind.to_string(), Rc::new(args), Rc::new(nodes));
+        ChildSpec {
+            name: name.to_string(),
+            restart: Restart::Permanent,
+            shutdown: Duration::from_secs(5),
+            start: Rc::new(move || {
+                let (sys, kind, args, nodes) =
+                    (sys.clone(), kind.clone(), args.clone(), nodes.clone());
+                Box::pin(async move {
+                    let mut last = None;
+                    for &n in nodes.iter().filter(|n| sys.is_up(**n)) {
+                        match sys.spawn_on::<A, Args>(n, &kind, &args).await {
+                            Ok(r) => return Child::of(&r),
+                            Err(e) => last = Some(e),
+                        }
+                    }
+                    // Nowhere to run: an exit the supervisor counts like any other.
+                    Child::exited(ExitReason::Error(match last {
+                        Some(e) => format!("could not start {kind}: {e}"),
+                        None => format!("could not start {kind}: none of {nodes:?} is up"),
+                    }))
+                })
             }),
         }
     }
@@ -170,7 +239,7 @@ struct State {
 /// # barewire::engine::Runtime::builder().cores(1).pin(false).build().unwrap().block_on(async {
 /// let sup = Supervisor::start(SupervisorSpec::new(Strategy::OneForOne, vec![
 ///     ChildSpec::actor("worker", || Worker),
-/// ]));
+/// ])).await;
 /// barewire::actor::whereis::<Worker>("worker").unwrap().tell(()).unwrap(); // it panics...
 /// barewire::engine::time::sleep(std::time::Duration::from_millis(5)).await;
 /// assert_eq!(sup.starts("worker"), Some(2));                               // ...and is restarted
@@ -184,8 +253,9 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Starts every child, in order, and supervises them from a task of this core.
-    pub fn start(spec: SupervisorSpec) -> Supervisor {
+    /// Starts every child, in order (returning once all have started), and supervises them
+    /// from a task of this core.
+    pub async fn start(spec: SupervisorSpec) -> Supervisor {
         let state = Rc::new(State {
             exit: Rc::new(Exit::default()),
             stop: Cell::new(false),
@@ -206,7 +276,7 @@ impl Supervisor {
         });
         let n = state.slots.borrow().len();
         for i in 0..n {
-            start_child(&state, i);
+            start_child(&state, i).await;
         }
         let s = state.clone();
         spawn_local(async move {
@@ -253,6 +323,16 @@ impl Supervisor {
             .map(|s| s.starts)
     }
 
+    /// The node child `name` runs on now (`Some(None)`: this node; `None`: not running).
+    pub fn node_of(&self, name: &str) -> Option<Option<usize>> {
+        self.state
+            .slots
+            .borrow()
+            .iter()
+            .find(|s| s.spec.name == name)
+            .and_then(|s| s.running.as_ref().map(|c| c.node))
+    }
+
     /// Whether child `name` is running now.
     pub fn is_running(&self, name: &str) -> bool {
         self.state
@@ -268,9 +348,9 @@ impl Supervisor {
     }
 }
 
-fn start_child(state: &State, i: usize) {
+async fn start_child(state: &State, i: usize) {
     let start = state.slots.borrow()[i].spec.start.clone();
-    let child = start();
+    let child = start().await;
     let mut slots = state.slots.borrow_mut();
     slots[i].running = Some(child);
     slots[i].starts += 1;
@@ -388,7 +468,7 @@ async fn supervise(
         for j in from..to {
             let removed = state.slots.borrow()[j].removed;
             if !removed {
-                start_child(state, j);
+                start_child(state, j).await;
             }
         }
     }

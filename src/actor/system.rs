@@ -153,9 +153,9 @@ impl<A: RemoteActor> Exported for Export<A> {
     fn fingerprint(&self) -> String {
         fingerprint::<A>()
     }
-    fn signal(&self, reason: ExitReason, kill: bool) {
-        if kill {
-            self.0.kill()
+    fn signal(&self, reason: ExitReason, now: bool) {
+        if now {
+            self.0.exit_with(reason)
         } else {
             self.0.stop(reason)
         }

@@ -3,9 +3,11 @@
 # processes) on loopback over barewire's drivers (the software provider, iWARP over TCP, where
 # there is no RDMA hardware): typed one-sided operations, a channel and a fan-out, with what
 # each costs; then three processes sharing memory (a counter, a histogram and a record updated
-# concurrently from every node, checked for lost updates).
+# concurrently from every node, checked for lost updates); then a supervision tree across three
+# processes, one of them killed and its actor restarted on a survivor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 cargo run --release --example tour
 cargo run --release --example dsm
+cargo run --release --example actors

@@ -1,0 +1,466 @@
+//! actor-bench: barewire's distributed actors against a raw `Channel` on the same connection,
+//! and against Erlang/OTP distribution, on two pinned cores, reps interleaved; and node-down
+//! detection times.
+//!
+//! ```text
+//! actor-bench [--reps 5] [--iters 20000] [--msgs 200000] [--cpus 0,1] [--no-erlang]
+//! actor-bench nodedown [--rounds 20]
+//! ```
+//!
+//! The first form: this process (rank 0, first CPU) and a copy of it (rank 1, second CPU) form a
+//! two-member mesh with an actor system; rank 1 runs an `echo` actor (`u64 -> u64`) and a
+//! `count` actor (adds one per message, answers the count). Per rep: remote `ask` round trip
+//! p50 and a `Channel<u64>` round trip p50 over the same connection; remote `tell` throughput
+//! (`--msgs` tells, then one ask that returns the count) and the same number of `Channel`
+//! sends; then Erlang (Debian's erlang-nox): `gen_server:call` p50 between two nodes on
+//! loopback, and `--msgs` remote sends to a registered process.
+//!
+//! `nodedown`: per round a member process is started, meshed, then killed (SIGKILL) or stopped
+//! (SIGSTOP) alternately; the time until this node declares it down is recorded, and p50/p99
+//! printed per fault kind.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
+use barewire::engine::{time, Runtime};
+use barewire::{ChannelOptions, Mesh, Node};
+use hdrhistogram::Histogram;
+
+struct Echo;
+impl Actor for Echo {
+    type Msg = u64;
+    type Reply = u64;
+    async fn handle(&mut self, n: u64, _: &Context<Self>) -> u64 {
+        n
+    }
+}
+
+struct Count(u64);
+impl Actor for Count {
+    type Msg = u64;
+    type Reply = u64;
+    async fn handle(&mut self, _: u64, _: &Context<Self>) -> u64 {
+        self.0 += 1;
+        self.0
+    }
+}
+
+const CHANNEL: ChannelOptions = ChannelOptions::new(1024, 8);
+
+fn runtime(cpu: usize) -> Runtime {
+    Runtime::builder()
+        .core_ids(&[cpu])
+        .idle_spin(Duration::from_millis(50))
+        .build()
+        .expect("runtime")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("--serve") => {
+            let cpu: usize = args[1].parse().unwrap();
+            let lead: std::net::SocketAddr = args[2].parse().unwrap();
+            barewire_bench::unpin();
+            runtime(cpu).block_on(serve(lead));
+        }
+        Some("nodedown") => {
+            let rounds = barewire_bench::flag(&args, "--rounds").map_or(20, |v| v.parse().unwrap());
+            nodedown(rounds);
+        }
+        _ => {
+            let n =
+                |k: &str, d: u64| barewire_bench::flag(&args, k).map_or(d, |v| v.parse().unwrap());
+            let (reps, iters, msgs) = (
+                n("--reps", 5) as usize,
+                n("--iters", 20_000),
+                n("--msgs", 200_000),
+            );
+            let cpus = barewire_bench::flag(&args, "--cpus")
+                .map_or(Some([0, 1]), barewire_bench::cpu_pair)
+                .expect("--cpus A,B");
+            let erlang = !args.iter().any(|a| a == "--no-erlang");
+            let rows = lead(reps, iters, msgs, cpus, erlang);
+            report(&rows);
+        }
+    }
+}
+
+async fn setup(node: &Node, rank: usize, addrs: &[std::net::SocketAddr]) -> (Mesh, ActorSystem) {
+    let mesh = Mesh::join(node, rank, addrs).await.unwrap();
+    let sys = ActorSystem::start(&mesh, SystemOptions::default())
+        .await
+        .unwrap();
+    (mesh, sys)
+}
+
+async fn serve(lead: std::net::SocketAddr) {
+    let node = Node::new().unwrap();
+    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    println!("READY {port}");
+    let _ = std::io::stdout().flush();
+    let me = format!("127.0.0.1:{port}").parse().unwrap();
+    let (mesh, sys) = setup(&node, 1, &[lead, me]).await;
+    sys.register("echo", &spawn(Echo)).unwrap();
+    sys.register("count", &spawn(Count(0))).unwrap();
+    // The raw channel beside the actors: echo every number; for the throughput run, answer
+    // the count once every message has arrived (the lead sends u64::MAX to ask for it).
+    let (tx, rx) = mesh.endpoint(0).open_channel::<u64>(CHANNEL).await.unwrap();
+    let mut got = 0u64;
+    loop {
+        let Ok(n) = rx.recv().await else { break };
+        match n {
+            u64::MAX => {
+                tx.send(&got).await.unwrap();
+                got = 0;
+            }
+            n if n & 1 << 63 != 0 => got += 1,
+            n => tx.send(&n).await.unwrap(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Row {
+    name: &'static str,
+    unit: &'static str,
+    reps: Vec<f64>,
+}
+
+async fn latency<F, Fut>(iters: u64, mut op: F) -> f64
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for i in 0..iters / 10 {
+        op(i).await;
+    }
+    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    for i in 0..iters {
+        let t = Instant::now();
+        op(i).await;
+        h.record(t.elapsed().as_nanos() as u64).unwrap();
+    }
+    h.value_at_quantile(0.5) as f64 / 1e3
+}
+
+/// One rep of barewire's four measurements, on a fresh pair of members (so that nothing of
+/// barewire runs while the Erlang peer is measured).
+async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
+    let node = Node::new().unwrap();
+    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (peer_port, mut child) =
+        barewire_bench::spawn_ready(&["--serve", &cpus[1].to_string(), &me.to_string()]);
+    let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
+    let (mesh, sys) = setup(&node, 0, &[me, peer]).await;
+    let echo: ActorRef<Echo> = sys.lookup(1, "echo").await.unwrap();
+    let count: ActorRef<Count> = sys.lookup(1, "count").await.unwrap();
+    let (tx, rx) = mesh.endpoint(1).open_channel::<u64>(CHANNEL).await.unwrap();
+    let (tx, rx) = (Rc::new(tx), Rc::new(rx));
+    let ask = Duration::from_secs(5);
+    let ask_p50 = latency(iters, |i| {
+        let e = echo.clone();
+        async move {
+            e.ask(i, ask).await.unwrap();
+        }
+    })
+    .await;
+    let chan_p50 = latency(iters, |i| {
+        let (tx, rx) = (tx.clone(), rx.clone());
+        async move {
+            tx.send(&i).await.unwrap();
+            rx.recv().await.unwrap();
+        }
+    })
+    .await;
+    let before = count.ask(0, ask).await.unwrap();
+    let t0 = Instant::now();
+    for _ in 0..msgs {
+        count.tell(0).unwrap();
+        if count_backlog() {
+            barewire::engine::yield_now().await;
+        }
+    }
+    let after = count.ask(0, ask).await.unwrap();
+    assert_eq!(after - before, msgs + 1, "every tell arrived");
+    let tell = msgs as f64 / t0.elapsed().as_secs_f64() / 1e3;
+    let t0 = Instant::now();
+    for _ in 0..msgs {
+        tx.send(&(1 << 63)).await.unwrap();
+    }
+    tx.send(&u64::MAX).await.unwrap();
+    assert_eq!(rx.recv().await.unwrap(), msgs, "every message arrived");
+    let chan = msgs as f64 / t0.elapsed().as_secs_f64() / 1e3;
+    let _ = child.kill();
+    let _ = child.wait();
+    [ask_p50, chan_p50, tell, chan]
+}
+
+fn lead(reps: usize, iters: u64, msgs: u64, cpus: [usize; 2], erlang: bool) -> Vec<Row> {
+    let erl = if erlang { Erlang::start(cpus) } else { None };
+    let names = [
+        ("remote ask round trip p50", "us"),
+        ("Channel<u64> round trip p50", "us"),
+        ("remote tell throughput", "k msg/s"),
+        ("Channel<u64> send throughput", "k msg/s"),
+        ("Erlang gen_server:call p50, two nodes", "us"),
+        ("Erlang remote send throughput", "k msg/s"),
+    ];
+    let mut rows: Vec<Row> = names
+        .iter()
+        .map(|(name, unit)| Row {
+            name,
+            unit,
+            reps: Vec::new(),
+        })
+        .collect();
+    for rep in 0..reps {
+        let r = runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
+        for (k, v) in r.into_iter().enumerate() {
+            rows[k].reps.push(v);
+        }
+        if let Some(e) = &erl {
+            if let Some((call, send)) = e.run(iters, msgs) {
+                rows[4].reps.push(call);
+                rows[5].reps.push(send / 1e3);
+            }
+        }
+        eprintln!("rep {} of {reps} done", rep + 1);
+    }
+    rows
+}
+
+/// Yield now and then so the pump can move queued tells onto the wire.
+fn count_backlog() -> bool {
+    thread_local!(static N: std::cell::Cell<u32> = const { std::cell::Cell::new(0) });
+    N.with(|n| {
+        n.set(n.get() + 1);
+        n.get() % 256 == 0
+    })
+}
+
+/// Two Erlang nodes on loopback, pinned like barewire's: `bwsrv` runs a gen_server
+/// (`bw_echo`), `bwcli` measures.
+struct Erlang {
+    dir: std::path::PathBuf,
+    server: std::process::Child,
+    cpus: [usize; 2],
+}
+
+const BW_ECHO: &str = r#"-module(bw_echo).
+-behaviour(gen_server).
+-export([start/0, init/1, handle_call/3, handle_cast/2, handle_info/2, bench/3, sink/1]).
+start() -> gen_server:start({local, bw_echo}, ?MODULE, [], []),
+           register(bw_sink, spawn(fun() -> sink(0) end)).
+init([]) -> {ok, 0}.
+handle_call(N, _From, S) -> {reply, N, S}.
+handle_cast(_, S) -> {noreply, S}.
+handle_info(_, S) -> {noreply, S}.
+sink(N) -> receive {count, From} -> From ! {count, N}, sink(0); _ -> sink(N + 1) end.
+bench(Node, Iters, Msgs) ->
+    true = net_kernel:connect_node(Node),
+    [gen_server:call({bw_echo, Node}, I) || I <- lists:seq(1, Iters div 10)],
+    Ts = [begin T0 = erlang:monotonic_time(nanosecond),
+                I = gen_server:call({bw_echo, Node}, I),
+                erlang:monotonic_time(nanosecond) - T0 end || I <- lists:seq(1, Iters)],
+    P50 = lists:nth(Iters div 2, lists:sort(Ts)),
+    T1 = erlang:monotonic_time(nanosecond),
+    [{bw_sink, Node} ! x || _ <- lists:seq(1, Msgs)],
+    {bw_sink, Node} ! {count, self()},
+    receive {count, Msgs} -> ok end,
+    T2 = erlang:monotonic_time(nanosecond),
+    io:format("RESULT ~p ~p~n", [P50 / 1000, Msgs * 1.0e9 / (T2 - T1)]).
+"#;
+
+impl Erlang {
+    fn start(cpus: [usize; 2]) -> Option<Erlang> {
+        let ok = |c: &str| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {c}")])
+                .stdout(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ok("erl") || !ok("erlc") {
+            eprintln!("actor-bench: erl/erlc not found (apt-get install erlang-nox erlang-dev); Erlang rows skipped");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("actor-bench-erl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("bw_echo.erl"), BW_ECHO).ok()?;
+        let st = Command::new("erlc")
+            .arg("bw_echo.erl")
+            .current_dir(&dir)
+            .status()
+            .ok()?;
+        if !st.success() {
+            eprintln!("actor-bench: erlc failed; Erlang rows skipped");
+            return None;
+        }
+        let server = Command::new("taskset")
+            .args([
+                "-c",
+                &cpus[1].to_string(),
+                "erl",
+                "-noshell",
+                "-sname",
+                "bwsrv",
+                "-setcookie",
+                "bwbench",
+            ])
+            .args(["-eval", "bw_echo:start()"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?;
+        std::thread::sleep(Duration::from_secs(2));
+        Some(Erlang { dir, server, cpus })
+    }
+
+    /// (call p50 in us, sends per second)
+    fn run(&self, iters: u64, msgs: u64) -> Option<(f64, f64)> {
+        let host =
+            String::from_utf8(Command::new("hostname").arg("-s").output().ok()?.stdout).ok()?;
+        let eval = format!(
+            "bw_echo:bench('bwsrv@{}', {iters}, {msgs}), init:stop()",
+            host.trim()
+        );
+        let out = Command::new("taskset")
+            .args([
+                "-c",
+                &self.cpus[0].to_string(),
+                "erl",
+                "-noshell",
+                "-sname",
+                "bwcli",
+                "-setcookie",
+                "bwbench",
+            ])
+            .args(["-eval", &eval])
+            .current_dir(&self.dir)
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("RESULT "))?;
+        let mut f = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse::<f64>().ok());
+        Some((f.next()?, f.next()?))
+    }
+}
+
+impl Drop for Erlang {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn ratio(rows: &[Row], a: usize, b: usize) -> String {
+    let r: Vec<f64> = rows[a]
+        .reps
+        .iter()
+        .zip(&rows[b].reps)
+        .map(|(x, y)| x / y)
+        .collect();
+    if r.is_empty() {
+        return "n/a".into();
+    }
+    let (lo, hi) = r
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+    format!("{:.3}x ({lo:.3}-{hi:.3})", median(r))
+}
+
+fn report(rows: &[Row]) {
+    println!("| measurement | median over reps |");
+    println!("|---|---|");
+    for r in rows {
+        println!("| {} | {:.2} {} |", r.name, median(r.reps.clone()), r.unit);
+    }
+    println!();
+    println!("| comparison | ratio: median of per-rep ratios (range) | target |");
+    println!("|---|---|---|");
+    println!(
+        "| remote ask p50 / Erlang gen_server:call p50 | {} | <= 0.1x |",
+        ratio(rows, 0, 4)
+    );
+    println!(
+        "| remote ask p50 / Channel round trip p50 | {} | <= 1.3x |",
+        ratio(rows, 0, 1)
+    );
+    println!(
+        "| remote tell throughput / Erlang remote send | {} | >= 10x |",
+        ratio(rows, 2, 5)
+    );
+    println!(
+        "| remote tell throughput / Channel throughput | {} | >= 0.8x |",
+        ratio(rows, 2, 3)
+    );
+}
+
+/// Node-down detection: a member started, meshed, then killed or stopped; time to DOWN.
+fn nodedown(rounds: usize) {
+    let mut kill = Vec::new();
+    let mut stop = Vec::new();
+    for round in 0..rounds * 2 {
+        let sig = if round % 2 == 0 {
+            libc::SIGKILL
+        } else {
+            libc::SIGSTOP
+        };
+        let took = runtime(0).block_on(async move {
+            let node = Node::new().unwrap();
+            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            let (peer_port, mut child) =
+                barewire_bench::spawn_ready(&["--serve", "1", &me.to_string()]);
+            let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
+            let (_mesh, sys) = setup(&node, 0, &[me, peer]).await;
+            let echo: ActorRef<Echo> = sys.lookup(1, "echo").await.unwrap();
+            echo.ask(1, Duration::from_secs(5)).await.unwrap();
+            time::sleep(Duration::from_millis(30)).await;
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, sig) };
+            let t0 = Instant::now();
+            let mut seen = 0;
+            sys.next_down(&mut seen).await;
+            let took = t0.elapsed();
+            let _ = child.kill();
+            let _ = child.wait();
+            took
+        });
+        let ms = took.as_secs_f64() * 1e3;
+        if sig == libc::SIGKILL {
+            kill.push(ms)
+        } else {
+            stop.push(ms)
+        }
+    }
+    for (name, v) in [
+        ("SIGKILL (connection fails)", kill),
+        ("SIGSTOP (heartbeat deadline only)", stop),
+    ] {
+        let mut s = v.clone();
+        s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let p = |q: f64| s[((s.len() as f64 * q).ceil() as usize).clamp(1, s.len()) - 1];
+        println!(
+            "| {name} | {} rounds | p50 {:.1} ms | p99 {:.1} ms | max {:.1} ms |",
+            s.len(),
+            p(0.5),
+            p(0.99),
+            s[s.len() - 1]
+        );
+    }
+}

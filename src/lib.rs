@@ -42,7 +42,7 @@ pub use barewire_drivers as drivers;
 pub use barewire_engine as engine;
 pub use barewire_soft_rdma as soft_rdma;
 
-pub use channel::{Bare, ChannelOptions, Codec, Raw, Receiver, Sender};
+pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender};
 pub use distributed::DistributedChannel;
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};

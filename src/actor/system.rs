@@ -17,14 +17,14 @@ use std::rc::{Rc, Weak};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
-use barewire_engine::sync::{mpsc, oneshot};
+use barewire_engine::sync::oneshot;
 use barewire_engine::{spawn_local, time, JoinHandle};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::cell::{ActorRef, Exit};
 use super::{spawn, Actor, ExitReason};
-use crate::channel::ChannelOptions;
+use crate::channel::{Bytes, ChannelOptions, Sender};
 use crate::error::{Error, Result};
 use crate::mesh::Mesh;
 
@@ -49,7 +49,8 @@ pub struct SystemOptions {
     pub heartbeat: Duration,
     /// Heartbeat periods without a word from a peer before it is declared down. Default 5.
     pub misses: u32,
-    /// Largest encoded message, in bytes. Default 4096.
+    /// Largest channel message between two nodes, in bytes (a batch of frames; one actor
+    /// message, encoded, must fit in it with a few bytes to spare). Default 16 KiB.
     pub max_message: usize,
 }
 
@@ -58,7 +59,7 @@ impl Default for SystemOptions {
         SystemOptions {
             heartbeat: Duration::from_millis(10),
             misses: 5,
-            max_message: 4096,
+            max_message: 16 * 1024,
         }
     }
 }
@@ -103,6 +104,90 @@ enum Wire {
         reason: ExitReason,
         kill: bool,
     },
+}
+
+/// `Wire::Tell`'s variant index in BARE (the order of `Wire`'s variants).
+const TELL: u8 = 1;
+
+/// Appends a BARE `uint` (LEB128).
+fn put_uint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A BARE `uint` from the front of `b`, and the rest.
+fn take_uint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        v |= ((byte & 0x7f) as u64) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, &b[i + 1..]));
+        }
+    }
+    None
+}
+
+/// A frame that is a `Wire::Tell`: its target and the message's bytes, without copying them.
+fn parse_tell(payload: &[u8]) -> Option<(u64, &[u8])> {
+    let (&kind, rest) = payload.split_first()?;
+    if kind != TELL || rest.len() < 8 {
+        return None;
+    }
+    let to = u64::from_le_bytes(rest[..8].try_into().ok()?);
+    let (len, msg) = take_uint(&rest[8..])?;
+    (msg.len() as u64 == len).then_some((to, msg))
+}
+
+/// The pump: this node's frames to `node`, in order, as few channel messages as fit.
+async fn pump(sys: Weak<Sys>, node: usize, tx: Sender<Vec<u8>, Bytes>, max: usize) {
+    let mut spare = Vec::new();
+    loop {
+        let batch = std::future::poll_fn(|cx| {
+            let Some(sys) = sys.upgrade() else {
+                return Poll::Ready(None);
+            };
+            let Some(Some(p)) = sys.peers.get(node) else {
+                return Poll::Ready(None);
+            };
+            let mut out = p.out.borrow_mut();
+            if out.is_empty() {
+                *p.pump.borrow_mut() = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            spare.clear();
+            Poll::Ready(Some(std::mem::replace(
+                &mut *out,
+                std::mem::take(&mut spare),
+            )))
+        })
+        .await;
+        let Some(batch) = batch else { break };
+        // Split at frame boundaries into channel messages of at most `max` bytes.
+        let mut start = 0;
+        while start < batch.len() {
+            let mut end = start;
+            while end < batch.len() {
+                let len = u32::from_le_bytes(batch[end..end + 4].try_into().unwrap()) as usize;
+                if end > start && end + 4 + len - start > max {
+                    break;
+                }
+                end += 4 + len;
+            }
+            let sent = if start == 0 && end == batch.len() {
+                tx.send(&batch).await
+            } else {
+                tx.send(&batch[start..end].to_vec()).await
+            };
+            if sent.is_err() {
+                return;
+            }
+            start = end;
+        }
+        spare = batch;
+    }
 }
 
 /// What an actor's messages and replies are, as the wire checks them.
@@ -165,14 +250,23 @@ impl<A: RemoteActor> Exported for Export<A> {
 type Factory = Rc<dyn Fn(&Rc<Sys>, &[u8]) -> Result<u64>>;
 type ReplyTo = oneshot::Sender<std::result::Result<Vec<u8>, String>>;
 
+/// One peer: the frames waiting to go to it, and what this node has heard from it.
+///
+/// Everything to a peer travels as frames (`u32` little-endian length, then a BARE-encoded
+/// `Wire`) packed into as few channel messages as fit: whatever accumulated while the pump
+/// was sending the previous batch goes in the next one.
 struct Peer {
-    out: mpsc::Sender<Wire>,
+    out: RefCell<Vec<u8>>,
+    /// The pump, when it waits for frames.
+    pump: RefCell<Option<Waker>>,
     last_heard: Cell<Instant>,
     down: Cell<bool>,
 }
 
 pub(crate) struct Sys {
     rank: usize,
+    /// Largest frame that fits in one channel message.
+    max_frame: usize,
     peers: Vec<Option<Peer>>,
     /// Actors of this node that others may reach, by id: the wire side, and the `ActorRef`
     /// itself (for handing back refs to this node's own actors).
@@ -226,34 +320,31 @@ impl ActorSystem {
     /// Starts this node's part: opens a channel to every other member, starts heartbeats.
     pub async fn start(mesh: &Mesh, opts: SystemOptions) -> Result<ActorSystem> {
         let rank = mesh.rank();
-        let copts = ChannelOptions::new(256, opts.max_message);
-        let mut chans = Vec::new();
+        let copts = ChannelOptions::new(64, opts.max_message);
         let opens: Vec<_> = (0..mesh.size())
             .filter(|j| *j != rank)
-            .map(|j| mesh.endpoint(j).open_bare_channel::<Wire>(copts))
+            .map(|j| mesh.endpoint(j).open_bytes_channel(copts))
             .collect();
-        for c in crate::join::try_join_all(opens).await? {
-            chans.push(Some(c));
-        }
+        let mut chans: Vec<Option<_>> = crate::join::try_join_all(opens)
+            .await?
+            .into_iter()
+            .map(Some)
+            .collect();
         chans.insert(rank, None);
-        let mut peers = Vec::new();
-        let mut outs = Vec::new();
-        for c in &chans {
-            if c.is_some() {
-                let (tx, rx) = mpsc::unbounded();
-                peers.push(Some(Peer {
-                    out: tx,
+        let peers = chans
+            .iter()
+            .map(|c| {
+                c.as_ref().map(|_| Peer {
+                    out: RefCell::default(),
+                    pump: RefCell::default(),
                     last_heard: Cell::new(Instant::now()),
                     down: Cell::new(false),
-                }));
-                outs.push(Some(rx));
-            } else {
-                peers.push(None);
-                outs.push(None);
-            }
-        }
+                })
+            })
+            .collect();
         let sys = Rc::new(Sys {
             rank,
+            max_frame: opts.max_message - 4,
             peers,
             exported: RefCell::default(),
             refs: RefCell::default(),
@@ -267,25 +358,21 @@ impl ActorSystem {
             tasks: RefCell::default(),
         });
         let mut tasks = Vec::new();
-        for (j, (c, out)) in chans.into_iter().zip(outs).enumerate() {
-            let (Some((tx, rx)), Some(mut out)) = (c, out) else {
-                continue;
-            };
-            // The pump: this node's messages to `j`, in order.
-            tasks.push(spawn_local(async move {
-                while let Some(w) = out.recv().await {
-                    if tx.send(&w).await.is_err() {
-                        break;
-                    }
-                }
-            }));
+        for (j, c) in chans.into_iter().enumerate() {
+            let Some((tx, rx)) = c else { continue };
+            tasks.push(spawn_local(pump(
+                Rc::downgrade(&sys),
+                j,
+                tx,
+                opts.max_message,
+            )));
             let weak = Rc::downgrade(&sys);
             tasks.push(spawn_local(async move {
                 loop {
                     let r = rx.recv().await;
                     let Some(sys) = weak.upgrade() else { break };
                     match r {
-                        Ok(w) => sys.dispatch(j, w),
+                        Ok(batch) => sys.dispatch_batch(j, &batch),
                         Err(e) => {
                             sys.node_down(j, &format!("the connection failed: {e}"));
                             break;
@@ -465,15 +552,91 @@ impl Sys {
             id,
             exit: Rc::new(Exit::default()),
             mref: Cell::new(None),
+            tell: Sys::tell_frame::<A::Msg>,
             enc: encode::<A::Msg>,
             dec: decode::<A::Reply>,
         })
     }
 
+    /// Queues a frame for `node`; `write` appends its payload.
+    fn frame(&self, node: usize, write: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+        let Some(Some(p)) = self.peers.get(node) else {
+            return Err(Error::Invalid(format!("no node {node}")));
+        };
+        if p.down.get() {
+            return Err(Error::PeerGone(format!("node {node} is down")));
+        }
+        let mut out = p.out.borrow_mut();
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        let r = write(&mut out);
+        let len = out.len() - at - 4;
+        if r.is_err() || len > self.max_frame {
+            out.truncate(at);
+            r?;
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_frame,
+            });
+        }
+        out[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        drop(out);
+        if let Some(w) = p.pump.borrow_mut().take() {
+            w.wake();
+        }
+        Ok(())
+    }
+
     fn send(&self, node: usize, w: Wire) {
-        if let Some(Some(p)) = self.peers.get(node) {
-            if !p.down.get() {
-                let _ = p.out.try_send(w);
+        let _ = self.frame(node, |out| {
+            serde_bare::to_writer(out, &w).map_err(|e| Error::Invalid(format!("encoding: {e}")))
+        });
+    }
+
+    /// A tell, written straight into the peer's batch in the layout BARE gives
+    /// `Wire::Tell { to, msg }` (the message encoded once, into a reused scratch buffer).
+    fn tell_frame<M: Serialize>(&self, node: usize, to: u64, msg: &M) -> Result<()> {
+        thread_local!(static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
+        SCRATCH.with(|scratch| {
+            let mut m = scratch.borrow_mut();
+            m.clear();
+            serde_bare::to_writer(&mut *m, msg)
+                .map_err(|e| Error::Invalid(format!("encoding: {e}")))?;
+            self.frame(node, |out| {
+                out.push(TELL);
+                out.extend_from_slice(&to.to_le_bytes());
+                put_uint(out, m.len() as u64);
+                out.extend_from_slice(&m);
+                Ok(())
+            })
+        })
+    }
+
+    /// Every frame of a batch from `from`, in order.
+    fn dispatch_batch(self: &Rc<Self>, from: usize, mut batch: &[u8]) {
+        if let Some(Some(p)) = self.peers.get(from) {
+            p.last_heard.set(Instant::now());
+        }
+        // Runs of tells to one actor look it up once.
+        let mut last: Option<(u64, Rc<dyn Exported>)> = None;
+        while batch.len() >= 4 {
+            let len = u32::from_le_bytes(batch[..4].try_into().unwrap()) as usize;
+            let Some(payload) = batch.get(4..4 + len) else {
+                break; // a truncated frame: nothing else in this batch can be trusted
+            };
+            batch = &batch[4 + len..];
+            if let Some((to, msg)) = parse_tell(payload) {
+                if last.as_ref().map(|(id, _)| *id) != Some(to) {
+                    last = self.exported.borrow().get(&to).map(|e| (to, e.clone()));
+                }
+                if let Some((_, e)) = &last {
+                    let _ = e.deliver(msg, None, self);
+                }
+                continue;
+            }
+            match serde_bare::from_slice::<Wire>(payload) {
+                Ok(w) => self.dispatch(from, w),
+                Err(_) => break,
             }
         }
     }
@@ -498,9 +661,6 @@ impl Sys {
     }
 
     fn dispatch(self: &Rc<Self>, from: usize, w: Wire) {
-        if let Some(Some(p)) = self.peers.get(from) {
-            p.last_heard.set(Instant::now());
-        }
         match w {
             Wire::Heartbeat => {}
             Wire::Tell { to, msg } => {
@@ -643,7 +803,7 @@ async fn heartbeats(sys: Weak<Sys>, opts: SystemOptions) {
                 sys.node_down(j, "no heartbeat");
                 continue;
             }
-            let _ = p.out.try_send(Wire::Heartbeat);
+            sys.send(j, Wire::Heartbeat);
         }
     }
 }
@@ -656,6 +816,7 @@ pub(crate) struct RemoteRef<A: Actor> {
     exit: Rc<Exit>,
     mref: Cell<Option<u64>>,
     /// How its messages and replies cross the wire (fixed where `A` is known to be serde).
+    tell: fn(&Sys, usize, u64, &A::Msg) -> Result<()>,
     enc: fn(&A::Msg) -> Result<Vec<u8>>,
     dec: fn(&[u8]) -> Result<A::Reply>,
 }
@@ -672,14 +833,7 @@ impl<A: Actor> RemoteRef<A> {
         if sys.is_down(self.node) {
             return Err(Error::PeerGone(format!("node {} is down", self.node)));
         }
-        sys.send(
-            self.node,
-            Wire::Tell {
-                to: self.id,
-                msg: (self.enc)(msg)?,
-            },
-        );
-        Ok(())
+        (self.tell)(&sys, self.node, self.id, msg)
     }
 
     pub(crate) async fn ask(&self, msg: &A::Msg, timeout: Duration) -> Result<A::Reply> {
@@ -734,5 +888,39 @@ impl<A: Actor> RemoteRef<A> {
             }
         }
         self.exit.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_written_tell_frame_is_what_bare_makes_of_wire_tell() {
+        let msg = serde_bare::to_vec(&("hello".to_string(), 7u64)).unwrap();
+        let mut by_hand = vec![TELL];
+        by_hand.extend_from_slice(&42u64.to_le_bytes());
+        put_uint(&mut by_hand, msg.len() as u64);
+        by_hand.extend_from_slice(&msg);
+        let by_serde = serde_bare::to_vec(&Wire::Tell {
+            to: 42,
+            msg: msg.clone(),
+        })
+        .unwrap();
+        assert_eq!(by_hand, by_serde);
+        assert_eq!(parse_tell(&by_hand), Some((42, &msg[..])));
+        // Truncated or other frames are not tells.
+        assert_eq!(parse_tell(&by_hand[..by_hand.len() - 1]), None);
+        assert_eq!(
+            parse_tell(&serde_bare::to_vec(&Wire::Heartbeat).unwrap()),
+            None
+        );
+        for cut in 0..by_hand.len() {
+            let _ = parse_tell(&by_hand[..cut]);
+        }
+        let mut big = Vec::new();
+        put_uint(&mut big, 300);
+        assert_eq!(take_uint(&big), Some((300, &[][..])));
+        assert_eq!(take_uint(&[0x80; 11]), None);
     }
 }

@@ -83,3 +83,26 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
         serde_bare::from_slice(bytes).map_err(|e| Error::Malformed(format!("BARE: {e}")))
     }
 }
+
+/// Opaque byte messages: a `Vec<u8>` travels as its bytes, for protocols that frame their own
+/// contents (several small records per message, say).
+pub struct Bytes;
+
+impl Codec<Vec<u8>> for Bytes {
+    const ID: u8 = 2;
+    fn encode(item: &Vec<u8>, out: &mut Vec<u8>) -> Result<()> {
+        out.extend_from_slice(item);
+        Ok(())
+    }
+    fn as_bytes(item: &Vec<u8>) -> Option<&[u8]> {
+        Some(item)
+    }
+    fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        fill(&mut v);
+        Ok(v)
+    }
+    fn decode(bytes: &[u8]) -> Result<Vec<u8>> {
+        Ok(bytes.to_vec())
+    }
+}

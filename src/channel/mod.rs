@@ -38,7 +38,7 @@ use std::task::{Poll, Waker};
 
 use barewire_drivers::{Buffer, Remote, SendOp};
 
-pub use codec::{Bare, Codec, Raw};
+pub use codec::{Bare, Bytes, Codec, Raw};
 pub(crate) use ring::RxState;
 pub(crate) use send::{ensure_flusher, TxState};
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::ring::{extent, RxState};
 use super::send::TxState;
-use super::{credit_step, Bare, ChannelOptions, Codec, Raw, Receiver, Sender, Waiters};
+use super::{credit_step, Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender, Waiters};
 use crate::control::{imm, Control};
 use crate::endpoint::{ChanRef, Endpoint, Inner};
 use crate::error::{Error, Result};
@@ -44,6 +44,14 @@ impl Endpoint {
         opts: ChannelOptions,
     ) -> Result<(Sender<T, Bare>, Receiver<T, Bare>)> {
         self.open::<T, Bare>(opts).await
+    }
+
+    /// As [`open_channel`](Self::open_channel), for messages that are opaque byte strings.
+    pub async fn open_bytes_channel(
+        &self,
+        opts: ChannelOptions,
+    ) -> Result<(Sender<Vec<u8>, Bytes>, Receiver<Vec<u8>, Bytes>)> {
+        self.open::<Vec<u8>, Bytes>(opts).await
     }
 
     async fn open<T, C: Codec<T>>(

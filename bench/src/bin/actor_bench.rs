@@ -5,7 +5,12 @@
 //! ```text
 //! actor-bench [--reps 5] [--iters 20000] [--msgs 200000] [--cpus 0,1] [--no-erlang]
 //! actor-bench nodedown [--rounds 20]
+//! actor-bench soak [--minutes 10]
 //! ```
+//!
+//! `soak`: three `barewire-actor-node` processes (built beside this binary) with default
+//! node-down settings, while two busy loops hog both CPUs for the whole run; every `DOWN` line
+//! any member prints is a false node-down (nobody failed).
 //!
 //! The first form: this process (rank 0, first CPU) and a copy of it (rank 1, second CPU) form a
 //! two-member mesh with an actor system; rank 1 runs an `echo` actor (`u64 -> u64`) and a
@@ -66,6 +71,11 @@ fn main() {
             let lead: std::net::SocketAddr = args[2].parse().unwrap();
             barewire_bench::unpin();
             runtime(cpu).block_on(serve(lead));
+        }
+        Some("soak") => {
+            let minutes =
+                barewire_bench::flag(&args, "--minutes").map_or(10, |v| v.parse().unwrap());
+            soak(minutes);
         }
         Some("nodedown") => {
             let rounds = barewire_bench::flag(&args, "--rounds").map_or(20, |v| v.parse().unwrap());
@@ -463,4 +473,81 @@ fn nodedown(rounds: usize) {
             s[s.len() - 1]
         );
     }
+}
+
+/// Three members under a CPU hog on both cores for `minutes`: counts false node-downs.
+fn soak(minutes: u64) {
+    use std::io::{BufRead, BufReader};
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.with_file_name("barewire-actor-node");
+    assert!(
+        bin.exists(),
+        "build it first: cargo build --release --bin barewire-actor-node"
+    );
+    let mut members: Vec<std::process::Child> = (0..3)
+        .map(|r| {
+            Command::new(&bin)
+                .args(["--rank", &r.to_string()])
+                .env("BAREWIRE_DRIVER", "soft")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, String)>();
+    let mut ports = Vec::new();
+    for (r, m) in members.iter_mut().enumerate() {
+        let mut out = BufReader::new(m.stdout.take().unwrap());
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        ports.push(l.trim().trim_start_matches("READY ").to_string());
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                let _ = tx.send((r, l));
+            }
+        });
+    }
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    for m in &mut members {
+        writeln!(m.stdin.as_mut().unwrap(), "ADDRS {}", addrs.join(" ")).unwrap();
+    }
+    let mut started = 0;
+    while started < 3 {
+        if rx.recv().unwrap().1 == "STARTED" {
+            started += 1;
+        }
+    }
+    let mut hogs: Vec<std::process::Child> = (0..2)
+        .map(|_| {
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    eprintln!("soak: 3 members, 2 CPU hogs, {minutes} min");
+    let end = Instant::now() + Duration::from_secs(minutes * 60);
+    let mut downs = Vec::new();
+    while Instant::now() < end {
+        if let Ok((r, l)) = rx.recv_timeout(Duration::from_secs(1)) {
+            if l.starts_with("DOWN") {
+                eprintln!("soak: member {r} said {l}");
+                downs.push((r, l));
+            }
+        }
+    }
+    for h in &mut hogs {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    for m in &mut members {
+        let _ = writeln!(m.stdin.as_mut().unwrap(), "EXIT");
+        let _ = m.wait();
+    }
+    println!(
+        "| soak: 3 members, both CPUs hogged, {minutes} min | false node-downs: {} |",
+        downs.len()
+    );
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use barewire_engine::sync::{mpsc, oneshot};
 use barewire_engine::{spawn_local, time, JoinHandle};
 
+use super::core::{CoreRef, Envelope as CoreEnvelope};
 use super::system::RemoteRef;
 use super::{Actor, ExitReason};
 use crate::error::{Error, Result};
@@ -75,6 +76,12 @@ impl<A: Actor> std::fmt::Debug for ActorRef<A> {
                 std::any::type_name::<A>(),
                 Rc::as_ptr(s)
             ),
+            Kind::Core(c) => write!(
+                f,
+                "ActorRef<{}>(core {})",
+                std::any::type_name::<A>(),
+                c.core
+            ),
             Kind::Remote(r) => write!(
                 f,
                 "ActorRef<{}>(node {}, id {})",
@@ -88,6 +95,7 @@ impl<A: Actor> std::fmt::Debug for ActorRef<A> {
 
 enum Kind<A: Actor> {
     Local(Rc<Shared<A>>),
+    Core(Rc<CoreRef<A>>),
     Remote(Rc<RemoteRef<A>>),
 }
 
@@ -96,6 +104,7 @@ impl<A: Actor> Clone for ActorRef<A> {
         ActorRef {
             kind: match &self.kind {
                 Kind::Local(s) => Kind::Local(s.clone()),
+                Kind::Core(c) => Kind::Core(c.clone()),
                 Kind::Remote(r) => Kind::Remote(r.clone()),
             },
         }
@@ -197,6 +206,12 @@ async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
 }
 
 impl<A: Actor> ActorRef<A> {
+    pub(crate) fn on_core(c: CoreRef<A>) -> ActorRef<A> {
+        ActorRef {
+            kind: Kind::Core(Rc::new(c)),
+        }
+    }
+
     pub(crate) fn remote(r: RemoteRef<A>) -> ActorRef<A> {
         ActorRef {
             kind: Kind::Remote(Rc::new(r)),
@@ -217,6 +232,7 @@ impl<A: Actor> ActorRef<A> {
     pub fn tell(&self, msg: A::Msg) -> Result<()> {
         match &self.kind {
             Kind::Local(s) => Self::send(s, Envelope::Tell(msg)),
+            Kind::Core(c) => c.send(CoreEnvelope::Tell(msg)),
             Kind::Remote(r) => r.tell(&msg),
         }
     }
@@ -225,6 +241,7 @@ impl<A: Actor> ActorRef<A> {
     pub async fn ask(&self, msg: A::Msg, timeout: Duration) -> Result<A::Reply> {
         let s = match &self.kind {
             Kind::Local(s) => s,
+            Kind::Core(c) => return c.ask(msg, timeout).await,
             Kind::Remote(r) => return r.ask(&msg, timeout).await,
         };
         let (tx, rx) = oneshot::channel();
@@ -263,6 +280,9 @@ impl<A: Actor> ActorRef<A> {
             Kind::Local(s) => {
                 let _ = Self::send(s, Envelope::Stop(reason));
             }
+            Kind::Core(c) => {
+                let _ = c.send(CoreEnvelope::Stop(reason));
+            }
             Kind::Remote(r) => r.exit_signal(reason, false),
         }
     }
@@ -282,6 +302,9 @@ impl<A: Actor> ActorRef<A> {
                     t.cancel();
                 }
                 s.exit.set(reason);
+            }
+            Kind::Core(c) => {
+                let _ = c.send(CoreEnvelope::Exit(reason));
             }
             Kind::Remote(r) => r.exit_signal(reason, true),
         }
@@ -303,6 +326,7 @@ impl<A: Actor> ActorRef<A> {
     pub(crate) fn exit_cell(&self) -> Rc<Exit> {
         match &self.kind {
             Kind::Local(s) => s.exit.clone(),
+            Kind::Core(c) => c.exit.clone(),
             Kind::Remote(r) => r.monitored_exit(),
         }
     }
@@ -311,16 +335,25 @@ impl<A: Actor> ActorRef<A> {
     pub fn same(&self, other: &ActorRef<A>) -> bool {
         match (&self.kind, &other.kind) {
             (Kind::Local(a), Kind::Local(b)) => Rc::ptr_eq(a, b),
+            (Kind::Core(a), Kind::Core(b)) => Rc::ptr_eq(a, b),
             (Kind::Remote(a), Kind::Remote(b)) => a.node == b.node && a.id == b.id,
             _ => false,
         }
     }
 
-    /// The rank of the node it runs on, for a remote actor; `None` for one of this core.
+    /// The rank of the node it runs on, for a remote actor; `None` for one of this process.
     pub fn node(&self) -> Option<usize> {
         match &self.kind {
-            Kind::Local(_) => None,
+            Kind::Local(_) | Kind::Core(_) => None,
             Kind::Remote(r) => Some(r.node),
+        }
+    }
+
+    /// The core of this process it runs on, for an actor of another core (`None` otherwise).
+    pub fn core(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Core(c) => Some(c.core),
+            _ => None,
         }
     }
 }

@@ -44,9 +44,11 @@
 //! ```
 
 mod cell;
+mod core;
 mod supervisor;
 mod system;
 
+pub use self::core::spawn_on_core;
 pub use cell::{link, spawn, ActorRef, Context};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
 pub use system::{ActorSystem, RemoteActor, SystemOptions};

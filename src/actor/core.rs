@@ -27,6 +27,7 @@ pub(crate) enum Envelope<A: Actor> {
 }
 
 type Asked<A> = Pin<Box<dyn Future<Output = Result<<A as Actor>::Reply>>>>;
+type AskFn<A> = fn(&mpsc::Sender<Envelope<A>>, <A as Actor>::Msg, Duration) -> Asked<A>;
 
 /// This core's handle on an actor of another core.
 pub(crate) struct CoreRef<A: Actor> {
@@ -34,7 +35,7 @@ pub(crate) struct CoreRef<A: Actor> {
     tx: mpsc::Sender<Envelope<A>>,
     pub(crate) exit: Rc<Exit>,
     /// Made where `A`'s message and reply are known to be `Send`.
-    ask: fn(&mpsc::Sender<Envelope<A>>, A::Msg, Duration) -> Asked<A>,
+    ask: AskFn<A>,
 }
 
 impl<A: Actor> CoreRef<A> {

@@ -15,7 +15,7 @@ use barewire::actor::{
 };
 use barewire::engine::{time, Runtime};
 use barewire::{Error, Mesh, Node};
-use common::Member;
+use common::{Member, Netns};
 
 const ASK: Duration = Duration::from_secs(2);
 
@@ -37,9 +37,14 @@ impl Actor for Counter {
     }
 }
 
-fn member(rank: usize) -> Member {
-    let args = ["--rank".to_string(), rank.to_string()];
-    Member::spawn(env!("CARGO_BIN_EXE_barewire-actor-node"), &args, None)
+fn member(rank: usize, bind: &str, netns: Option<&str>) -> Member {
+    let args = [
+        "--rank".to_string(),
+        rank.to_string(),
+        "--bind".into(),
+        bind.into(),
+    ];
+    Member::spawn(env!("CARGO_BIN_EXE_barewire-actor-node"), &args, netns)
 }
 
 fn with_system<F, Fut>(body: F)
@@ -47,7 +52,24 @@ where
     F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let mut members = [member(1), member(2)];
+    with_system_in(None, body)
+}
+
+/// As `with_system`; with a namespace, rank 2 runs inside it and everyone talks over its veth
+/// pair (so setting the link down cuts rank 2 off).
+fn with_system_in<F, Fut>(netns: Option<&(Netns, String, String)>, body: F)
+where
+    F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let (host, inner) = match netns {
+        Some((_, h, p)) => (h.clone(), p.clone()),
+        None => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
+    };
+    let mut members = [
+        member(1, &host, None),
+        member(2, &inner, netns.map(|n| n.0.name.as_str())),
+    ];
     Runtime::builder()
         .cores(1)
         .pin(false)
@@ -56,11 +78,10 @@ where
         .unwrap()
         .block_on(async {
             let node = Node::soft().unwrap();
-            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-            let mut addrs = vec![format!("127.0.0.1:{port}")];
-            for m in &members {
-                addrs.push(format!("127.0.0.1:{}", m.port()));
-            }
+            let port = node.listen(format!("{host}:0").parse().unwrap()).unwrap();
+            let mut addrs = vec![format!("{host}:{port}")];
+            addrs.push(format!("{host}:{}", members[0].port()));
+            addrs.push(format!("{inner}:{}", members[1].port()));
             for m in &mut members {
                 m.say(&format!("ADDRS {}", addrs.join(" ")));
             }
@@ -199,4 +220,83 @@ fn a_distributed_supervisor_restarts_a_dead_nodes_children_on_a_survivor() {
         assert_eq!(sup.wait().await, ExitReason::Shutdown);
         let _alive = members;
     });
+}
+
+/// A supervisor on rank 0 with a child on each other node; `fault` makes node 2 unreachable.
+/// The child that ran there must be restarted on node 1 once node 2 is declared down.
+fn supervised_child_restarts_elsewhere(fault: &str) {
+    let netns = if fault == "cut" {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("this test needs root for a network namespace, and CI runs as root");
+            }
+            eprintln!("SKIP: needs root to create a network namespace");
+            return;
+        }
+        Some(Netns::create().expect("a network namespace"))
+    } else {
+        None
+    };
+    let veth = netns.as_ref().map(|n| n.0.veth.clone());
+    with_system_in(netns.as_ref(), |members, sys| async move {
+        let sup = Supervisor::start(
+            SupervisorSpec::new(
+                Strategy::OneForOne,
+                vec![
+                    ChildSpec::remote::<Counter, u64>("w1", &sys, "counter", 10, vec![1, 2]),
+                    ChildSpec::remote::<Counter, u64>("w2", &sys, "counter", 20, vec![2, 1]),
+                ],
+            )
+            .intensity(3, Duration::from_secs(5)),
+        )
+        .await;
+        assert_eq!(sup.node_of("w2"), Some(Some(2)));
+        let t0 = Instant::now();
+        match fault {
+            "stop" => members[1].signal(libc::SIGSTOP),
+            _ => assert!(Netns::ip(&[
+                "link",
+                "set",
+                veth.as_deref().unwrap(),
+                "down"
+            ])),
+        }
+        let mut seen = 0;
+        assert_eq!(sys.next_down(&mut seen).await, 2);
+        let detected = t0.elapsed();
+        while sup.node_of("w2") != Some(Some(1)) {
+            assert!(t0.elapsed() < Duration::from_secs(3), "w2 never came back");
+            time::sleep(Duration::from_millis(1)).await;
+        }
+        let restarted = t0.elapsed();
+        eprintln!(
+            "{fault}: node 2 down after {detected:?}, w2 running on node 1 after {restarted:?}"
+        );
+        // Detection by the heartbeat deadline (5 x 10 ms): neither fault closes a connection.
+        assert!(
+            detected >= Duration::from_millis(40) && detected < Duration::from_millis(500),
+            "{detected:?}"
+        );
+        assert!(
+            restarted - detected < Duration::from_millis(100),
+            "{restarted:?}"
+        );
+        assert_eq!(sup.starts("w1"), Some(1));
+        sup.stop();
+        sup.wait().await;
+        if fault == "stop" {
+            members[1].signal(libc::SIGCONT);
+        }
+    });
+}
+
+#[test]
+fn a_stopped_nodes_supervised_child_restarts_on_the_survivor() {
+    supervised_child_restarts_elsewhere("stop");
+}
+
+#[test]
+fn a_cut_off_nodes_supervised_child_restarts_on_the_survivor() {
+    supervised_child_restarts_elsewhere("cut");
 }

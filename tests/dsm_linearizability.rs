@@ -19,10 +19,9 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::Member;
+use common::{Member, Netns};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
 const MEMBERS: usize = 3;
@@ -234,60 +233,6 @@ impl Default for Run {
             pace_us: 0,
             lease_ms: 20,
         }
-    }
-}
-
-struct Netns {
-    name: String,
-    veth: String,
-}
-
-impl Netns {
-    fn ip(args: &[&str]) -> bool {
-        Command::new("ip")
-            .args(args)
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false)
-    }
-
-    /// A namespace joined to this one by a veth pair: (namespace, host-side address,
-    /// namespace-side address).
-    fn create() -> Option<(Netns, String, String)> {
-        let id = std::process::id() % 100_000;
-        let (name, veth, inner) = (
-            format!("bwdsm{id}"),
-            format!("bwda{id}"),
-            format!("bwdb{id}"),
-        );
-        let net = id % 200 + 20;
-        let (host, peer) = (format!("10.234.{net}.1"), format!("10.234.{net}.2"));
-        let ns = Netns {
-            name: name.clone(),
-            veth: veth.clone(),
-        };
-        let exec = |args: &[&str]| {
-            let mut v = vec!["netns", "exec", &name];
-            v.extend_from_slice(args);
-            Netns::ip(&v)
-        };
-        let ok = Netns::ip(&["netns", "add", &name])
-            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
-            && Netns::ip(&["link", "set", &inner, "netns", &name])
-            && Netns::ip(&["addr", "add", &format!("{host}/30"), "dev", &veth])
-            && Netns::ip(&["link", "set", &veth, "up"])
-            && exec(&["ip", "addr", "add", &format!("{peer}/30"), "dev", &inner])
-            && exec(&["ip", "link", "set", &inner, "up"])
-            && exec(&["ip", "link", "set", "lo", "up"]);
-        ok.then_some((ns, host, peer))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        Netns::ip(&["link", "del", &self.veth]);
-        Netns::ip(&["netns", "del", &self.name]);
     }
 }
 

@@ -1,6 +1,8 @@
 //! A member process (`barewire-dsm-node`, `barewire-actor-node`) driven over its standard
 //! input and output, shared by the multi-process tests.
 
+#![allow(dead_code)] // each test crate uses its own part of it
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
@@ -80,5 +82,62 @@ impl Drop for Member {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A network namespace joined to this one by a veth pair; removed on drop.
+pub struct Netns {
+    pub name: String,
+    pub veth: String,
+}
+
+impl Netns {
+    pub fn ip(args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(args)
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// A namespace joined to this one by a veth pair: (namespace, host-side address,
+    /// namespace-side address).
+    pub fn create() -> Option<(Netns, String, String)> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
+        let id = std::process::id() % 10_000 * 10 + n;
+        let (name, veth, inner) = (
+            format!("bwdsm{id}"),
+            format!("bwda{id}"),
+            format!("bwdb{id}"),
+        );
+        let net = id % 200 + 20;
+        let (host, peer) = (format!("10.234.{net}.1"), format!("10.234.{net}.2"));
+        let ns = Netns {
+            name: name.clone(),
+            veth: veth.clone(),
+        };
+        let exec = |args: &[&str]| {
+            let mut v = vec!["netns", "exec", &name];
+            v.extend_from_slice(args);
+            Netns::ip(&v)
+        };
+        let ok = Netns::ip(&["netns", "add", &name])
+            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
+            && Netns::ip(&["link", "set", &inner, "netns", &name])
+            && Netns::ip(&["addr", "add", &format!("{host}/30"), "dev", &veth])
+            && Netns::ip(&["link", "set", &veth, "up"])
+            && exec(&["ip", "addr", "add", &format!("{peer}/30"), "dev", &inner])
+            && exec(&["ip", "link", "set", &inner, "up"])
+            && exec(&["ip", "link", "set", "lo", "up"]);
+        ok.then_some((ns, host, peer))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        Netns::ip(&["link", "del", &self.veth]);
+        Netns::ip(&["netns", "del", &self.name]);
     }
 }

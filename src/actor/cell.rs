@@ -16,10 +16,22 @@ use super::system::RemoteRef;
 use super::{Actor, ExitReason};
 use crate::error::{Error, Result};
 
-enum Envelope<A: Actor> {
+pub(crate) enum Envelope<A: Actor> {
     Tell(A::Msg),
     Ask(A::Msg, oneshot::Sender<A::Reply>),
     Stop(ExitReason),
+    /// Stop taking messages and hand the actor over (it is moving to another node).
+    Freeze(oneshot::Sender<A>),
+}
+
+/// Where a local actor's messages go while and after it moves to another node.
+pub(crate) enum Moving<A: Actor> {
+    /// It is here.
+    No,
+    /// It is being moved: messages wait here, in order, until it has arrived.
+    Holding(Vec<Envelope<A>>),
+    /// It lives there now: messages are forwarded.
+    Moved(ActorRef<A>),
 }
 
 /// How an actor ended, for whoever waits on it (its supervisor, monitors).
@@ -59,6 +71,7 @@ pub(crate) struct Shared<A: Actor> {
     tx: mpsc::Sender<Envelope<A>>,
     exit: Rc<Exit>,
     task: RefCell<Option<JoinHandle<()>>>,
+    pub(crate) moving: RefCell<Moving<A>>,
 }
 
 /// A reference to an actor, wherever it runs: on this core, or on another node of an
@@ -136,6 +149,7 @@ pub fn spawn<A: Actor>(actor: A) -> ActorRef<A> {
         tx,
         exit: Rc::new(Exit::default()),
         task: RefCell::new(None),
+        moving: RefCell::new(Moving::No),
     });
     let me = ActorRef {
         kind: Kind::Local(shared.clone()),
@@ -146,22 +160,33 @@ pub fn spawn<A: Actor>(actor: A) -> ActorRef<A> {
     };
     let exit = shared.exit.clone();
     let task = spawn_local(async move {
-        let reason = run(actor, rx, &ctx).await;
+        let end = run(actor, rx, &ctx).await;
         // The context holds a reference to this actor: drop the mailbox with it.
         drop(ctx);
-        exit.set(reason);
+        match end {
+            End::Exit(reason) => exit.set(reason),
+            // Moving: the actor goes to whoever froze it; its exit will be the moved one's.
+            End::Frozen(actor, to) => {
+                let _ = to.send(actor);
+            }
+        }
     });
     *shared.task.borrow_mut() = Some(task);
     me
+}
+
+enum End<A: Actor> {
+    Exit(ExitReason),
+    Frozen(A, oneshot::Sender<A>),
 }
 
 async fn run<A: Actor>(
     mut actor: A,
     mut rx: mpsc::Receiver<Envelope<A>>,
     ctx: &Context<A>,
-) -> ExitReason {
+) -> End<A> {
     if let Err(p) = catch(actor.started(ctx)).await {
-        return p;
+        return End::Exit(p);
     }
     let reason = loop {
         let Some(env) = rx.recv().await else {
@@ -173,6 +198,7 @@ async fn run<A: Actor>(
                 let _ = reply.send(r);
             }),
             Envelope::Stop(r) => break r,
+            Envelope::Freeze(to) => return End::Frozen(actor, to),
         };
         if let Err(p) = outcome {
             break p;
@@ -182,7 +208,7 @@ async fn run<A: Actor>(
         }
     };
     actor.stopped(&reason);
-    reason
+    End::Exit(reason)
 }
 
 /// Runs `f` to completion; a panic inside becomes `ExitReason::Panic` with its message.
@@ -221,6 +247,14 @@ impl<A: Actor> ActorRef<A> {
     fn send(shared: &Shared<A>, env: Envelope<A>) -> Result<()> {
         if let Some(r) = shared.exit.get() {
             return Err(Error::Exited(r.to_string()));
+        }
+        match &mut *shared.moving.borrow_mut() {
+            Moving::No => {}
+            Moving::Holding(held) => {
+                held.push(env);
+                return Ok(());
+            }
+            Moving::Moved(there) => return forward(there, env),
         }
         shared
             .tx
@@ -374,4 +408,61 @@ fn propagate<A: Actor, B: Actor>(from: ActorRef<A>, to: ActorRef<B>) {
             to.exit_with(r);
         }
     }));
+}
+
+/// Sends what was meant for a moved actor to where it lives now (an ask's reply goes back to
+/// the asker's oneshot).
+pub(crate) fn forward<A: Actor>(there: &ActorRef<A>, env: Envelope<A>) -> Result<()> {
+    match env {
+        Envelope::Tell(m) => there.tell(m),
+        Envelope::Ask(m, reply) => {
+            let there = there.clone();
+            drop(spawn_local(async move {
+                if let Ok(r) = there.ask(m, Duration::from_secs(3600)).await {
+                    let _ = reply.send(r);
+                }
+            }));
+            Ok(())
+        }
+        Envelope::Stop(r) => {
+            there.stop(r);
+            Ok(())
+        }
+        Envelope::Freeze(_) => Err(Error::Invalid("it has already moved".into())),
+    }
+}
+
+impl<A: Actor> ActorRef<A> {
+    /// For a local actor: stops it taking messages once those already queued are handled,
+    /// holds whatever comes meanwhile, and hands the actor over.
+    pub(crate) async fn freeze(&self) -> Result<A> {
+        let Kind::Local(s) = &self.kind else {
+            return Err(Error::Invalid("only an actor of this node can move".into()));
+        };
+        let (tx, rx) = oneshot::channel();
+        Self::send(s, Envelope::Freeze(tx))?;
+        *s.moving.borrow_mut() = Moving::Holding(Vec::new());
+        rx.await.map_err(|_| {
+            *s.moving.borrow_mut() = Moving::No;
+            Error::Exited("it exited before it could move".into())
+        })
+    }
+
+    /// For a local actor that froze: it now lives at `there`; what was held goes there first,
+    /// then everything later; its exit becomes the moved actor's.
+    pub(crate) fn moved_to(&self, there: ActorRef<A>) {
+        let Kind::Local(s) = &self.kind else { return };
+        let held =
+            match std::mem::replace(&mut *s.moving.borrow_mut(), Moving::Moved(there.clone())) {
+                Moving::Holding(h) => h,
+                _ => Vec::new(),
+            };
+        for env in held {
+            let _ = forward(&there, env);
+        }
+        let exit = s.exit.clone();
+        drop(spawn_local(async move {
+            exit.set(there.wait().await);
+        }));
+    }
 }

@@ -42,6 +42,10 @@ where
 {
 }
 
+/// An actor whose state can move to another node ([`ActorSystem::migrate`]): its state is
+/// serde. A type that should never move simply does not implement this.
+pub trait Migratable: RemoteActor + Serialize + DeserializeOwned {}
+
 /// Node-down detection and the peer channels' shape.
 #[derive(Debug, Clone, Copy)]
 pub struct SystemOptions {
@@ -103,6 +107,13 @@ enum Wire {
         to: u64,
         reason: ExitReason,
         kill: bool,
+    },
+    /// "Take over this actor": its kind and its state; reply with its new id.
+    Adopt {
+        req: u64,
+        kind: String,
+        fp: String,
+        state: Vec<u8>,
     },
 }
 
@@ -274,6 +285,8 @@ pub(crate) struct Sys {
     refs: RefCell<HashMap<u64, Rc<dyn std::any::Any>>>,
     names: RefCell<HashMap<String, u64>>,
     kinds: RefCell<HashMap<String, (String, Factory)>>,
+    /// How to rebuild a moving actor from its state, by kind.
+    adopters: RefCell<HashMap<String, (String, Factory)>>,
     /// Requests waiting for their reply: id -> (node asked, where the reply goes).
     pending: RefCell<HashMap<u64, (usize, ReplyTo)>>,
     /// Monitors this node placed on other nodes' actors: monitor ref -> (node, exit cell).
@@ -350,6 +363,7 @@ impl ActorSystem {
             refs: RefCell::default(),
             names: RefCell::default(),
             kinds: RefCell::default(),
+            adopters: RefCell::default(),
             pending: RefCell::default(),
             watching: RefCell::default(),
             next: Cell::new(1),
@@ -475,6 +489,69 @@ impl ActorSystem {
             })
             .await?;
         Ok(self.sys.remote_ref(rank, decode(&id)?))
+    }
+
+    /// Lets actors of type `A` move to this node under the name `kind` (every node that may
+    /// receive one registers it).
+    pub fn register_migratable<A: Migratable>(&self, kind: &str) {
+        let f: Factory = Rc::new(|sys: &Rc<Sys>, state: &[u8]| {
+            let a: A = decode(state)?;
+            sys.export(&spawn(a))
+        });
+        self.sys
+            .adopters
+            .borrow_mut()
+            .insert(kind.to_string(), (fingerprint::<A>(), f));
+    }
+
+    /// Moves `actor`, which runs on this node, to node `to`, where `A` is registered as `kind`
+    /// ([`register_migratable`](Self::register_migratable)); returns its new reference.
+    ///
+    /// The actor handles everything already in its mailbox, then its state travels; what is
+    /// sent to it meanwhile waits here and follows, in order. From then on this node forwards
+    /// whatever still comes to the old address (from references on this node and on others),
+    /// in the order it arrives, so every message is delivered once and in per-sender order.
+    /// Its monitors and supervisor see the moved actor's exit as its own.
+    pub async fn migrate<A: Migratable>(
+        &self,
+        actor: &ActorRef<A>,
+        to: usize,
+        kind: &str,
+    ) -> Result<ActorRef<A>> {
+        if to == self.sys.rank {
+            return Err(Error::Invalid("it already runs on this node".into()));
+        }
+        let state = actor.freeze().await?;
+        let bytes = encode(&state);
+        let fp = fingerprint::<A>();
+        let moved = match bytes {
+            Ok(state) => {
+                let kind = kind.to_string();
+                self.sys
+                    .request(to, |req| Wire::Adopt {
+                        req,
+                        kind,
+                        fp,
+                        state,
+                    })
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match moved.and_then(|id| decode::<u64>(&id)) {
+            Ok(id) => {
+                let there = self.sys.remote_ref(to, id);
+                actor.moved_to(there.clone());
+                Ok(there)
+            }
+            Err(e) => {
+                // It could not move: it starts again here, from the state it froze with, and
+                // takes what was held for it.
+                let here = spawn(state);
+                actor.moved_to(here);
+                Err(e)
+            }
+        }
     }
 
     /// Whether node `rank` is still considered up.
@@ -746,6 +823,22 @@ impl Sys {
                 if let Some((_, exit)) = self.watching.borrow_mut().remove(&mref) {
                     exit.set(reason);
                 }
+            }
+            Wire::Adopt {
+                req,
+                kind,
+                fp,
+                state,
+            } => {
+                let f = self.adopters.borrow().get(&kind).cloned();
+                let result = match f {
+                    Some((kfp, f)) if kfp == fp => f(self, &state)
+                        .and_then(|id| encode(&id))
+                        .map_err(|e| e.to_string()),
+                    Some((kfp, _)) => Err(format!("kind {kind:?} takes {kfp}, not {fp}")),
+                    None => Err(format!("no migratable kind {kind:?} on node {}", self.rank)),
+                };
+                self.send(from, Wire::Reply { req, result });
             }
             Wire::Exit { to, reason, kill } => {
                 let e = self.exported.borrow().get(&to).cloned();

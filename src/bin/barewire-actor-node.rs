@@ -10,7 +10,9 @@
 //! system, registers an `echo` actor (`String -> String`) and a `counter` actor (`u64 -> u64`:
 //! adds, returns the total) and the kind `counter` (argument: the starting total), prints
 //! `STARTED`, and then serves until standard input says `EXIT` or closes. A `DOWN <rank>` line
-//! is printed for every node it declares down.
+//! is printed for every node it declares down. It accepts moving `Seq` actors (kind `seq`), and
+//! `SEND <n>` on standard input makes it tell the `seq` actor of rank 0 `(its rank, i)` for
+//! `i` in `0..n` (in bursts), then print `SENT`.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +31,31 @@ impl Actor for Echo {
         s
     }
 }
+
+/// Checks sequence numbers per sender: (sender, n) must come as 0, 1, 2, ... from each.
+/// `(u64::MAX, _)` asks for (messages seen, messages out of order). Migratable.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Seq {
+    next: std::collections::BTreeMap<u64, u64>,
+    total: u64,
+    bad: u64,
+}
+impl Actor for Seq {
+    type Msg = (u64, u64);
+    type Reply = (u64, u64);
+    async fn handle(&mut self, (sender, n): (u64, u64), _: &Context<Self>) -> (u64, u64) {
+        if sender != u64::MAX {
+            let next = self.next.entry(sender).or_insert(0);
+            if n != *next {
+                self.bad += 1;
+            }
+            *next = n + 1;
+            self.total += 1;
+        }
+        (self.total, self.bad)
+    }
+}
+impl barewire::actor::Migratable for Seq {}
 
 struct Counter(u64);
 impl Actor for Counter {
@@ -98,9 +125,11 @@ async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
         .collect::<Result<Vec<std::net::SocketAddr>>>()?;
     let exit = Arc::new(AtomicBool::new(false));
     let watch = exit.clone();
+    let (cmd_tx, cmd_rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         let mut l = String::new();
         while std::io::stdin().lock().read_line(&mut l).unwrap_or(0) > 0 && l.trim() != "EXIT" {
+            let _ = cmd_tx.send(l.trim().to_string());
             l.clear();
         }
         watch.store(true, Ordering::Release);
@@ -110,6 +139,7 @@ async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
     sys.register("echo", &spawn(Echo))?;
     sys.register("counter", &spawn(Counter(0)))?;
     sys.register_kind("counter", Counter);
+    sys.register_migratable::<Seq>("seq");
     let s = sys.clone();
     let _downs = spawn_local(async move {
         let mut seen = 0;
@@ -119,8 +149,28 @@ async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
         }
     });
     say("STARTED");
+    let mut senders = Vec::new();
     while !exit.load(Ordering::Acquire) {
-        time::sleep(Duration::from_millis(5)).await;
+        while let Ok(cmd) = cmd_rx.try_recv() {
+            if let Some(n) = cmd
+                .strip_prefix("SEND ")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                let sys = sys.clone();
+                senders.push(spawn_local(async move {
+                    let seq = sys.lookup::<Seq>(0, "seq").await?;
+                    for i in 0..n {
+                        seq.tell((rank as u64, i))?;
+                        if i % 64 == 63 {
+                            time::sleep(Duration::from_micros(100)).await;
+                        }
+                    }
+                    say("SENT");
+                    Ok::<_, Error>(())
+                }));
+            }
+        }
+        time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
 }

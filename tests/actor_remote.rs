@@ -91,7 +91,7 @@ where
                 .await
                 .unwrap();
             for m in &members {
-                m.expect("STARTED", Duration::from_secs(20));
+                m.expect_async("STARTED", Duration::from_secs(20)).await;
             }
             body(Rc::new(members), sys).await;
         });
@@ -158,7 +158,12 @@ fn a_stopped_node_is_declared_down_by_its_heartbeat_deadline() {
         let e = counter.ask(1, ASK).await.unwrap_err();
         assert!(matches!(e, Error::PeerGone(_)), "{e}");
         // The other survivor reached the same verdict on its own.
-        assert_eq!(members[0].expect("DOWN", Duration::from_secs(5)), "DOWN 2");
+        assert_eq!(
+            members[0]
+                .expect_async("DOWN", Duration::from_secs(5))
+                .await,
+            "DOWN 2"
+        );
         members[1].signal(libc::SIGCONT);
         eprintln!("stopped node declared down after {took:?}");
     });
@@ -335,7 +340,7 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         // Three senders: this node (through its local reference) and nodes 1 and 2 (through
         // remote references to this node's address).
         for m in Rc::get_mut(&mut members).expect("one owner").iter_mut() {
-            m.say(&format!("SEND {EACH}"));
+            m.say(&format!("SEND 0 {EACH}"));
         }
         let local = seq.clone();
         let here = barewire::engine::spawn_local(async move {
@@ -352,7 +357,7 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         assert_eq!(moved.node(), Some(1));
         here.await.unwrap();
         for m in members.iter() {
-            m.expect("SENT", Duration::from_secs(30));
+            m.expect_async("SENT", Duration::from_secs(30)).await;
         }
         // Ask through the old reference: forwarded like everything else.
         let t0 = Instant::now();
@@ -371,5 +376,30 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         assert_eq!(total, 3 * EACH, "every message arrived exactly once");
         assert_eq!(bad, 0, "in per-sender order");
         assert_eq!(moved.ask((u64::MAX, 0), ASK).await.unwrap(), (3 * EACH, 0));
+
+        // The other nodes' references have switched to the new address: a second round goes
+        // there directly, not through this node.
+        let forwarded = sys.forwarded();
+        for m in Rc::get_mut(&mut members).expect("one owner").iter_mut() {
+            m.say(&format!("SEND {EACH} {EACH}"));
+        }
+        for m in members.iter() {
+            m.expect_async("SENT", Duration::from_secs(30)).await;
+        }
+        let t0 = Instant::now();
+        while moved.ask((u64::MAX, 0), ASK).await.unwrap().0 < 5 * EACH {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the second round never arrived"
+            );
+            time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(moved.ask((u64::MAX, 0), ASK).await.unwrap(), (5 * EACH, 0));
+        let again = sys.forwarded() - forwarded;
+        eprintln!(
+            "forwarded by the old home: {forwarded} in the first round, {again} in the second"
+        );
+        assert!(forwarded > 0, "the first round went through the old home");
+        assert_eq!(again, 0, "the second round went to the new home directly");
     });
 }

@@ -448,6 +448,20 @@ impl<A: Actor> ActorRef<A> {
         })
     }
 
+    /// For a local actor that moved to another node: its address there.
+    pub(crate) fn moved_addr(&self) -> Option<(usize, u64)> {
+        let Kind::Local(s) = &self.kind else {
+            return None;
+        };
+        match &*s.moving.borrow() {
+            Moving::Moved(there) => match &there.kind {
+                Kind::Remote(r) => Some((r.node, r.id)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// For a local actor that froze: it now lives at `there`; what was held goes there first,
     /// then everything later; its exit becomes the moved actor's.
     pub(crate) fn moved_to(&self, there: ActorRef<A>) {

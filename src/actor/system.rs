@@ -8,7 +8,17 @@
 //! stopped, cut off or killed stops answering, and after `heartbeat × misses` (50 ms by
 //! default) with nothing from it this node treats it as down for good: its pending asks fail,
 //! monitors of its actors fire with `NoConnection`, and [`ActorSystem::next_down`] reports it.
-//! A connection that fails is also taken as down at once.
+//! A connection that fails is also taken as down at once. The price of a short deadline: a
+//! core that blocks (a long synchronous computation in a handler, a blocking system call) for
+//! longer than the deadline stops its heartbeats, and its peers will take its node for dead.
+//! Long work belongs on another core, or needs a longer `SystemOptions::misses`.
+//!
+//! A moved actor ([`ActorSystem::migrate`]) is reached at its old address until each sender
+//! switches: the old home forwards a sender's messages in arrival order and tells that sender
+//! where the actor went; the sender holds its further messages for it, sends a fence through
+//! the old home, and once the new home has seen the fence (so everything forwarded for that
+//! sender has arrived) it sends there directly, held messages first. Every message is
+//! delivered once, and each sender's messages in the order it sent them.
 
 use std::any::type_name;
 use std::cell::{Cell, RefCell};
@@ -107,6 +117,26 @@ enum Wire {
         to: u64,
         reason: ExitReason,
         kill: bool,
+    },
+    /// "The actor you sent to at `old` here now lives at (`node`, `id`)."
+    Moved {
+        old: u64,
+        node: u64,
+        id: u64,
+    },
+    /// "Everything I sent to `old` before this is with you": passed on to the new home.
+    Fence {
+        old: u64,
+        token: u64,
+    },
+    /// A fence from `origin`, passed on by the old home after everything it forwarded.
+    FenceFwd {
+        origin: u64,
+        token: u64,
+    },
+    /// "Your fence arrived here": the sender may now send to the new home directly.
+    FenceAck {
+        token: u64,
     },
     /// "Take over this actor": its kind and its state; reply with its new id.
     Adopt {
@@ -220,6 +250,8 @@ trait Exported {
     fn exit(&self) -> Rc<Exit>;
     fn fingerprint(&self) -> String;
     fn signal(&self, reason: ExitReason, kill: bool);
+    /// Where it lives now, if it moved away.
+    fn moved(&self) -> Option<(usize, u64)>;
 }
 
 struct Export<A: RemoteActor>(ActorRef<A>);
@@ -256,9 +288,23 @@ impl<A: RemoteActor> Exported for Export<A> {
             self.0.stop(reason)
         }
     }
+    fn moved(&self) -> Option<(usize, u64)> {
+        self.0.moved_addr()
+    }
 }
 
 type Factory = Rc<dyn Fn(&Rc<Sys>, &[u8]) -> Result<u64>>;
+
+/// Where this node sends what it meant for an actor that moved.
+enum Route {
+    /// Told it moved; its fence is on the way: tells wait here (encoded), asks wait.
+    Switching {
+        to: (usize, u64),
+        held: Vec<Vec<u8>>,
+    },
+    /// Straight to its new address.
+    Direct(usize, u64),
+}
 type ReplyTo = oneshot::Sender<std::result::Result<Vec<u8>, String>>;
 
 /// One peer: the frames waiting to go to it, and what this node has heard from it.
@@ -292,6 +338,15 @@ pub(crate) struct Sys {
     /// Monitors this node placed on other nodes' actors: monitor ref -> (node, exit cell).
     watching: RefCell<HashMap<u64, (usize, Rc<Exit>)>>,
     next: Cell<u64>,
+    /// Moved actors' new addresses, as this node learned them: (old node, old id) -> route.
+    routes: RefCell<HashMap<(usize, u64), Route>>,
+    route_waiters: RefCell<Vec<Waker>>,
+    /// This node's fences in flight: token -> the old address they close.
+    fences: RefCell<HashMap<u64, (usize, u64)>>,
+    /// (sender, old id) pairs already told where a moved actor went.
+    told_moved: RefCell<std::collections::HashSet<(usize, u64)>>,
+    /// Messages this node forwarded to actors that moved away from it.
+    forwarded: Cell<u64>,
     downs: RefCell<Vec<usize>>,
     down_waiters: RefCell<Vec<Waker>>,
     tasks: RefCell<Vec<JoinHandle<()>>>,
@@ -367,6 +422,11 @@ impl ActorSystem {
             pending: RefCell::default(),
             watching: RefCell::default(),
             next: Cell::new(1),
+            routes: RefCell::default(),
+            route_waiters: RefCell::default(),
+            fences: RefCell::default(),
+            told_moved: RefCell::default(),
+            forwarded: Cell::new(0),
             downs: RefCell::default(),
             down_waiters: RefCell::default(),
             tasks: RefCell::default(),
@@ -509,9 +569,11 @@ impl ActorSystem {
     ///
     /// The actor handles everything already in its mailbox, then its state travels; what is
     /// sent to it meanwhile waits here and follows, in order. From then on this node forwards
-    /// whatever still comes to the old address (from references on this node and on others),
-    /// in the order it arrives, so every message is delivered once and in per-sender order.
-    /// Its monitors and supervisor see the moved actor's exit as its own.
+    /// whatever still comes to the old address, in the order it arrives, and each other node's
+    /// references switch to the new address after their first forwarded message (see the
+    /// module doc), so every message is delivered once and in per-sender order. References on
+    /// this node keep forwarding. Its monitors and supervisor see the moved actor's exit as its
+    /// own.
     pub async fn migrate<A: Migratable>(
         &self,
         actor: &ActorRef<A>,
@@ -552,6 +614,12 @@ impl ActorSystem {
                 Err(e)
             }
         }
+    }
+
+    /// Messages this node has forwarded to actors that moved away from it (a reference
+    /// elsewhere switches to the new address after its first forwarded message).
+    pub fn forwarded(&self) -> u64 {
+        self.sys.forwarded.get()
     }
 
     /// Whether node `rank` is still considered up.
@@ -632,6 +700,8 @@ impl Sys {
             tell: Sys::tell_frame::<A::Msg>,
             enc: encode::<A::Msg>,
             dec: decode::<A::Reply>,
+            dec_msg: decode::<A::Msg>,
+            enc_reply: encode::<A::Reply>,
         })
     }
 
@@ -708,6 +778,7 @@ impl Sys {
                 }
                 if let Some((_, e)) = &last {
                     let _ = e.deliver(msg, None, self);
+                    self.note_forward(from, to, e.as_ref());
                 }
                 continue;
             }
@@ -744,12 +815,51 @@ impl Sys {
                 let e = self.exported.borrow().get(&to).cloned();
                 if let Some(e) = e {
                     let _ = e.deliver(&msg, None, self);
+                    self.note_forward(from, to, e.as_ref());
                 }
             }
+            Wire::Moved { old, node, id } => {
+                let token = self.id();
+                self.fences.borrow_mut().insert(token, (from, old));
+                self.routes.borrow_mut().insert(
+                    (from, old),
+                    Route::Switching {
+                        to: (node as usize, id),
+                        held: Vec::new(),
+                    },
+                );
+                self.send(from, Wire::Fence { old, token });
+            }
+            Wire::Fence { old, token } => {
+                let e = self.exported.borrow().get(&old).cloned();
+                if let Some((node, _)) = e.and_then(|e| e.moved()) {
+                    let w = Wire::FenceFwd {
+                        origin: from as u64,
+                        token,
+                    };
+                    if node == self.rank {
+                        self.dispatch(from, w);
+                    } else {
+                        self.send(node, w);
+                    }
+                }
+            }
+            Wire::FenceFwd { origin, token } => {
+                if origin as usize == self.rank {
+                    self.switched(token);
+                } else {
+                    self.send(origin as usize, Wire::FenceAck { token });
+                }
+            }
+            Wire::FenceAck { token } => self.switched(token),
             Wire::Ask { to, req, msg } => {
                 let e = self.exported.borrow().get(&to).cloned();
                 let r = match e {
-                    Some(e) => e.deliver(&msg, Some((from, req)), self),
+                    Some(e) => {
+                        let r = e.deliver(&msg, Some((from, req)), self);
+                        self.note_forward(from, to, e.as_ref());
+                        r
+                    }
                     None => Err(Error::Exited("no such actor (noproc)".into())),
                 };
                 if let Err(e) = r {
@@ -849,6 +959,66 @@ impl Sys {
         }
     }
 
+    /// A message from `from` to this node's actor `to` was delivered; if that actor moved
+    /// away, the message was forwarded: count it, and tell `from` (once) where it went.
+    fn note_forward(&self, from: usize, to: u64, e: &dyn Exported) {
+        let Some((node, id)) = e.moved() else { return };
+        self.forwarded.set(self.forwarded.get() + 1);
+        if self.told_moved.borrow_mut().insert((from, to)) {
+            self.send(
+                from,
+                Wire::Moved {
+                    old: to,
+                    node: node as u64,
+                    id,
+                },
+            );
+        }
+    }
+
+    /// The fence `token` came back: everything this node sent to the old address has reached
+    /// the new home; send there directly from now on, held tells first.
+    fn switched(self: &Rc<Self>, token: u64) {
+        let Some(old) = self.fences.borrow_mut().remove(&token) else {
+            return;
+        };
+        let route = self.routes.borrow_mut().remove(&old);
+        let Some(Route::Switching { to, held }) = route else {
+            return;
+        };
+        self.routes
+            .borrow_mut()
+            .insert(old, Route::Direct(to.0, to.1));
+        for msg in held {
+            self.tell_bytes(to, msg);
+        }
+        for w in self.route_waiters.borrow_mut().drain(..) {
+            w.wake();
+        }
+    }
+
+    /// An encoded tell to `(node, id)`, which may be an actor of this node.
+    fn tell_bytes(self: &Rc<Self>, (node, id): (usize, u64), msg: Vec<u8>) {
+        if node == self.rank {
+            let e = self.exported.borrow().get(&id).cloned();
+            if let Some(e) = e {
+                let _ = e.deliver(&msg, None, self);
+            }
+        } else {
+            self.send(node, Wire::Tell { to: id, msg });
+        }
+    }
+
+    /// Where a reference to `(node, id)` should send now: its own address, a moved actor's
+    /// new one, or `None` while the switch is under way.
+    fn route(&self, node: usize, id: u64) -> Option<(usize, u64)> {
+        match self.routes.borrow().get(&(node, id)) {
+            None => Some((node, id)),
+            Some(Route::Direct(n, i)) => Some((*n, *i)),
+            Some(Route::Switching { .. }) => None,
+        }
+    }
+
     /// `node` is gone: fail what waits on it, once.
     fn node_down(&self, node: usize, _why: &str) {
         let Some(Some(p)) = self.peers.get(node) else {
@@ -912,6 +1082,8 @@ pub(crate) struct RemoteRef<A: Actor> {
     tell: fn(&Sys, usize, u64, &A::Msg) -> Result<()>,
     enc: fn(&A::Msg) -> Result<Vec<u8>>,
     dec: fn(&[u8]) -> Result<A::Reply>,
+    dec_msg: fn(&[u8]) -> Result<A::Msg>,
+    enc_reply: fn(&A::Reply) -> Result<Vec<u8>>,
 }
 
 impl<A: Actor> RemoteRef<A> {
@@ -923,6 +1095,25 @@ impl<A: Actor> RemoteRef<A> {
 
     pub(crate) fn tell(&self, msg: &A::Msg) -> Result<()> {
         let sys = self.sys()?;
+        if !sys.routes.borrow().is_empty() {
+            let mut routes = sys.routes.borrow_mut();
+            match routes.get_mut(&(self.node, self.id)) {
+                None => {}
+                Some(Route::Switching { held, .. }) => {
+                    held.push((self.enc)(msg)?);
+                    return Ok(());
+                }
+                Some(Route::Direct(n, i)) => {
+                    let to = (*n, *i);
+                    drop(routes);
+                    if to.0 == sys.rank {
+                        sys.tell_bytes(to, (self.enc)(msg)?);
+                        return Ok(());
+                    }
+                    return (self.tell)(&sys, to.0, to.1, msg);
+                }
+            }
+        }
         if sys.is_down(self.node) {
             return Err(Error::PeerGone(format!("node {} is down", self.node)));
         }
@@ -931,13 +1122,40 @@ impl<A: Actor> RemoteRef<A> {
 
     pub(crate) async fn ask(&self, msg: &A::Msg, timeout: Duration) -> Result<A::Reply> {
         let sys = self.sys()?;
-        let (to, msg) = (self.id, (self.enc)(msg)?);
-        match time::timeout(
-            timeout,
-            sys.request(self.node, |req| Wire::Ask { to, req, msg }),
-        )
-        .await
-        {
+        let bytes = (self.enc)(msg)?;
+        let asked = async {
+            // While this node switches to a moved actor's new address, wait: the tells it
+            // holds go first.
+            let (node, to) = std::future::poll_fn(|cx| match sys.route(self.node, self.id) {
+                Some(r) => Poll::Ready(r),
+                None => {
+                    sys.route_waiters.borrow_mut().push(cx.waker().clone());
+                    Poll::Pending
+                }
+            })
+            .await;
+            if node == sys.rank {
+                // It moved here.
+                let local = sys
+                    .refs
+                    .borrow()
+                    .get(&to)
+                    .and_then(|r| r.downcast_ref::<ActorRef<A>>().cloned())
+                    .ok_or_else(|| Error::Exited("no such actor (noproc)".into()))?;
+                // (Boxed: `ActorRef::ask` is what called this.)
+                let asked: std::pin::Pin<Box<dyn std::future::Future<Output = Result<A::Reply>>>> =
+                    Box::pin(local.ask((self.dec_msg)(&bytes)?, timeout));
+                let reply = asked.await?;
+                return (self.enc_reply)(&reply);
+            }
+            sys.request(node, |req| Wire::Ask {
+                to,
+                req,
+                msg: bytes,
+            })
+            .await
+        };
+        match time::timeout(timeout, asked).await {
             Ok(Ok(b)) => (self.dec)(&b),
             Ok(Err(Error::Refused(m))) => Err(Error::Exited(m)),
             Ok(Err(e)) => Err(e),

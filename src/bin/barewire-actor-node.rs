@@ -11,8 +11,9 @@
 //! adds, returns the total) and the kind `counter` (argument: the starting total), prints
 //! `STARTED`, and then serves until standard input says `EXIT` or closes. A `DOWN <rank>` line
 //! is printed for every node it declares down. It accepts moving `Seq` actors (kind `seq`), and
-//! `SEND <n>` on standard input makes it tell the `seq` actor of rank 0 `(its rank, i)` for
-//! `i` in `0..n` (in bursts), then print `SENT`.
+//! `SEND <from> <n>` on standard input makes it tell the `seq` actor of rank 0 `(its rank, i)`
+//! for `i` in `from..from + n` (in bursts), then print `SENT`. Its reference keeps pointing at
+//! rank 0's address; if the actor moves, it follows.
 
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,21 +153,27 @@ async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
     let mut senders = Vec::new();
     while !exit.load(Ordering::Acquire) {
         while let Ok(cmd) = cmd_rx.try_recv() {
-            if let Some(n) = cmd
-                .strip_prefix("SEND ")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
+            let mut words = cmd.split_whitespace();
+            let verb = words.next();
+            let mut num = || words.next().and_then(|v| v.parse::<u64>().ok());
+            if let (Some("SEND"), Some(from), Some(n)) = (verb, num(), num()) {
                 let sys = sys.clone();
                 senders.push(spawn_local(async move {
-                    let seq = sys.lookup::<Seq>(0, "seq").await?;
-                    for i in 0..n {
-                        seq.tell((rank as u64, i))?;
-                        if i % 64 == 63 {
-                            time::sleep(Duration::from_micros(100)).await;
+                    let r = async {
+                        let seq = sys.lookup::<Seq>(0, "seq").await?;
+                        for i in from..from + n {
+                            seq.tell((rank as u64, i))?;
+                            if i % 64 == 63 {
+                                time::sleep(Duration::from_micros(100)).await;
+                            }
                         }
+                        Ok::<_, Error>(())
                     }
-                    say("SENT");
-                    Ok::<_, Error>(())
+                    .await;
+                    match r {
+                        Ok(()) => say("SENT"),
+                        Err(e) => say(&format!("SEND-FAILED {e}")),
+                    }
                 }));
             }
         }

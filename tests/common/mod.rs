@@ -61,6 +61,22 @@ impl Member {
         }
     }
 
+    /// As `expect`, from a task of a runtime: waits without blocking the core (whose node must
+    /// keep answering and heartbeating meanwhile).
+    pub async fn expect_async(&self, what: &str, within: Duration) -> String {
+        let t0 = std::time::Instant::now();
+        loop {
+            match self.lines.try_recv() {
+                Ok(l) if l.starts_with(what) => return l,
+                Ok(_) => continue,
+                Err(mpsc::TryRecvError::Disconnected) => panic!("it exited before {what}"),
+                Err(mpsc::TryRecvError::Empty) => {}
+            }
+            assert!(t0.elapsed() < within, "waited {within:?} for {what}");
+            barewire::engine::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     /// The port it printed in `READY <port>`.
     pub fn port(&self) -> u16 {
         let l = self.expect("READY", Duration::from_secs(20));

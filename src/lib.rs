@@ -28,6 +28,7 @@
 
 pub mod actor;
 mod channel;
+pub mod cluster;
 mod control;
 mod distributed;
 pub mod dsm;

@@ -3,7 +3,8 @@
 //!
 //! A host list is comma-separated names; a name may hold bracketed groups of comma-separated
 //! numbers and ranges, each group multiplying the names (`rack[1-2]-n[01-02]` is four hosts),
-//! and a range keeps the zero padding of its lower bound (`n[08-10]` is `n08 n09 n10`).
+//! and a range keeps the zero padding of its lower bound (`n[08-10]` is `n08 n09 n10`). As in
+//! Slurm 22.05, nothing may follow a name's last bracket group (`gpu[1-2]-ib` is refused).
 //! Task counts are comma-separated numbers, each optionally repeated: `2(x3),1` is 2, 2, 2, 1.
 
 use crate::error::{Error, Result};
@@ -17,8 +18,8 @@ const MAX_HOSTS: usize = 1 << 20;
 /// ```
 /// use barewire::cluster::expand_hostlist;
 /// assert_eq!(
-///     expand_hostlist("n[08-10],gpu[1,3]-ib,login").unwrap(),
-///     ["n08", "n09", "n10", "gpu1-ib", "gpu3-ib", "login"]
+///     expand_hostlist("n[08-10],rack[1-2]-gpu[1,3],login").unwrap(),
+///     ["n08", "n09", "n10", "rack1-gpu1", "rack1-gpu3", "rack2-gpu1", "rack2-gpu3", "login"]
 /// );
 /// ```
 pub fn expand_hostlist(list: &str) -> Result<Vec<String>> {
@@ -90,6 +91,10 @@ fn expand_name(name: &str, out: &mut Vec<String>) -> Result<()> {
         }
         names = next;
         rest = &rest[close + 1..];
+    }
+    if !rest.is_empty() && rest.len() != name.len() {
+        // As Slurm's own parser (22.05): text after the last bracket group is not a host list.
+        return Err(bad(name, &format!("{rest:?} after the last ']'")));
     }
     for mut n in names {
         n.push_str(rest);
@@ -186,7 +191,9 @@ mod tests {
             ex("rack[1-2]-n[01-02]"),
             ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
         );
-        assert_eq!(ex("login,gpu[1-2]-ib"), ["login", "gpu1-ib", "gpu2-ib"]);
+        assert_eq!(ex("login,gpu[1-2]"), ["login", "gpu1", "gpu2"]);
+        assert_eq!(ex("n[1-003]"), ["n1", "n2", "n3"]);
+        assert_eq!(ex("n[07,8-9]"), ["n07", "n8", "n9"]);
         assert_eq!(ex("localhost"), ["localhost"]);
         assert_eq!(ex(""), Vec::<String>::new());
         assert_eq!(ex("a, b"), ["a", "b"]);
@@ -202,6 +209,7 @@ mod tests {
             ("n[a-b]", "not a number"),
             ("n[1-]", "not a number"),
             ("n[0-99999999]", "million"),
+            ("gpu[1,3]-ib", "after the last"),
         ] {
             let e = expand_hostlist(s).unwrap_err().to_string();
             assert!(e.contains(why), "{s}: {e}");

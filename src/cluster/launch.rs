@@ -37,6 +37,8 @@ pub struct Launch {
     pub hosts: Vec<String>,
     /// Who said so.
     pub launcher: Launcher,
+    /// `BAREWIRE_BASE_PORT`, when the launcher chose the ports (barewire's does).
+    pub base_port: Option<u16>,
 }
 
 fn need(get: &impl Fn(&str) -> Option<String>, var: &str) -> Result<String> {
@@ -96,6 +98,19 @@ impl Launch {
     ///   `HOSTNAME` (StatefulSet) as the rank, `BAREWIRE_SIZE`, and the pods' names through the
     ///   headless Service `BAREWIRE_K8S_SERVICE`: rank `i` is `<name>-<i>.<service>`.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch> {
+        let mut l = Launch::from_launcher(&get)?;
+        if get("BAREWIRE_BASE_PORT").is_some() {
+            l.base_port = Some(
+                num(&get, "BAREWIRE_BASE_PORT")?
+                    .try_into()
+                    .map_err(|_| Error::Invalid("BAREWIRE_BASE_PORT is not a port".into()))?,
+            );
+        }
+        Ok(l)
+    }
+
+    fn from_launcher(get: &impl Fn(&str) -> Option<String>) -> Result<Launch> {
+        let get = |k: &str| get(k);
         if get("BAREWIRE_RANK").is_some() {
             let size = num(&get, "BAREWIRE_SIZE")?;
             let nodes = expand_hostlist(&get("BAREWIRE_NODELIST").unwrap_or("127.0.0.1".into()))?;
@@ -211,12 +226,15 @@ impl Launch {
             local_rank: local.unwrap_or(derived),
             hosts,
             launcher,
+            base_port: None,
         })
     }
 
-    /// Every rank's address: its host, and `base_port` plus its index among the ranks on that
-    /// host. Host names are resolved here (IPv4 preferred).
+    /// Every rank's address: its host, and the base port (the launcher's `BAREWIRE_BASE_PORT`
+    /// if it set one, else `base_port`) plus its index among the ranks on that host. Host names
+    /// are resolved here (IPv4 preferred).
     pub fn addrs(&self, base_port: u16) -> Result<Vec<SocketAddr>> {
+        let base_port = self.base_port.unwrap_or(base_port);
         let mut out = Vec::with_capacity(self.size);
         for (r, host) in self.hosts.iter().enumerate() {
             let index = self.hosts[..r].iter().filter(|h| *h == host).count();

@@ -47,6 +47,6 @@ pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender};
 pub use distributed::DistributedChannel;
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
-pub use mesh::Mesh;
+pub use mesh::{Mesh, JOIN_WAIT};
 pub use node::Node;
 pub use region::{Align, Fingerprint, Region, RemoteRegion};

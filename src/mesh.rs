@@ -17,6 +17,9 @@ use crate::error::{Error, Result};
 use crate::join::try_join2;
 use crate::node::Node;
 
+/// How long [`Mesh::join`] keeps trying to reach a member that is not listening yet.
+pub const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Connections from this node to every rank of a group (itself included), by rank.
 ///
 /// Every member calls [`Mesh::join`] with the same address list; member `rank` must already be
@@ -44,7 +47,9 @@ pub struct Mesh {
 
 impl Mesh {
     /// Connects this node (rank `rank`, listening on `addrs[rank]`) to every member of the
-    /// group. Returns once every connection is up and has said which rank it is.
+    /// group. Returns once every connection is up and has said which rank it is. Members may
+    /// start in any order: one that does not listen yet is tried again for up to
+    /// [`JOIN_WAIT`].
     pub async fn join(node: &Node, rank: usize, addrs: &[SocketAddr]) -> Result<Mesh> {
         let size = addrs.len();
         if rank >= size {
@@ -55,9 +60,25 @@ impl Mesh {
         let connects = async {
             let mut out = Vec::with_capacity(rank + 1);
             for (j, addr) in addrs.iter().enumerate().take(rank + 1) {
-                let ep = node.connect(*addr).await.map_err(|e| {
-                    Error::Invalid(format!("mesh: connecting to rank {j} at {addr}: {e}"))
-                })?;
+                // Members start when their launcher gets to them: one that is not listening yet
+                // is tried again, for up to JOIN_WAIT.
+                let t0 = std::time::Instant::now();
+                let mut pause = std::time::Duration::from_millis(5);
+                let ep = loop {
+                    match node.connect(*addr).await {
+                        Ok(ep) => break ep,
+                        Err(e) if t0.elapsed() < JOIN_WAIT => {
+                            let _ = e;
+                            barewire_engine::time::sleep(pause).await;
+                            pause = (pause * 2).min(std::time::Duration::from_millis(200));
+                        }
+                        Err(e) => {
+                            return Err(Error::Invalid(format!(
+                            "mesh: connecting to rank {j} at {addr} (tried for {JOIN_WAIT:?}): {e}"
+                        )))
+                        }
+                    }
+                };
                 ep.send_hello(rank as u32, size as u32).await?;
                 out.push(ep);
             }

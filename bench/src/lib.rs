@@ -3,6 +3,7 @@
 
 pub mod echo;
 pub mod perf;
+pub mod reps;
 
 /// Pins the calling thread to `cpu` (if the machine has it).
 pub fn pin(cpu: usize) {

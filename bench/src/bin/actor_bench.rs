@@ -30,9 +30,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
-use barewire::engine::{time, Runtime};
+use barewire::engine::time;
 use barewire::{ChannelOptions, Mesh, Node};
-use hdrhistogram::Histogram;
+use barewire_bench::reps::{latency, median, on_path, ratio, spinning_runtime, Row};
 
 struct Echo;
 impl Actor for Echo {
@@ -55,14 +55,6 @@ impl Actor for Count {
 
 const CHANNEL: ChannelOptions = ChannelOptions::new(1024, 8);
 
-fn runtime(cpu: usize) -> Runtime {
-    Runtime::builder()
-        .core_ids(&[cpu])
-        .idle_spin(Duration::from_millis(50))
-        .build()
-        .expect("runtime")
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -70,7 +62,7 @@ fn main() {
             let cpu: usize = args[1].parse().unwrap();
             let lead: std::net::SocketAddr = args[2].parse().unwrap();
             barewire_bench::unpin();
-            runtime(cpu).block_on(serve(lead));
+            spinning_runtime(cpu).block_on(serve(lead));
         }
         Some("soak") => {
             let minutes =
@@ -133,30 +125,6 @@ async fn serve(lead: std::net::SocketAddr) {
     }
 }
 
-#[derive(Default)]
-struct Row {
-    name: &'static str,
-    unit: &'static str,
-    reps: Vec<f64>,
-}
-
-async fn latency<F, Fut>(iters: u64, mut op: F) -> f64
-where
-    F: FnMut(u64) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    for i in 0..iters / 10 {
-        op(i).await;
-    }
-    let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-    for i in 0..iters {
-        let t = Instant::now();
-        op(i).await;
-        h.record(t.elapsed().as_nanos() as u64).unwrap();
-    }
-    h.value_at_quantile(0.5) as f64 / 1e3
-}
-
 /// One rep of barewire's four measurements, on a fresh pair of members (so that nothing of
 /// barewire runs while the Erlang peer is measured).
 async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
@@ -172,14 +140,14 @@ async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
     let (tx, rx) = mesh.endpoint(1).open_channel::<u64>(CHANNEL).await.unwrap();
     let (tx, rx) = (Rc::new(tx), Rc::new(rx));
     let ask = Duration::from_secs(5);
-    let ask_p50 = latency(iters, |i| {
+    let (ask_p50, _) = latency(iters, |i| {
         let e = echo.clone();
         async move {
             e.ask(i, ask).await.unwrap();
         }
     })
     .await;
-    let chan_p50 = latency(iters, |i| {
+    let (chan_p50, _) = latency(iters, |i| {
         let (tx, rx) = (tx.clone(), rx.clone());
         async move {
             tx.send(&i).await.unwrap();
@@ -212,31 +180,23 @@ async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
 
 fn lead(reps: usize, iters: u64, msgs: u64, cpus: [usize; 2], erlang: bool) -> Vec<Row> {
     let erl = if erlang { Erlang::start(cpus) } else { None };
-    let names = [
+    let mut rows = Row::named(&[
         ("remote ask round trip p50", "us"),
         ("Channel<u64> round trip p50", "us"),
         ("remote tell throughput", "k msg/s"),
         ("Channel<u64> send throughput", "k msg/s"),
         ("Erlang gen_server:call p50, two nodes", "us"),
         ("Erlang remote send throughput", "k msg/s"),
-    ];
-    let mut rows: Vec<Row> = names
-        .iter()
-        .map(|(name, unit)| Row {
-            name,
-            unit,
-            reps: Vec::new(),
-        })
-        .collect();
+    ]);
     for rep in 0..reps {
-        let r = runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
+        let r = spinning_runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
         for (k, v) in r.into_iter().enumerate() {
-            rows[k].reps.push(v);
+            rows[k].reps.push((v, 0.0));
         }
         if let Some(e) = &erl {
             if let Some((call, send)) = e.run(iters, msgs) {
-                rows[4].reps.push(call);
-                rows[5].reps.push(send / 1e3);
+                rows[4].reps.push((call, 0.0));
+                rows[5].reps.push((send / 1e3, 0.0));
             }
         }
         eprintln!("rep {} of {reps} done", rep + 1);
@@ -288,14 +248,7 @@ bench(Node, Iters, Msgs) ->
 
 impl Erlang {
     fn start(cpus: [usize; 2]) -> Option<Erlang> {
-        let ok = |c: &str| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {c}")])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !ok("erl") || !ok("erlc") {
+        if !on_path("erl") || !on_path("erlc") {
             eprintln!("actor-bench: erl/erlc not found (apt-get install erlang-nox erlang-dev); Erlang rows skipped");
             return None;
         }
@@ -372,32 +325,12 @@ impl Drop for Erlang {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-fn ratio(rows: &[Row], a: usize, b: usize) -> String {
-    let r: Vec<f64> = rows[a]
-        .reps
-        .iter()
-        .zip(&rows[b].reps)
-        .map(|(x, y)| x / y)
-        .collect();
-    if r.is_empty() {
-        return "n/a".into();
-    }
-    let (lo, hi) = r
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
-    format!("{:.3}x ({lo:.3}-{hi:.3})", median(r))
-}
-
 fn report(rows: &[Row]) {
     println!("| measurement | median over reps |");
     println!("|---|---|");
     for r in rows {
-        println!("| {} | {:.2} {} |", r.name, median(r.reps.clone()), r.unit);
+        let v = median(r.reps.iter().map(|x| x.0).collect());
+        println!("| {} | {v:.2} {} |", r.name, r.unit);
     }
     println!();
     println!("| comparison | ratio: median of per-rep ratios (range) | target |");
@@ -430,7 +363,7 @@ fn nodedown(rounds: usize) {
         } else {
             libc::SIGSTOP
         };
-        let took = runtime(0).block_on(async move {
+        let took = spinning_runtime(0).block_on(async move {
             let node = Node::new().unwrap();
             let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
             let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();

@@ -19,19 +19,11 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire::dsm::{SharedArray, SharedOptions};
-use barewire::engine::{spawn_local, time, Runtime};
+use barewire::engine::{spawn_local, time};
 use barewire::{Align, Mesh, Node};
-use hdrhistogram::Histogram;
+use barewire_bench::reps::{histogram, latency, median, on_path, ratio, spinning_runtime, Row};
 
 type Wide = [u64; 8];
-
-fn runtime(cpu: usize) -> Runtime {
-    Runtime::builder()
-        .core_ids(&[cpu])
-        .idle_spin(Duration::from_millis(50))
-        .build()
-        .expect("runtime")
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -39,7 +31,7 @@ fn main() {
         let cpu: usize = args[1].parse().unwrap();
         let lead: std::net::SocketAddr = args[2].parse().unwrap();
         barewire_bench::unpin(); // started from a thread pinned to the other CPU
-        runtime(cpu).block_on(serve(lead));
+        spinning_runtime(cpu).block_on(serve(lead));
         return;
     }
     let reps: usize = barewire_bench::flag(&args, "--reps").map_or(5, |v| v.parse().unwrap());
@@ -48,7 +40,7 @@ fn main() {
         .map_or(Some([0, 1]), barewire_bench::cpu_pair)
         .expect("--cpus A,B");
     let redis = !args.iter().any(|a| a == "--no-redis");
-    let rows = runtime(cpus[0]).block_on(lead(reps, iters, cpus, redis));
+    let rows = spinning_runtime(cpus[0]).block_on(lead(reps, iters, cpus, redis));
     report(&rows);
 }
 
@@ -100,46 +92,6 @@ async fn serve(lead: std::net::SocketAddr) {
     }
 }
 
-fn on_path(cmd: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-#[derive(Default, Clone)]
-struct Row {
-    name: &'static str,
-    unit: &'static str,
-    /// Per rep: (p50 or throughput, p99).
-    reps: Vec<(f64, f64)>,
-}
-
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).unwrap()
-}
-
-async fn latency<F, Fut>(iters: u64, mut op: F) -> (f64, f64)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    for _ in 0..iters / 10 {
-        op().await;
-    }
-    let mut h = hist();
-    for _ in 0..iters {
-        let t = Instant::now();
-        op().await;
-        h.record(t.elapsed().as_nanos() as u64).unwrap();
-    }
-    (
-        h.value_at_quantile(0.5) as f64 / 1e3,
-        h.value_at_quantile(0.99) as f64 / 1e3,
-    )
-}
-
 async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row> {
     let node = Node::new().unwrap();
     let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
@@ -148,7 +100,7 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         barewire_bench::spawn_ready(&["--serve", &cpus[1].to_string(), &me.to_string()]);
     let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
     let objs = Rc::new(setup(&node, 0, &[me, peer]).await);
-    let mut rows: Vec<Row> = [
+    let mut rows = Row::named(&[
         ("raw READ 8 B p50", "us"),
         ("read_from 8 B (word) p50", "us"),
         ("raw READ 64 B p50", "us"),
@@ -161,14 +113,7 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         ("redis GET p50, 1 client", "us"),
         ("redis INCR p50, 1 client", "us"),
         ("redis GET, 50 clients", "k ops/s"),
-    ]
-    .iter()
-    .map(|(name, unit)| Row {
-        name,
-        unit,
-        reps: Vec::new(),
-    })
-    .collect();
+    ]);
     let server = if !redis {
         None
     } else if !on_path("redis-server") || !on_path("redis-benchmark") {
@@ -182,7 +127,7 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         let mut put = |i: usize, v: (f64, f64)| rows[i].reps.push(v);
         put(
             0,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.mesh
                     .endpoint(1)
                     .read(&o.raw8, 0)
@@ -194,14 +139,14 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         );
         put(
             1,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.words.get(1).await.map(|_| ()).unwrap()
             })
             .await,
         );
         put(
             2,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.mesh
                     .endpoint(1)
                     .read_slice(&o.raw64, 0, 8)
@@ -213,14 +158,14 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         );
         put(
             3,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.wides.get(1).await.map(|_| ()).unwrap()
             })
             .await,
         );
         put(
             4,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.wides
                     .update(1, |v| [v[0] + 1; 8])
                     .await
@@ -231,14 +176,14 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         );
         put(
             5,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.words.update(1, |v| v + 1).await.map(|_| ()).unwrap()
             })
             .await,
         );
         put(
             6,
-            latency(iters, || async {
+            latency(iters, |_| async {
                 o.words.fetch_add(1, 1).await.map(|_| ()).unwrap()
             })
             .await,
@@ -287,7 +232,7 @@ async fn contended(o: &Rc<Objects>) -> (f64, f64) {
     for _ in 0..4 {
         let o = o.clone();
         tasks.push(spawn_local(async move {
-            let mut h = hist();
+            let mut h = histogram();
             for _ in 0..2_000 {
                 let t = Instant::now();
                 o.wides.update(1, |v| [v[0] + 1; 8]).await.unwrap();
@@ -296,7 +241,7 @@ async fn contended(o: &Rc<Objects>) -> (f64, f64) {
             h
         }));
     }
-    let mut all = hist();
+    let mut all = histogram();
     for t in tasks {
         all.add(t.await.unwrap()).unwrap();
     }
@@ -372,32 +317,6 @@ impl Drop for Redis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
-/// The median across reps of `rows[a] / rows[b]` computed per rep.
-fn ratio(rows: &[Row], a: usize, b: usize) -> String {
-    let r: Vec<f64> = rows[a]
-        .reps
-        .iter()
-        .zip(&rows[b].reps)
-        .map(|(x, y)| x.0 / y.0)
-        .collect();
-    if r.is_empty() {
-        return "n/a".into();
-    }
-    let (lo, hi) = r
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
-    format!("{:.2}x ({lo:.2}-{hi:.2})", median(r))
 }
 
 fn report(rows: &[Row]) {

@@ -1,0 +1,117 @@
+//! Interleaved repetitions, shared by the benchmark binaries that compare barewire with a
+//! peer in the same run: a row of per-rep figures, latency percentiles of an operation, medians,
+//! and ratios taken per rep (so a fast phase of the machine is never paired with a slow one).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// One measurement across reps.
+#[derive(Debug, Default, Clone)]
+pub struct Row {
+    /// What was measured.
+    pub name: &'static str,
+    /// Its unit.
+    pub unit: &'static str,
+    /// Per rep: (the figure: a p50 or a throughput, and a p99 where there is one, else 0).
+    pub reps: Vec<(f64, f64)>,
+}
+
+impl Row {
+    /// Rows named as given, with no reps yet.
+    pub fn named(names: &[(&'static str, &'static str)]) -> Vec<Row> {
+        names
+            .iter()
+            .map(|(name, unit)| Row {
+                name,
+                unit,
+                reps: Vec::new(),
+            })
+            .collect()
+    }
+}
+
+/// An empty histogram of nanoseconds, up to a minute, 3 significant figures.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+/// Runs `op(i)` `iters / 10` times to warm up, then `iters` times, one at a time: its p50 and
+/// p99 in microseconds.
+pub async fn latency<F, Fut>(iters: u64, mut op: F) -> (f64, f64)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for i in 0..iters / 10 {
+        op(i).await;
+    }
+    let mut h = histogram();
+    for i in 0..iters {
+        let t = Instant::now();
+        op(i).await;
+        h.record(t.elapsed().as_nanos() as u64)
+            .expect("a latency under a minute");
+    }
+    let us = |q| h.value_at_quantile(q) as f64 / 1e3;
+    (us(0.5), us(0.99))
+}
+
+/// The median (the upper one of an even count); NaN when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN figures"));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `rows[a] / rows[b]` per rep, as "median (lowest-highest)"; "n/a" without reps of both.
+pub fn ratio(rows: &[Row], a: usize, b: usize) -> String {
+    let r: Vec<f64> = rows[a]
+        .reps
+        .iter()
+        .zip(&rows[b].reps)
+        .map(|(x, y)| x.0 / y.0)
+        .collect();
+    if r.is_empty() {
+        return "n/a".into();
+    }
+    let (lo, hi) = r
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(*x), h.max(*x)));
+    format!("{:.3}x ({lo:.3}-{hi:.3})", median(r))
+}
+
+/// Whether `cmd` is a program on the PATH.
+pub fn on_path(cmd: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A one-core barewire runtime on `cpu` that spins 50 ms before it sleeps (latency runs).
+pub fn spinning_runtime(cpu: usize) -> barewire_engine::Runtime {
+    barewire_engine::Runtime::builder()
+        .core_ids(&[cpu])
+        .idle_spin(Duration::from_millis(50))
+        .build()
+        .expect("runtime")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_per_rep_ratios() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert!(median(vec![]).is_nan());
+        let mut rows = Row::named(&[("a", "us"), ("b", "us")]);
+        rows[0].reps = vec![(2.0, 0.0), (6.0, 0.0), (3.0, 0.0)];
+        rows[1].reps = vec![(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)];
+        assert_eq!(ratio(&rows, 0, 1), "2.000x (1.000-3.000)");
+        rows[1].reps.clear();
+        assert_eq!(ratio(&rows, 0, 1), "n/a");
+    }
+}

@@ -3,6 +3,7 @@
 
 pub(crate) mod accept;
 pub(crate) mod connect;
+pub(crate) mod datagram;
 pub(crate) mod poll_fd;
 pub(crate) mod recv;
 pub(crate) mod recv_provided;

@@ -16,6 +16,8 @@
 
 mod hostlist;
 mod launch;
+mod membership;
 
 pub use hostlist::{expand_hostlist, expand_tasks_per_node};
 pub use launch::{Launch, Launcher};
+pub use membership::{Event, Member, Membership, MembershipOptions};

@@ -1,0 +1,136 @@
+//! SWIM membership (foca over the engine's UDP) among three members, each its own thread and
+//! core on loopback: everyone learns of everyone from one seed; a member that stops answering
+//! is declared down by the others within the bound; one that comes back with a higher
+//! incarnation is up again.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use barewire::cluster::{Event, Member, Membership, MembershipOptions};
+use barewire::engine::{time, Runtime};
+
+fn rt() -> Runtime {
+    Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+/// Waits for a message from another thread without blocking this core (which must keep
+/// answering probes meanwhile).
+async fn take<T>(rx: &mpsc::Receiver<T>) -> T {
+    loop {
+        if let Ok(v) = rx.try_recv() {
+            return v;
+        }
+        time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn me(rank: u32, incarnation: u32) -> Member {
+    Member {
+        rank,
+        addr: "127.0.0.1:0".parse().unwrap(),
+        incarnation,
+    }
+}
+
+/// Events until `pred` holds for one of them, within `within`; the time it took.
+async fn wait_for(m: &mut Membership, within: Duration, pred: impl Fn(&Event) -> bool) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let e = time::timeout(within.saturating_sub(t0.elapsed()), m.next_event())
+            .await
+            .unwrap_or_else(|_| panic!("no such event within {within:?}"))
+            .expect("membership running");
+        if pred(&e) {
+            return t0.elapsed();
+        }
+    }
+}
+
+#[test]
+fn members_find_each_other_and_see_a_silent_one_down_and_a_restarted_one_up() {
+    let (stop2_tx, stop2_rx) = mpsc::channel::<()>();
+    let (gone_tx, gone_rx) = mpsc::channel::<()>();
+    // Member 0: the seed. It reports how long it took to see 2 down and 2 back.
+    let (seen_tx, seen_rx) = mpsc::channel::<(&str, Duration)>();
+    let (seed_addr_tx, seed_addr_rx) = mpsc::channel();
+    let m0 = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let mut m = Membership::start(me(0, 0), &[], MembershipOptions::default()).unwrap();
+            seed_addr_tx.send(m.local_addr()).unwrap();
+            let up = |r: u32| move |e: &Event| matches!(e, Event::Up(x) if x.rank == r);
+            wait_for(&mut m, Duration::from_secs(5), up(1)).await;
+            wait_for(&mut m, Duration::from_secs(5), up(2)).await;
+            seen_tx.send(("up", Duration::ZERO)).unwrap();
+            // Member 2 goes silent.
+            stop2_tx.send(()).unwrap();
+            take(&gone_rx).await;
+            let took = wait_for(
+                &mut m,
+                Duration::from_secs(5),
+                |e| matches!(e, Event::Down(x) if x.rank == 2),
+            )
+            .await;
+            seen_tx.send(("down", took)).unwrap();
+            let took = wait_for(
+                &mut m,
+                Duration::from_secs(5),
+                |e| matches!(e, Event::Up(x) if x.rank == 2 && x.incarnation == 1),
+            )
+            .await;
+            seen_tx.send(("back", took)).unwrap();
+            assert!(m.members().iter().any(|x| x.rank == 1));
+        })
+    });
+    let seed: std::net::SocketAddr = seed_addr_rx.recv().unwrap();
+    let m1 = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let m = Membership::start(me(1, 0), &[seed], MembershipOptions::default()).unwrap();
+            // Stay up (answering probes) for the whole test.
+            time::sleep(Duration::from_secs(4)).await;
+            drop(m);
+        })
+    });
+    let m2 = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let m = Membership::start(me(2, 0), &[seed], MembershipOptions::default()).unwrap();
+            take(&stop2_rx).await;
+            drop(m); // silent from here: its socket is closed
+        });
+        let t_gone = Instant::now();
+        gone_tx.send(()).unwrap();
+        // Back after a while, as a new life.
+        std::thread::sleep(Duration::from_millis(600));
+        rt().block_on(async move {
+            let _m = Membership::start(me(2, 1), &[seed], MembershipOptions::default()).unwrap();
+            time::sleep(Duration::from_secs(2)).await;
+        });
+        t_gone
+    });
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(
+            seen_rx
+                .recv_timeout(Duration::from_secs(15))
+                .expect("progress"),
+        );
+    }
+    eprintln!("{seen:?}");
+    m0.join().unwrap();
+    m1.join().unwrap();
+    m2.join().unwrap();
+    assert_eq!(
+        seen.iter().map(|s| s.0).collect::<Vec<_>>(),
+        ["up", "down", "back"]
+    );
+    // Probes every 50 ms, 150 ms of suspicion: well under a second on a quiet machine.
+    assert!(
+        seen[1].1 < Duration::from_millis(1500),
+        "down after {:?}",
+        seen[1].1
+    );
+}

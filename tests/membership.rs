@@ -134,3 +134,102 @@ fn members_find_each_other_and_see_a_silent_one_down_and_a_restarted_one_up() {
         seen[1].1
     );
 }
+
+/// With `Detector::Membership`, the actor systems take node-down from SWIM alone: a node whose
+/// membership goes silent is declared down by the others although its connections and
+/// heartbeats are fine.
+#[test]
+fn actor_systems_take_node_down_from_membership() {
+    use barewire::actor::{ActorSystem, Detector, SystemOptions};
+    use barewire::{Mesh, Node};
+    let (port_tx, port_rx) = mpsc::channel::<(usize, u16)>();
+    let mut addr_txs = Vec::new();
+    let (seed_tx, seed_rx) = mpsc::channel::<std::net::SocketAddr>();
+    let seed_rx = std::sync::Arc::new(std::sync::Mutex::new(seed_rx));
+    let (down_tx, down_rx) = mpsc::channel::<(usize, usize, Duration)>();
+    let mut threads = Vec::new();
+    for rank in 0..3usize {
+        let (addr_tx, addr_rx) = mpsc::channel::<Vec<std::net::SocketAddr>>();
+        addr_txs.push(addr_tx);
+        let (port_tx, down_tx) = (port_tx.clone(), down_tx.clone());
+        let seed_tx = seed_tx.clone();
+        let seed_rx = seed_rx.clone();
+        threads.push(std::thread::spawn(move || {
+            rt().block_on(async move {
+                let node = Node::soft().unwrap();
+                let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+                port_tx.send((rank, port)).unwrap();
+                let addrs = take(&addr_rx).await;
+                let mesh = Mesh::join(&node, rank, &addrs).await.unwrap();
+                let opts = SystemOptions {
+                    detector: Detector::Membership,
+                    ..SystemOptions::default()
+                };
+                let sys = ActorSystem::start(&mesh, opts).await.unwrap();
+                let seeds = if rank == 0 {
+                    vec![]
+                } else {
+                    let rx = seed_rx.lock().unwrap();
+                    loop {
+                        if let Ok(s) = rx.try_recv() {
+                            break vec![s];
+                        }
+                        time::sleep(Duration::from_millis(1)).await;
+                    }
+                };
+                let m = Membership::start(me(rank as u32, 0), &seeds, MembershipOptions::default())
+                    .unwrap();
+                if rank == 0 {
+                    seed_tx.send(m.local_addr()).unwrap();
+                    seed_tx.send(m.local_addr()).unwrap();
+                }
+                if rank == 2 {
+                    // Let everyone see it, then silence its membership only.
+                    time::sleep(Duration::from_millis(700)).await;
+                    drop(m);
+                    // Stay connected (heartbeats keep flowing) while the others decide.
+                    time::sleep(Duration::from_secs(3)).await;
+                    drop(sys);
+                    return;
+                }
+                sys.follow(m);
+                let t0 = Instant::now();
+                let mut seen = 0;
+                let down = time::timeout(Duration::from_secs(5), sys.next_down(&mut seen))
+                    .await
+                    .expect("node 2 declared down");
+                down_tx.send((rank, down, t0.elapsed())).unwrap();
+                time::sleep(Duration::from_millis(300)).await;
+            })
+        }));
+    }
+    let mut ports = vec![0u16; 3];
+    for _ in 0..3 {
+        let (r, p) = port_rx.recv().unwrap();
+        ports[r] = p;
+    }
+    let addrs: Vec<std::net::SocketAddr> = ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+        .collect();
+    for tx in &addr_txs {
+        tx.send(addrs.clone()).unwrap();
+    }
+    let mut downs = Vec::new();
+    for _ in 0..2 {
+        downs.push(
+            down_rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("a verdict"),
+        );
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    downs.sort();
+    eprintln!("{downs:?}");
+    assert_eq!(
+        downs.iter().map(|d| (d.0, d.1)).collect::<Vec<_>>(),
+        [(0, 2), (1, 2)]
+    );
+}

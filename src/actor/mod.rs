@@ -51,7 +51,7 @@ mod system;
 pub use self::core::spawn_on_core;
 pub use cell::{link, spawn, ActorRef, Context};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
-pub use system::{ActorSystem, Migratable, RemoteActor, SystemOptions};
+pub use system::{ActorSystem, Detector, Migratable, RemoteActor, SystemOptions};
 
 use std::future::Future;
 

@@ -66,6 +66,19 @@ pub struct SystemOptions {
     /// Largest channel message between two nodes, in bytes (a batch of frames; one actor
     /// message, encoded, must fit in it with a few bytes to spare). Default 16 KiB.
     pub max_message: usize,
+    /// Who decides that a node is down. Default: this system's own heartbeat deadline.
+    pub detector: Detector,
+}
+
+/// Who decides that a node is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detector {
+    /// This system's heartbeat deadline (`heartbeat × misses`), or a failed connection.
+    Heartbeats,
+    /// The cluster's membership (see [`ActorSystem::follow`]): the one source of truth, so
+    /// every layer agrees on who is down. Heartbeats still flow, as keep-alives; a failed
+    /// connection still fails what waits on it at once.
+    Membership,
 }
 
 impl Default for SystemOptions {
@@ -74,6 +87,7 @@ impl Default for SystemOptions {
             heartbeat: Duration::from_millis(10),
             misses: 5,
             max_message: 16 * 1024,
+            detector: Detector::Heartbeats,
         }
     }
 }
@@ -622,6 +636,30 @@ impl ActorSystem {
         self.sys.forwarded.get()
     }
 
+    /// Declares node `rank` down, as the cluster's membership decided: its pending asks fail,
+    /// monitors and links of its actors fire with `NoConnection`, supervisors restart its
+    /// children elsewhere, [`next_down`](Self::next_down) reports it. Once only.
+    pub fn declare_down(&self, rank: usize) {
+        self.sys.node_down(rank, "the cluster's membership says so");
+    }
+
+    /// Takes node-down from `membership` (with [`Detector::Membership`] in the options, the
+    /// only source): every member it reports down is declared down here, by rank.
+    pub fn follow(&self, mut membership: crate::cluster::Membership) {
+        let sys = Rc::downgrade(&self.sys);
+        let task = spawn_local(async move {
+            while let Some(e) = membership.next_event().await {
+                if let crate::cluster::Event::Down(m) = e {
+                    match sys.upgrade() {
+                        Some(sys) => sys.node_down(m.rank as usize, "membership"),
+                        None => break,
+                    }
+                }
+            }
+        });
+        self.sys.tasks.borrow_mut().push(task);
+    }
+
     /// Whether node `rank` is still considered up.
     pub fn is_up(&self, rank: usize) -> bool {
         match self.sys.peers.get(rank) {
@@ -1062,7 +1100,9 @@ async fn heartbeats(sys: Weak<Sys>, opts: SystemOptions) {
             if p.down.get() {
                 continue;
             }
-            if now.duration_since(p.last_heard.get()) > deadline {
+            if opts.detector == Detector::Heartbeats
+                && now.duration_since(p.last_heard.get()) > deadline
+            {
                 sys.node_down(j, "no heartbeat");
                 continue;
             }

@@ -169,9 +169,9 @@ fn actor_systems_take_node_down_from_membership() {
                 let seeds = if rank == 0 {
                     vec![]
                 } else {
-                    let rx = seed_rx.lock().unwrap();
                     loop {
-                        if let Ok(s) = rx.try_recv() {
+                        let got = seed_rx.lock().unwrap().try_recv();
+                        if let Ok(s) = got {
                             break vec![s];
                         }
                         time::sleep(Duration::from_millis(1)).await;
@@ -203,7 +203,7 @@ fn actor_systems_take_node_down_from_membership() {
             })
         }));
     }
-    let mut ports = vec![0u16; 3];
+    let mut ports = [0u16; 3];
     for _ in 0..3 {
         let (r, p) = port_rx.recv().unwrap();
         ports[r] = p;

@@ -10,9 +10,10 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire::actor::{
-    link, Actor, ActorSystem, ChildSpec, Context, ExitReason, Strategy, Supervisor, SupervisorSpec,
-    SystemOptions,
+    link, Actor, ActorSystem, ChildSpec, Context, Detector, ExitReason, Strategy, Supervisor,
+    SupervisorSpec, SystemOptions,
 };
+use barewire::cluster::{Member as ClusterMember, Membership, MembershipOptions};
 use barewire::engine::{time, Runtime};
 use barewire::{Error, Mesh, Node};
 use common::{Member, Netns};
@@ -37,13 +38,16 @@ impl Actor for Counter {
     }
 }
 
-fn member(rank: usize, bind: &str, netns: Option<&str>) -> Member {
-    let args = [
+fn member(rank: usize, bind: &str, netns: Option<&str>, swim: bool) -> Member {
+    let mut args = vec![
         "--rank".to_string(),
         rank.to_string(),
         "--bind".into(),
         bind.into(),
     ];
+    if swim {
+        args.push("--swim".into());
+    }
     Member::spawn(env!("CARGO_BIN_EXE_barewire-actor-node"), &args, netns)
 }
 
@@ -52,12 +56,13 @@ where
     F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
     Fut: Future<Output = ()>,
 {
-    with_system_in(None, body)
+    with_system_in(None, false, body)
 }
 
 /// As `with_system`; with a namespace, rank 2 runs inside it and everyone talks over its veth
-/// pair (so setting the link down cuts rank 2 off).
-fn with_system_in<F, Fut>(netns: Option<&(Netns, String, String)>, body: F)
+/// pair (so setting the link down cuts rank 2 off). With `swim`, every member (this one
+/// included) takes node-down from SWIM membership on UDP at its mesh address.
+fn with_system_in<F, Fut>(netns: Option<&(Netns, String, String)>, swim: bool, body: F)
 where
     F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
     Fut: Future<Output = ()>,
@@ -67,8 +72,8 @@ where
         None => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
     };
     let mut members = [
-        member(1, &host, None),
-        member(2, &inner, netns.map(|n| n.0.name.as_str())),
+        member(1, &host, None, swim),
+        member(2, &inner, netns.map(|n| n.0.name.as_str()), swim),
     ];
     Runtime::builder()
         .cores(1)
@@ -87,9 +92,19 @@ where
             }
             let addrs: Vec<_> = addrs.iter().map(|a| a.parse().unwrap()).collect();
             let mesh = Mesh::join(&node, 0, &addrs).await.unwrap();
-            let sys = ActorSystem::start(&mesh, SystemOptions::default())
-                .await
-                .unwrap();
+            let mut opts = SystemOptions::default();
+            if swim {
+                opts.detector = Detector::Membership;
+            }
+            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
+            if swim {
+                let me = ClusterMember {
+                    rank: 0,
+                    addr: addrs[0],
+                    incarnation: 0,
+                };
+                sys.follow(Membership::start(me, &addrs, MembershipOptions::default()).unwrap());
+            }
             for m in &members {
                 m.expect_async("STARTED", Duration::from_secs(20)).await;
             }
@@ -244,7 +259,7 @@ fn supervised_child_restarts_elsewhere(fault: &str) {
         None
     };
     let veth = netns.as_ref().map(|n| n.0.veth.clone());
-    with_system_in(netns.as_ref(), |members, sys| async move {
+    with_system_in(netns.as_ref(), false, |members, sys| async move {
         let sup = Supervisor::start(
             SupervisorSpec::new(
                 Strategy::OneForOne,
@@ -401,5 +416,56 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         );
         assert!(forwarded > 0, "the first round went through the old home");
         assert_eq!(again, 0, "the second round went to the new home directly");
+    });
+}
+
+/// With SWIM as the detector on every node: a stopped node is declared down by membership (no
+/// connection closes, and the heartbeat deadline is off), on this node and on the other
+/// survivor, and its supervised child moves.
+#[test]
+fn with_swim_a_stopped_node_is_declared_down_by_membership() {
+    with_system_in(None, true, |members, sys| async move {
+        let sup = Supervisor::start(
+            SupervisorSpec::new(
+                Strategy::OneForOne,
+                vec![ChildSpec::remote::<Counter, u64>(
+                    "w",
+                    &sys,
+                    "counter",
+                    0,
+                    vec![2, 1],
+                )],
+            )
+            .intensity(3, Duration::from_secs(5)),
+        )
+        .await;
+        assert_eq!(sup.node_of("w"), Some(Some(2)));
+        // Let SWIM see everyone first.
+        time::sleep(Duration::from_millis(500)).await;
+        members[1].signal(libc::SIGSTOP);
+        let t0 = Instant::now();
+        let mut seen = 0;
+        let down = time::timeout(Duration::from_secs(5), sys.next_down(&mut seen))
+            .await
+            .expect("declared down");
+        let took = t0.elapsed();
+        assert_eq!(down, 2);
+        assert_eq!(
+            members[0]
+                .expect_async("DOWN", Duration::from_secs(5))
+                .await,
+            "DOWN 2"
+        );
+        while sup.node_of("w") != Some(Some(1)) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "w never moved");
+            time::sleep(Duration::from_millis(1)).await;
+        }
+        eprintln!(
+            "SWIM: node 2 down after {took:?}, its child on node 1 after {:?}",
+            t0.elapsed()
+        );
+        members[1].signal(libc::SIGCONT);
+        sup.stop();
+        sup.wait().await;
     });
 }

@@ -2,14 +2,15 @@
 //! node faults by hand.
 //!
 //! ```text
-//! barewire-actor-node --rank R [--bind IP] [--heartbeat-ms 10] [--misses 5]
+//! barewire-actor-node --rank R [--bind IP] [--heartbeat-ms 10] [--misses 5] [--swim]
 //! ```
 //!
 //! It listens on IP (127.0.0.1) port 0 and prints `READY <port>`, reads one line
 //! `ADDRS <addr> ...` (every member's address, by rank), joins the mesh, starts its actor
 //! system, registers an `echo` actor (`String -> String`) and a `counter` actor (`u64 -> u64`:
 //! adds, returns the total) and the kind `counter` (argument: the starting total), prints
-//! `STARTED`, and then serves until standard input says `EXIT` or closes. A `DOWN <rank>` line
+//! `STARTED`, and then serves (with `--swim`, node-down comes from SWIM membership on UDP at
+//! the mesh address, every other member a seed, instead of the heartbeat deadline) until standard input says `EXIT` or closes. A `DOWN <rank>` line
 //! is printed for every node it declares down. It accepts moving `Seq` actors (kind `seq`), and
 //! `SEND <from> <n>` on standard input makes it tell the `seq` actor of rank 0 `(its rank, i)`
 //! for `i` in `from..from + n` (in bursts), then print `SENT`. Its reference keeps pointing at
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use barewire::actor::{spawn, Actor, ActorSystem, Context, SystemOptions};
+use barewire::cluster::{Member, Membership, MembershipOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Error, Mesh, Node, Result};
 
@@ -95,19 +97,23 @@ fn main() {
     if let Some(m) = get("--misses").and_then(|v| v.parse().ok()) {
         opts.misses = m;
     }
+    let swim = args.iter().any(|a| a == "--swim");
+    if swim {
+        opts.detector = barewire::actor::Detector::Membership;
+    }
     let rt = barewire::engine::Runtime::builder()
         .cores(1)
         .pin(false)
         .idle_spin(Duration::ZERO)
         .build()
         .expect("runtime");
-    if let Err(e) = rt.block_on(run(rank, bind, opts)) {
+    if let Err(e) = rt.block_on(run(rank, bind, opts, swim)) {
         eprintln!("barewire-actor-node: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
+async fn run(rank: usize, bind: String, opts: SystemOptions, swim: bool) -> Result<()> {
     let node = Node::new()?;
     let addr = format!("{bind}:0")
         .parse()
@@ -141,6 +147,17 @@ async fn run(rank: usize, bind: String, opts: SystemOptions) -> Result<()> {
     sys.register("counter", &spawn(Counter(0)))?;
     sys.register_kind("counter", Counter);
     sys.register_migratable::<Seq>("seq");
+    if swim {
+        // SWIM on UDP at the same address as the mesh's TCP listener; every other member's
+        // is a seed. Its verdicts are the actor system's node-down.
+        let me = Member {
+            rank: rank as u32,
+            addr: addrs[rank],
+            incarnation: 0,
+        };
+        let m = Membership::start(me, &addrs, MembershipOptions::default())?;
+        sys.follow(m);
+    }
     let s = sys.clone();
     let _downs = spawn_local(async move {
         let mut seen = 0;

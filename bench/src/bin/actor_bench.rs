@@ -5,11 +5,11 @@
 //! ```text
 //! actor-bench [--reps 5] [--iters 20000] [--msgs 200000] [--cpus 0,1] [--no-erlang]
 //! actor-bench nodedown [--rounds 20]
-//! actor-bench soak [--minutes 10]
+//! actor-bench soak [--minutes 10] [--swim]
 //! ```
 //!
 //! `soak`: three `barewire-actor-node` processes (built beside this binary) with default
-//! node-down settings, while two busy loops hog both CPUs for the whole run; every `DOWN` line
+//! node-down settings (or SWIM membership with `--swim`), while two busy loops hog both CPUs for the whole run; every `DOWN` line
 //! any member prints is a false node-down (nobody failed).
 //!
 //! The first form: this process (rank 0, first CPU) and a copy of it (rank 1, second CPU) form a
@@ -409,7 +409,7 @@ fn nodedown(rounds: usize) {
 }
 
 /// Three members under a CPU hog on both cores for `minutes`: counts false node-downs.
-fn soak(minutes: u64) {
+fn soak(minutes: u64, swim: bool) {
     use std::io::{BufRead, BufReader};
     let exe = std::env::current_exe().unwrap();
     let bin = exe.with_file_name("barewire-actor-node");
@@ -421,6 +421,7 @@ fn soak(minutes: u64) {
         .map(|r| {
             Command::new(&bin)
                 .args(["--rank", &r.to_string()])
+                .args(swim.then_some("--swim"))
                 .env("BAREWIRE_DRIVER", "soft")
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -480,7 +481,8 @@ fn soak(minutes: u64) {
         let _ = m.wait();
     }
     println!(
-        "| soak: 3 members, both CPUs hogged, {minutes} min | false node-downs: {} |",
+        "| soak: 3 members{}, both CPUs hogged, {minutes} min | false node-downs: {} |",
+        if swim { " on SWIM" } else { "" },
         downs.len()
     );
 }

@@ -67,7 +67,7 @@ fn main() {
         Some("soak") => {
             let minutes =
                 barewire_bench::flag(&args, "--minutes").map_or(10, |v| v.parse().unwrap());
-            soak(minutes);
+            soak(minutes, args.iter().any(|a| a == "--swim"));
         }
         Some("nodedown") => {
             let rounds = barewire_bench::flag(&args, "--rounds").map_or(20, |v| v.parse().unwrap());

@@ -18,6 +18,7 @@ cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 
 echo "== drivers conformance on verbs (runs where an RDMA device exists; otherwise each test prints SKIP and why)"
 BAREWIRE_DRIVER=verbs cargo test -p barewire-drivers --test conformance -- --nocapture
+BAREWIRE_DRIVER=verbs cargo test -p barewire --test dsm --test dsm_faults -- --nocapture
 
 echo "== loom models (SPSC ring, cross-core wake)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p barewire-engine --release --lib loom

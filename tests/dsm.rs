@@ -1,7 +1,10 @@
-//! Distributed shared memory between nodes of one test process (each node its own thread and
+//! Distributed shared memory between nodes of one test process (over `BAREWIRE_DRIVER`: the
+//! software provider by default; on verbs where a device exists, else the tests say SKIP) (each node its own thread and
 //! core, meshed over the software provider on loopback): exact counting under concurrency from
 //! every node, lease breaking and fencing, bulk ranges, bounds. The multi-process
 //! linearizability checks with faults are in `dsm_linearizability.rs`.
+
+mod common;
 
 use std::future::Future;
 use std::sync::{mpsc, Arc};
@@ -26,6 +29,7 @@ where
     F: Fn(usize, Node, Mesh) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
+    let Some(cfg) = common::driver() else { return };
     let body = Arc::new(body);
     let (port_tx, port_rx) = mpsc::channel();
     let mut addr_txs = Vec::new();
@@ -35,9 +39,10 @@ where
         addr_txs.push(addr_tx);
         let port_tx = port_tx.clone();
         let body = body.clone();
+        let cfg = cfg.clone();
         threads.push(std::thread::spawn(move || {
             rt().block_on(async move {
-                let node = Node::soft().unwrap();
+                let node = Node::with_config(&cfg).unwrap();
                 let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
                 port_tx.send((rank, port)).unwrap();
                 let addrs = addr_rx.recv().unwrap();

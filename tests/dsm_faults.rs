@@ -42,6 +42,7 @@ where
     F: FnOnce(Rc<[Member; 2]>, Rc<SharedArray<[u64; 8]>>, Rc<SharedArray<u64>>) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
+    let Some(cfg) = common::driver() else { return };
     let mut workers = [worker(1), worker(2)];
     Runtime::builder()
         .cores(1)
@@ -50,7 +51,7 @@ where
         .build()
         .unwrap()
         .block_on(async {
-            let node = Node::soft().unwrap();
+            let node = Node::with_config(&cfg).unwrap();
             let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
             let mut addrs = vec![format!("127.0.0.1:{port}")];
             for w in &workers {

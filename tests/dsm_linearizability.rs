@@ -283,6 +283,11 @@ fn counter(line: &str, name: &str) -> u64 {
 
 /// Runs the workload on three processes, with `run.fault` on the last one.
 fn workload(run: &Run) -> Outcome {
+    assert!(
+        common::driver().is_some(),
+        "BAREWIRE_DRIVER={} cannot run here",
+        common::driver_name()
+    );
     let dir = std::env::temp_dir().join(format!(
         "barewire-dsm-{}-{:?}-{}",
         std::process::id(),

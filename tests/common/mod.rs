@@ -8,6 +8,26 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The driver under test: `BAREWIRE_DRIVER`, the software provider by default.
+pub fn driver_name() -> String {
+    std::env::var("BAREWIRE_DRIVER").unwrap_or_else(|_| "soft".into())
+}
+
+/// The driver under test, or `None` (after printing why) where it cannot run here, as the
+/// drivers' conformance suite does: so the same tests run on verbs wherever a device exists.
+pub fn driver() -> Option<barewire::drivers::DriverConfig> {
+    let name = driver_name();
+    let cfg = barewire::drivers::DriverConfig::parse(&name, std::env::var("BAREWIRE_DEVICE").ok())
+        .expect("BAREWIRE_DRIVER names a driver");
+    match cfg.select() {
+        Ok(_) => Some(cfg),
+        Err(e) => {
+            eprintln!("SKIP: BAREWIRE_DRIVER={name}: {e}");
+            None
+        }
+    }
+}
+
 /// One member process: its lines on standard output arrive through `lines`.
 pub struct Member {
     pub child: Child,
@@ -29,7 +49,7 @@ impl Member {
         };
         let mut child = cmd
             .args(args)
-            .env("BAREWIRE_DRIVER", "soft")
+            .env("BAREWIRE_DRIVER", driver_name())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -81,9 +81,12 @@ fn lead() -> Result<()> {
 }
 
 fn member(rank: usize, lead: Option<(&mut [Child], Vec<String>)>) -> Result<()> {
+    // Three processes on what may be two CPUs: cores that sleep when idle instead of spinning
+    // leave the CPU to the node whose turn it is.
     Runtime::builder()
         .cores(1)
         .pin(false)
+        .idle_spin(Duration::ZERO)
         .build()
         .map_err(|e| Error::Invalid(e.to_string()))?
         .block_on(async move {

@@ -67,6 +67,7 @@ where
     F: FnOnce(Rc<[Member; 2]>, ActorSystem) -> Fut,
     Fut: Future<Output = ()>,
 {
+    let _one_at_a_time = common::serial();
     let (host, inner) = match netns {
         Some((_, h, p)) => (h.clone(), p.clone()),
         None => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),

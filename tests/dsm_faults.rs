@@ -43,6 +43,7 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let Some(cfg) = common::driver() else { return };
+    let _one_at_a_time = common::serial();
     let mut workers = [worker(1), worker(2)];
     Runtime::builder()
         .cores(1)

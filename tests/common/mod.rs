@@ -8,6 +8,14 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// Holds the other multi-process tests of this binary off while one runs: each starts its own
+/// processes with deadlines of tens of milliseconds, and on a 2-core machine several at once
+/// starve each other into false verdicts.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The driver under test: `BAREWIRE_DRIVER`, the software provider by default.
 pub fn driver_name() -> String {
     std::env::var("BAREWIRE_DRIVER").unwrap_or_else(|_| "soft".into())

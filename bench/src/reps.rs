@@ -81,6 +81,28 @@ pub fn ratio(rows: &[Row], a: usize, b: usize) -> String {
     format!("{:.3}x ({lo:.3}-{hi:.3})", median(r))
 }
 
+/// Prints the rows (median over reps, and the median p99 where there is one) and then each
+/// comparison `(label, row a, row b, target)` as the per-rep ratio `a / b`.
+pub fn report(rows: &[Row], comparisons: &[(&str, usize, usize, &str)]) {
+    println!("| measurement | median over reps | p99 (median) |");
+    println!("|---|---|---|");
+    for r in rows {
+        let p99 = if r.reps.iter().any(|x| x.1 > 0.0) {
+            format!("{:.2} us", median(r.reps.iter().map(|x| x.1).collect()))
+        } else {
+            "-".into()
+        };
+        let v = median(r.reps.iter().map(|x| x.0).collect());
+        println!("| {} | {v:.2} {} | {p99} |", r.name, r.unit);
+    }
+    println!();
+    println!("| comparison | ratio: median of per-rep ratios (range) | target |");
+    println!("|---|---|---|");
+    for (label, a, b, target) in comparisons {
+        println!("| {label} | {} | {target} |", ratio(rows, *a, *b));
+    }
+}
+
 /// Whether `cmd` is a program on the PATH.
 pub fn on_path(cmd: &str) -> bool {
     std::process::Command::new("sh")

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
 use barewire::engine::time;
 use barewire::{ChannelOptions, Mesh, Node};
-use barewire_bench::reps::{latency, median, on_path, ratio, spinning_runtime, Row};
+use barewire_bench::reps::{self, latency, on_path, spinning_runtime, Row};
 
 struct Echo;
 impl Actor for Echo {
@@ -326,30 +326,29 @@ impl Drop for Erlang {
 }
 
 fn report(rows: &[Row]) {
-    println!("| measurement | median over reps |");
-    println!("|---|---|");
-    for r in rows {
-        let v = median(r.reps.iter().map(|x| x.0).collect());
-        println!("| {} | {v:.2} {} |", r.name, r.unit);
-    }
-    println!();
-    println!("| comparison | ratio: median of per-rep ratios (range) | target |");
-    println!("|---|---|---|");
-    println!(
-        "| remote ask p50 / Erlang gen_server:call p50 | {} | <= 0.1x |",
-        ratio(rows, 0, 4)
-    );
-    println!(
-        "| remote ask p50 / Channel round trip p50 | {} | <= 1.3x |",
-        ratio(rows, 0, 1)
-    );
-    println!(
-        "| remote tell throughput / Erlang remote send | {} | >= 10x |",
-        ratio(rows, 2, 5)
-    );
-    println!(
-        "| remote tell throughput / Channel throughput | {} | >= 0.8x |",
-        ratio(rows, 2, 3)
+    reps::report(
+        rows,
+        &[
+            (
+                "remote ask p50 / Erlang gen_server:call p50",
+                0,
+                4,
+                "<= 0.1x",
+            ),
+            ("remote ask p50 / Channel round trip p50", 0, 1, "<= 1.3x"),
+            (
+                "remote tell throughput / Erlang remote send",
+                2,
+                5,
+                ">= 10x",
+            ),
+            (
+                "remote tell throughput / Channel throughput",
+                2,
+                3,
+                ">= 0.8x",
+            ),
+        ],
     );
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use barewire::dsm::{SharedArray, SharedOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Align, Mesh, Node};
-use barewire_bench::reps::{histogram, latency, median, on_path, ratio, spinning_runtime, Row};
+use barewire_bench::reps::{self, histogram, latency, on_path, spinning_runtime, Row};
 
 type Wide = [u64; 8];
 
@@ -320,46 +320,20 @@ impl Drop for Redis {
 }
 
 fn report(rows: &[Row]) {
-    println!("| measurement | median over reps | p99 (median) |");
-    println!("|---|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {:.2} {} | {} |",
-            r.name,
-            median(r.reps.iter().map(|x| x.0).collect()),
-            r.unit,
-            if r.reps.iter().any(|x| x.1 > 0.0) {
-                format!("{:.2} us", median(r.reps.iter().map(|x| x.1).collect()))
-            } else {
-                "-".into()
-            }
-        );
-    }
-    println!();
-    println!("| target | ratio: median of per-rep ratios (range) | target |");
-    println!("|---|---|---|");
-    println!(
-        "| read_from 8 B / raw READ 8 B | {} | <= 1.15x |",
-        ratio(rows, 1, 0)
-    );
-    println!(
-        "| read_from 64 B / raw READ 64 B | {} | <= 1.15x |",
-        ratio(rows, 3, 2)
-    );
-    println!(
-        "| update 64 B / raw READ 8 B | {} | <= 3.5x |",
-        ratio(rows, 4, 0)
-    );
-    println!(
-        "| read_from 8 B / redis GET, 1 client | {} | <= 0.2x |",
-        ratio(rows, 1, 9)
-    );
-    println!(
-        "| fetch_add / redis INCR, 1 client | {} | <= 0.2x |",
-        ratio(rows, 6, 10)
-    );
-    println!(
-        "| read throughput, one core / redis GET, 50 clients | {} | >= 2x |",
-        ratio(rows, 7, 11)
+    reps::report(
+        rows,
+        &[
+            ("read_from 8 B / raw READ 8 B", 1, 0, "<= 1.15x"),
+            ("read_from 64 B / raw READ 64 B", 3, 2, "<= 1.15x"),
+            ("update 64 B / raw READ 8 B", 4, 0, "<= 3.5x"),
+            ("read_from 8 B / redis GET, 1 client", 1, 9, "<= 0.2x"),
+            ("fetch_add / redis INCR, 1 client", 6, 10, "<= 0.2x"),
+            (
+                "read throughput, one core / redis GET, 50 clients",
+                7,
+                11,
+                ">= 2x",
+            ),
+        ],
     );
 }

@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 
+echo "== examples (built as programs: tests/launcher.rs starts examples/cluster_hello under \`barewire run\`)"
+cargo build --workspace --examples
+
 echo "== cargo test --workspace (io_uring reactor)"
 BAREWIRE_REACTOR=io_uring cargo test --workspace --all-targets
 BAREWIRE_REACTOR=io_uring cargo test --workspace --doc

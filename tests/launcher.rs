@@ -49,7 +49,8 @@ fn a_cluster_program_started_by_the_launcher_meshes_and_shares_memory() {
         .join("examples/cluster_hello");
     if !example.exists() {
         panic!(
-            "{} not built (cargo test builds examples)",
+            "{} not built: run `cargo build --examples` first (scripts/test.sh does; \
+             `cargo test --all-targets` builds examples as test harnesses, not as programs)",
             example.display()
         );
     }

@@ -7,21 +7,11 @@
 mod common;
 
 use std::future::Future;
-use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use barewire::dsm::{SharedArray, SharedMemory, SharedOptions};
-use barewire::engine::{spawn_local, time, Runtime};
+use barewire::engine::{spawn_local, time};
 use barewire::{Align, Error, Mesh, Node};
-
-fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
-}
 
 /// Runs `body(rank, node, mesh)` on `n` nodes, one thread each, meshed on loopback.
 fn cluster<F, Fut>(n: usize, body: F)
@@ -29,43 +19,7 @@ where
     F: Fn(usize, Node, Mesh) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + 'static,
 {
-    let Some(cfg) = common::driver() else { return };
-    let body = Arc::new(body);
-    let (port_tx, port_rx) = mpsc::channel();
-    let mut addr_txs = Vec::new();
-    let mut threads = Vec::new();
-    for rank in 0..n {
-        let (addr_tx, addr_rx) = mpsc::channel::<Vec<std::net::SocketAddr>>();
-        addr_txs.push(addr_tx);
-        let port_tx = port_tx.clone();
-        let body = body.clone();
-        let cfg = cfg.clone();
-        threads.push(std::thread::spawn(move || {
-            rt().block_on(async move {
-                let node = Node::with_config(&cfg).unwrap();
-                let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-                port_tx.send((rank, port)).unwrap();
-                let addrs = addr_rx.recv().unwrap();
-                let mesh = Mesh::join(&node, rank, &addrs).await.unwrap();
-                body(rank, node, mesh).await;
-            })
-        }));
-    }
-    let mut ports = vec![0u16; n];
-    for _ in 0..n {
-        let (r, p) = port_rx.recv().unwrap();
-        ports[r] = p;
-    }
-    let addrs: Vec<std::net::SocketAddr> = ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
-        .collect();
-    for tx in addr_txs {
-        tx.send(addrs.clone()).unwrap();
-    }
-    for t in threads {
-        t.join().unwrap();
-    }
+    common::meshed(n, body)
 }
 
 /// The last barrier of a test: every member arrived, then a pause before anyone drops its

@@ -7,16 +7,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use barewire::cluster::{Event, Member, Membership, MembershipOptions};
-use barewire::engine::{time, Runtime};
+use barewire::engine::time;
+use common::rt;
 
-fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
-}
+mod common;
 
 /// Waits for a message from another thread without blocking this core (which must keep
 /// answering probes meanwhile).
@@ -151,80 +145,53 @@ fn members_find_each_other_and_see_a_silent_one_down_and_a_restarted_one_up() {
 #[test]
 fn actor_systems_take_node_down_from_membership() {
     use barewire::actor::{ActorSystem, Detector, SystemOptions};
-    use barewire::{Mesh, Node};
-    let (port_tx, port_rx) = mpsc::channel::<(usize, u16)>();
-    let mut addr_txs = Vec::new();
     let (seed_tx, seed_rx) = mpsc::channel::<std::net::SocketAddr>();
     let seed_rx = std::sync::Arc::new(std::sync::Mutex::new(seed_rx));
     let (down_tx, down_rx) = mpsc::channel::<(usize, usize, Duration)>();
-    let mut threads = Vec::new();
-    for rank in 0..3usize {
-        let (addr_tx, addr_rx) = mpsc::channel::<Vec<std::net::SocketAddr>>();
-        addr_txs.push(addr_tx);
-        let (port_tx, down_tx) = (port_tx.clone(), down_tx.clone());
-        let seed_tx = seed_tx.clone();
-        let seed_rx = seed_rx.clone();
-        threads.push(std::thread::spawn(move || {
-            rt().block_on(async move {
-                let node = Node::soft().unwrap();
-                let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-                port_tx.send((rank, port)).unwrap();
-                let addrs = take(&addr_rx).await;
-                let mesh = Mesh::join(&node, rank, &addrs).await.unwrap();
-                let opts = SystemOptions {
-                    detector: Detector::Membership,
-                    ..SystemOptions::default()
-                };
-                let sys = ActorSystem::start(&mesh, opts).await.unwrap();
-                let seeds = if rank == 0 {
-                    vec![]
-                } else {
-                    loop {
-                        let got = seed_rx.lock().unwrap().try_recv();
-                        if let Ok(s) = got {
-                            break vec![s];
-                        }
-                        time::sleep(Duration::from_millis(1)).await;
+    common::meshed(3, move |rank, _node, mesh| {
+        let (seed_tx, seed_rx, down_tx) = (seed_tx.clone(), seed_rx.clone(), down_tx.clone());
+        async move {
+            let opts = SystemOptions {
+                detector: Detector::Membership,
+                ..SystemOptions::default()
+            };
+            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
+            let seeds = if rank == 0 {
+                vec![]
+            } else {
+                loop {
+                    let got = seed_rx.lock().unwrap().try_recv();
+                    if let Ok(s) = got {
+                        break vec![s];
                     }
-                };
-                let m = Membership::start(me(rank as u32, 0), &seeds, MembershipOptions::default())
-                    .unwrap();
-                if rank == 0 {
-                    seed_tx.send(m.local_addr()).unwrap();
-                    seed_tx.send(m.local_addr()).unwrap();
+                    time::sleep(Duration::from_millis(1)).await;
                 }
-                if rank == 2 {
-                    // Let everyone see it, then silence its membership only.
-                    time::sleep(Duration::from_millis(700)).await;
-                    drop(m);
-                    // Stay connected (heartbeats keep flowing) while the others decide.
-                    time::sleep(Duration::from_secs(3)).await;
-                    drop(sys);
-                    return;
-                }
-                sys.follow(m);
-                let t0 = Instant::now();
-                let mut seen = 0;
-                let down = time::timeout(Duration::from_secs(5), sys.next_down(&mut seen))
-                    .await
-                    .expect("node 2 declared down");
-                down_tx.send((rank, down, t0.elapsed())).unwrap();
-                time::sleep(Duration::from_millis(300)).await;
-            })
-        }));
-    }
-    let mut ports = [0u16; 3];
-    for _ in 0..3 {
-        let (r, p) = port_rx.recv().unwrap();
-        ports[r] = p;
-    }
-    let addrs: Vec<std::net::SocketAddr> = ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
-        .collect();
-    for tx in &addr_txs {
-        tx.send(addrs.clone()).unwrap();
-    }
+            };
+            let m = Membership::start(me(rank as u32, 0), &seeds, MembershipOptions::default())
+                .unwrap();
+            if rank == 0 {
+                seed_tx.send(m.local_addr()).unwrap();
+                seed_tx.send(m.local_addr()).unwrap();
+            }
+            if rank == 2 {
+                // Let everyone see it, then silence its membership only.
+                time::sleep(Duration::from_millis(700)).await;
+                drop(m);
+                // Stay connected (heartbeats keep flowing) while the others decide.
+                time::sleep(Duration::from_secs(3)).await;
+                drop(sys);
+                return;
+            }
+            sys.follow(m);
+            let t0 = Instant::now();
+            let mut seen = 0;
+            let down = time::timeout(Duration::from_secs(5), sys.next_down(&mut seen))
+                .await
+                .expect("node 2 declared down");
+            down_tx.send((rank, down, t0.elapsed())).unwrap();
+            time::sleep(Duration::from_millis(300)).await;
+        }
+    });
     let mut downs = Vec::new();
     for _ in 0..2 {
         downs.push(
@@ -232,9 +199,6 @@ fn actor_systems_take_node_down_from_membership() {
                 .recv_timeout(Duration::from_secs(20))
                 .expect("a verdict"),
         );
-    }
-    for t in threads {
-        t.join().unwrap();
     }
     downs.sort();
     eprintln!("{downs:?}");

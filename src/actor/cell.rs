@@ -212,7 +212,7 @@ async fn run<A: Actor>(
 }
 
 /// Runs `f` to completion; a panic inside becomes `ExitReason::Panic` with its message.
-async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
+pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
     let mut f = std::pin::pin!(f);
     poll_fn(|cx| {
         match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx))) {

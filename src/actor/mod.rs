@@ -49,8 +49,10 @@ mod supervisor;
 mod system;
 
 pub use self::core::spawn_on_core;
+pub(crate) use cell::catch;
 pub use cell::{link, spawn, ActorRef, Context};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
+pub(crate) use system::{decode, encode};
 pub use system::{ActorSystem, Detector, Migratable, RemoteActor, SystemOptions};
 
 use std::future::Future;

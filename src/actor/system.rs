@@ -250,11 +250,11 @@ fn fingerprint<A: Actor>() -> String {
     format!("{} -> {}", type_name::<A::Msg>(), type_name::<A::Reply>())
 }
 
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
+pub(crate) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_bare::to_vec(v).map_err(|e| Error::Malformed(format!("encoding: {e}")))
 }
 
-fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T> {
+pub(crate) fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T> {
     serde_bare::from_slice(b).map_err(|e| Error::Malformed(format!("decoding: {e}")))
 }
 

@@ -16,15 +16,15 @@
 //! for `i` in `from..from + n` (in bursts), then print `SENT`. Its reference keeps pointing at
 //! rank 0's address; if the actor moves, it follows.
 
-use std::io::{BufRead, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use barewire::actor::{spawn, Actor, ActorSystem, Context, SystemOptions};
 use barewire::cluster::{Member, Membership, MembershipOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Error, Mesh, Node, Result};
+
+mod member;
+use member::{arg, say};
 
 struct Echo;
 impl Actor for Echo {
@@ -70,19 +70,9 @@ impl Actor for Counter {
     }
 }
 
-fn say(s: &str) {
-    println!("{s}");
-    let _ = std::io::stdout().flush();
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |k: &str| {
-        args.iter()
-            .position(|a| a == k)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-    };
+    let get = |k: &str| arg(&args, k);
     let Some(rank) = get("--rank").and_then(|r| r.parse::<usize>().ok()) else {
         eprintln!(
             "usage: barewire-actor-node --rank R [--bind IP] [--heartbeat-ms N] [--misses N]"
@@ -101,13 +91,7 @@ fn main() {
     if swim {
         opts.detector = barewire::actor::Detector::Membership;
     }
-    let rt = barewire::engine::Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .expect("runtime");
-    if let Err(e) = rt.block_on(run(rank, bind, opts, swim)) {
+    if let Err(e) = member::runtime().block_on(run(rank, bind, opts, swim)) {
         eprintln!("barewire-actor-node: {e}");
         std::process::exit(1);
     }
@@ -115,32 +99,8 @@ fn main() {
 
 async fn run(rank: usize, bind: String, opts: SystemOptions, swim: bool) -> Result<()> {
     let node = Node::new()?;
-    let addr = format!("{bind}:0")
-        .parse()
-        .map_err(|e| Error::Invalid(format!("--bind {bind}: {e}")))?;
-    let port = node.listen(addr)?;
-    say(&format!("READY {port}"));
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    let addrs = line
-        .split_whitespace()
-        .skip(1)
-        .map(|s| s.parse().map_err(|e| Error::Invalid(format!("{s}: {e}"))))
-        .collect::<Result<Vec<std::net::SocketAddr>>>()?;
-    let exit = Arc::new(AtomicBool::new(false));
-    let watch = exit.clone();
-    let (cmd_tx, cmd_rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        let mut l = String::new();
-        while std::io::stdin().lock().read_line(&mut l).unwrap_or(0) > 0 && l.trim() != "EXIT" {
-            let _ = cmd_tx.send(l.trim().to_string());
-            l.clear();
-        }
-        watch.store(true, Ordering::Release);
-    });
+    let addrs = member::handshake(&node, &bind)?;
+    let (cmd_rx, exit) = member::commands();
     let mesh = Mesh::join(&node, rank, &addrs).await?;
     let sys = ActorSystem::start(&mesh, opts).await?;
     sys.register("echo", &spawn(Echo))?;
@@ -158,17 +118,10 @@ async fn run(rank: usize, bind: String, opts: SystemOptions, swim: bool) -> Resu
         let m = Membership::start(me, &addrs, MembershipOptions::default())?;
         sys.follow(m);
     }
-    let s = sys.clone();
-    let _downs = spawn_local(async move {
-        let mut seen = 0;
-        loop {
-            let r = s.next_down(&mut seen).await;
-            say(&format!("DOWN {r}"));
-        }
-    });
+    let _downs = member::print_downs(&sys);
     say("STARTED");
     let mut senders = Vec::new();
-    while !exit.load(Ordering::Acquire) {
+    while !member::exiting(&exit) {
         while let Ok(cmd) = cmd_rx.try_recv() {
             let mut words = cmd.split_whitespace();
             let verb = words.next();

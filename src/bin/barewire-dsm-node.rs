@@ -27,16 +27,17 @@
 
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use barewire::dsm::{Broken, SharedArray, SharedMemory, SharedOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Error, Mesh, Node, Result};
+
+mod member;
+use member::say;
 
 /// A 64-byte value whose every word derives from one number: a read that mixed two versions
 /// shows words that disagree. A plain `[u64; 8]`, so any program can join the same arrays.
@@ -152,50 +153,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let rt = barewire::engine::Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .expect("runtime");
-    if let Err(e) = rt.block_on(run(args)) {
+    if let Err(e) = member::runtime().block_on(run(args)) {
         eprintln!("barewire-dsm-node: {e}");
         std::process::exit(1);
     }
 }
 
-fn say(s: &str) {
-    println!("{s}");
-    let _ = std::io::stdout().flush();
-}
-
 async fn run(a: Args) -> Result<()> {
     let node = Node::new()?;
-    let bind = format!("{}:0", a.bind)
-        .parse()
-        .map_err(|e| Error::Invalid(format!("--bind {}: {e}", a.bind)))?;
-    let port = node.listen(bind)?;
-    say(&format!("READY {port}"));
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .map_err(|e| Error::Invalid(e.to_string()))?;
-    let addrs = line
-        .split_whitespace()
-        .skip(1)
-        .map(|s| s.parse().map_err(|e| Error::Invalid(format!("{s}: {e}"))))
-        .collect::<Result<Vec<std::net::SocketAddr>>>()?;
-    // Standard input now only says when to leave; a thread watches it.
-    let exit = Arc::new(AtomicBool::new(false));
-    let watch = exit.clone();
-    std::thread::spawn(move || {
-        let mut l = String::new();
-        while std::io::stdin().lock().read_line(&mut l).unwrap_or(0) > 0 && l.trim() != "EXIT" {
-            l.clear();
-        }
-        watch.store(true, Ordering::Release);
-    });
+    let addrs = member::handshake(&node, &a.bind)?;
+    // Standard input now only says when to leave.
+    let (_, exit) = member::commands();
 
     let mesh = Mesh::join(&node, a.rank, &addrs).await?;
     let n = mesh.size();
@@ -240,7 +208,7 @@ async fn run(a: Args) -> Result<()> {
         wide.lease_breaks(),
         wide.fenced_commits()
     ));
-    while !exit.load(Ordering::Acquire) {
+    while !member::exiting(&exit) {
         time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())

@@ -17,7 +17,13 @@
 mod hostlist;
 mod launch;
 mod membership;
+mod resources;
+mod start;
+mod work;
 
 pub use hostlist::{expand_hostlist, expand_tasks_per_node};
 pub use launch::{Launch, Launcher};
 pub use membership::{Event, Member, Membership, MembershipOptions};
+pub use resources::{parse_labels, Needs, Resources};
+pub use start::{Cluster, ClusterOptions};
+pub use work::{Task, TaskContext, TaskError, TaskId, WorkResults, Workflow};

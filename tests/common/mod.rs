@@ -8,6 +8,63 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// A single core that sleeps when idle (test members share two CPUs).
+pub fn rt() -> barewire::engine::Runtime {
+    barewire::engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
+        .build()
+        .unwrap()
+}
+
+/// Runs `body(rank, node, mesh)` on `n` members in this process, one thread and core each,
+/// meshed on loopback over the driver under test (nothing, after a SKIP line, where it cannot
+/// run here).
+pub fn meshed<F, Fut>(n: usize, body: F)
+where
+    F: Fn(usize, barewire::Node, barewire::Mesh) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let Some(cfg) = driver() else { return };
+    let body = std::sync::Arc::new(body);
+    let (port_tx, port_rx) = mpsc::channel();
+    let mut addr_txs = Vec::new();
+    let mut threads = Vec::new();
+    for rank in 0..n {
+        let (addr_tx, addr_rx) = mpsc::channel::<Vec<std::net::SocketAddr>>();
+        addr_txs.push(addr_tx);
+        let port_tx = port_tx.clone();
+        let body = body.clone();
+        let cfg = cfg.clone();
+        threads.push(std::thread::spawn(move || {
+            rt().block_on(async move {
+                let node = barewire::Node::with_config(&cfg).unwrap();
+                let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+                port_tx.send((rank, port)).unwrap();
+                let addrs = addr_rx.recv().unwrap();
+                let mesh = barewire::Mesh::join(&node, rank, &addrs).await.unwrap();
+                body(rank, node, mesh).await;
+            })
+        }));
+    }
+    let mut ports = vec![0u16; n];
+    for _ in 0..n {
+        let (r, p) = port_rx.recv().unwrap();
+        ports[r] = p;
+    }
+    let addrs: Vec<std::net::SocketAddr> = ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+        .collect();
+    for tx in addr_txs {
+        tx.send(addrs.clone()).unwrap();
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
 /// Holds the other multi-process tests of this binary off while one runs: each starts its own
 /// processes with deadlines of tens of milliseconds, and on a 2-core machine several at once
 /// starve each other into false verdicts.
@@ -85,6 +142,24 @@ impl Member {
                 Ok(l) if l.starts_with(what) => return l,
                 Ok(_) => {}
                 Err(e) => panic!("waited {within:?} for {what}: {e}"),
+            }
+        }
+    }
+
+    /// Every line up to and including the next that starts with `end`.
+    pub fn lines_until(&self, end: &str, within: Duration) -> Vec<String> {
+        let t0 = std::time::Instant::now();
+        let mut got = Vec::new();
+        loop {
+            match self.lines.recv_timeout(within.saturating_sub(t0.elapsed())) {
+                Ok(l) => {
+                    let last = l.starts_with(end);
+                    got.push(l);
+                    if last {
+                        return got;
+                    }
+                }
+                Err(e) => panic!("waited {within:?} for {end}: {e}; got {got:?}"),
             }
         }
     }

@@ -66,5 +66,8 @@ fn a_cluster_program_started_by_the_launcher_meshes_and_shares_memory() {
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("3 processes (Barewire): total 6"), "{text}");
+    assert!(
+        text.contains("3 processes (Barewire): total 6, sum of squares 1..6 = 91"),
+        "{text}"
+    );
 }

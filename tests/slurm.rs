@@ -130,7 +130,7 @@ fn log_tail(dir: &Path) -> String {
 }
 
 #[test]
-fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment() {
+fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment_and_runs_a_workflow() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         if std::env::var("CI").as_deref() == Ok("true") {
@@ -148,7 +148,7 @@ fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment() {
         .join("examples/cluster_hello");
     assert!(
         example.exists(),
-        "{} is not built: run with --all-targets",
+        "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
         example.display()
     );
     let d = up();
@@ -166,5 +166,8 @@ fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment() {
         String::from_utf8_lossy(&out.stderr),
         log_tail(&d.dir)
     );
-    assert!(text.contains("3 processes (Slurm): total 6"), "{text}");
+    assert!(
+        text.contains("3 processes (Slurm): total 6, sum of squares 1..6 = 91"),
+        "{text}"
+    );
 }

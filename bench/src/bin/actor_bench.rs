@@ -3,7 +3,7 @@
 //! detection times.
 //!
 //! ```text
-//! actor-bench [--reps 5] [--iters 20000] [--msgs 200000] [--cpus 0,1] [--no-erlang]
+//! actor-bench [--reps 5] [--iters 20000] [--msgs 200000] [--cpus 0,1] [--no-erlang] [--no-ractor]
 //! actor-bench nodedown [--rounds 20]
 //! actor-bench soak [--minutes 10] [--swim]
 //! ```
@@ -18,7 +18,9 @@
 //! p50 and a `Channel<u64>` round trip p50 over the same connection; remote `tell` throughput
 //! (`--msgs` tells, then one ask that returns the count) and the same number of `Channel`
 //! sends; then Erlang (Debian's erlang-nox): `gen_server:call` p50 between two nodes on
-//! loopback, and `--msgs` remote sends to a registered process.
+//! loopback, and `--msgs` remote sends to a registered process; then ractor with
+//! ractor_cluster (bench/peers/ractor-peer, built on first use): `call` p50 to a remote actor
+//! and `--msgs` remote `cast`s, each node one pinned single-threaded tokio runtime.
 //!
 //! `nodedown`: per round a member process is started, meshed, then killed (SIGKILL) or stopped
 //! (SIGSTOP) alternately; the time until this node declares it down is recorded, and p50/p99
@@ -85,7 +87,8 @@ fn main() {
                 .map_or(Some([0, 1]), barewire_bench::cpu_pair)
                 .expect("--cpus A,B");
             let erlang = !args.iter().any(|a| a == "--no-erlang");
-            let rows = lead(reps, iters, msgs, cpus, erlang);
+            let ractor = !args.iter().any(|a| a == "--no-ractor");
+            let rows = lead(reps, iters, msgs, cpus, erlang, ractor);
             report(&rows);
         }
     }
@@ -178,8 +181,16 @@ async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
     [ask_p50, chan_p50, tell, chan]
 }
 
-fn lead(reps: usize, iters: u64, msgs: u64, cpus: [usize; 2], erlang: bool) -> Vec<Row> {
+fn lead(
+    reps: usize,
+    iters: u64,
+    msgs: u64,
+    cpus: [usize; 2],
+    erlang: bool,
+    ractor: bool,
+) -> Vec<Row> {
     let erl = if erlang { Erlang::start(cpus) } else { None };
+    let rac = if ractor { Ractor::start(cpus) } else { None };
     let mut rows = Row::named(&[
         ("remote ask round trip p50", "us"),
         ("Channel<u64> round trip p50", "us"),
@@ -187,6 +198,8 @@ fn lead(reps: usize, iters: u64, msgs: u64, cpus: [usize; 2], erlang: bool) -> V
         ("Channel<u64> send throughput", "k msg/s"),
         ("Erlang gen_server:call p50, two nodes", "us"),
         ("Erlang remote send throughput", "k msg/s"),
+        ("ractor_cluster call p50, two nodes", "us"),
+        ("ractor_cluster remote cast throughput", "k msg/s"),
     ]);
     for rep in 0..reps {
         let r = spinning_runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
@@ -197,6 +210,12 @@ fn lead(reps: usize, iters: u64, msgs: u64, cpus: [usize; 2], erlang: bool) -> V
             if let Some((call, send)) = e.run(iters, msgs) {
                 rows[4].reps.push((call, 0.0));
                 rows[5].reps.push((send / 1e3, 0.0));
+            }
+        }
+        if let Some(r) = &rac {
+            if let Some((call, cast)) = r.run(iters, msgs) {
+                rows[6].reps.push((call, 0.0));
+                rows[7].reps.push((cast / 1e3, 0.0));
             }
         }
         eprintln!("rep {} of {reps} done", rep + 1);
@@ -325,6 +344,84 @@ impl Drop for Erlang {
     }
 }
 
+/// ractor + ractor_cluster (bench/peers/ractor-peer, built here on first use): the same echo
+/// and count actors on two single-threaded tokio nodes over ractor_cluster's TCP sessions,
+/// pinned to the same two CPUs.
+struct Ractor {
+    bin: std::path::PathBuf,
+    server: std::process::Child,
+    cpus: [usize; 2],
+}
+
+const RACTOR_PORT: u16 = 7831;
+
+impl Ractor {
+    fn start(cpus: [usize; 2]) -> Option<Ractor> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/ractor-peer");
+        eprintln!(
+            "actor-bench: building the ractor peer (cargo build --release in {})",
+            dir.display()
+        );
+        let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(dir.join("Cargo.toml"))
+            .status()
+            .ok()?;
+        if !st.success() {
+            eprintln!("actor-bench: the ractor peer did not build; its rows skipped");
+            return None;
+        }
+        let bin = dir.join("target/release/ractor-peer");
+        let mut server = Command::new("taskset")
+            .args(["-c", &cpus[1].to_string()])
+            .arg(&bin)
+            .args(["serve", &RACTOR_PORT.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(server.stdout.take()?),
+            &mut ready,
+        )
+        .ok()?;
+        if ready.trim() != "READY" {
+            eprintln!("actor-bench: the ractor server did not start; its rows skipped");
+            return None;
+        }
+        Some(Ractor { bin, server, cpus })
+    }
+
+    /// (call p50 in us, casts per second)
+    fn run(&self, iters: u64, msgs: u64) -> Option<(f64, f64)> {
+        let out = Command::new("taskset")
+            .args(["-c", &self.cpus[0].to_string()])
+            .arg(&self.bin)
+            .args([
+                "lead",
+                &(RACTOR_PORT + 1).to_string(),
+                &RACTOR_PORT.to_string(),
+            ])
+            .args([iters.to_string(), msgs.to_string()])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("RESULT "))?;
+        let mut f = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse::<f64>().ok());
+        Some((f.next()?, f.next()?))
+    }
+}
+
+impl Drop for Ractor {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
 fn report(rows: &[Row]) {
     reps::report(
         rows,
@@ -336,11 +433,18 @@ fn report(rows: &[Row]) {
                 "<= 0.1x",
             ),
             ("remote ask p50 / Channel round trip p50", 0, 1, "<= 1.3x"),
+            ("remote ask p50 / ractor_cluster call p50", 0, 6, "<= 0.5x"),
             (
                 "remote tell throughput / Erlang remote send",
                 2,
                 5,
                 ">= 10x",
+            ),
+            (
+                "remote tell throughput / ractor_cluster cast",
+                2,
+                7,
+                ">= 2x",
             ),
             (
                 "remote tell throughput / Channel throughput",

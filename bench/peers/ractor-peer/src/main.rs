@@ -113,8 +113,27 @@ async fn wait_remote(group: &str) -> ractor::ActorCell {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
+fn main() {
+    // RACTOR_PEER_THREADS=N: a multi-threaded tokio runtime of N workers instead of one
+    // thread (to check the single-threaded shape is not what makes ractor slow).
+    let threads: usize = std::env::var("RACTOR_PEER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let rt = if threads > 0 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    rt.expect("tokio runtime").block_on(run());
+}
+
+async fn run() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let num = |i: usize| -> u64 {
         args.get(i)
@@ -142,7 +161,10 @@ async fn main() {
             let timeout = Some(Duration::from_secs(5));
             for i in 0..iters.min(1000) {
                 let r = echo.call(|p| EchoMsg::Echo(i, p), timeout).await;
-                assert!(matches!(r, Ok(CallResult::Success(n)) if n == i), "warm-up call");
+                assert!(
+                    matches!(r, Ok(CallResult::Success(n)) if n == i),
+                    "warm-up call"
+                );
             }
             let mut lat = Vec::with_capacity(iters as usize);
             for i in 0..iters {
@@ -154,7 +176,10 @@ async fn main() {
             lat.sort_by(f64::total_cmp);
             let p50 = lat[lat.len() / 2];
             let total = |count: ActorRef<CountMsg>| async move {
-                match count.call(CountMsg::Total, Some(Duration::from_secs(60))).await {
+                match count
+                    .call(CountMsg::Total, Some(Duration::from_secs(60)))
+                    .await
+                {
                     Ok(CallResult::Success(n)) => n,
                     other => panic!("ractor-peer: count total: {other:?}"),
                 }

@@ -17,7 +17,7 @@ use crate::mesh::{Mesh, JOIN_WAIT};
 use crate::Node;
 
 /// How a cluster starts.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// First port: rank `r` listens on `base_port + its index among its host's ranks` (TCP
     /// for the mesh, UDP for membership). Default: what the launcher chose
@@ -25,11 +25,23 @@ pub struct ClusterOptions {
     pub base_port: Option<u16>,
     /// The actor system's options (node-down deadline, message size).
     pub system: SystemOptions,
-    /// Run SWIM membership (foca) with these settings and take node-down from it alone;
-    /// `None`: the actor system's heartbeat deadline decides.
+    /// SWIM membership (foca) with these settings, and node-down taken from it alone: the
+    /// one source of truth for every layer (default). `None`: the actor system's heartbeat
+    /// deadline decides (faster, 50 ms, but each node judges alone).
     pub membership: Option<MembershipOptions>,
     /// What this node offers; `None`: [`Resources::detect`].
     pub resources: Option<Resources>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            base_port: None,
+            system: SystemOptions::default(),
+            membership: Some(MembershipOptions::default()),
+            resources: None,
+        }
+    }
 }
 
 /// One process's part of a cluster: started from the launcher's environment, fully meshed,
@@ -72,7 +84,16 @@ impl Cluster {
     /// workers, and learns what every member offers. Collective: every rank calls it.
     pub async fn start(launch: &Launch, opts: ClusterOptions) -> Result<Cluster> {
         let base = opts.base_port.or(launch.base_port).unwrap_or(7600);
-        let addrs = launch.addrs(base)?;
+        // A peer's name may not resolve yet (a Kubernetes pod still being scheduled): try
+        // again for up to JOIN_WAIT.
+        let t0 = Instant::now();
+        let addrs = loop {
+            match launch.addrs(base) {
+                Ok(a) => break a,
+                Err(e) if t0.elapsed() >= JOIN_WAIT => return Err(e),
+                Err(_) => time::sleep(Duration::from_millis(200)).await,
+            }
+        };
         let node = Node::new()?;
         node.listen(addrs[launch.rank])?;
         let mesh = Mesh::join(&node, launch.rank, &addrs).await?;

@@ -9,7 +9,10 @@
 //! `suspect_to_down_after` (the defaults here: a probe every 40 ms, 20 ms to answer, down after
 //! 100 ms of suspicion: about 200 ms from a member's last answer to its verdict, measured with
 //! no false verdict in 10 minutes under a CPU hog, see bench/RESULTS.md), and a member that
-//! comes back with a higher incarnation rejoins.
+//! comes back with a higher incarnation rejoins. After a partition heals, each side has the
+//! other down: seeds that are not live members are announced to again every 500 ms, and a
+//! member that hears from one it has down tells it so, which renews its incarnation and
+//! rejoins (`tests/membership_procs.rs`: killed, paused, cut off, each back again).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -67,6 +70,9 @@ pub enum Event {
     /// A member is down (it stopped answering, or left).
     Down(Member),
 }
+
+/// How often seeds that are not live members are announced to again.
+const REANNOUNCE: Duration = Duration::from_millis(500);
 
 /// SWIM's timing, tighter than a LAN default: this is for one rack, not a data centre.
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +145,9 @@ impl Membership {
             frequency: Duration::from_millis(500),
             num_members: std::num::NonZeroUsize::new(2).unwrap(),
         });
+        // After a partition heals, each side has the other down and ignores it: telling a
+        // down member so (TurnUndead) makes it renew its identity and rejoin.
+        config.notify_down_members = true;
         config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
             frequency: Duration::from_millis(500),
             num_members: std::num::NonZeroUsize::new(2).unwrap(),
@@ -203,18 +212,31 @@ async fn drive(
     let mut rt = AccumulatingRuntime::new();
     let mut timers: BTreeMap<(Instant, u64), Timer<Member>> = BTreeMap::new();
     let mut seq = 0u64;
+    // A seed is known by its address; foca learns its identity from its answer.
+    let announce = |foca: &mut Foca<_, _, _, _>, rt: &mut AccumulatingRuntime<Member>, s| {
+        let seed = Member {
+            rank: u32::MAX,
+            addr: s,
+            incarnation: 0,
+        };
+        let _ = foca.announce(seed, rt);
+    };
     for s in &seeds {
-        // A seed is known by its address; foca learns its identity from its answer.
-        let _ = foca.announce(
-            Member {
-                rank: u32::MAX,
-                addr: *s,
-                incarnation: 0,
-            },
-            &mut rt,
-        );
+        announce(&mut foca, &mut rt, *s);
     }
+    let mut next_reannounce = Instant::now() + REANNOUNCE;
     loop {
+        // Seeds not among the live members are announced to again: after a partition heals
+        // each side has the other down and ignores it, and a member cut off from everyone has
+        // nobody left to probe. The seed answers a down identity with TurnUndead (it renews
+        // its incarnation and rejoins) or takes the announce and feeds back the members.
+        if Instant::now() >= next_reannounce {
+            next_reannounce = Instant::now() + REANNOUNCE;
+            let live: Vec<SocketAddr> = foca.iter_members().map(|m| m.id().addr).collect();
+            for s in seeds.iter().filter(|s| !live.contains(s)) {
+                announce(&mut foca, &mut rt, *s);
+            }
+        }
         // Everything foca asked for since the last turn.
         while let Some((to, bytes)) = rt.to_send() {
             let (_, _) = sock.send_to(bytes.to_vec(), to.addr).await;
@@ -234,11 +256,12 @@ async fn drive(
                 let _ = events.try_send(e);
             }
         }
-        // Wait for a datagram or the next timer.
-        let next = timers.keys().next().map(|(t, _)| *t);
-        let mut sleep = pin!(time::sleep_until(
-            next.unwrap_or_else(|| Instant::now() + Duration::from_secs(1))
-        ));
+        // Wait for a datagram or the next timer (ours included).
+        let next = timers
+            .keys()
+            .next()
+            .map_or(next_reannounce, |(t, _)| (*t).min(next_reannounce));
+        let mut sleep = pin!(time::sleep_until(next));
         let got = {
             let mut recv = pin!(data.recv());
             poll_fn(|cx| {

@@ -146,6 +146,18 @@ impl Member {
         }
     }
 
+    /// Lines until, for each of `whats`, one has started with it (in any order).
+    pub fn expect_each(&self, whats: &[&str], within: Duration) {
+        let t0 = std::time::Instant::now();
+        let mut left: Vec<&str> = whats.to_vec();
+        while !left.is_empty() {
+            match self.lines.recv_timeout(within.saturating_sub(t0.elapsed())) {
+                Ok(l) => left.retain(|w| !l.starts_with(w)),
+                Err(e) => panic!("waited {within:?} for {left:?}: {e}"),
+            }
+        }
+    }
+
     /// Every line up to and including the next that starts with `end`.
     pub fn lines_until(&self, end: &str, within: Duration) -> Vec<String> {
         let t0 = std::time::Instant::now();

@@ -60,6 +60,27 @@ pub fn spawn_ready(args: &[&str]) -> (u16, std::process::Child) {
     (port, child)
 }
 
+/// This process as rank 0 of a two-member mesh on loopback: its node (listening on a port the
+/// kernel picks), and a copy of this program started as `--serve <far_cpu> <this address>`
+/// (which prints `READY <port>` and becomes rank 1). Returns the node, both addresses by
+/// rank, and the child. Call it on a core (the node belongs to it).
+pub fn lead_pair(
+    far_cpu: usize,
+) -> (
+    barewire::Node,
+    [std::net::SocketAddr; 2],
+    std::process::Child,
+) {
+    let node = barewire::Node::new().expect("a node");
+    let port = node
+        .listen("127.0.0.1:0".parse().unwrap())
+        .expect("listening on loopback");
+    let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (peer_port, child) = spawn_ready(&["--serve", &far_cpu.to_string(), &me.to_string()]);
+    let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
+    (node, [me, peer], child)
+}
+
 /// The value after `key` in `args`, if any.
 pub fn flag<'a>(args: &'a [String], key: &str) -> Option<&'a str> {
     let i = args.iter().position(|a| a == key)?;

@@ -30,6 +30,13 @@ impl Row {
             })
             .collect()
     }
+
+    /// Adds one rep's figures (no p99s) to `rows`, from the first row on.
+    pub fn push_rep(rows: &mut [Row], figures: &[f64]) {
+        for (row, v) in rows.iter_mut().zip(figures) {
+            row.reps.push((*v, 0.0));
+        }
+    }
 }
 
 /// An empty histogram of nanoseconds, up to a minute, 3 significant figures.
@@ -117,6 +124,17 @@ pub fn spinning_runtime(cpu: usize) -> barewire_engine::Runtime {
     barewire_engine::Runtime::builder()
         .core_ids(&[cpu])
         .idle_spin(Duration::from_millis(50))
+        .build()
+        .expect("runtime")
+}
+
+/// A one-core barewire runtime, unpinned, that sleeps as soon as it is idle (members that
+/// share CPUs with others).
+pub fn sleeping_runtime() -> barewire_engine::Runtime {
+    barewire_engine::Runtime::builder()
+        .cores(1)
+        .pin(false)
+        .idle_spin(Duration::ZERO)
         .build()
         .expect("runtime")
 }

@@ -90,7 +90,7 @@ impl Default for MembershipOptions {
         MembershipOptions {
             probe_period: Duration::from_millis(40),
             probe_rtt: Duration::from_millis(20),
-            suspect_to_down_after: Duration::from_millis(100),
+            suspect_to_down_after: Duration::from_millis(90),
         }
     }
 }

@@ -1,29 +1,5 @@
-//! `submit_work`: workflows of named tasks, placed by resources and data locality, run on the
-//! cluster's workers, their results collected.
-//!
-//! A task is registered by name on every node ([`Cluster::register_task`]): an async function
-//! from serde arguments (and the results of the tasks it depends on) to a serde result. A
-//! [`Workflow`] is a set of task invocations, each naming what it depends on, what it needs of
-//! a node ([`Needs`]) and where its data lives ([`Task::near`]). The submitting node plans and
-//! supervises the run: a task becomes ready when everything it depends on has succeeded, and
-//! goes to a node that is up, offers what it needs, and has a free worker (one per advertised
-//! core): the node near its data if that one is up and fits, otherwise the least busy. Its
-//! result comes back over the actor system.
-//!
-//! Invariants, for every task of a workflow:
-//!
-//! - its result is taken once: the first answer of its current attempt; an answer from an
-//!   attempt given up on (its node declared down) is ignored;
-//! - it is re-run only when the node running it is declared down (or its connection failed),
-//!   only if it was declared [`idempotent`](Task::idempotent), and never on that node again;
-//!   a task that is not idempotent ends [`TaskError::Lost`] instead (its effect may or may
-//!   not have happened; the caller decides);
-//! - its dependents never start unless it succeeded; they end [`TaskError::Dependency`].
-//!
-//! This is OTP's supervision applied to tasks: idempotent tasks are `transient` children
-//! restarted elsewhere, the others `temporary`. A task's own error or panic is its result, not
-//! a reason to run it again. `tests/workflow.rs` checks these on real multi-process runs with
-//! a node killed mid-workflow: every result right, every task's effect applied once.
+//! `submit_work`'s workflows, workers and scheduler. What they do and the invariants they
+//! keep are in the docs of [`crate::cluster`].
 
 use std::any::type_name;
 use std::cell::RefCell;
@@ -381,6 +357,27 @@ impl Actor for Worker {
     }
 }
 
+/// Ready tasks, queued by kind (the same locality, needs and nodes to avoid: the same
+/// placement), in the order they became ready; a pass over them stops each queue at its first
+/// task that has to wait, so a long backlog costs nothing per completion.
+#[derive(Default)]
+struct Ready {
+    queues: Vec<VecDeque<usize>>,
+}
+
+impl Ready {
+    fn push(&mut self, t: usize, same: impl Fn(usize, usize) -> bool) {
+        match self
+            .queues
+            .iter_mut()
+            .find(|q| q.front().is_some_and(|&f| same(f, t)))
+        {
+            Some(q) => q.push_back(t),
+            None => self.queues.push(VecDeque::from([t])),
+        }
+    }
+}
+
 enum Answer {
     Done(Vec<u8>),
     Error(TaskError),
@@ -477,50 +474,63 @@ impl Cluster {
         let mut attempt = vec![0u32; n];
         let mut shunned: Vec<Vec<usize>> = vec![Vec::new(); n];
         let mut busy: Vec<Vec<bool>> = self.offers.iter().map(|o| vec![false; o.cores]).collect();
-        let mut ready: VecDeque<usize> = (0..n).filter(|i| waiting[*i] == 0).collect();
+        let same = |a: usize, b: usize, shunned: &[Vec<usize>]| {
+            specs[a].near == specs[b].near
+                && specs[a].needs == specs[b].needs
+                && shunned[a] == shunned[b]
+        };
+        let mut ready = Ready::default();
+        for t in (0..n).filter(|i| waiting[*i] == 0) {
+            ready.push(t, |a, b| same(a, b, &shunned));
+        }
         let mut left = n;
         let (tx, mut rx) = mpsc::unbounded::<(usize, u32, usize, usize, Answer)>();
         let mut running = 0usize;
         while left > 0 {
-            let mut still = VecDeque::new();
-            while let Some(t) = ready.pop_front() {
-                match self.place(&specs[t], &busy, &shunned[t]) {
-                    Place::Now(node, slot) => {
-                        busy[node][slot] = true;
-                        attempt[t] += 1;
-                        ran_on[t].push(node);
-                        running += 1;
-                        let inputs = specs[t]
-                            .deps
-                            .iter()
-                            .map(|d| match &outcomes[*d] {
-                                Some(Ok(b)) => b.clone(),
-                                _ => unreachable!("a task is ready only once its inputs are"),
-                            })
-                            .collect();
-                        let msg = WorkMsg::Run {
-                            name: specs[t].name.clone(),
-                            types: specs[t].types.clone(),
-                            args: specs[t].args.clone().unwrap_or_default(),
-                            inputs,
-                            attempt: attempt[t],
-                        };
-                        let run = self.run_on(node, slot, msg, specs[t].timeout);
-                        let tx = tx.clone();
-                        let a = attempt[t];
-                        // (Dropping the handle leaves the task running.)
-                        drop(spawn_local(async move {
-                            let answer = run.await;
-                            let _ = tx.try_send((t, a, node, slot, answer));
-                        }));
-                    }
-                    Place::Later => still.push_back(t),
-                    Place::Never(why) => {
-                        left -= fail(&mut outcomes, &dependents, t, TaskError::NoPlace(why));
+            for q in &mut ready.queues {
+                // The first of a kind that must wait stops its queue for this pass: the others
+                // of its kind would wait too.
+                while let Some(&t) = q.front() {
+                    match self.place(&specs[t], &busy, &shunned[t]) {
+                        Place::Now(node, slot) => {
+                            q.pop_front();
+                            busy[node][slot] = true;
+                            attempt[t] += 1;
+                            ran_on[t].push(node);
+                            running += 1;
+                            let inputs = specs[t]
+                                .deps
+                                .iter()
+                                .map(|d| match &outcomes[*d] {
+                                    Some(Ok(b)) => b.clone(),
+                                    _ => unreachable!("a task is ready only once its inputs are"),
+                                })
+                                .collect();
+                            let msg = WorkMsg::Run {
+                                name: specs[t].name.clone(),
+                                types: specs[t].types.clone(),
+                                args: specs[t].args.clone().unwrap_or_default(),
+                                inputs,
+                                attempt: attempt[t],
+                            };
+                            let run = self.run_on(node, slot, msg, specs[t].timeout);
+                            let tx = tx.clone();
+                            let a = attempt[t];
+                            // (Dropping the handle leaves the task running.)
+                            drop(spawn_local(async move {
+                                let answer = run.await;
+                                let _ = tx.try_send((t, a, node, slot, answer));
+                            }));
+                        }
+                        Place::Later => break,
+                        Place::Never(why) => {
+                            q.pop_front();
+                            left -= fail(&mut outcomes, &dependents, t, TaskError::NoPlace(why));
+                        }
                     }
                 }
             }
-            ready = still;
+            ready.queues.retain(|q| !q.is_empty());
             if left == 0 {
                 break;
             }
@@ -543,14 +553,14 @@ impl Cluster {
                     for &d in &dependents[t] {
                         waiting[d] -= 1;
                         if waiting[d] == 0 && outcomes[d].is_none() {
-                            ready.push_back(d);
+                            ready.push(d, |a, b| same(a, b, &shunned));
                         }
                     }
                 }
                 Answer::Error(e) => left -= fail(&mut outcomes, &dependents, t, e),
                 Answer::NodeLost if specs[t].idempotent => {
                     shunned[t].push(node);
-                    ready.push_back(t);
+                    ready.push(t, |a, b| same(a, b, &shunned));
                 }
                 Answer::NodeLost => {
                     left -= fail(&mut outcomes, &dependents, t, TaskError::Lost { node })

@@ -131,13 +131,8 @@ async fn serve(lead: std::net::SocketAddr) {
 /// One rep of barewire's four measurements, on a fresh pair of members (so that nothing of
 /// barewire runs while the Erlang peer is measured).
 async fn barewire_rep(iters: u64, msgs: u64, cpus: [usize; 2]) -> [f64; 4] {
-    let node = Node::new().unwrap();
-    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let (peer_port, mut child) =
-        barewire_bench::spawn_ready(&["--serve", &cpus[1].to_string(), &me.to_string()]);
-    let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
-    let (mesh, sys) = setup(&node, 0, &[me, peer]).await;
+    let (node, addrs, mut child) = barewire_bench::lead_pair(cpus[1]);
+    let (mesh, sys) = setup(&node, 0, &addrs).await;
     let echo: ActorRef<Echo> = sys.lookup(1, "echo").await.unwrap();
     let count: ActorRef<Count> = sys.lookup(1, "count").await.unwrap();
     let (tx, rx) = mesh.endpoint(1).open_channel::<u64>(CHANNEL).await.unwrap();
@@ -203,9 +198,7 @@ fn lead(
     ]);
     for rep in 0..reps {
         let r = spinning_runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
-        for (k, v) in r.into_iter().enumerate() {
-            rows[k].reps.push((v, 0.0));
-        }
+        Row::push_rep(&mut rows, &r);
         if let Some(e) = &erl {
             if let Some((call, send)) = e.run(iters, msgs) {
                 rows[4].reps.push((call, 0.0));

@@ -93,13 +93,8 @@ async fn serve(lead: std::net::SocketAddr) {
 }
 
 async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row> {
-    let node = Node::new().unwrap();
-    let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let me: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let (peer_port, mut child) =
-        barewire_bench::spawn_ready(&["--serve", &cpus[1].to_string(), &me.to_string()]);
-    let peer = format!("127.0.0.1:{peer_port}").parse().unwrap();
-    let objs = Rc::new(setup(&node, 0, &[me, peer]).await);
+    let (node, addrs, mut child) = barewire_bench::lead_pair(cpus[1]);
+    let objs = Rc::new(setup(&node, 0, &addrs).await);
     let mut rows = Row::named(&[
         ("raw READ 8 B p50", "us"),
         ("read_from 8 B (word) p50", "us"),

@@ -1,6 +1,7 @@
 //! SWIM membership across processes (`barewire-swim-node`, three members): a member killed,
 //! paused, or cut off by its link (network namespace) is declared down by the others within
-//! the bound, and comes back (restarted with a higher incarnation, resumed, or healed) as up.
+//! the bound, and comes back (restarted with a higher incarnation, resumed, or healed) as up;
+//! a member that joins late is seen by all, and one that leaves is down at once.
 //! One test at a time: each has deadlines of a few hundred milliseconds.
 
 mod common;
@@ -112,4 +113,30 @@ fn a_partitioned_member_is_declared_down_on_both_sides_and_rejoins_when_healed()
     let took = both(&ms, "UP 2 ", Duration::from_secs(10));
     ms[2].expect_each(&["UP 0 ", "UP 1 "], Duration::from_secs(10));
     eprintln!("healed: up again on both sides after {took:?}");
+}
+
+#[test]
+fn a_member_joins_after_start_and_one_that_leaves_is_down_at_once() {
+    let _one_at_a_time = common::serial();
+    let (ms, mut addrs) = three("127.0.0.1", "127.0.0.1", None);
+    // A fourth member, started later, knowing only rank 0.
+    addrs.push(format!("127.0.0.1:{}", free_port("127.0.0.1")));
+    let mut late = swim(3, &addrs[3], &addrs[..1], 0, None);
+    for m in &ms {
+        m.expect("UP 3 0", Duration::from_secs(5));
+    }
+    late.expect_each(&["UP 0 ", "UP 1 ", "UP 2 "], Duration::from_secs(5));
+    // It leaves: the others learn from it, without waiting out a suspicion.
+    let t0 = Instant::now();
+    late.say("EXIT");
+    for m in &ms {
+        m.expect("DOWN 3 0", DETECT);
+    }
+    let took = t0.elapsed();
+    late.expect("LEFT", Duration::from_secs(1));
+    eprintln!("left: everyone knew after {took:?}");
+    assert!(
+        took < Duration::from_millis(150),
+        "a leave is not a failure: {took:?}"
+    );
 }

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! It prints `STARTED`, then `UP <rank> <incarnation>` and `DOWN <rank> <incarnation>` for each
-//! membership change it sees, until standard input says `EXIT` or closes.
+//! membership change it sees, until standard input says `EXIT` or closes; then it leaves the
+//! cluster (the others learn at once) and prints `LEFT`.
 
 use std::time::Duration;
 
@@ -66,5 +67,7 @@ async fn run(rank: u32, bind: &str, args: &[String]) -> Result<()> {
             }
         }
     }
+    m.leave().await;
+    say("LEFT");
     Ok(())
 }

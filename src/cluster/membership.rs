@@ -25,7 +25,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use barewire_engine::net::UdpSocket;
-use barewire_engine::sync::mpsc;
+use barewire_engine::sync::{mpsc, oneshot};
 use barewire_engine::{spawn_local, time, JoinHandle};
 use foca::{AccumulatingRuntime, Config, Foca, Notification, PostcardCodec, Timer};
 use rand::rngs::StdRng;
@@ -71,6 +71,12 @@ pub enum Event {
     Down(Member),
 }
 
+/// What the driver task waits for besides its timers.
+enum Input {
+    Datagram(Vec<u8>),
+    Leave(oneshot::Sender<()>),
+}
+
 /// How often seeds that are not live members are announced to again.
 const REANNOUNCE: Duration = Duration::from_millis(500);
 
@@ -112,6 +118,7 @@ impl Default for MembershipOptions {
 /// # Ok(()) }
 /// ```
 pub struct Membership {
+    inputs: mpsc::Sender<Input>,
     events: mpsc::Receiver<Event>,
     members: Rc<RefCell<Vec<Member>>>,
     local: SocketAddr,
@@ -154,9 +161,10 @@ impl Membership {
         });
         let foca = Foca::new(me.clone(), config, StdRng::from_entropy(), PostcardCodec);
         let sock = Rc::new(sock);
-        let (data_tx, data_rx) = mpsc::unbounded::<Vec<u8>>();
+        let (data_tx, data_rx) = mpsc::unbounded::<Input>();
         let (event_tx, event_rx) = mpsc::unbounded::<Event>();
         let members = Rc::new(RefCell::new(Vec::new()));
+        let inputs = data_tx.clone();
         let receiver = {
             let sock = sock.clone();
             spawn_local(async move {
@@ -166,7 +174,7 @@ impl Membership {
                         Ok((n, _)) => {
                             let mut buf = buf;
                             buf.truncate(n);
-                            if data_tx.try_send(buf).is_err() {
+                            if data_tx.try_send(Input::Datagram(buf)).is_err() {
                                 break;
                             }
                         }
@@ -178,6 +186,7 @@ impl Membership {
         let seeds: Vec<SocketAddr> = seeds.iter().copied().filter(|s| *s != local).collect();
         let driver = spawn_local(drive(foca, sock, data_rx, event_tx, members.clone(), seeds));
         Ok(Membership {
+            inputs,
             events: event_rx,
             members,
             local,
@@ -195,6 +204,16 @@ impl Membership {
         self.members.borrow().clone()
     }
 
+    /// Leaves the cluster: the others learn this member is down at once (from the members it
+    /// tells, then by gossip) instead of after the failure detector's suspicion. Its
+    /// membership stops.
+    pub async fn leave(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.inputs.try_send(Input::Leave(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     /// The next membership change.
     pub async fn next_event(&mut self) -> Option<Event> {
         self.events.recv().await
@@ -204,7 +223,7 @@ impl Membership {
 async fn drive(
     mut foca: Foca<Member, PostcardCodec, StdRng, foca::NoCustomBroadcast>,
     sock: Rc<UdpSocket>,
-    mut data: mpsc::Receiver<Vec<u8>>,
+    mut data: mpsc::Receiver<Input>,
     events: mpsc::Sender<Event>,
     members: Rc<RefCell<Vec<Member>>>,
     seeds: Vec<SocketAddr>,
@@ -276,8 +295,17 @@ async fn drive(
             .await
         };
         match got {
-            Some(Some(d)) => {
+            Some(Some(Input::Datagram(d))) => {
                 let _ = foca.handle_data(&d, &mut rt);
+            }
+            Some(Some(Input::Leave(done))) => {
+                // Tell a few members this identity is down, send it, and stop.
+                let _ = foca.leave_cluster(&mut rt);
+                while let Some((to, bytes)) = rt.to_send() {
+                    let (_, _) = sock.send_to(bytes.to_vec(), to.addr).await;
+                }
+                let _ = done.send(());
+                break;
             }
             Some(None) => break,
             None => {

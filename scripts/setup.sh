@@ -3,7 +3,7 @@
 # commands; safe to run again (it only installs what is missing).
 set -euo pipefail
 
-APT_PACKAGES=(build-essential pkg-config libclang-dev librdmacm-dev libibverbs-dev tshark iproute2 fonts-dejavu-core slurm-client slurmctld slurmd openmpi-bin)
+APT_PACKAGES=(build-essential pkg-config libclang-dev librdmacm-dev libibverbs-dev tshark iproute2 fonts-dejavu-core slurm-client slurmctld slurmd openmpi-bin libopenblas0)
 
 need_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else

@@ -37,6 +37,9 @@ pub const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// let to_next = mesh.endpoint((rank + 1) % 3);
 /// # let _ = to_next; Ok(()) }
 /// ```
+///
+/// Cloning gives another handle to the same connections.
+#[derive(Clone)]
 pub struct Mesh {
     rank: usize,
     /// `out[j]`: the endpoint whose operations reach rank `j`.

@@ -212,6 +212,13 @@ impl<T: Pod> Region<T> {
         self.buf.region().addr() as *const T
     }
 
+    /// Address of the first element, for computing in place (a BLAS kernel over a block).
+    /// Writing through it is the caller's to make safe: nothing else may touch the elements
+    /// written meanwhile, including a peer's RDMA WRITE or READ of them.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.buf.region().addr() as *mut T
+    }
+
     /// What a peer needs to use this region, with `T`'s fingerprint.
     pub fn remote(&self) -> RemoteRegion<T> {
         RemoteRegion {

@@ -7,6 +7,8 @@
 //! as with a headless Service. The pods form the cluster and run the workflow. Needs root;
 //! CI runs as root, so there it must pass.
 
+mod common;
+
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -64,15 +66,7 @@ fn the_indexed_job_of_the_manifest_forms_a_cluster_and_runs_a_workflow() {
         })
         .collect();
 
-    let example = std::path::PathBuf::from(env!("CARGO_BIN_EXE_barewire"))
-        .parent()
-        .unwrap()
-        .join("examples/cluster_hello");
-    assert!(
-        example.exists(),
-        "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
-        example.display()
-    );
+    let example = common::example("cluster_hello");
     let ns = Ns(format!("bwk8s{}", std::process::id() % 100_000));
     assert!(Command::new("ip")
         .args(["netns", "add", &ns.0])

@@ -1,7 +1,8 @@
 //! `barewire run`: N processes with srun's environment shape, pinned, failures propagated; and
 //! a real cluster program started by it.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -43,17 +44,7 @@ fn one_failure_stops_the_others_and_is_the_exit_status() {
 
 #[test]
 fn a_cluster_program_started_by_the_launcher_meshes_and_shares_memory() {
-    let example: PathBuf = PathBuf::from(env!("CARGO_BIN_EXE_barewire"))
-        .parent()
-        .unwrap()
-        .join("examples/cluster_hello");
-    if !example.exists() {
-        panic!(
-            "{} not built: run `cargo build --examples` first (scripts/test.sh does; \
-             `cargo test --all-targets` builds examples as test harnesses, not as programs)",
-            example.display()
-        );
-    }
+    let example = common::example("cluster_hello");
     let out = barewire()
         .args(["run", "-n", "3", "--no-pin", "--"])
         .arg(&example)

@@ -1,7 +1,8 @@
 //! The same cluster program under Open MPI's `mpirun`: its ranks come from
 //! `OMPI_COMM_WORLD_*`, they form the cluster and run a workflow.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
 #[test]
@@ -13,15 +14,7 @@ fn a_three_rank_mpirun_job_forms_a_cluster_and_runs_a_workflow() {
         eprintln!("SKIP: mpirun is not installed (apt-get install openmpi-bin)");
         return;
     }
-    let example = PathBuf::from(env!("CARGO_BIN_EXE_barewire"))
-        .parent()
-        .unwrap()
-        .join("examples/cluster_hello");
-    assert!(
-        example.exists(),
-        "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
-        example.display()
-    );
+    let example = common::example("cluster_hello");
     let out = Command::new("timeout")
         .args([
             "120",

@@ -5,6 +5,8 @@
 //! shared counter; then stops exactly the daemons it started, by PID. Not root: it skips and
 //! says why (CI runs as root, where it must pass).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -142,15 +144,7 @@ fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment_and_runs_a_work
     if Command::new("slurmctld").arg("-V").output().is_err() {
         panic!("slurmctld is not installed: scripts/setup.sh installs slurmctld and slurmd");
     }
-    let example = PathBuf::from(env!("CARGO_BIN_EXE_barewire"))
-        .parent()
-        .unwrap()
-        .join("examples/cluster_hello");
-    assert!(
-        example.exists(),
-        "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
-        example.display()
-    );
+    let example = common::example("cluster_hello");
     let d = up();
     let out = Command::new("srun")
         .args(["-O", "-n", "3", "--kill-on-bad-exit=1", "-t", "2"])
@@ -168,6 +162,29 @@ fn a_three_task_srun_job_forms_a_cluster_from_slurms_environment_and_runs_a_work
     );
     assert!(
         text.contains("3 processes (Slurm): total 6, sum of squares 1..6 = 91"),
+        "{text}"
+    );
+
+    // The worked example, the distributed matrix multiply, as a 2-task job.
+    let matmul = example.with_file_name("matmul");
+    let out = Command::new("srun")
+        .args(["-O", "-n", "2", "--kill-on-bad-exit=1", "-t", "2"])
+        .arg(&matmul)
+        .args(["--n", "512", "--panel", "128", "--type", "f64", "--check"])
+        .env("SLURM_CONF", &d.conf)
+        .env("BAREWIRE_DRIVER", "soft")
+        .env("BAREWIRE_BASE_PORT", "7720")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "srun matmul failed: {text}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log_tail(&d.dir)
+    );
+    assert!(
+        text.contains("matmul n=512 p=2 grid=1x2 type=f64"),
         "{text}"
     );
 }

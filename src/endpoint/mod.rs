@@ -385,6 +385,48 @@ impl Endpoint {
         .await
     }
 
+    /// Reads `count` elements from element `start` of `r` into `dst`, from its element `at`:
+    /// one RDMA READ placed straight into the registered region, no staging copy.
+    ///
+    /// ```no_run
+    /// # async fn demo(ep: &barewire::Endpoint, node: &barewire::Node) -> barewire::Result<()> {
+    /// use barewire::Align;
+    /// let theirs = ep.recv_region::<f64>().await?;
+    /// let mine = node.region::<f64>(1024, Align::Page)?;
+    /// ep.read_to_region(&theirs, 0, &mine, 0, 1024).await?;     // their first 1024 elements
+    /// ep.write_from_region(&theirs, 1024, &mine, 0, 1024).await?; // ... back, further on
+    /// # Ok(()) }
+    /// ```
+    pub async fn read_to_region<T: Pod>(
+        &self,
+        r: &RemoteRegion<T>,
+        start: u64,
+        dst: &Region<T>,
+        at: usize,
+        count: usize,
+    ) -> Result<()> {
+        let size = std::mem::size_of::<T>();
+        local_range(dst, at, count)?;
+        self.read_into(r, start, &dst.buf, at * size, count * size)
+            .await
+    }
+
+    /// Writes `count` elements of `src`, from its element `at`, to element `start` of `r`: one
+    /// RDMA WRITE straight from the registered region, no staging copy.
+    pub async fn write_from_region<T: Pod>(
+        &self,
+        r: &RemoteRegion<T>,
+        start: u64,
+        src: &Region<T>,
+        at: usize,
+        count: usize,
+    ) -> Result<()> {
+        let size = std::mem::size_of::<T>();
+        local_range(src, at, count)?;
+        self.write_from(r, start, &src.buf, at * size, count * size)
+            .await
+    }
+
     /// Writes element `i` of the peer's region (RDMA WRITE); returns once it is placed.
     pub async fn write<T: Pod>(&self, r: &RemoteRegion<T>, i: u64, v: T) -> Result<()> {
         self.write_slice(r, i, std::slice::from_ref(&v)).await
@@ -491,4 +533,16 @@ impl Endpoint {
     pub fn close(&self) {
         self.inner().ops.qp().disconnect();
     }
+}
+
+/// Checks that `count` elements from `at` lie inside the local region `r`.
+fn local_range<T: Pod>(r: &Region<T>, at: usize, count: usize) -> Result<()> {
+    if at.checked_add(count).map_or(true, |end| end > r.len()) {
+        return Err(Error::OutOfBounds {
+            index: at as u64,
+            count: count as u64,
+            len: r.len() as u64,
+        });
+    }
+    Ok(())
 }

@@ -8,6 +8,22 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+/// The example program `name`, built beside the test binaries (`cargo build --examples`:
+/// `cargo test --all-targets` builds examples only as test harnesses).
+pub fn example(name: &str) -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(env!("CARGO_BIN_EXE_barewire"))
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is not built: run `cargo build --examples` first (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
 /// A single core that sleeps when idle (test members share two CPUs).
 pub fn rt() -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()

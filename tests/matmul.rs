@@ -1,7 +1,8 @@
 //! examples/matmul.rs under `barewire run`: the distributed product equals a single-process
 //! multiply (f32 and f64, grids 1×1, 1×2 and 2×2, both local kernels where OpenBLAS is
 //! installed), and a deliberately wrong product (the last panel skipped) is refused by the
-//! same check. (tests/slurm.rs runs it under `srun`.)
+//! same check. (tests/slurm.rs runs it under `srun`.) One test at a time: each keeps every
+//! CPU busy.
 
 use std::process::{Command, Output};
 
@@ -29,6 +30,7 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn the_distributed_product_matches_a_single_process_multiply() {
+    let _one_at_a_time = common::serial();
     for (procs, grid) in [(1, "1x1"), (2, "1x2"), (4, "2x2")] {
         for ty in ["f32", "f64"] {
             let o = run(
@@ -48,6 +50,7 @@ fn the_distributed_product_matches_a_single_process_multiply() {
 
 #[test]
 fn with_openblas_as_the_kernel_the_product_is_the_same() {
+    let _one_at_a_time = common::serial();
     let have = ["libopenblas.so.0", "libopenblas.so"].iter().any(|l| {
         std::path::Path::new("/usr/lib/x86_64-linux-gnu")
             .join(l)
@@ -70,6 +73,7 @@ fn with_openblas_as_the_kernel_the_product_is_the_same() {
 
 #[test]
 fn a_wrong_product_is_refused_by_the_check() {
+    let _one_at_a_time = common::serial();
     let o = run(2, &["--n", "512", "--panel", "128", "--check", "--broken"]);
     let t = text(&o);
     assert!(!o.status.success(), "a broken product passed: {t}");

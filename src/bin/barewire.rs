@@ -8,7 +8,7 @@
 //!
 //! Each process gets `BAREWIRE_RANK`, `BAREWIRE_SIZE`, `BAREWIRE_LOCAL_RANK`,
 //! `BAREWIRE_NODELIST=127.0.0.1`, `BAREWIRE_TASKS_PER_NODE=N` and `BAREWIRE_BASE_PORT` (the
-//! first of N consecutive ports, free when checked; `barewire::cluster::Launch::from_env` reads
+//! first of N consecutive ports, free (TCP and UDP) when checked; `barewire::cluster::Launch::from_env` reads
 //! them all). When one exits with a failure, the others are stopped (SIGTERM, then SIGKILL
 //! after 2 s) and the launcher exits with that status; otherwise with 0.
 
@@ -21,11 +21,17 @@ fn usage() -> ! {
     std::process::exit(2);
 }
 
-/// N consecutive ports from `from` that nothing listens on now.
+/// N consecutive ports that nothing uses now, TCP (the mesh) and UDP (membership). The search
+/// starts at a place drawn from this process's id, so that launchers started side by side do
+/// not pick the same ports.
 fn free_ports(n: usize) -> u16 {
-    'base: for base in (20_000u16..60_000).step_by(97) {
+    let slots = (60_000u32 - 20_000) / 97;
+    let first = std::process::id().wrapping_mul(2_654_435_761) % slots;
+    'base: for i in 0..slots {
+        let base = (20_000 + (first + i) % slots * 97) as u16;
         for k in 0..n as u16 {
-            if std::net::TcpListener::bind(("127.0.0.1", base + k)).is_err() {
+            let at = ("127.0.0.1", base + k);
+            if std::net::TcpListener::bind(at).is_err() || std::net::UdpSocket::bind(at).is_err() {
                 continue 'base;
             }
         }

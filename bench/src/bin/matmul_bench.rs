@@ -1,0 +1,284 @@
+//! matmul-bench: the distributed matrix multiply (examples/matmul.rs) beside ScaLAPACK's
+//! `p?gemm` over Open MPI, at the same p, reps interleaved.
+//!
+//! ```text
+//! cargo build --release --bins --examples && cargo build --release -p barewire-bench
+//! matmul-bench [--sizes 2048,4096] [--procs 1,2] [--types f32,f64] [--reps 3] [--plots DIR]
+//! ```
+//!
+//! Per configuration (n, p, type) and rep, three runs: barewire with matrixmultiply's kernel,
+//! barewire with OpenBLAS's (loaded at run time, one thread), and ScaLAPACK
+//! (`bench/peers/scalapack/pgemm.c`, built here with `mpicc` against Debian's
+//! libscalapack-openmpi, whose BLAS is OpenBLAS; `OPENBLAS_NUM_THREADS=1`), each on p
+//! processes pinned one per CPU. The figure is GFLOP/s of the multiply of already-distributed
+//! blocks: for barewire the `submit_work` of the SUMMA tasks, for ScaLAPACK the `p?gemm`
+//! call between barriers. Ratios are medians of per-rep ratios; parallel efficiency is
+//! GFLOP/s at p = 2 over twice that at p = 1, per kernel. With `--plots DIR`, the last rep of
+//! each barewire run leaves a PNG of every process's compute and wait intervals over time.
+//!
+//! Needs `apt-get install libscalapack-openmpi-dev libopenblas-dev openmpi-bin`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use barewire_bench::reps::{self, median, Row};
+use plotters::prelude::*;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let list = |k: &str, d: &str| -> Vec<String> {
+        barewire_bench::flag(&args, k)
+            .unwrap_or(d)
+            .split(',')
+            .map(String::from)
+            .collect()
+    };
+    let sizes: Vec<usize> = list("--sizes", "2048,4096")
+        .iter()
+        .map(|v| v.parse().expect("--sizes N,N"))
+        .collect();
+    let procs: Vec<usize> = list("--procs", "1,2")
+        .iter()
+        .map(|v| v.parse().expect("--procs P,P"))
+        .collect();
+    let types = list("--types", "f32,f64");
+    let reps: usize = barewire_bench::flag(&args, "--reps").map_or(3, |v| v.parse().unwrap());
+    let plots = barewire_bench::flag(&args, "--plots").map(PathBuf::from);
+    let dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (barewire, example) = (dir.join("barewire"), dir.join("examples/matmul"));
+    for p in [&barewire, &example] {
+        assert!(
+            p.exists(),
+            "{} is missing: cargo build --release --bins --examples",
+            p.display()
+        );
+    }
+    let scalapack = build_scalapack();
+    if let Some(d) = &plots {
+        std::fs::create_dir_all(d).unwrap();
+    }
+
+    let mut rows = Vec::new();
+    let mut table = Vec::new();
+    for ty in &types {
+        for &n in &sizes {
+            for &p in &procs {
+                let mut r = Row::named(&[
+                    ("barewire, matrixmultiply", "GFLOP/s"),
+                    ("barewire, OpenBLAS", "GFLOP/s"),
+                    ("ScaLAPACK p?gemm, OpenBLAS", "GFLOP/s"),
+                ]);
+                for name in r.iter_mut() {
+                    name.name =
+                        Box::leak(format!("{ty} n={n} p={p}: {}", name.name).into_boxed_str());
+                }
+                for rep in 0..reps {
+                    let last = rep + 1 == reps;
+                    let mut got = Vec::new();
+                    for kernel in ["matrixmultiply", "openblas"] {
+                        let timeline = plots
+                            .as_ref()
+                            .filter(|_| last)
+                            .map(|d| d.join(format!("matmul-{ty}-{n}-p{p}-{kernel}.txt")));
+                        got.push(barewire_run(
+                            &barewire,
+                            &example,
+                            n,
+                            p,
+                            ty,
+                            kernel,
+                            timeline.as_deref(),
+                        ));
+                    }
+                    got.push(scalapack_run(&scalapack, n, p, ty));
+                    Row::push_rep(&mut r, &got);
+                    eprintln!("{ty} n={n} p={p} rep {}: {got:?}", rep + 1);
+                }
+                table.push((ty.clone(), n, p, r.clone()));
+                rows.extend(r);
+            }
+        }
+    }
+    let comparisons: Vec<(String, usize, usize, &str)> = (0..rows.len() / 3)
+        .flat_map(|c| {
+            let name = rows[3 * c].name.split(':').next().unwrap().to_string();
+            [
+                (
+                    format!("{name}: matrixmultiply / ScaLAPACK"),
+                    3 * c,
+                    3 * c + 2,
+                    ">= 1.0x",
+                ),
+                (
+                    format!("{name}: OpenBLAS / ScaLAPACK (same BLAS)"),
+                    3 * c + 1,
+                    3 * c + 2,
+                    ">= 1.0x",
+                ),
+            ]
+        })
+        .collect();
+    let cmp: Vec<(&str, usize, usize, &str)> = comparisons
+        .iter()
+        .map(|(n, a, b, t)| (n.as_str(), *a, *b, *t))
+        .collect();
+    reps::report(&rows, &cmp);
+    println!();
+    println!("| parallel efficiency at p = 2 (GFLOP/s at 2 / twice GFLOP/s at 1) | matrixmultiply | OpenBLAS | ScaLAPACK | target |");
+    println!("|---|---|---|---|---|");
+    for ty in &types {
+        for &n in &sizes {
+            let at = |p: usize| table.iter().find(|t| t.0 == *ty && t.1 == n && t.2 == p);
+            if let (Some(one), Some(two)) = (at(1), at(2)) {
+                let eff = |k: usize| {
+                    let m = |row: &Row| median(row.reps.iter().map(|r| r.0).collect());
+                    format!("{:.0}%", 100.0 * m(&two.3[k]) / (2.0 * m(&one.3[k])))
+                };
+                println!(
+                    "| {ty} n={n} | {} | {} | {} | >= 85% |",
+                    eff(0),
+                    eff(1),
+                    eff(2)
+                );
+            }
+        }
+    }
+    if let Some(d) = &plots {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "txt") {
+                plot(&path, &path.with_extension("png"));
+            }
+        }
+    }
+}
+
+/// GFLOP/s of one run of the example.
+fn barewire_run(
+    barewire: &Path,
+    example: &Path,
+    n: usize,
+    p: usize,
+    ty: &str,
+    kernel: &str,
+    timeline: Option<&Path>,
+) -> f64 {
+    let mut c = Command::new(barewire);
+    c.args(["run", "-n", &p.to_string(), "--"])
+        .arg(example)
+        .args(["--n", &n.to_string(), "--type", ty, "--kernel", kernel]);
+    if let Some(t) = timeline {
+        c.arg("--timeline").arg(t);
+    }
+    let out = c.output().expect("barewire run");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "matmul failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    field(&text, "matmul ", "gflops=")
+}
+
+fn scalapack_run(bin: &Path, n: usize, p: usize, ty: &str) -> f64 {
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--bind-to",
+            "core",
+            "-n",
+            &p.to_string(),
+        ])
+        .args(["-x", "OPENBLAS_NUM_THREADS=1"])
+        .arg(bin)
+        .args([&n.to_string(), ty, "256", "1"])
+        .output()
+        .expect("mpirun");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgemm failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    field(&text, "scalapack ", "gflops=")
+}
+
+fn field(text: &str, line: &str, key: &str) -> f64 {
+    let l = text
+        .lines()
+        .find(|l| l.starts_with(line))
+        .unwrap_or_else(|| panic!("no {line:?} line in {text:?}"));
+    l.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {l:?}"))
+}
+
+/// Builds the ScaLAPACK driver into the temporary directory.
+fn build_scalapack() -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/scalapack/pgemm.c");
+    let bin = std::env::temp_dir().join("barewire-pgemm");
+    let st = Command::new("mpicc")
+        .args(["-O2"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .args(["-lscalapack-openmpi", "-lblas", "-lm"])
+        .status()
+        .expect("mpicc (apt-get install libopenmpi-dev libscalapack-openmpi-dev libopenblas-dev)");
+    assert!(st.success(), "building {} failed", src.display());
+    bin
+}
+
+/// A PNG of a timeline file (`rank node kind start_ns end_ns` per line): one lane per
+/// process, compute intervals in blue, waits for panels in red.
+fn plot(txt: &Path, png: &Path) {
+    let text = std::fs::read_to_string(txt).unwrap();
+    let spans: Vec<(usize, bool, f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                w.first()?.parse().ok()?,
+                *w.get(2)? == "compute",
+                w.get(3)?.parse::<f64>().ok()? / 1e6,
+                w.get(4)?.parse::<f64>().ok()? / 1e6,
+            ))
+        })
+        .collect();
+    let lanes = spans.iter().map(|s| s.0).max().unwrap_or(0) + 1;
+    let end = spans.iter().map(|s| s.3).fold(1.0, f64::max);
+    let root = BitMapBackend::new(png, (1100, 160 + 70 * lanes as u32)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    let title = txt.file_stem().unwrap().to_string_lossy().to_string();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{title}: compute (blue) and waiting for panels (red)"),
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..end, 0f64..lanes as f64)
+        .unwrap();
+    chart
+        .configure_mesh()
+        .x_desc("ms since the workflow was submitted")
+        .y_desc("process")
+        .y_labels(lanes + 1)
+        .y_label_formatter(&|y| format!("rank {}", *y as usize))
+        .draw()
+        .unwrap();
+    chart
+        .draw_series(spans.iter().map(|&(r, compute, s, e)| {
+            let color = if compute { BLUE.mix(0.8) } else { RED.mix(0.9) };
+            let (y0, y1) = (r as f64 + 0.15, r as f64 + 0.85);
+            Rectangle::new([(s, y0), (e.max(s + end / 2000.0), y1)], color.filled())
+        }))
+        .unwrap();
+    root.present().unwrap();
+}

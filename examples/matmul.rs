@@ -399,17 +399,22 @@ impl<T: Elem> Part<T> {
     }
 }
 
-/// A reproducible matrix with entries in [-1, 1).
-fn matrix<T: Elem>(n: usize, seed: u64) -> Vec<T> {
+/// A reproducible matrix with entries in [-1, 1). (Made a block of rows at a time, yielding
+/// between them: a core that holds on for long is declared down by its peers.)
+async fn matrix<T: Elem>(n: usize, seed: u64) -> Vec<T> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n * n)
-        .map(|_| {
+    let mut m = Vec::with_capacity(n * n);
+    for _ in (0..n).step_by(64) {
+        let rows = 64.min(n - m.len() / n);
+        m.extend((0..rows * n).map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             T::from_f64((x >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0)
-        })
-        .collect()
+        }));
+        yield_now().await;
+    }
+    m
 }
 
 /// Rank 0: every block of A (as column panels) and B to its owner.
@@ -426,6 +431,7 @@ async fn distribute<T: Elem>(part: &Part<T>, a: &[T], bm: &[T], node: &Node) -> 
                 let start = (row * mr + i) * n + col * nc + q * b;
                 blk.extend_from_slice(&a[start..start + b]);
             }
+            yield_now().await;
         }
         let mut bblk = Vec::with_capacity(mr * nc);
         for i in 0..mr {
@@ -471,15 +477,36 @@ async fn gather<T: Elem>(part: &Part<T>, node: &Node) -> Result<Vec<T>> {
             let start = (row * mr + i) * n + col * nc;
             c[start..start + nc].copy_from_slice(&blk[i * nc..(i + 1) * nc]);
         }
+        yield_now().await;
     }
     Ok(c)
 }
 
-/// max |C − A·B| / (n · max|A| · max|B|), with A·B by one single-process multiply.
-fn error<T: Elem>(n: usize, a: &[T], b: &[T], c: &[T]) -> f64 {
+/// max |C − A·B| / (n · max|A| · max|B|), with A·B by one process (in tiles of C, yielding
+/// between them).
+async fn error<T: Elem>(n: usize, a: &[T], b: &[T], c: &[T]) -> f64 {
     let mut want = vec![T::default(); n * n];
-    // SAFETY: three n×n row-major matrices, `want` apart from the others.
-    unsafe { T::gemm(n, n, n, a.as_ptr(), n, b.as_ptr(), n, want.as_mut_ptr(), n) };
+    for r0 in (0..n).step_by(TILE) {
+        for j0 in (0..n).step_by(TILE) {
+            let (rows, cols) = (TILE.min(n - r0), TILE.min(n - j0));
+            // SAFETY: three n×n row-major matrices, `want` apart from the others; the tile
+            // (rows from r0, columns from j0) lies inside each.
+            unsafe {
+                T::gemm(
+                    rows,
+                    n,
+                    cols,
+                    a.as_ptr().add(r0 * n),
+                    n,
+                    b.as_ptr().add(j0),
+                    n,
+                    want.as_mut_ptr().add(r0 * n + j0),
+                    n,
+                )
+            };
+            yield_now().await;
+        }
+    }
     let max = |v: &[T]| v.iter().fold(0f64, |m, x| m.max(x.to_f64().abs()));
     let diff = c
         .iter()
@@ -521,7 +548,7 @@ async fn run<T: Elem>(args: Args) -> Result<()> {
         }
     });
     if me.rank == 0 {
-        let (a, b) = (matrix::<T>(args.n, 1), matrix::<T>(args.n, 2));
+        let (a, b) = (matrix::<T>(args.n, 1).await, matrix::<T>(args.n, 2).await);
         let t = Instant::now();
         distribute(&part, &a, &b, cluster.node()).await?;
         let spread = t.elapsed();
@@ -542,7 +569,7 @@ async fn run<T: Elem>(args: Args) -> Result<()> {
         }
         let c = gather(&part, cluster.node()).await?;
         let err = if args.check {
-            let e = error(args.n, &a, &b, &c);
+            let e = error(args.n, &a, &b, &c).await;
             if e.is_nan() || e > T::TOLERANCE {
                 return Err(Error::Invalid(format!(
                     "relative error {e:e} over the {} bound {:e}",

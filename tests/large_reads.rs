@@ -26,7 +26,7 @@ fn reads_and_messages(bytes: usize) {
         ep.send_region(&mine).await.unwrap();
         let theirs = ep.recv_region::<u64>().await.unwrap();
         let (tx, rx) = ep
-            .open_channel::<u64>(ChannelOptions::new(64, 64))
+            .open_channel::<u64>(ChannelOptions::new(64, 16 * 1024))
             .await
             .unwrap();
         let got = Rc::new(Cell::new(0u64));

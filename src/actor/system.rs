@@ -364,6 +364,8 @@ pub(crate) struct Sys {
     downs: RefCell<Vec<usize>>,
     down_waiters: RefCell<Vec<Waker>>,
     tasks: RefCell<Vec<JoinHandle<()>>>,
+    /// The connection to each other node, closed when it is declared down.
+    links: Vec<Option<crate::Endpoint>>,
 }
 
 /// This node's part of a distributed actor system over a [`Mesh`]: one per node, made by every
@@ -444,6 +446,9 @@ impl ActorSystem {
             downs: RefCell::default(),
             down_waiters: RefCell::default(),
             tasks: RefCell::default(),
+            links: (0..mesh.size())
+                .map(|j| (j != rank).then(|| mesh.endpoint(j).clone()))
+                .collect(),
         });
         let mut tasks = Vec::new();
         for (j, c) in chans.into_iter().enumerate() {
@@ -638,7 +643,8 @@ impl ActorSystem {
 
     /// Declares node `rank` down, as the cluster's membership decided: its pending asks fail,
     /// monitors and links of its actors fire with `NoConnection`, supervisors restart its
-    /// children elsewhere, [`next_down`](Self::next_down) reports it. Once only.
+    /// children elsewhere, [`next_down`](Self::next_down) reports it, and the connection to it
+    /// is closed (so it declares this node down too, if it is alive). Once only.
     pub fn declare_down(&self, rank: usize) {
         self.sys.node_down(rank, "the cluster's membership says so");
     }
@@ -1084,6 +1090,12 @@ impl Sys {
         self.downs.borrow_mut().push(node);
         for w in self.down_waiters.borrow_mut().drain(..) {
             w.wake();
+        }
+        // Disconnect it: a node this one no longer talks to learns so at once (its side of
+        // the connection fails, and it declares this one down in turn), instead of waiting
+        // for answers this node would drop. Down stays down for both, as in OTP.
+        if let Some(Some(ep)) = self.links.get(node) {
+            ep.close();
         }
     }
 }

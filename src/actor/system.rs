@@ -1065,6 +1065,13 @@ impl Sys {
 
     /// `node` is gone: fail what waits on it, once.
     fn node_down(&self, node: usize, _why: &str) {
+        if std::env::var("DBGD").is_ok() {
+            eprintln!(
+                "DBGD {} node_down {node}: {_why} at {:?}",
+                self.rank,
+                std::time::SystemTime::now()
+            );
+        }
         let Some(Some(p)) = self.peers.get(node) else {
             return;
         };

@@ -1,5 +1,12 @@
 //! Datagrams with an address: `IORING_OP_SENDMSG` / `IORING_OP_RECVMSG` with a `msghdr` that
 //! names the peer, or `sendto(2)` / `recvfrom(2)` after readiness on the epoll reactor.
+//!
+//! On io_uring both first try the system call without waiting (`MSG_DONTWAIT`): a datagram
+//! send almost never has to wait, and a receive often finds a datagram queued. Only when it
+//! would block does an operation go through the ring. Through the ring, an operation costs a
+//! pass of the core's loop to submit and another to reap; on a core busy with long tasks
+//! (a compute kernel between yields) that delay adds up over the several datagrams of one
+//! failure-detector round trip and was enough to have a healthy member suspected.
 
 use std::net::SocketAddr;
 
@@ -46,6 +53,13 @@ pub(crate) async fn send_to<B: IoBuf>(
     let (ptr, len) = (buf.stable_ptr() as *mut u8, buf.bytes_init());
     let m = msg(buf, RawAddr::from_addr(&to), ptr, len);
     if is_uring() {
+        // SAFETY: the msghdr addresses the buffer and sockaddr `m` owns, alive for the call.
+        let now = cvt_sys(unsafe {
+            libc::sendmsg(fd.raw(), &m.msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        });
+        if !matches!(&now, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+            return (now, m.buf);
+        }
         let op = Op::submit(m, |m| {
             opcode::SendMsg::new(types::Fd(fd.raw()), &m.msg)
                 .flags(libc::MSG_NOSIGNAL as u32)
@@ -73,7 +87,16 @@ pub(crate) async fn recv_from<B: IoBufMut>(
 ) -> BufResult<(usize, SocketAddr), B> {
     let (ptr, len) = (buf.stable_mut_ptr(), buf.bytes_total());
     let mut m = msg(buf, RawAddr::empty(), ptr, len);
-    let r = if is_uring() {
+    let now = if is_uring() {
+        // SAFETY: the msghdr addresses the buffer and sockaddr `m` owns, alive for the call;
+        // recvmsg writes only inside them.
+        cvt_sys(unsafe { libc::recvmsg(fd.raw(), &mut m.msg, libc::MSG_DONTWAIT) })
+    } else {
+        Err(std::io::ErrorKind::WouldBlock.into())
+    };
+    let r = if !matches!(&now, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+        now
+    } else if is_uring() {
         let op = Op::submit(m, |m| {
             opcode::RecvMsg::new(types::Fd(fd.raw()), &mut m.msg).build()
         });

@@ -28,7 +28,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use barewire::cluster::{Cluster, ClusterOptions, Launch, Task, Workflow};
+use barewire::cluster::{Cluster, ClusterOptions, Launch, MembershipOptions, Task, Workflow};
 use barewire::engine::{spawn_local, time, yield_now, Runtime};
 use barewire::{Align, Error, Mesh, Node, Region, RemoteRegion, Result};
 use bytemuck::Pod;
@@ -526,7 +526,17 @@ struct Args {
 
 async fn run<T: Elem>(args: Args) -> Result<()> {
     let me = Launch::from_env()?;
-    let cluster = Cluster::start(&me, ClusterOptions::default()).await?;
+    // Cores that compute for a millisecond between yields answer membership probes late: a
+    // compute job trades detection time for tolerance (about 0.7 s instead of 0.2 s).
+    let opts = ClusterOptions {
+        membership: Some(MembershipOptions {
+            probe_period: Duration::from_millis(100),
+            probe_rtt: Duration::from_millis(60),
+            suspect_to_down_after: Duration::from_millis(500),
+        }),
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start(&me, opts).await?;
     let grid = Grid::new(args.n, me.size, args.panel)?;
     let part = Rc::new(Part::<T>::new(cluster.node(), cluster.mesh(), grid).await?);
     let p = part.clone();

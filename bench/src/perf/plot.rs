@@ -19,7 +19,8 @@ const FONTS: [&str; 3] = [
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
 ];
 
-fn load_font() -> Result<(), String> {
+/// Registers a TrueType font as "sans-serif" for plotters (once per process is enough).
+pub fn load_font() -> Result<(), String> {
     for f in FONTS {
         if let Ok(bytes) = std::fs::read(f) {
             // plotters keeps the font for the life of the process.

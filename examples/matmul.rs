@@ -237,6 +237,10 @@ impl Grid {
     }
 }
 
+/// Panel buffers per operand: the panel being multiplied and two on their way (a READ from a
+/// peer that computes moves only between its tiles, so one panel ahead was not always enough).
+const DEPTH: usize = 3;
+
 /// The side of the C tiles one gemm call updates between two yields.
 const TILE: usize = 256;
 
@@ -251,8 +255,8 @@ struct Part<T: Pod> {
     a: Region<T>,
     b: Region<T>,
     c: Region<T>,
-    pa: [Region<T>; 2],
-    pb: [Region<T>; 2],
+    pa: [Region<T>; DEPTH],
+    pb: [Region<T>; DEPTH],
     /// By rank (none for this one): its A, B and C blocks.
     remote: Vec<Option<[RemoteRegion<T>; 3]>>,
     done: Cell<bool>,
@@ -275,8 +279,8 @@ impl<T: Elem> Part<T> {
             a: region(mr * nc)?,
             b: region(mr * nc)?,
             c: region(mr * nc)?,
-            pa: [region(mr * b)?, region(mr * b)?],
-            pb: [region(b * nc)?, region(b * nc)?],
+            pa: [region(mr * b)?, region(mr * b)?, region(mr * b)?],
+            pb: [region(b * nc)?, region(b * nc)?, region(b * nc)?],
             remote: Vec::new(),
             done: Cell::new(false),
         };
@@ -337,19 +341,24 @@ impl<T: Elem> Part<T> {
         let (row, col) = g.at(self.rank);
         let (mr, nc, b) = (g.mr(), g.nc(), g.b);
         let mut spans = Spans::new();
-        let mut next = Some(spawn_local(self.clone().fetch(0, 0)));
+        // Panels in flight, oldest first: DEPTH - 1 ahead of the one being multiplied.
+        let mut ahead = std::collections::VecDeque::new();
+        for k in 0..panels.min(DEPTH - 1) {
+            ahead.push_back(spawn_local(self.clone().fetch(k, k % DEPTH)));
+        }
         for k in 0..panels {
-            let slot = k % 2;
+            let slot = k % DEPTH;
             let w0 = now_ns();
-            match next.take() {
+            match ahead.pop_front() {
                 Some(h) => h
                     .await
                     .map_err(|e| Error::Invalid(format!("panel fetch: {e}")))??,
                 None => unreachable!("panel {k} was asked for"),
             }
             spans.push((0, w0.saturating_sub(t0), now_ns().saturating_sub(t0)));
-            if k + 1 < panels {
-                next = Some(spawn_local(self.clone().fetch(k + 1, 1 - slot)));
+            let later = k + DEPTH - 1;
+            if later < panels {
+                ahead.push_back(spawn_local(self.clone().fetch(later, later % DEPTH)));
             }
             // Where panel k is: in this process's own block, or in the buffer it was read into.
             let (a_owner, a_at) = g.a_panel(row, k);

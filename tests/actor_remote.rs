@@ -322,29 +322,9 @@ fn a_cut_off_nodes_supervised_child_restarts_on_the_survivor() {
     supervised_child_restarts_elsewhere("cut");
 }
 
-/// Checks sequence numbers per sender (the same actor as `barewire-actor-node`'s `Seq`).
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-struct Seq {
-    next: std::collections::BTreeMap<u64, u64>,
-    total: u64,
-    bad: u64,
-}
-impl Actor for Seq {
-    type Msg = (u64, u64);
-    type Reply = (u64, u64);
-    async fn handle(&mut self, (sender, n): (u64, u64), _: &Context<Self>) -> (u64, u64) {
-        if sender != u64::MAX {
-            let next = self.next.entry(sender).or_insert(0);
-            if n != *next {
-                self.bad += 1;
-            }
-            *next = n + 1;
-            self.total += 1;
-        }
-        (self.total, self.bad)
-    }
-}
-impl barewire::actor::Migratable for Seq {}
+#[path = "../src/bin/member/seq.rs"]
+mod seq;
+use seq::Seq;
 
 #[test]
 fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {

@@ -341,13 +341,18 @@ impl<T: Elem> Part<T> {
         let (row, col) = g.at(self.rank);
         let (mr, nc, b) = (g.mr(), g.nc(), g.b);
         let mut spans = Spans::new();
+        // The sum over k may go in any order: each process starts at the first panel it holds
+        // itself (its A block's first column panel), so it computes from the first moment
+        // while the panels it must READ are on their way.
+        let first = (col * g.nc() / b) % (g.n / b);
+        let order: Vec<usize> = (0..panels).map(|i| (first + i) % panels).collect();
         // Panels in flight, oldest first: DEPTH - 1 ahead of the one being multiplied.
         let mut ahead = std::collections::VecDeque::new();
-        for k in 0..panels.min(DEPTH - 1) {
-            ahead.push_back(spawn_local(self.clone().fetch(k, k % DEPTH)));
+        for (i, &k) in order.iter().enumerate().take(DEPTH - 1) {
+            ahead.push_back(spawn_local(self.clone().fetch(k, i % DEPTH)));
         }
-        for k in 0..panels {
-            let slot = k % DEPTH;
+        for (i, &k) in order.iter().enumerate() {
+            let slot = i % DEPTH;
             let w0 = now_ns();
             match ahead.pop_front() {
                 Some(h) => h
@@ -356,9 +361,9 @@ impl<T: Elem> Part<T> {
                 None => unreachable!("panel {k} was asked for"),
             }
             spans.push((0, w0.saturating_sub(t0), now_ns().saturating_sub(t0)));
-            let later = k + DEPTH - 1;
+            let later = i + DEPTH - 1;
             if later < panels {
-                ahead.push_back(spawn_local(self.clone().fetch(later, later % DEPTH)));
+                ahead.push_back(spawn_local(self.clone().fetch(order[later], later % DEPTH)));
             }
             // Where panel k is: in this process's own block, or in the buffer it was read into.
             let (a_owner, a_at) = g.a_panel(row, k);

@@ -112,6 +112,10 @@ pub(crate) struct Core {
     pub(crate) stats: Stats,
     config: CoreConfig,
     inbox_spare: RefCell<Vec<InboxItem>>,
+    /// Tasks that yielded: woken after the next pass over the completion sources, not in the
+    /// same run of ready tasks (a task that yields in a loop would otherwise run `budget` times
+    /// before any I/O moved).
+    deferred: RefCell<Vec<Waker>>,
 }
 
 thread_local! {
@@ -221,6 +225,7 @@ impl Core {
             stats: Stats::default(),
             config,
             inbox_spare: RefCell::new(Vec::new()),
+            deferred: RefCell::new(Vec::new()),
         }
     }
 
@@ -335,7 +340,23 @@ impl Core {
         did |= self.driver.poll(&self.stats);
         did |= self.poll_user_pollers();
         did |= self.mesh.flush();
+        did |= self.wake_deferred();
         did
+    }
+
+    /// Wakes the tasks that yielded since the last pass. True if there were any.
+    fn wake_deferred(&self) -> bool {
+        let woken = std::mem::take(&mut *self.deferred.borrow_mut());
+        let any = !woken.is_empty();
+        for w in woken {
+            w.wake();
+        }
+        any
+    }
+
+    /// Wakes `waker` after the next pass over the completion sources (see `yield_now`).
+    pub(crate) fn defer(&self, waker: &Waker) {
+        self.deferred.borrow_mut().push(waker.clone());
     }
 
     fn poll_user_pollers(&self) -> bool {
@@ -353,6 +374,7 @@ impl Core {
 
     fn pure_poll(&self) -> bool {
         !self.run_queue.borrow().is_empty()
+            || !self.deferred.borrow().is_empty()
             || self.shared.wake.has_pending()
             || self.mesh.has_pending()
             || self.mesh.has_backlog()
@@ -475,6 +497,7 @@ impl Core {
                 break;
             }
         }
+        self.deferred.borrow_mut().clear();
         self.pollers.borrow_mut().clear();
         self.driver.drain(&self.stats);
         self.mesh.flush();

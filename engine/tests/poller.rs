@@ -164,3 +164,47 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
     );
     assert!(stats.sleeps > 0, "the core slept between bursts: {stats:?}");
 }
+
+/// Counts its passes; never has work of its own.
+struct PassCounter(Rc<Cell<u64>>);
+
+impl Poller for PassCounter {
+    fn poll(&mut self) -> bool {
+        self.0.set(self.0.get() + 1);
+        false
+    }
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        true
+    }
+    fn exit_interrupt_mode(&mut self) {}
+}
+
+/// A task that computes in slices and yields between them lets the completion sources run at
+/// every yield, not after a whole task budget of its own slices (the matmul example's panel
+/// READs were served only every 64 tiles).
+#[test]
+fn each_yield_lets_every_poller_run() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let passes = Rc::new(Cell::new(0));
+        register_poller(Box::new(PassCounter(passes.clone())));
+        let p = passes.clone();
+        let worker = spawn_local(async move {
+            let mut seen = Vec::new();
+            for _ in 0..200 {
+                let before = p.get();
+                barewire_engine::yield_now().await;
+                seen.push(p.get() - before);
+            }
+            seen
+        });
+        let seen = worker.await.unwrap();
+        assert!(
+            seen.iter().all(|&n| n >= 1),
+            "a yield went by without a pass over the pollers: {seen:?}"
+        );
+    });
+}

@@ -83,6 +83,7 @@ impl Device {
             },
             tos: (self.chosen.transport == Transport::RoCEv2 && d.traffic_class != 0)
                 .then_some(d.traffic_class),
+            crc: d.crc,
             ..ConnectOptions::default()
         }
     }
@@ -260,7 +261,9 @@ pub struct ConnectOptions {
     pub max_inline: u32,
     /// Outstanding RDMA Reads and atomics per direction (IRD/ORD).
     pub ird_ord: u8,
-    /// Ask for MPA CRC32c (soft; off by default, as Linux siw).
+    /// Ask for MPA CRC32c (soft). On by default, as in the software provider's own settings
+    /// and [`TransportDefaults::crc`](crate::TransportDefaults::crc); off only for trusted
+    /// links (`BAREWIRE_CRC=off`, or [`DriverConfig::crc`](crate::DriverConfig::crc)).
     pub crc: bool,
     /// Largest ULPDU the software provider sends (its "MTU").
     pub mulpdu: usize,
@@ -280,7 +283,7 @@ impl Default for ConnectOptions {
             depth: 256,
             max_inline: 64,
             ird_ord: 16,
-            crc: false,
+            crc: true,
             mulpdu: 16 * 1024,
             tos: None,
             initial_recvs: Vec::new(),

@@ -32,6 +32,7 @@ impl Transport {
                 max_message: 1 << 30,
                 traffic_class: 0,
                 gid_index: 0,
+                crc: true,
             },
             // RoCE: a 1024 B path MTU fits a standard 1500 B Ethernet frame with headroom.
             Transport::RoCEv1 => TransportDefaults {
@@ -40,6 +41,7 @@ impl Transport {
                 max_message: 1 << 30,
                 traffic_class: 0,
                 gid_index: 0,
+                crc: true,
             },
             // RoCE v2: DSCP 26 (AF31, traffic class 106) is the usual lossless RDMA class; the
             // GID index of the IPv4-mapped RoCE v2 GID is commonly 3 (rdma-core's show_gids).
@@ -49,6 +51,7 @@ impl Transport {
                 max_message: 1 << 30,
                 traffic_class: 106,
                 gid_index: 3,
+                crc: true,
             },
             Transport::IWarp => TransportDefaults {
                 mtu: 1500,
@@ -56,6 +59,7 @@ impl Transport {
                 max_message: 1 << 30,
                 traffic_class: 0,
                 gid_index: 0,
+                crc: true,
             },
             Transport::Soft | Transport::Auto => TransportDefaults {
                 mtu: 16 * 1024,
@@ -63,6 +67,7 @@ impl Transport {
                 max_message: 1 << 30,
                 traffic_class: 0,
                 gid_index: 0,
+                crc: true,
             },
         }
     }
@@ -109,6 +114,10 @@ pub struct TransportDefaults {
     pub traffic_class: u8,
     /// GID table index.
     pub gid_index: u8,
+    /// Ask for MPA CRC32c on iWARP connections (the software provider's): on everywhere by
+    /// default, as RFC 5044 intends. Switch it off only for trusted links (the same host, or a
+    /// link already protected), on both sides: MPA uses CRC when either side asks.
+    pub crc: bool,
 }
 
 /// What the application asked for, from code or from the environment.
@@ -127,7 +136,7 @@ pub struct DriverConfig {
 
 /// Replacements for a transport's defaults, from the builder methods of [`DriverConfig`] or
 /// from the environment: `BAREWIRE_MTU`, `BAREWIRE_QUEUE_DEPTH`, `BAREWIRE_MAX_MESSAGE`,
-/// `BAREWIRE_TRAFFIC_CLASS`, `BAREWIRE_GID_INDEX`.
+/// `BAREWIRE_TRAFFIC_CLASS`, `BAREWIRE_GID_INDEX`, `BAREWIRE_CRC` (on/off).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// See [`TransportDefaults::mtu`].
@@ -140,6 +149,22 @@ pub struct Overrides {
     pub traffic_class: Option<u8>,
     /// See [`TransportDefaults::gid_index`].
     pub gid_index: Option<u8>,
+    /// See [`TransportDefaults::crc`].
+    pub crc: Option<bool>,
+}
+
+/// An on/off setting as the environment spells it: on, off, 1, 0, true, false, yes, no.
+struct Switch(bool);
+
+impl FromStr for Switch {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Switch, ()> {
+        match s.to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => Ok(Switch(true)),
+            "off" | "0" | "false" | "no" => Ok(Switch(false)),
+            _ => Err(()),
+        }
+    }
 }
 
 impl Overrides {
@@ -149,6 +174,7 @@ impl Overrides {
         d.max_message = self.max_message.unwrap_or(d.max_message);
         d.traffic_class = self.traffic_class.unwrap_or(d.traffic_class);
         d.gid_index = self.gid_index.unwrap_or(d.gid_index);
+        d.crc = self.crc.unwrap_or(d.crc);
     }
 
     fn from_env() -> Result<Overrides, DriverError> {
@@ -172,6 +198,7 @@ impl Overrides {
             max_message: var("BAREWIRE_MAX_MESSAGE")?,
             traffic_class: var("BAREWIRE_TRAFFIC_CLASS")?,
             gid_index: var("BAREWIRE_GID_INDEX")?,
+            crc: var::<Switch>("BAREWIRE_CRC")?.map(|s| s.0),
         })
     }
 }
@@ -215,6 +242,18 @@ impl DriverConfig {
     /// GID index instead of the transport's default.
     pub fn gid_index(mut self, v: u8) -> Self {
         self.overrides.gid_index = Some(v);
+        self
+    }
+
+    /// Asks for MPA CRC32c (`true`, the default) or not, for trusted links (see
+    /// [`TransportDefaults::crc`]).
+    ///
+    /// ```
+    /// let cfg = barewire_drivers::DriverConfig::parse("soft", None).unwrap().crc(false);
+    /// assert!(!cfg.select().unwrap().defaults.crc);
+    /// ```
+    pub fn crc(mut self, on: bool) -> Self {
+        self.overrides.crc = Some(on);
         self
     }
 

@@ -1,7 +1,7 @@
 //! Writes the fuzz targets' seed corpus into `fuzz/corpus/`: frames from the real siw capture
 //! in `tests/data/` (from `../shared/wire/`) and an encoding of every frame kind.
 //!
-//!     cargo run -p barewire-soft-rdma --example fuzz_seeds
+//!     cargo run -p barewire-soft-rdma --features fuzzing --example fuzz_seeds
 
 use std::path::Path;
 
@@ -201,5 +201,13 @@ fn main() {
         .unwrap()
         .unwrap();
     put("ddp_rdmap", "siw-read-request", f.ulpdu);
+    // The live stream's seeds name its arena's regions; the harness exists only with the
+    // `fuzzing` feature.
+    #[cfg(feature = "fuzzing")]
+    for (name, bytes) in barewire_soft_rdma::stream::fuzz::seeds() {
+        put("live_stream", name, &bytes);
+    }
+    #[cfg(not(feature = "fuzzing"))]
+    eprintln!("live_stream seeds skipped: run with --features fuzzing");
     println!("seeds written to {}", root.display());
 }

@@ -126,19 +126,7 @@ fn transfer(from: &mut Side, to: &mut Side, chunk: usize, round: &mut usize) -> 
 }
 
 fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
-    let mut out = vec![
-        WorkCompletion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            byte_len: 0,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: 0
-        };
-        64
-    ];
+    let mut out = vec![WorkCompletion::BLANK; 64];
     let n = cq.poll(&mut out);
     out.truncate(n);
     out
@@ -256,6 +244,44 @@ fn read_brings_remote_bytes_and_respects_ord() {
     );
     assert_eq!(sink.data(), &pattern[..]);
     assert!(sink.guards_intact());
+}
+
+/// The responder's memory may change between a Read Request's arrival and its response's
+/// transmission (a later Write, the owner's CPU). With CRC, the CRC must cover the bytes that
+/// actually leave, or the reader sees a CRC error and the connection dies.
+#[test]
+fn a_read_response_with_crc_covers_the_bytes_as_sent() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
+    let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 7,
+            op: SendOp::Read {
+                remote_addr: src.addr(),
+                rkey: src.stag(),
+            },
+            sges: vec![sink.sge(0, 3000)],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    let mut round = 0;
+    assert!(
+        transfer(&mut a, &mut b, 100, &mut round),
+        "the Read Request"
+    );
+    // B has queued the response; its memory changes before anything is sent.
+    // SAFETY: our own registered buffer, written between two calls into the stream.
+    unsafe { std::ptr::write_bytes(src.addr() as *mut u8, 2, 3000) };
+    pump(&mut a, &mut b, 100);
+    assert_eq!(a.stream.last_terminate(), None);
+    let wcs = drain(&a.scq);
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(7, WcStatus::Success)]
+    );
+    assert!(sink.data().iter().all(|&x| x == 2), "the bytes as sent");
 }
 
 #[test]

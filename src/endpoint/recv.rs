@@ -99,7 +99,7 @@ impl Inner {
     /// Handles every receive completion already in the queue; true if there was any.
     fn drain(&self) -> bool {
         let mut any = false;
-        let mut wcs = [NO_WC; 8];
+        let mut wcs = [WorkCompletion::BLANK; 8];
         loop {
             let n = self.rcq.poll(&mut wcs);
             for wc in &wcs[..n] {
@@ -189,18 +189,6 @@ impl Inner {
     }
 }
 
-/// A placeholder to poll completions into.
-const NO_WC: WorkCompletion = WorkCompletion {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Recv,
-    byte_len: 0,
-    imm: None,
-    invalidated: None,
-    solicited: false,
-    qp_num: 0,
-};
-
 /// One endpoint's receive side, as the core's `RxPoller` sees it.
 struct Watched {
     inner: Weak<Inner>,
@@ -270,7 +258,7 @@ impl barewire_engine::Poller for RxPoller {
                     if w.inner.strong_count() > 0 {
                         return true;
                     }
-                    let mut wcs = [NO_WC; 8];
+                    let mut wcs = [WorkCompletion::BLANK; 8];
                     loop {
                         let n = w.rcq.poll(&mut wcs);
                         for _ in 0..n {

@@ -14,7 +14,8 @@
 //! processes pinned one per CPU. The figure is GFLOP/s of the multiply of already-distributed
 //! blocks: for barewire the `submit_work` of the SUMMA tasks, for ScaLAPACK the `p?gemm`
 //! call between barriers. Ratios are medians of per-rep ratios; parallel efficiency is
-//! GFLOP/s at p = 2 over twice that at p = 1, per kernel. With `--plots DIR`, the last rep of
+//! GFLOP/s at p = 2 over twice that at p = 1, per kernel, within each rep (a rep runs every
+//! p back to back), then the median over reps. With `--plots DIR`, the last rep of
 //! each barewire run leaves a PNG of every process's compute and wait intervals over time.
 //!
 //! Needs `apt-get install libscalapack-openmpi-dev libopenblas-dev openmpi-bin`.
@@ -68,10 +69,13 @@ fn main() {
         std::fs::create_dir_all(d).unwrap();
     }
 
-    let mut rows = Vec::new();
-    let mut table = Vec::new();
+    // One row per configuration; reps run p = 1 and p = 2 back to back, so each parallel
+    // efficiency compares two runs a few seconds apart (this machine's speed drifts by up to
+    // 2x over minutes).
+    let mut table: Vec<(String, usize, usize, Vec<Row>)> = Vec::new();
     for ty in &types {
         for &n in &sizes {
+            let first = table.len();
             for &p in &procs {
                 let mut r = Row::named(&[
                     ("barewire, matrixmultiply", "GFLOP/s"),
@@ -82,8 +86,11 @@ fn main() {
                     name.name =
                         Box::leak(format!("{ty} n={n} p={p}: {}", name.name).into_boxed_str());
                 }
-                for rep in 0..reps {
-                    let last = rep + 1 == reps;
+                table.push((ty.clone(), n, p, r));
+            }
+            for rep in 0..reps {
+                let last = rep + 1 == reps;
+                for (i, &p) in procs.iter().enumerate() {
                     let mut got = Vec::new();
                     for kernel in ["matrixmultiply", "openblas"] {
                         let timeline = plots
@@ -101,14 +108,13 @@ fn main() {
                         ));
                     }
                     got.push(scalapack_run(&scalapack, n, p, ty));
-                    Row::push_rep(&mut r, &got);
+                    Row::push_rep(&mut table[first + i].3, &got);
                     eprintln!("{ty} n={n} p={p} rep {}: {got:?}", rep + 1);
                 }
-                table.push((ty.clone(), n, p, r.clone()));
-                rows.extend(r);
             }
         }
     }
+    let rows: Vec<Row> = table.iter().flat_map(|t| t.3.clone()).collect();
     let comparisons: Vec<(String, usize, usize, &str)> = (0..rows.len() / 3)
         .flat_map(|c| {
             let name = rows[3 * c].name.split(':').next().unwrap().to_string();
@@ -134,15 +140,23 @@ fn main() {
         .collect();
     reps::report(&rows, &cmp);
     println!();
-    println!("| parallel efficiency at p = 2 (GFLOP/s at 2 / twice GFLOP/s at 1) | matrixmultiply | OpenBLAS | ScaLAPACK | target |");
+    println!("| parallel efficiency at p = 2 (GFLOP/s at 2 / twice GFLOP/s at 1 of the same rep; median (range)) | matrixmultiply | OpenBLAS | ScaLAPACK | target |");
     println!("|---|---|---|---|---|");
     for ty in &types {
         for &n in &sizes {
             let at = |p: usize| table.iter().find(|t| t.0 == *ty && t.1 == n && t.2 == p);
             if let (Some(one), Some(two)) = (at(1), at(2)) {
                 let eff = |k: usize| {
-                    let m = |row: &Row| median(row.reps.iter().map(|r| r.0).collect());
-                    format!("{:.0}%", 100.0 * m(&two.3[k]) / (2.0 * m(&one.3[k])))
+                    let per: Vec<f64> = one.3[k]
+                        .reps
+                        .iter()
+                        .zip(&two.3[k].reps)
+                        .map(|(a, b)| 100.0 * b.0 / (2.0 * a.0))
+                        .filter(|e| e.is_finite())
+                        .collect();
+                    let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
+                    let hi = per.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    format!("{:.0}% ({lo:.0}-{hi:.0})", median(per))
                 };
                 println!(
                     "| {ty} n={n} | {} | {} | {} | >= 85% |",

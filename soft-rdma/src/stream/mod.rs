@@ -22,6 +22,9 @@
 //! segment has been placed. A Terminate from the peer fails the outstanding Reads with the
 //! status its code maps to and flushes everything else.
 
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzz;
 mod rx;
 mod tx;
 
@@ -33,9 +36,9 @@ use crate::verbs::{
 };
 use crate::wire::{
     fpdu_trailer_after, qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader,
-    DdpUntaggedErrorCode, ImmediateData, Layer, RdmapErrorCode, RdmapErrorType, RdmapOpcode,
-    ReadRequest, Reassembly, Segment, TermCode, Terminate, FPDU_HEADER_LEN, TAGGED_HEADER_LEN,
-    UNTAGGED_HEADER_LEN,
+    DdpTaggedErrorCode, DdpUntaggedErrorCode, Framer, ImmediateData, Layer, RdmapErrorCode,
+    RdmapErrorType, RdmapOpcode, ReadRequest, Reassembly, Segment, Step, TermCode, Terminate,
+    FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 
 /// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
@@ -186,6 +189,20 @@ enum Chunk {
     Inline([u8; INLINE], u8),
     /// Payload bytes in a registered region, sent from where they are.
     Raw(*const u8, usize),
+    /// A Read Response segment's payload on a stream with CRC, still in the region: copied
+    /// (and its CRC computed into the trailer chunk that follows) just before its first byte
+    /// is sent. The responder's region may change after the Read Request (a later Write on
+    /// any stream, the owner's CPU), so the CRC must cover exactly the bytes that leave; and
+    /// copying one segment at a time keeps the memory bounded whatever size a peer reads.
+    Snapshot {
+        src: *const u8,
+        len: usize,
+        /// CRC32c of the segment's length field and headers.
+        head_crc: u32,
+        ulpdu_len: usize,
+    },
+    /// A snapshot taken.
+    Owned(Box<[u8]>),
 }
 
 impl Chunk {
@@ -193,6 +210,8 @@ impl Chunk {
         match self {
             Chunk::Inline(_, n) => *n as usize,
             Chunk::Raw(_, n) => *n,
+            Chunk::Snapshot { len, .. } => *len,
+            Chunk::Owned(b) => b.len(),
         }
     }
 }
@@ -216,19 +235,19 @@ struct OutstandingRead {
     atomic: Option<(u32, *mut u8, WcOpcode)>,
     /// The completion's opcode (a Read, or the Send/Write a zero-length Read acknowledges).
     opcode: WcOpcode,
+    /// For a Read: the sink it named (STag, tagged offset, length). Its Read Responses must
+    /// fill exactly that range, in order; `placed` says how far they got.
+    sink: (u32, u64, u32),
+    placed: u64,
 }
 
 enum Rx {
-    /// Reading the 2-byte length and the 2 control bytes into `hdr`.
-    Start { have: usize },
-    /// Reading the rest of the header into `hdr`.
-    Header { have: usize, need: usize },
+    /// The framer reads a header or a trailer into its own scratch buffer.
+    Framing,
     /// Payload straight into memory, extent by extent.
     Payload,
     /// A control message's body into `body`.
     Body { have: usize, need: usize },
-    /// Pad and CRC field.
-    Trailer { have: usize, need: usize },
     /// After a fatal error: nothing more is accepted.
     Dead,
 }
@@ -317,13 +336,11 @@ pub struct Stream {
     inbound_reads: usize,
     atomic_id: u32,
     terminate_sent: bool,
+    peer_terminated: bool,
     // Receive.
     rx: Rx,
-    hdr: [u8; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+    framer: Framer,
     body: [u8; 64],
-    trailer: [u8; 8],
-    crc: u32,
-    ulpdu_len: usize,
     extents: VecDeque<(*mut u8, usize)>,
     /// Scratch: the local extents of the send request being started.
     tx_extents: Vec<(*const u8, usize)>,
@@ -370,12 +387,13 @@ impl Stream {
             inbound_reads: 0,
             atomic_id: 0,
             terminate_sent: false,
-            rx: Rx::Start { have: 0 },
-            hdr: [0; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+            peer_terminated: false,
+            rx: Rx::Framing,
+            // No receive limit below the 16-bit length field: MULPDU is a sender's choice
+            // (RFC 5044 §5.1, from its own MSS), and the stream buffers no payload (data
+            // lands in checked memory, control bodies are bounded by `body`).
+            framer: Framer::new(cfg.crc, u16::MAX as usize),
             body: [0; 64],
-            trailer: [0; 8],
-            crc: 0,
-            ulpdu_len: 0,
             extents: VecDeque::new(),
             tx_extents: Vec::new(),
             place: None,
@@ -402,6 +420,16 @@ impl Stream {
     /// True once receiving has stopped (a Terminate was sent or received).
     pub fn rx_dead(&self) -> bool {
         matches!(self.rx, Rx::Dead)
+    }
+
+    /// True once this side has queued a Terminate (it found a violation, or was told to).
+    pub fn terminate_sent(&self) -> bool {
+        self.terminate_sent
+    }
+
+    /// True once the peer's Terminate has arrived.
+    pub fn peer_terminated(&self) -> bool {
+        self.peer_terminated
     }
 
     /// The Terminate code that broke the stream, sent or received.
@@ -525,14 +553,14 @@ impl Stream {
         }
     }
 
-    /// A received violation: answer with a Terminate (quoting the failing header when `hend`
-    /// says where it is) and stop receiving.
-    fn fatal(&mut self, code: TermCode, hend: Option<usize>) {
-        let ddp = hend.map(|e| {
+    /// A received violation: answer with a Terminate (quoting the failing frame's headers
+    /// when `quote`) and stop receiving.
+    fn fatal(&mut self, code: TermCode, quote: bool) {
+        let ddp = quote.then(|| {
+            let header = self.framer.header();
             let mut h = [0u8; UNTAGGED_HEADER_LEN];
-            let n = e - FPDU_HEADER_LEN;
-            h[..n].copy_from_slice(&self.hdr[FPDU_HEADER_LEN..e]);
-            (self.ulpdu_len as u16, h, n)
+            h[..header.len()].copy_from_slice(header);
+            (self.framer.ulpdu_len() as u16, h, header.len())
         });
         self.send_terminate(Terminate {
             code,

@@ -7,14 +7,12 @@ impl Stream {
     /// Where the next received bytes must be written, and how many are wanted at most.
     /// `None` once the stream is dead.
     pub fn rx_buffer(&mut self) -> Option<(*mut u8, usize)> {
-        Some(match self.rx {
-            Rx::Start { have } => (self.hdr[have..].as_mut_ptr(), 4 - have),
-            Rx::Header { have, need } => (self.hdr[have..].as_mut_ptr(), need - have),
-            Rx::Payload => *self.extents.front().expect("payload state has extents"),
-            Rx::Body { have, need } => (self.body[have..].as_mut_ptr(), need - have),
-            Rx::Trailer { have, need } => (self.trailer[have..].as_mut_ptr(), need - have),
-            Rx::Dead => return None,
-        })
+        match self.rx {
+            Rx::Framing => self.framer.scratch().map(|s| (s.as_mut_ptr(), s.len())),
+            Rx::Payload => self.extents.front().copied(),
+            Rx::Body { have, need } => Some((self.body[have..].as_mut_ptr(), need - have)),
+            Rx::Dead => None,
+        }
     }
 
     /// `n` bytes were written at the pointer `rx_buffer` gave.
@@ -22,83 +20,45 @@ impl Stream {
         if n == 0 {
             return;
         }
-        match self.rx {
-            Rx::Start { have } => {
-                self.crc = crc32c::crc32c_append(self.crc, &self.hdr[have..have + n]);
-                let have = have + n;
-                if have < 4 {
-                    self.rx = Rx::Start { have };
-                    return;
-                }
-                self.ulpdu_len = u16::from_be_bytes([self.hdr[0], self.hdr[1]]) as usize;
-                let hlen = if self.hdr[2] & 0x80 != 0 {
-                    TAGGED_HEADER_LEN
-                } else {
-                    UNTAGGED_HEADER_LEN
-                };
-                if self.ulpdu_len < hlen || self.ulpdu_len > self.cfg.mulpdu.max(65535) {
-                    return self.fatal(
-                        TermCode::mpa(crate::wire::MpaErrorCode::InvalidRequestReply),
-                        None,
-                    );
-                }
-                self.rx = Rx::Header {
-                    have,
-                    need: FPDU_HEADER_LEN + hlen,
-                };
-            }
-            Rx::Header { have, need } => {
-                self.crc = crc32c::crc32c_append(self.crc, &self.hdr[have..have + n]);
-                let have = have + n;
-                if have < need {
-                    self.rx = Rx::Header { have, need };
-                    return;
-                }
-                self.on_header(need);
-            }
+        let step = match self.rx {
+            Rx::Framing => self.framer.filled(n),
             Rx::Payload => {
-                let (p, left) = self.extents.pop_front().expect("payload extent");
-                if self.cfg.crc {
-                    // SAFETY: the I/O layer just wrote these n bytes at p, inside a checked
-                    // region; reading them back for the CRC is within bounds.
-                    self.crc = crc32c::crc32c_append(self.crc, unsafe {
-                        std::slice::from_raw_parts(p, n)
-                    });
-                }
+                let Some((p, left)) = self.extents.pop_front() else {
+                    return;
+                };
+                let n = n.min(left);
                 if n < left {
                     self.extents.push_front((p.wrapping_add(n), left - n));
-                } else if self.extents.is_empty() {
-                    self.begin_trailer();
                 }
+                let step = if self.framer.crc() {
+                    // SAFETY: the I/O layer just wrote these n bytes at p, inside a checked
+                    // extent; reading them back for the CRC is within bounds.
+                    self.framer
+                        .placed(unsafe { std::slice::from_raw_parts(p, n) })
+                } else {
+                    self.framer.placed_len(n)
+                };
+                if self.extents.is_empty() {
+                    self.rx = Rx::Framing;
+                }
+                step
             }
             Rx::Body { have, need } => {
-                self.crc = crc32c::crc32c_append(self.crc, &self.body[have..have + n]);
-                let have = have + n;
-                if have < need {
-                    self.rx = Rx::Body { have, need };
+                let end = (have + n).min(need);
+                self.rx = if end < need {
+                    Rx::Body { have: end, need }
                 } else {
-                    self.begin_trailer();
-                }
+                    Rx::Framing
+                };
+                self.framer.placed(&self.body[have..end])
             }
-            Rx::Trailer { have, need } => {
-                let have = have + n;
-                if have < need {
-                    self.rx = Rx::Trailer { have, need };
-                    return;
-                }
-                let pad = need - 4;
-                self.crc = crc32c::crc32c_append(self.crc, &self.trailer[..pad]);
-                let got = u32::from_le_bytes(self.trailer[pad..need].try_into().expect("4 bytes"));
-                if self.cfg.crc && got != self.crc {
-                    return self.fatal(TermCode::MPA_CRC, None);
-                }
-                self.on_segment_done();
-                self.crc = 0;
-                if !matches!(self.rx, Rx::Dead) {
-                    self.rx = Rx::Start { have: 0 };
-                }
-            }
-            Rx::Dead => {}
+            Rx::Dead => return,
+        };
+        match step {
+            Ok(Step::More) => {}
+            Ok(Step::Header) => self.on_header(),
+            Ok(Step::Frame) => self.on_segment_done(),
+            Err(e) => self.fatal(e.term, false),
         }
     }
 
@@ -120,15 +80,15 @@ impl Stream {
         total
     }
 
-    pub(super) fn begin_trailer(&mut self) {
-        let need = (4 - (FPDU_HEADER_LEN + self.ulpdu_len) % 4) % 4 + 4;
-        self.rx = Rx::Trailer { have: 0, need };
-    }
-
-    pub(super) fn on_header(&mut self, hend: usize) {
-        let seg = match Segment::decode(&self.hdr[FPDU_HEADER_LEN..hend]) {
+    /// A frame's headers are in (the framer checked its length): check them and decide
+    /// where its payload goes.
+    pub(super) fn on_header(&mut self) {
+        let mut header = [0u8; UNTAGGED_HEADER_LEN];
+        let hlen = self.framer.header().len();
+        header[..hlen].copy_from_slice(self.framer.header());
+        let seg = match Segment::decode(&header[..hlen]) {
             Ok(s) => s,
-            Err(e) => return self.fatal(e.term, None),
+            Err(e) => return self.fatal(e.term, false),
         };
         if !self.state.receives() {
             return self.fatal(
@@ -136,15 +96,15 @@ impl Stream {
                     RdmapErrorType::RemoteOperation,
                     RdmapErrorCode::CatastrophicStream,
                 ),
-                None,
+                false,
             );
         }
-        let payload_len = self.ulpdu_len - (hend - FPDU_HEADER_LEN);
+        let payload_len = self.framer.payload_len();
         if let Err(e) = self
             .reassembly
             .accept_parts(seg.last, seg.header, payload_len as u64)
         {
-            return self.fatal(e.term, Some(hend));
+            return self.fatal(e.term, true);
         }
         match seg.header {
             DdpHeader::Tagged { stag, to } => {
@@ -154,11 +114,10 @@ impl Stream {
                 } else {
                     Access::REMOTE_WRITE
                 };
-                if read_response && !self.orq.front().is_some_and(|r| r.atomic.is_none()) {
-                    return self.fatal(
-                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                        Some(hend),
-                    );
+                if read_response {
+                    if let Err(code) = self.check_read_response(stag, to, payload_len, seg.last) {
+                        return self.fatal(code, true);
+                    }
                 }
                 // A zero-length Read Response (the acknowledgement of a zero-length Read) moves
                 // no byte and names no region.
@@ -191,7 +150,7 @@ impl Stream {
                             read_response,
                         });
                     }
-                    Err(v) => return self.fatal(v.tagged_term(), Some(hend)),
+                    Err(v) => return self.fatal(v.tagged_term(), true),
                 }
             }
             DdpHeader::Untagged { ulp, qn: q, mo, .. }
@@ -202,10 +161,8 @@ impl Stream {
                     ) =>
             {
                 let Some(wr) = self.rq.front() else {
-                    return self.fatal(
-                        TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer),
-                        Some(hend),
-                    );
+                    return self
+                        .fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer), true);
                 };
                 // Map [mo, mo+len) onto the receive's SGEs.
                 let mut extents = VecDeque::new();
@@ -224,10 +181,7 @@ impl Stream {
                     skip = 0;
                 }
                 if left > 0 {
-                    return self.fatal(
-                        TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong),
-                        Some(hend),
-                    );
+                    return self.fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong), true);
                 }
                 let invalidates = matches!(
                     seg.opcode,
@@ -239,7 +193,7 @@ impl Stream {
                             RdmapErrorType::RemoteOperation,
                             RdmapErrorCode::CannotInvalidate,
                         ),
-                        Some(hend),
+                        true,
                     );
                 }
                 self.extents = extents;
@@ -257,25 +211,26 @@ impl Stream {
                 if payload_len > self.body.len() {
                     return self.fatal(
                         TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                        Some(hend),
+                        true,
                     );
                 }
                 self.place = Some(Place::Control { opcode: seg.opcode });
-                self.rx = Rx::Body {
-                    have: 0,
-                    need: payload_len,
+                self.rx = if payload_len == 0 {
+                    Rx::Framing
+                } else {
+                    Rx::Body {
+                        have: 0,
+                        need: payload_len,
+                    }
                 };
-                if payload_len == 0 {
-                    self.begin_trailer();
-                }
                 return;
             }
         }
-        if self.extents.is_empty() {
-            self.begin_trailer();
+        self.rx = if self.extents.is_empty() {
+            Rx::Framing
         } else {
-            self.rx = Rx::Payload;
-        }
+            Rx::Payload
+        };
     }
 
     pub(super) fn on_segment_done(&mut self) {
@@ -313,12 +268,44 @@ impl Stream {
                 }
             }
             Some(Place::Control { opcode }) => {
-                let body_len = self.ulpdu_len - UNTAGGED_HEADER_LEN;
+                let body_len = self.framer.payload_len();
                 let body = self.body;
                 self.on_control(opcode, &body[..body_len]);
             }
             None => {}
         }
+    }
+
+    /// A Read Response segment must answer the oldest outstanding Read (not an atomic) and
+    /// continue its sink exactly where the last segment stopped: same STag, next offset,
+    /// within the length asked for, and the last segment ends the sink. So a peer can only
+    /// ever write where this side asked it to, never into other memory of the domain.
+    fn check_read_response(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        last: bool,
+    ) -> Result<(), TermCode> {
+        let Some(r) = self.orq.front_mut().filter(|r| r.atomic.is_none()) else {
+            return Err(TermCode::rdmap(
+                RdmapErrorType::RemoteOperation,
+                RdmapErrorCode::Opcode,
+            ));
+        };
+        let (sink_stag, sink_to, size) = r.sink;
+        let end = r.placed + len as u64;
+        if len > 0 && stag != sink_stag {
+            return Err(TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag));
+        }
+        if (len > 0 && to != sink_to.wrapping_add(r.placed))
+            || end > size as u64
+            || (last && end != size as u64)
+        {
+            return Err(TermCode::ddp_tagged(DdpTaggedErrorCode::BaseBounds));
+        }
+        r.placed = end;
+        Ok(())
     }
 
     /// True, after answering with a Terminate, when the peer exceeds the IRD it negotiated.
@@ -330,7 +317,7 @@ impl Stream {
             RdmapErrorType::RemoteOperation,
             RdmapErrorCode::CatastrophicStream,
         );
-        self.fatal(code, None);
+        self.fatal(code, false);
         true
     }
 
@@ -339,14 +326,18 @@ impl Stream {
             RdmapOpcode::ReadRequest => {
                 let rr = match ReadRequest::decode(body) {
                     Ok(r) => r,
-                    Err(e) => return self.fatal(e.term, None),
+                    Err(e) => return self.fatal(e.term, false),
                 };
                 if self.over_ird() {
                     return;
                 }
                 // A zero-length Read names no region (RFC 5040 §4.4 leaves its STag unused):
                 // it is answered in order, which is what makes it an acknowledgement.
-                let checked = if rr.size == 0 {
+                // The responses' tagged offsets run from sink_to to sink_to + size: a range
+                // that wraps cannot be described on the wire.
+                let checked = if rr.sink_to.checked_add(rr.size as u64).is_none() {
+                    Err(Violation::ToWrap)
+                } else if rr.size == 0 {
                     Ok(std::ptr::null_mut())
                 } else {
                     self.dev.check(
@@ -393,17 +384,20 @@ impl Stream {
                     .map(|t| t.code)
                     .unwrap_or(TermCode::RDMAP_OPCODE);
                 self.last_terminate = Some(code);
+                self.peer_terminated = true;
                 self.enter_error(status_for(code));
                 self.rx = Rx::Dead;
             }
             RdmapOpcode::ImmediateData | RdmapOpcode::ImmediateDataSe => {
                 let imm = match ImmediateData::decode(body) {
                     Ok(v) => v.0 as u32,
-                    Err(e) => return self.fatal(e.term, None),
+                    Err(e) => return self.fatal(e.term, false),
                 };
                 let Some(wr) = self.rq.pop_front() else {
-                    return self
-                        .fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer), None);
+                    return self.fatal(
+                        TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer),
+                        false,
+                    );
                 };
                 self.rcq.push(WorkCompletion {
                     wr_id: wr.wr_id,
@@ -419,19 +413,19 @@ impl Stream {
             RdmapOpcode::AtomicRequest => {
                 let req = match AtomicRequest::decode(body) {
                     Ok(r) => r,
-                    Err(e) => return self.fatal(e.term, None),
+                    Err(e) => return self.fatal(e.term, false),
                 };
                 if self.over_ird() {
                     return;
                 }
                 if req.to % 8 != 0 {
-                    return self.fatal(Violation::BaseBounds.rdmap_term(), None);
+                    return self.fatal(Violation::BaseBounds.rdmap_term(), false);
                 }
                 if req.op == AtomicOp::FetchAdd && req.data_mask != !0 {
                     // Masked (field-wise) FetchAdd is not supported: refuse rather than guess.
                     return self.fatal(
                         TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                        None,
+                        false,
                     );
                 }
                 let p = match self.dev.check(
@@ -443,7 +437,7 @@ impl Stream {
                     Access::REMOTE_ATOMIC,
                 ) {
                     Ok(p) => p,
-                    Err(v) => return self.fatal(v.rdmap_term(), None),
+                    Err(v) => return self.fatal(v.rdmap_term(), false),
                 };
                 // SAFETY: the check proved 8 bytes at p lie in a live region granting remote
                 // atomics, and p is 8-byte aligned; other writers of that word (local CPU
@@ -468,7 +462,7 @@ impl Stream {
             RdmapOpcode::AtomicResponse => {
                 let resp = match AtomicResponse::decode(body) {
                     Ok(r) => r,
-                    Err(e) => return self.fatal(e.term, None),
+                    Err(e) => return self.fatal(e.term, false),
                 };
                 let matches = self
                     .orq
@@ -478,7 +472,7 @@ impl Stream {
                 if !matches {
                     return self.fatal(
                         TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                        None,
+                        false,
                     );
                 }
                 let r = self.orq.pop_front().expect("checked");
@@ -492,7 +486,7 @@ impl Stream {
             }
             _ => self.fatal(
                 TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                None,
+                false,
             ),
         }
     }

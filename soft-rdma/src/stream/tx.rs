@@ -107,6 +107,8 @@ impl Stream {
                     signaled: wr.signaled,
                     atomic: None,
                     opcode: WcOpcode::RdmaRead,
+                    sink: (rr.sink_stag, rr.sink_to, rr.size),
+                    placed: 0,
                 });
                 return;
             }
@@ -164,6 +166,8 @@ impl Stream {
                     signaled: wr.signaled,
                     atomic: Some((self.atomic_id, *sink_ptr as *mut u8, opcode_of(&wr.op))),
                     opcode: opcode_of(&wr.op),
+                    sink: (0, 0, 0),
+                    placed: 0,
                 });
                 return;
             }
@@ -186,6 +190,8 @@ impl Stream {
                 signaled: true,
                 atomic: None,
                 opcode: opcode_of(&wr.op),
+                sink: (0, 0, 0),
+                placed: 0,
             });
             return;
         }
@@ -204,9 +210,11 @@ impl Stream {
         remote_addr: u64,
         rkey: Stag,
     ) {
+        // A range past 2^64 wraps here, and the peer refuses it (its bounds check sees the
+        // first segment cross the end): a bad address is the peer's error to report.
         let header = |off: usize| DdpHeader::Tagged {
             stag: rkey.0,
-            to: remote_addr + off as u64,
+            to: remote_addr.wrapping_add(off as u64),
         };
         self.queue_message(RdmapOpcode::Write, extents, header, TAGGED_HEADER_LEN);
     }
@@ -230,7 +238,10 @@ impl Stream {
         self.tx.push_back(c);
     }
 
-    /// Queues a (possibly segmented) message whose payload lies in `extents`.
+    /// Queues a (possibly segmented) message whose payload lies in `extents`. A Read
+    /// Response on a stream with CRC is queued as snapshots (see [`Chunk::Snapshot`]); every
+    /// other payload is sent from where it is, which the verbs contract keeps unchanged until
+    /// the request completes.
     pub(super) fn queue_message(
         &mut self,
         op: RdmapOpcode,
@@ -238,6 +249,7 @@ impl Stream {
         header: impl Fn(usize) -> DdpHeader,
         hlen: usize,
     ) {
+        let snapshot = self.cfg.crc && op == RdmapOpcode::ReadResponse;
         let total: usize = extents.iter().map(|e| e.1).sum();
         let mut ext = 0;
         let mut ext_off = 0;
@@ -260,6 +272,26 @@ impl Stream {
                 0
             };
             self.push(Chunk::Inline(head, head_len as u8));
+            if snapshot && len > 0 {
+                // One extent: a Read Response's source is one checked range of one region.
+                let (p, n) = extents[ext];
+                debug_assert!(ext_off + len <= n, "a Read Response has one source extent");
+                self.push(Chunk::Snapshot {
+                    src: p.wrapping_add(ext_off),
+                    len,
+                    head_crc: crc,
+                    ulpdu_len,
+                });
+                ext_off += len;
+                if ext_off == n {
+                    ext += 1;
+                    ext_off = 0;
+                }
+                // The trailer's pad and CRC are written when the snapshot is taken.
+                let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
+                self.push(Chunk::Inline([0; INLINE], pad_and_crc as u8));
+                continue;
+            }
             let mut left = len;
             while left > 0 {
                 let (p, n) = extents[ext];
@@ -325,9 +357,39 @@ impl Stream {
         !self.tx.is_empty()
     }
 
+    /// Takes the snapshots among the first `chunks` chunks: copies each payload and writes
+    /// its CRC into the trailer chunk after it.
+    fn take_snapshots(&mut self, chunks: usize) {
+        let end = chunks.min(self.tx.len());
+        for i in 0..end {
+            let Chunk::Snapshot {
+                src,
+                len,
+                head_crc,
+                ulpdu_len,
+            } = self.tx[i]
+            else {
+                continue;
+            };
+            // SAFETY: the source was checked (REMOTE_READ, in bounds) against a live region
+            // when the Read Request arrived; regions outlive the queue pairs that expose them.
+            let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, len) }.into();
+            let crc = crc32c::crc32c_append(head_crc, &copy);
+            let mut tail = [0u8; 8];
+            let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
+            if let Some(Chunk::Inline(b, m)) = self.tx.get_mut(i + 1) {
+                debug_assert_eq!(*m as usize, n, "the trailer chunk was sized for it");
+                b[..n].copy_from_slice(&tail[..n]);
+            }
+            self.tx[i] = Chunk::Owned(copy);
+        }
+    }
+
     /// Fills `out` with the bytes to send next, in order, and returns how many slices it
-    /// filled. A caller-owned array keeps the transmit path free of allocations.
-    pub fn tx_iovecs<'a>(&'a self, out: &mut [IoSlice<'a>]) -> usize {
+    /// filled. A caller-owned array keeps the transmit path free of allocations (but for the
+    /// snapshots of Read Responses on a stream with CRC, taken here, just before they go).
+    pub fn tx_iovecs<'a>(&'a mut self, out: &mut [IoSlice<'a>]) -> usize {
+        self.take_snapshots(out.len());
         let n = out.len().min(self.tx.len());
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
@@ -336,6 +398,8 @@ impl Stream {
                 // SAFETY: Raw chunks point into checked local regions that the verbs contract
                 // keeps alive and unchanged until the work request completes.
                 Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },
+                Chunk::Owned(b) => &b[skip..],
+                Chunk::Snapshot { .. } => unreachable!("taken above"),
             };
             out[i] = IoSlice::new(s);
         }

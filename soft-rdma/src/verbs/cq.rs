@@ -71,6 +71,27 @@ pub struct WorkCompletion {
     pub qp_num: u32,
 }
 
+impl WorkCompletion {
+    /// A placeholder, to fill an array that [`CompletionQueue::poll`] then writes into.
+    ///
+    /// ```
+    /// use barewire_soft_rdma::verbs::{CompletionQueue, WorkCompletion};
+    /// let cq = CompletionQueue::new(8);
+    /// let mut wcs = [WorkCompletion::BLANK; 8];
+    /// assert_eq!(cq.poll(&mut wcs), 0);
+    /// ```
+    pub const BLANK: WorkCompletion = WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Recv,
+        byte_len: 0,
+        imm: None,
+        invalidated: None,
+        solicited: false,
+        qp_num: 0,
+    };
+}
+
 struct Inner {
     entries: VecDeque<WorkCompletion>,
     capacity: usize,

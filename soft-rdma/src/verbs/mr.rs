@@ -137,6 +137,8 @@ struct Tables {
 struct DeviceInner {
     tables: RefCell<Tables>,
     next_pd: Cell<u32>,
+    /// Fuzzing only: STags handed out in order from this one instead of at random.
+    predictable: Cell<Option<u32>>,
 }
 
 /// The soft RDMA device of one core.
@@ -173,8 +175,19 @@ impl Device {
             inner: Rc::new(DeviceInner {
                 tables: RefCell::new(Tables::default()),
                 next_pd: Cell::new(1),
+                predictable: Cell::new(None),
             }),
         }
+    }
+
+    /// A device whose STags are 1, 2, 3, ... in registration order, so that a fuzzer's inputs
+    /// can name live regions. Only in tests and `--features fuzzing` builds: predictable
+    /// STags are exactly what a real device must never have.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn with_predictable_stags() -> Device {
+        let d = Device::new();
+        d.inner.predictable.set(Some(1));
+        d
     }
 
     /// Allocates a protection domain (ibv_alloc_pd(3)).
@@ -188,6 +201,10 @@ impl Device {
     }
 
     fn fresh_stag(&self) -> u32 {
+        if let Some(s) = self.inner.predictable.get() {
+            self.inner.predictable.set(Some(s.wrapping_add(1).max(1)));
+            return s;
+        }
         let t = self.inner.tables.borrow();
         loop {
             let mut b = [0u8; 4];

@@ -7,6 +7,7 @@
 //! `fpdu_trailer` write only the bytes around the payload; the CRC is accumulated over the
 //! pieces as they are, with no copy.
 
+use super::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use super::error::{TermCode, WireError};
 
 /// Bytes of the MPA length field in front of each ULPDU.
@@ -76,45 +77,333 @@ pub fn fpdu_trailer_after(
 
 impl<'a> Fpdu<'a> {
     /// Decodes one FPDU from the start of `buf`. `Ok(None)`: more bytes are needed. A length
-    /// above `max_ulpdu` is refused before anything is buffered for it.
+    /// above `max_ulpdu` is refused before anything is buffered for it. This is the
+    /// [`Framer`] run over a buffer that holds the whole frame.
     pub fn decode(
         buf: &'a [u8],
         crc: bool,
         max_ulpdu: usize,
     ) -> Result<Option<(Fpdu<'a>, usize)>, WireError> {
-        if buf.len() < FPDU_HEADER_LEN {
-            return Ok(None);
-        }
-        let len = u16::from_be_bytes([buf[0], buf[1]]) as usize;
-        if len > max_ulpdu {
-            return Err(WireError::new(
-                "ULPDU_LENGTH",
-                "longer than the negotiated maximum",
-                TermCode::MPA_INVALID_REQ_REP,
-            ));
-        }
-        let body = FPDU_HEADER_LEN + len + pad_len(len);
-        let total = body + 4;
-        if buf.len() < total {
-            return Ok(None);
-        }
-        if crc {
-            let want = crc32c::crc32c(&buf[..body]);
-            let got = u32::from_le_bytes([buf[body], buf[body + 1], buf[body + 2], buf[body + 3]]);
-            if want != got {
-                return Err(WireError::new(
-                    "MPA CRC",
-                    "CRC32c does not match the FPDU",
-                    TermCode::MPA_CRC,
-                ));
+        let mut f = Framer::new(crc, max_ulpdu);
+        let mut at = 0;
+        loop {
+            let left = &buf[at..];
+            let step = match f.scratch() {
+                Some(s) => {
+                    let n = s.len().min(left.len());
+                    if n == 0 {
+                        return Ok(None);
+                    }
+                    s[..n].copy_from_slice(&left[..n]);
+                    at += n;
+                    f.filled(n)?
+                }
+                None => {
+                    let n = f.payload_left().min(left.len());
+                    if n == 0 {
+                        return Ok(None);
+                    }
+                    at += n;
+                    f.placed(&left[..n])?
+                }
+            };
+            if step == Step::Frame {
+                let ulpdu = &buf[FPDU_HEADER_LEN..FPDU_HEADER_LEN + f.ulpdu_len()];
+                return Ok(Some((Fpdu { ulpdu }, at)));
             }
         }
-        Ok(Some((
-            Fpdu {
-                ulpdu: &buf[FPDU_HEADER_LEN..FPDU_HEADER_LEN + len],
-            },
-            total,
-        )))
+    }
+}
+
+/// The first byte of a DDP header (its control field) says how long the DDP and RDMAP
+/// headers are together: 14 bytes when tagged, 18 when untagged (RFC 5041 §4, RFC 5040 §4).
+fn ddp_rdmap_header_len(ddp_control: u8) -> usize {
+    if ddp_control & 0x80 != 0 {
+        TAGGED_HEADER_LEN
+    } else {
+        UNTAGGED_HEADER_LEN
+    }
+}
+
+/// What a [`Framer`] step completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing yet: more bytes are due.
+    More,
+    /// A frame's DDP and RDMAP headers are in: [`Framer::header`] has them, and
+    /// [`Framer::payload_left`] bytes of payload come next (the caller decides where they go).
+    Header,
+    /// A frame ended and its CRC (when negotiated) matched.
+    Frame,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The length field, the DDP control byte and the RDMAP control byte.
+    Start { have: usize },
+    /// The rest of the DDP and RDMAP headers.
+    Header { have: usize },
+    /// Payload bytes, placed by the caller.
+    Payload { left: usize },
+    /// Pad and CRC field.
+    Trailer { have: usize, need: usize },
+    /// After an error: MPA without markers cannot find the next frame.
+    Dead,
+}
+
+/// The one MPA framer: turns a TCP byte stream, arriving in pieces of any size, into FPDUs,
+/// without I/O and without copying payloads.
+///
+/// The framer keeps the few bytes it must interpret itself (the length, the DDP and RDMAP
+/// headers, the pad and the CRC field) in a fixed scratch buffer, [`Framer::scratch`]. After a
+/// header ([`Step::Header`]) the payload is the caller's: it puts the bytes where they belong
+/// (a registered region, a receive buffer, its own buffer) and reports them with
+/// [`Framer::placed`], which folds them into the CRC. The live soft-RDMA stream, the
+/// buffering [`Deframer`] and [`Fpdu::decode`] all run this code, so fuzzing any of them
+/// fuzzes what faces the network.
+///
+/// Checks: the ULPDU length covers the DDP/RDMAP header its control byte announces and is at
+/// most `max_ulpdu`; the CRC field matches when CRC is on. After the first error the framer
+/// is dead.
+///
+/// ```
+/// use barewire_soft_rdma::wire::*;
+/// // One untagged FPDU: 18 header bytes and a 6-byte payload, CRC off.
+/// let mut ulpdu = vec![0x41u8, 0x40];
+/// ulpdu.resize(UNTAGGED_HEADER_LEN, 0);
+/// ulpdu.extend_from_slice(b"abcdef");
+/// let mut len = [0u8; FPDU_HEADER_LEN];
+/// encode_fpdu_header(ulpdu.len(), &mut len).unwrap();
+/// let mut tr = [0u8; 8];
+/// let t = fpdu_trailer(&[&len, &ulpdu], ulpdu.len(), false, &mut tr);
+/// let wire = [&len[..], &ulpdu[..], &tr[..t]].concat();
+///
+/// let mut f = Framer::new(false, 65535);
+/// let (mut at, mut payload) = (0, Vec::new());
+/// loop {
+///     let step = match f.scratch() {
+///         Some(s) => {
+///             let n = s.len().min(1); // one byte at a time: any split works
+///             s[..n].copy_from_slice(&wire[at..at + n]);
+///             at += n;
+///             f.filled(n).unwrap()
+///         }
+///         None => {
+///             let n = f.payload_left();
+///             payload.extend_from_slice(&wire[at..at + n]); // "placed" here
+///             at += n;
+///             f.placed(&wire[at - n..at]).unwrap()
+///         }
+///     };
+///     if step == Step::Frame {
+///         break;
+///     }
+/// }
+/// assert_eq!((payload.as_slice(), at), (&b"abcdef"[..], wire.len()));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Framer {
+    crc: bool,
+    max_ulpdu: usize,
+    phase: Phase,
+    /// The length field and the DDP/RDMAP headers of the current frame.
+    hdr: [u8; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+    /// Where the headers end in `hdr`.
+    hend: usize,
+    trailer: [u8; 8],
+    sum: u32,
+    ulpdu_len: usize,
+}
+
+impl Framer {
+    /// A framer for a stream with the negotiated CRC setting, accepting ULPDUs of at most
+    /// `max_ulpdu` bytes (the 16-bit length field caps them at 65535 anyway).
+    pub fn new(crc: bool, max_ulpdu: usize) -> Framer {
+        Framer {
+            crc,
+            max_ulpdu,
+            phase: Phase::Start { have: 0 },
+            hdr: [0; FPDU_HEADER_LEN + UNTAGGED_HEADER_LEN],
+            hend: 0,
+            trailer: [0; 8],
+            sum: 0,
+            ulpdu_len: 0,
+        }
+    }
+
+    /// Where the next bytes go while the framer reads them itself (a header, a trailer):
+    /// the caller writes up to this slice's length and calls [`Framer::filled`]. `None` while
+    /// payload is due, or once the stream is dead.
+    pub fn scratch(&mut self) -> Option<&mut [u8]> {
+        match self.phase {
+            Phase::Start { have } => Some(&mut self.hdr[have..FPDU_HEADER_LEN + 2]),
+            Phase::Header { have } => Some(&mut self.hdr[have..self.hend]),
+            Phase::Trailer { have, need } => Some(&mut self.trailer[have..need]),
+            Phase::Payload { .. } | Phase::Dead => None,
+        }
+    }
+
+    /// Payload bytes still due in the current frame (0 outside a payload).
+    pub fn payload_left(&self) -> usize {
+        match self.phase {
+            Phase::Payload { left } => left,
+            _ => 0,
+        }
+    }
+
+    /// True after an error.
+    pub fn is_dead(&self) -> bool {
+        self.phase == Phase::Dead
+    }
+
+    /// Stops the stream (the caller found the frame's content invalid).
+    pub fn kill(&mut self) {
+        self.phase = Phase::Dead;
+    }
+
+    /// The current frame's DDP and RDMAP headers (complete from [`Step::Header`] on).
+    pub fn header(&self) -> &[u8] {
+        &self.hdr[FPDU_HEADER_LEN..self.hend.max(FPDU_HEADER_LEN)]
+    }
+
+    /// The current frame's ULPDU length (headers and payload).
+    pub fn ulpdu_len(&self) -> usize {
+        self.ulpdu_len
+    }
+
+    /// The current frame's payload length (known from [`Step::Header`] on).
+    pub fn payload_len(&self) -> usize {
+        self.ulpdu_len - (self.hend - FPDU_HEADER_LEN)
+    }
+
+    fn fail(&mut self, e: WireError) -> Result<Step, WireError> {
+        self.phase = Phase::Dead;
+        Err(e)
+    }
+
+    fn sum(&mut self, bytes: &[u8]) {
+        if self.crc {
+            self.sum = crc32c::crc32c_append(self.sum, bytes);
+        }
+    }
+
+    /// `n` bytes were written at the front of [`Framer::scratch`].
+    pub fn filled(&mut self, n: usize) -> Result<Step, WireError> {
+        match self.phase {
+            Phase::Start { have } => {
+                let now = have + n;
+                if self.crc {
+                    self.sum = crc32c::crc32c_append(self.sum, &self.hdr[have..now]);
+                }
+                if have < FPDU_HEADER_LEN && now >= FPDU_HEADER_LEN {
+                    self.ulpdu_len = u16::from_be_bytes([self.hdr[0], self.hdr[1]]) as usize;
+                    if self.ulpdu_len > self.max_ulpdu {
+                        return self.fail(WireError::new(
+                            "ULPDU_LENGTH",
+                            "longer than the negotiated maximum",
+                            TermCode::MPA_INVALID_REQ_REP,
+                        ));
+                    }
+                }
+                if now < FPDU_HEADER_LEN + 2 {
+                    self.phase = Phase::Start { have: now };
+                    return Ok(Step::More);
+                }
+                let hlen = ddp_rdmap_header_len(self.hdr[FPDU_HEADER_LEN]);
+                if self.ulpdu_len < hlen {
+                    return self.fail(WireError::new(
+                        "ULPDU_LENGTH",
+                        "shorter than the DDP and RDMAP headers its control field announces",
+                        TermCode::MPA_INVALID_REQ_REP,
+                    ));
+                }
+                self.hend = FPDU_HEADER_LEN + hlen;
+                self.phase = Phase::Header { have: now };
+                Ok(Step::More)
+            }
+            Phase::Header { have } => {
+                let now = have + n;
+                if self.crc {
+                    self.sum = crc32c::crc32c_append(self.sum, &self.hdr[have..now]);
+                }
+                if now < self.hend {
+                    self.phase = Phase::Header { have: now };
+                    return Ok(Step::More);
+                }
+                let left = self.payload_len();
+                self.phase = if left > 0 {
+                    Phase::Payload { left }
+                } else {
+                    self.trailer_phase()
+                };
+                Ok(Step::Header)
+            }
+            Phase::Trailer { have, need } => {
+                let now = have + n;
+                if now < need {
+                    self.phase = Phase::Trailer { have: now, need };
+                    return Ok(Step::More);
+                }
+                let pad = need - 4;
+                let got = u32::from_le_bytes([
+                    self.trailer[pad],
+                    self.trailer[pad + 1],
+                    self.trailer[pad + 2],
+                    self.trailer[pad + 3],
+                ]);
+                if self.crc {
+                    self.sum = crc32c::crc32c_append(self.sum, &self.trailer[..pad]);
+                }
+                if self.crc && got != self.sum {
+                    return self.fail(WireError::new(
+                        "MPA CRC",
+                        "CRC32c does not match the FPDU",
+                        TermCode::MPA_CRC,
+                    ));
+                }
+                self.sum = 0;
+                self.phase = Phase::Start { have: 0 };
+                Ok(Step::Frame)
+            }
+            Phase::Payload { .. } | Phase::Dead => Ok(Step::More),
+        }
+    }
+
+    /// The caller put `bytes`, the next payload bytes of the frame, where they belong (at most
+    /// [`Framer::payload_left`] of them).
+    pub fn placed(&mut self, bytes: &[u8]) -> Result<Step, WireError> {
+        let Phase::Payload { left } = self.phase else {
+            return Ok(Step::More);
+        };
+        let n = bytes.len().min(left);
+        self.sum(&bytes[..n]);
+        self.placed_len(n)
+    }
+
+    /// True when the frames carry a CRC, so payload must be shown to [`Framer::placed`].
+    pub fn crc(&self) -> bool {
+        self.crc
+    }
+
+    /// Like [`Framer::placed`] without showing the bytes, for a stream without CRC (where
+    /// they need no reading back). With CRC on, the frame then fails its CRC check.
+    pub fn placed_len(&mut self, n: usize) -> Result<Step, WireError> {
+        let Phase::Payload { left } = self.phase else {
+            return Ok(Step::More);
+        };
+        self.phase = if n < left {
+            Phase::Payload { left: left - n }
+        } else {
+            self.trailer_phase()
+        };
+        Ok(Step::More)
+    }
+
+    fn trailer_phase(&self) -> Phase {
+        Phase::Trailer {
+            have: 0,
+            need: pad_len(self.ulpdu_len) + 4,
+        }
     }
 }
 
@@ -130,24 +419,49 @@ mod tests {
         [&hdr[..], ulpdu, &tr[..n]].concat()
     }
 
+    /// A ULPDU shaped like a DDP segment: the control byte says tagged or untagged, the
+    /// rest of the headers and the payload are filler.
+    pub(super) fn segment(tagged: bool, payload: usize) -> Vec<u8> {
+        let hlen = if tagged {
+            TAGGED_HEADER_LEN
+        } else {
+            UNTAGGED_HEADER_LEN
+        };
+        let mut u: Vec<u8> = (0..(hlen + payload) as u32).map(|i| i as u8).collect();
+        u[0] = if tagged { 0xc1 } else { 0x41 };
+        u
+    }
+
     #[test]
     fn round_trips_every_length_with_and_without_crc() {
-        for len in 0..40 {
-            let ulpdu: Vec<u8> = (0..len as u8).collect();
-            for crc in [false, true] {
-                let f = frame(&ulpdu, crc);
-                assert_eq!(f.len() % 4, 0, "FPDUs are 4-byte aligned");
-                let (d, used) = Fpdu::decode(&f, crc, 1 << 16).unwrap().unwrap();
-                assert_eq!((d.ulpdu, used), (&ulpdu[..], f.len()));
-                assert_eq!(Fpdu::decode(&f[..f.len() - 1], crc, 1 << 16).unwrap(), None);
+        for payload in 0..40 {
+            for tagged in [false, true] {
+                let ulpdu = segment(tagged, payload);
+                for crc in [false, true] {
+                    let f = frame(&ulpdu, crc);
+                    assert_eq!(f.len() % 4, 0, "FPDUs are 4-byte aligned");
+                    let (d, used) = Fpdu::decode(&f, crc, 1 << 16).unwrap().unwrap();
+                    assert_eq!((d.ulpdu, used), (&ulpdu[..], f.len()));
+                    assert_eq!(Fpdu::decode(&f[..f.len() - 1], crc, 1 << 16).unwrap(), None);
+                }
             }
         }
     }
 
     #[test]
+    fn a_length_shorter_than_the_headers_is_refused() {
+        for tagged in [false, true] {
+            let mut u = segment(tagged, 0);
+            u.pop();
+            let e = Fpdu::decode(&frame(&u, false), false, 1 << 16).unwrap_err();
+            assert_eq!(e.field, "ULPDU_LENGTH");
+        }
+    }
+
+    #[test]
     fn a_flipped_bit_fails_the_crc() {
-        let mut f = frame(b"payload!", true);
-        f[5] ^= 1;
+        let mut f = frame(&segment(false, 8), true);
+        f[21] ^= 1;
         assert_eq!(
             Fpdu::decode(&f, true, 1 << 16).unwrap_err().term,
             TermCode::MPA_CRC
@@ -163,37 +477,28 @@ mod tests {
     }
 }
 
-/// Turns a TCP byte stream, in chunks of any size, into FPDUs.
-///
-/// Whole FPDUs inside a chunk are handed out straight from the chunk; only a frame split
-/// across chunks is copied, into a buffer that never grows past one maximum-size FPDU (the
-/// length is checked against the negotiated maximum before a byte of the frame is kept).
+/// Turns a TCP byte stream, in chunks of any size, into whole ULPDUs: the [`Framer`] with a
+/// buffer that collects each frame's headers and payload. The buffer never grows past one
+/// maximum-size ULPDU: the length is checked against the maximum before a payload byte is
+/// kept.
 #[derive(Debug)]
 pub struct Deframer {
-    crc: bool,
-    max_ulpdu: usize,
-    partial: Vec<u8>,
-    dead: bool,
+    framer: Framer,
+    ulpdu: Vec<u8>,
 }
 
 impl Deframer {
     /// A deframer for a stream with the negotiated CRC setting and maximum ULPDU.
     pub fn new(crc: bool, max_ulpdu: usize) -> Deframer {
         Deframer {
-            crc,
-            max_ulpdu: max_ulpdu.min(u16::MAX as usize),
-            partial: Vec::new(),
-            dead: false,
+            framer: Framer::new(crc, max_ulpdu.min(u16::MAX as usize)),
+            ulpdu: Vec::new(),
         }
     }
 
-    /// Bytes held from a frame not yet complete.
+    /// Bytes held from a frame not yet complete (its headers and payload so far).
     pub fn buffered(&self) -> usize {
-        self.partial.len()
-    }
-
-    fn max_fpdu(&self) -> usize {
-        FPDU_HEADER_LEN + self.max_ulpdu + 3 + 4
+        self.ulpdu.len()
     }
 
     /// Feeds the next chunk; `on_ulpdu` gets each complete ULPDU in order. After the first error
@@ -203,17 +508,10 @@ impl Deframer {
         mut data: &[u8],
         mut on_ulpdu: impl FnMut(&[u8]) -> Result<(), WireError>,
     ) -> Result<(), WireError> {
-        if self.dead {
-            return Err(WireError::new(
-                "MPA stream",
-                "an earlier frame was invalid",
-                TermCode::MPA_INVALID_REQ_REP,
-            ));
-        }
         let r = self.feed_inner(&mut data, &mut on_ulpdu);
         if r.is_err() {
-            self.dead = true;
-            self.partial = Vec::new();
+            self.framer.kill();
+            self.ulpdu = Vec::new();
         }
         r
     }
@@ -223,35 +521,43 @@ impl Deframer {
         data: &mut &[u8],
         on_ulpdu: &mut impl FnMut(&[u8]) -> Result<(), WireError>,
     ) -> Result<(), WireError> {
-        // Finish a frame split across chunks.
-        while !self.partial.is_empty() && !data.is_empty() {
-            let need = if self.partial.len() < FPDU_HEADER_LEN {
-                FPDU_HEADER_LEN - self.partial.len()
-            } else {
-                let len = u16::from_be_bytes([self.partial[0], self.partial[1]]) as usize;
-                FPDU_HEADER_LEN + len + pad_len(len) + 4 - self.partial.len()
-            };
-            let take = need.min(data.len());
-            self.partial.extend_from_slice(&data[..take]);
-            *data = &data[take..];
-            match Fpdu::decode(&self.partial, self.crc, self.max_ulpdu)? {
-                Some((f, _)) => {
-                    on_ulpdu(f.ulpdu)?;
-                    self.partial.clear();
+        if self.framer.is_dead() {
+            return Err(WireError::new(
+                "MPA stream",
+                "an earlier frame was invalid",
+                TermCode::MPA_INVALID_REQ_REP,
+            ));
+        }
+        while !data.is_empty() {
+            let step = match self.framer.scratch() {
+                Some(s) => {
+                    let n = s.len().min(data.len());
+                    s[..n].copy_from_slice(&data[..n]);
+                    *data = &data[n..];
+                    self.framer.filled(n)?
                 }
-                None => debug_assert!(self.partial.len() <= self.max_fpdu()),
+                None => {
+                    let n = self.framer.payload_left().min(data.len());
+                    self.ulpdu.extend_from_slice(&data[..n]);
+                    let step = self.framer.placed(&data[..n])?;
+                    *data = &data[n..];
+                    step
+                }
+            };
+            match step {
+                Step::More => {}
+                Step::Header => {
+                    self.ulpdu.clear();
+                    if self.ulpdu.capacity() == 0 {
+                        self.ulpdu.reserve_exact(self.framer.max_ulpdu);
+                    }
+                    self.ulpdu.extend_from_slice(self.framer.header());
+                }
+                Step::Frame => {
+                    on_ulpdu(&self.ulpdu)?;
+                    self.ulpdu.clear();
+                }
             }
-        }
-        // Whole frames straight from the chunk.
-        while let Some((f, used)) = Fpdu::decode(data, self.crc, self.max_ulpdu)? {
-            on_ulpdu(f.ulpdu)?;
-            *data = &data[used..];
-        }
-        if !data.is_empty() {
-            if self.partial.capacity() == 0 {
-                self.partial.reserve_exact(self.max_fpdu());
-            }
-            self.partial.extend_from_slice(data);
         }
         Ok(())
     }
@@ -272,7 +578,7 @@ mod deframer_tests {
     #[test]
     fn any_chunking_yields_the_same_frames() {
         let frames: Vec<Vec<u8>> = (0..20)
-            .map(|i| (0..(i * 13 % 97) as u8).collect())
+            .map(|i| super::tests::segment(i % 3 == 0, i * 13 % 97))
             .collect();
         let stream: Vec<u8> = frames.iter().flat_map(|f| frame(f, true)).collect();
         for chunk in [1, 2, 3, 5, 7, 64, 1000, stream.len()] {
@@ -284,7 +590,7 @@ mod deframer_tests {
                     Ok(())
                 })
                 .unwrap();
-                assert!(d.buffered() <= 2 + 1024 + 7);
+                assert!(d.buffered() <= 1024);
             }
             assert_eq!(got, frames, "chunk size {chunk}");
             assert_eq!(d.buffered(), 0);
@@ -298,7 +604,8 @@ mod deframer_tests {
         assert_eq!(e.field, "ULPDU_LENGTH");
         assert_eq!(d.buffered(), 0);
         assert!(
-            d.feed(&frame(b"ok", false), |_| Ok(())).is_err(),
+            d.feed(&frame(&super::tests::segment(false, 2), false), |_| Ok(()))
+                .is_err(),
             "a dead stream stays dead"
         );
     }

@@ -43,8 +43,8 @@ pub use error::{
     TermCode, WireError,
 };
 pub use fpdu::{
-    crc32c_fpdu, encode_fpdu_header, fpdu_trailer, fpdu_trailer_after, Deframer, Fpdu,
-    FPDU_HEADER_LEN,
+    crc32c_fpdu, encode_fpdu_header, fpdu_trailer, fpdu_trailer_after, Deframer, Fpdu, Framer,
+    Step, FPDU_HEADER_LEN,
 };
 pub use mpa::{
     negotiate, MpaFrame, MpaKind, MpaSettings, Negotiated, Reject, Rev2Params, MPA_HEADER_LEN,

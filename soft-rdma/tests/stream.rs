@@ -284,6 +284,33 @@ fn a_read_response_with_crc_covers_the_bytes_as_sent() {
     assert!(sink.data().iter().all(|&x| x == 2), "the bytes as sent");
 }
 
+/// A counter word written again and again (a channel's credit, say) changes while its last
+/// Write waits to be sent. With CRC the Write must still arrive intact: small segments are
+/// copied when posted, so they carry the value of that moment.
+#[test]
+fn a_small_write_carries_the_value_it_was_posted_with() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let word = Guarded::new(&a, 8, Access::LOCAL_WRITE, 5);
+    let dst = Guarded::new(&b, 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: vec![word.sge(0, 8)],
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    // SAFETY: our own registered word, written between two calls into the stream.
+    unsafe { std::ptr::write_bytes(word.addr() as *mut u8, 6, 8) };
+    pump(&mut a, &mut b, 5);
+    assert_eq!(b.stream.last_terminate(), None);
+    assert_eq!(dst.data(), &[5; 8]);
+}
+
 #[test]
 fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
     let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));

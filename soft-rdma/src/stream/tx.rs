@@ -251,8 +251,11 @@ impl Stream {
     ) {
         let snapshot = self.cfg.crc && op == RdmapOpcode::ReadResponse;
         let total: usize = extents.iter().map(|e| e.1).sum();
-        let mut ext = 0;
-        let mut ext_off = 0;
+        let mut pieces = Pieces {
+            extents,
+            at: 0,
+            off: 0,
+        };
         for (off, len, last) in split(total, hlen, self.cfg.mulpdu) {
             let seg = Segment {
                 last,
@@ -271,22 +274,41 @@ impl Stream {
             } else {
                 0
             };
+            if !snapshot && head_len + len + 7 <= INLINE {
+                // A small segment goes out as one copied chunk: one iovec instead of three,
+                // and its bytes (and CRC) are those of the moment it was posted, even if the
+                // source is a word its owner keeps updating (a counter written again and
+                // again).
+                let mut at = head_len;
+                let mut left = len;
+                while left > 0 {
+                    let (p, take) = pieces.next(left);
+                    // SAFETY: the SGE was checked against a live local region when posted.
+                    let src = unsafe { std::slice::from_raw_parts(p, take) };
+                    head[at..at + take].copy_from_slice(src);
+                    at += take;
+                    left -= take;
+                }
+                if self.cfg.crc {
+                    crc = crc32c::crc32c_append(crc, &head[head_len..at]);
+                }
+                let mut tail = [0u8; 8];
+                let t = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
+                head[at..at + t].copy_from_slice(&tail[..t]);
+                self.push(Chunk::Inline(head, (at + t) as u8));
+                continue;
+            }
             self.push(Chunk::Inline(head, head_len as u8));
             if snapshot && len > 0 {
                 // One extent: a Read Response's source is one checked range of one region.
-                let (p, n) = extents[ext];
-                debug_assert!(ext_off + len <= n, "a Read Response has one source extent");
+                let (src, take) = pieces.next(len);
+                debug_assert_eq!(take, len, "a Read Response has one source extent");
                 self.push(Chunk::Snapshot {
-                    src: p.wrapping_add(ext_off),
+                    src,
                     len,
                     head_crc: crc,
                     ulpdu_len,
                 });
-                ext_off += len;
-                if ext_off == n {
-                    ext += 1;
-                    ext_off = 0;
-                }
                 // The trailer's pad and CRC are written when the snapshot is taken.
                 let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
                 self.push(Chunk::Inline([0; INLINE], pad_and_crc as u8));
@@ -294,9 +316,7 @@ impl Stream {
             }
             let mut left = len;
             while left > 0 {
-                let (p, n) = extents[ext];
-                let take = (n - ext_off).min(left);
-                let ptr = p.wrapping_add(ext_off);
+                let (ptr, take) = pieces.next(left);
                 if self.cfg.crc {
                     // SAFETY: the SGE was checked against a live local region; the verbs
                     // contract keeps it untouched until the work request completes.
@@ -306,11 +326,6 @@ impl Stream {
                 }
                 self.push(Chunk::Raw(ptr, take));
                 left -= take;
-                ext_off += take;
-                if ext_off == n {
-                    ext += 1;
-                    ext_off = 0;
-                }
             }
             let mut tail = [0u8; 8];
             let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
@@ -432,5 +447,28 @@ impl Stream {
                 self.sq_complete(seq, report.then_some(wc));
             }
         }
+    }
+}
+
+/// Walks a message's payload extents, a piece at a time.
+struct Pieces<'a> {
+    extents: &'a [(*const u8, usize)],
+    /// The extent being walked, and how far into it.
+    at: usize,
+    off: usize,
+}
+
+impl Pieces<'_> {
+    /// The next piece: where it starts and its length (at most `max`, and within one extent).
+    fn next(&mut self, max: usize) -> (*const u8, usize) {
+        let (p, n) = self.extents[self.at];
+        let take = (n - self.off).min(max);
+        let piece = (p.wrapping_add(self.off), take);
+        self.off += take;
+        if self.off == n {
+            self.at += 1;
+            self.off = 0;
+        }
+        piece
     }
 }

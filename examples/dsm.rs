@@ -85,8 +85,7 @@ fn member(rank: usize, lead: Option<(&mut [Child], Vec<String>)>) -> Result<()> 
     // leave the CPU to the node whose turn it is.
     Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .map_err(|e| Error::Invalid(e.to_string()))?
         .block_on(async move {

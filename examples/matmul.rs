@@ -432,6 +432,17 @@ async fn matrix<T: Elem>(n: usize, seed: u64) -> Vec<T> {
 }
 
 /// Rank 0: every block of A (as column panels) and B to its owner.
+/// Copies `data` into the start of `r`, a few MiB at a time with a yield between (a copy of
+/// hundreds of MiB into fresh pages holds the core for a second: its peers would declare it
+/// down).
+async fn fill<T: Elem>(r: &Region<T>, data: &[T]) {
+    const CHUNK: usize = 1 << 20;
+    for (k, piece) in data.chunks(CHUNK).enumerate() {
+        r.copy_from(k * CHUNK, piece);
+        yield_now().await;
+    }
+}
+
 async fn distribute<T: Elem>(part: &Part<T>, a: &[T], bm: &[T], node: &Node) -> Result<()> {
     let g = part.grid;
     let (mr, nc, b, n) = (g.mr(), g.nc(), g.b, g.n);
@@ -451,15 +462,18 @@ async fn distribute<T: Elem>(part: &Part<T>, a: &[T], bm: &[T], node: &Node) -> 
         for i in 0..mr {
             let start = (row * mr + i) * n + col * nc;
             bblk.extend_from_slice(&bm[start..start + nc]);
+            if i % 256 == 255 {
+                yield_now().await;
+            }
         }
         match &part.remote[rank] {
             None => {
-                part.a.copy_from(0, &blk);
-                part.b.copy_from(0, &bblk);
+                fill(&part.a, &blk).await;
+                fill(&part.b, &bblk).await;
             }
             Some(r) => {
-                stage_a.copy_from(0, &blk);
-                stage_b.copy_from(0, &bblk);
+                fill(&stage_a, &blk).await;
+                fill(&stage_b, &bblk).await;
                 let ep = part.mesh.endpoint(rank);
                 ep.write_from_region(&r[0], 0, &stage_a, 0, mr * nc).await?;
                 ep.write_from_region(&r[1], 0, &stage_b, 0, mr * nc).await?;
@@ -477,21 +491,26 @@ async fn gather<T: Elem>(part: &Part<T>, node: &Node) -> Result<Vec<T>> {
     let stage = node.region::<T>(mr * nc, Align::Page)?;
     for rank in 0..g.pr * g.pc {
         let blk = match &part.remote[rank] {
-            None => part.c.to_vec(),
+            None => &part.c,
             Some(r) => {
                 part.mesh
                     .endpoint(rank)
                     .read_to_region(&r[2], 0, &stage, 0, mr * nc)
                     .await?;
-                stage.to_vec()
+                &stage
             }
         };
         let (row, col) = g.at(rank);
         for i in 0..mr {
             let start = (row * mr + i) * n + col * nc;
-            c[start..start + nc].copy_from_slice(&blk[i * nc..(i + 1) * nc]);
+            // SAFETY: row i of the mr×nc block lies inside the region; every SUMMA task has
+            // ended and the READ above completed, so nothing writes the block meanwhile.
+            let src = unsafe { std::slice::from_raw_parts(blk.as_ptr().add(i * nc), nc) };
+            c[start..start + nc].copy_from_slice(src);
+            if i % 256 == 255 {
+                yield_now().await;
+            }
         }
-        yield_now().await;
     }
     Ok(c)
 }

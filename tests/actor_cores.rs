@@ -35,8 +35,7 @@ const ASK: Duration = Duration::from_secs(5);
 fn an_actor_on_another_core_runs_there_in_order_and_reports_its_exit() {
     Runtime::builder()
         .cores(2)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap()
         .block_on(async {

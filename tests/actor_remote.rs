@@ -78,8 +78,7 @@ where
     ];
     Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap()
         .block_on(async {

@@ -15,12 +15,7 @@ use barewire::engine::{time, yield_now, Runtime};
 use proptest::prelude::*;
 
 fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
+    Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
 /// What the children did, as they saw it: (event, child name) in order.

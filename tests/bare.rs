@@ -101,14 +101,7 @@ fn serde_types_cross_a_bare_channel() {
     use barewire::engine::Runtime;
     use barewire::Node;
     use std::time::Duration;
-    let rt = || {
-        Runtime::builder()
-            .cores(1)
-            .pin(false)
-            .idle_spin(Duration::ZERO)
-            .build()
-            .unwrap()
-    };
+    let rt = || Runtime::builder().cores(1).sleeping().build().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         rt().block_on(async move {

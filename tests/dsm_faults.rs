@@ -47,8 +47,7 @@ where
     let mut workers = [worker(1), worker(2)];
     Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap()
         .block_on(async {

@@ -9,12 +9,7 @@ use barewire::engine::{time, Runtime};
 use barewire::{Error, Node};
 
 fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
+    Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
 fn node_process(args: &[&str]) -> Child {

@@ -8,12 +8,7 @@ use barewire::engine::{time, Runtime};
 use barewire::{Align, ChannelOptions, DistributedChannel, Endpoint, Error, Node};
 
 fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
+    Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
 /// Stays connected a moment after the last receive, so the peer's flush of its last message

@@ -133,8 +133,7 @@ pub fn spinning_runtime(cpu: usize) -> barewire_engine::Runtime {
 pub fn sleeping_runtime() -> barewire_engine::Runtime {
     barewire_engine::Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .expect("runtime")
 }

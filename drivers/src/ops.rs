@@ -26,8 +26,22 @@ use crate::transport::DriverError;
 pub struct Buffer {
     mr: std::mem::ManuallyDrop<MemoryRegion>,
     ptr: *mut u8,
-    layout: std::alloc::Layout,
+    memory: Memory,
 }
+
+/// Where a buffer's bytes come from.
+enum Memory {
+    /// The heap, for small buffers.
+    Heap(std::alloc::Layout),
+    /// An anonymous mapping of this many bytes, for large ones: the kernel zeroes each page on
+    /// first touch, so a large region costs nothing until used (the heap's aligned zeroed
+    /// allocation writes every byte first: seconds of page faults for a few GiB, during which
+    /// the core answers nobody).
+    Mapped(usize),
+}
+
+/// Buffers at least this large (and aligned to at most a page) are mapped, not allocated.
+const MAP_AT: usize = 1 << 20;
 
 impl Buffer {
     /// Allocates and registers `len` bytes aligned to `align` (a power of two: 64 for a cache
@@ -53,21 +67,29 @@ impl Buffer {
             std::alloc::Layout::from_size_align(len.max(1), align.max(1)).map_err(|e| {
                 DriverError::Unsupported(format!("buffer of {len} B aligned {align}: {e}"))
             })?;
-        // SAFETY: a non-zero-sized layout.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        // SAFETY: the allocation lives until Drop, which deregisters the region first.
+        let (ptr, memory) = if len >= MAP_AT && align <= 4096 {
+            let p = barewire_engine::map_anonymous(len).map_err(|e| {
+                DriverError::Unsupported(format!("mapping a buffer of {len} B: {e}"))
+            })?;
+            (p, Memory::Mapped(len))
+        } else {
+            // SAFETY: a non-zero-sized layout.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            (p, Memory::Heap(layout))
+        };
+        // SAFETY: the memory lives until Drop, which deregisters the region first.
         match unsafe { pd.register(ptr, len, access) } {
             Ok(mr) => Ok(Rc::new(Buffer {
                 mr: std::mem::ManuallyDrop::new(mr),
                 ptr,
-                layout,
+                memory,
             })),
             Err(e) => {
                 // SAFETY: freeing what we allocated; nothing was registered.
-                unsafe { std::alloc::dealloc(ptr, layout) };
+                unsafe { memory.free(ptr) };
                 Err(e)
             }
         }
@@ -148,7 +170,22 @@ impl Drop for Buffer {
         // are freed with the layout they were allocated with.
         unsafe {
             std::mem::ManuallyDrop::drop(&mut self.mr);
-            std::alloc::dealloc(self.ptr, self.layout);
+            self.memory.free(self.ptr);
+        }
+    }
+}
+
+impl Memory {
+    /// # Safety
+    /// `ptr` is what this memory was allocated or mapped at, and is not used afterwards.
+    unsafe fn free(&self, ptr: *mut u8) {
+        match self {
+            // SAFETY: as the caller promises.
+            Memory::Heap(layout) => unsafe { std::alloc::dealloc(ptr, *layout) },
+            // SAFETY: as the caller promises; the whole mapping goes.
+            Memory::Mapped(len) => unsafe {
+                libc::munmap(ptr as *mut libc::c_void, *len);
+            },
         }
     }
 }

@@ -53,6 +53,7 @@ pub use driver::{Reactor, ReactorKind, UringFlags};
 pub use error::Error;
 pub use op::poll_fd::{poll_readable, poll_writable};
 pub use poller::Poller;
+pub use pool::map_anonymous;
 pub use runtime::{
     core_token, current_core, current_cpu, in_runtime, num_cores, reactor, register_poller,
     spawn_on, stats, yield_now, Builder, Runtime,

@@ -89,24 +89,7 @@ impl BufferPool {
             .checked_mul(buf_size)
             .ok_or_else(|| Error::InvalidConfig("pool size overflows".into()))?;
         check_memlock(len as u64)?;
-        // SAFETY: anonymous private mapping; checked for failure below.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(Error::io(
-                "mmap for the buffer pool",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        let base = base as *mut u8;
+        let base = map_anonymous(len).map_err(|e| Error::io("mmap for the buffer pool", e))?;
         let mut inner = Inner {
             base,
             len,
@@ -281,3 +264,31 @@ unsafe impl IoBufMut for FixedBuf {
 }
 
 impl Unpin for FixedBuf {}
+
+/// Maps `len` bytes of anonymous private memory, readable and writable, page-aligned; the
+/// kernel zeroes each page on first touch, so a large mapping costs nothing until used.
+/// Unmap it with `libc::munmap(ptr, len)`.
+///
+/// ```
+/// let p = barewire_engine::map_anonymous(1 << 20).unwrap();
+/// assert_eq!(p as usize % 4096, 0);
+/// // SAFETY: unmapping the mapping just made, which nothing else uses.
+/// unsafe { libc::munmap(p.cast(), 1 << 20) };
+/// ```
+pub fn map_anonymous(len: usize) -> std::io::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(p as *mut u8)
+}

@@ -84,6 +84,18 @@ impl Builder {
         self
     }
 
+    /// For a machine the runtime shares (tests run in parallel, tools beside a benchmark): no
+    /// pinning, and a core sleeps as soon as it is idle. The same as `.pin(false)` and
+    /// `.idle_spin(Duration::ZERO)`.
+    ///
+    /// ```
+    /// let rt = barewire_engine::Runtime::builder().cores(1).sleeping().build().unwrap();
+    /// assert_eq!(rt.block_on(async { 6 * 7 }), 42);
+    /// ```
+    pub fn sleeping(self) -> Self {
+        self.pin(false).idle_spin(Duration::ZERO)
+    }
+
     /// io_uring submission queue size per core (default 256; the CQ is four times that).
     pub fn ring_entries(mut self, n: u32) -> Self {
         self.ring_entries = n;

@@ -2,15 +2,13 @@
 #![allow(dead_code)]
 
 use barewire_engine::{ReactorKind, Runtime};
-use std::time::Duration;
 
 /// A runtime that sleeps when idle and does not pin, so parallel tests on a 2-core CI machine
 /// do not fight. Honours BAREWIRE_REACTOR, so the same tests run under both reactors.
 pub fn rt(cores: usize) -> Runtime {
     Runtime::builder()
         .cores(cores)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .expect("runtime")
 }

@@ -4,7 +4,6 @@
 //! must not touch the other tests) and reads the child's stderr.
 
 use std::process::Command;
-use std::time::Duration;
 
 use barewire_engine::net::{TcpListener, TcpStream};
 use barewire_engine::{Reactor, ReactorKind, Runtime};
@@ -88,8 +87,7 @@ fn child() {
     for _ in 0..3 {
         let rt = Runtime::builder()
             .cores(2)
-            .pin(false)
-            .idle_spin(Duration::ZERO)
+            .sleeping()
             .reactor(Reactor::Auto)
             .build()
             .unwrap();

@@ -8,12 +8,7 @@ use barewire_engine::net::UdpSocket;
 use barewire_engine::{time, Runtime};
 
 fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
+    Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
 #[test]

@@ -66,12 +66,7 @@ fn outstanding_read(
     host: &str,
     fault: impl FnOnce(),
 ) -> (WcStatus, Duration, QpState) {
-    let rt = Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap();
+    let rt = Runtime::builder().cores(1).sleeping().build().unwrap();
     rt.block_on(async {
         let dev = Device::new();
         let pd = dev.alloc_pd();

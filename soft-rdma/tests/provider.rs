@@ -14,12 +14,7 @@ use barewire_soft_rdma::verbs::{
 use barewire_soft_rdma::wire::{DdpTaggedErrorCode, MpaSettings, TermCode};
 
 fn rt() -> Runtime {
-    Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
-        .build()
-        .unwrap()
+    Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
 struct End {

@@ -597,8 +597,7 @@ fn a_live_provider_session_decodes_in_tshark() {
     let path = temp("live");
     let rt = barewire_engine::Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap();
     let opts = ConnectOptions {

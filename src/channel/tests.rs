@@ -11,8 +11,7 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
     use std::time::Duration;
     barewire_engine::Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap()
         .block_on(async {

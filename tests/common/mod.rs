@@ -28,8 +28,7 @@ pub fn example(name: &str) -> std::path::PathBuf {
 pub fn rt() -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .unwrap()
 }

@@ -7,7 +7,6 @@
 //! data of every connection it accepts.
 
 use std::io::Write;
-use std::time::Duration;
 
 use barewire_engine::Runtime;
 use barewire_soft_rdma::provider::{serve, ConnectOptions, Listener, RegionDescriptor};
@@ -24,8 +23,7 @@ fn main() {
         .unwrap_or([127, 0, 0, 1].into());
     let rt = Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .expect("runtime");
     rt.block_on(async move {

@@ -54,6 +54,15 @@ pub struct ConnectOptions {
     /// request the peer refuses completes with its error; off gives plain iWARP's local
     /// completion. See [`StreamConfig::remote_completion`].
     pub remote_completion: bool,
+    /// Listener: how long a connected peer may take to send its whole MPA Request before the
+    /// connection is dropped (a port scanner, a stuck client or an attacker holds nothing
+    /// longer than this).
+    pub handshake_timeout: Duration,
+    /// Listener: handshakes in progress at once; a new connection beyond it evicts the oldest.
+    pub max_pending_handshakes: usize,
+    /// Listener: handshakes in progress at once from one source address; beyond it the oldest
+    /// from that address is evicted (so one address cannot fill the listener).
+    pub max_pending_per_source: usize,
 }
 
 impl Default for ConnectOptions {
@@ -64,6 +73,9 @@ impl Default for ConnectOptions {
             mulpdu: 16 * 1024,
             timeout: Duration::from_secs(1),
             remote_completion: true,
+            handshake_timeout: Duration::from_secs(2),
+            max_pending_handshakes: 128,
+            max_pending_per_source: 16,
         }
     }
 }
@@ -220,57 +232,249 @@ pub async fn connect(
 }
 
 /// Accepts connections with the MPA handshake.
+///
+/// Handshakes run concurrently, each in its own task on the listener's core, so a peer that
+/// connects and then sends nothing (or half a Request) delays nobody else. Each has a
+/// deadline ([`ConnectOptions::handshake_timeout`]); the number in progress is capped per
+/// listener and per source address, and a new connection over a cap evicts the oldest
+/// pending handshake it competes with, so a flood can only push out its own stale
+/// connections. Requests that arrived completely wait, at most
+/// [`ConnectOptions::max_pending_handshakes`] of them, for [`Listener::accept`], which answers
+/// them in arrival order. [`Listener::counters`] says what was refused and why.
 pub struct Listener {
-    inner: TcpListener,
+    local: SocketAddr,
     opts: ConnectOptions,
+    shared: Rc<Intake>,
+    acceptor: barewire_engine::JoinHandle<()>,
+}
+
+/// What a listener refused, by reason (cumulative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerCounters {
+    /// Connections accepted by TCP.
+    pub connections: u64,
+    /// Handshakes dropped at their deadline.
+    pub timed_out: u64,
+    /// Pending handshakes evicted by newer connections (per-listener or per-source cap).
+    pub evicted: u64,
+    /// Connections whose MPA Request was malformed, or that closed before sending it.
+    pub bad_requests: u64,
+    /// Complete Requests dropped because [`Listener::accept`] fell too far behind.
+    pub overflowed: u64,
+}
+
+/// A complete MPA Request waiting for `accept`.
+struct Arrived {
+    stream: TcpStream,
+    request: Negotiable,
+}
+
+/// The listener's state shared with its acceptor and handshake tasks.
+struct Intake {
+    opts: ConnectOptions,
+    ready: RefCell<std::collections::VecDeque<Arrived>>,
+    waiter: RefCell<Option<std::task::Waker>>,
+    /// Handshakes in progress, oldest first: (id, source address, task).
+    pending: RefCell<
+        std::collections::VecDeque<(u64, std::net::IpAddr, barewire_engine::JoinHandle<()>)>,
+    >,
+    next_id: std::cell::Cell<u64>,
+    /// A failure of TCP accept itself (the listener is unusable).
+    failed: RefCell<Option<io::Error>>,
+    counters: std::cell::Cell<ListenerCounters>,
+}
+
+impl Intake {
+    fn count(&self, f: impl FnOnce(&mut ListenerCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+
+    fn wake(&self) {
+        if let Some(w) = self.waiter.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Makes room for one more handshake from `ip`: evicts the oldest from that address at
+    /// the per-source cap, then the oldest of all at the listener's cap.
+    fn make_room(&self, ip: std::net::IpAddr) {
+        let mut pending = self.pending.borrow_mut();
+        let from_ip = pending.iter().filter(|p| p.1 == ip).count();
+        if from_ip >= self.opts.max_pending_per_source.max(1) {
+            if let Some(i) = pending.iter().position(|p| p.1 == ip) {
+                let (_, _, task) = pending.remove(i).expect("found");
+                task.cancel();
+                self.count(|c| c.evicted += 1);
+            }
+        }
+        if pending.len() >= self.opts.max_pending_handshakes.max(1) {
+            if let Some((_, _, task)) = pending.pop_front() {
+                task.cancel();
+                self.count(|c| c.evicted += 1);
+            }
+        }
+    }
+
+    fn done(&self, id: u64) {
+        self.pending.borrow_mut().retain(|p| p.0 != id);
+    }
+}
+
+/// Accepts TCP connections for as long as the listener lives, each into a handshake task.
+async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
+    loop {
+        let (stream, peer) = match inner.accept().await {
+            Ok(c) => c,
+            Err(e) if is_transient(&e) => {
+                // Out of descriptors or memory for a moment: back off rather than spin; the
+                // connection stays in the kernel's backlog.
+                barewire_engine::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(e) => {
+                *shared.failed.borrow_mut() = Some(e);
+                shared.wake();
+                return;
+            }
+        };
+        shared.count(|c| c.connections += 1);
+        shared.make_room(peer.ip());
+        let id = shared.next_id.get();
+        shared.next_id.set(id + 1);
+        let s = shared.clone();
+        let task = barewire_engine::spawn_local(async move {
+            let deadline = s.opts.handshake_timeout;
+            match barewire_engine::time::timeout(deadline, read_mpa(&stream, MpaKind::Request))
+                .await
+            {
+                Ok(Ok((request, _))) => {
+                    let mut ready = s.ready.borrow_mut();
+                    if ready.len() >= s.opts.max_pending_handshakes.max(1) {
+                        s.count(|c| c.overflowed += 1);
+                    } else {
+                        ready.push_back(Arrived { stream, request });
+                        drop(ready);
+                        s.wake();
+                    }
+                }
+                Ok(Err(_)) => s.count(|c| c.bad_requests += 1),
+                Err(_) => s.count(|c| c.timed_out += 1),
+            }
+            s.done(id);
+        });
+        shared.pending.borrow_mut().push_back((id, peer.ip(), task));
+    }
+}
+
+/// Accept errors that say "not now" rather than "never" (accept(2)).
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EPERM
+        )
+    )
 }
 
 impl Listener {
-    /// Listens on `addr`.
+    /// Listens on `addr`. Call it on the core that will accept: the handshakes run there.
     pub fn bind(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener, CmError> {
         check_private_data(&opts)?;
+        let inner = TcpListener::bind(addr)?;
+        let local = inner.local_addr()?;
+        let shared = Rc::new(Intake {
+            opts: opts.clone(),
+            ready: RefCell::new(Default::default()),
+            waiter: RefCell::new(None),
+            pending: RefCell::new(Default::default()),
+            next_id: std::cell::Cell::new(0),
+            failed: RefCell::new(None),
+            counters: Default::default(),
+        });
+        let acceptor = barewire_engine::spawn_local(acceptor(inner, shared.clone()));
         Ok(Listener {
-            inner: TcpListener::bind(addr)?,
+            local,
             opts,
+            shared,
+            acceptor,
         })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.inner.local_addr()
+        Ok(self.local)
     }
 
-    /// Accepts one peer. A peer asking for markers gets a Reply with R set and is refused.
+    /// What the listener has refused so far, and why.
+    pub fn counters(&self) -> ListenerCounters {
+        self.shared.counters.get()
+    }
+
+    /// Accepts one peer: the next complete MPA Request, answered now. A peer asking for
+    /// markers gets a Reply with R set and is refused.
     pub async fn accept(
         &self,
         pd: &ProtectionDomain,
         scq: &CompletionQueue,
         rcq: &CompletionQueue,
     ) -> Result<(QueuePair, Vec<u8>), CmError> {
-        let (s, _) = self.inner.accept().await?;
-        let (peer, _) = read_mpa(&s, MpaKind::Request).await?;
-        let f = peer.frame(MpaKind::Request);
+        let Arrived { stream, request } = std::future::poll_fn(|cx| {
+            if let Some(a) = self.shared.ready.borrow_mut().pop_front() {
+                return std::task::Poll::Ready(Ok(a));
+            }
+            if let Some(e) = self.shared.failed.borrow().as_ref() {
+                return std::task::Poll::Ready(Err(io::Error::new(e.kind(), e.to_string())));
+            }
+            *self.shared.waiter.borrow_mut() = Some(cx.waker().clone());
+            std::task::Poll::Pending
+        })
+        .await?;
+        let f = request.frame(MpaKind::Request);
         match negotiate(&self.opts.mpa, &f) {
             Ok(neg) => {
                 write_frame(
-                    &s,
+                    &stream,
                     &our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision),
                 )
                 .await?;
                 Ok((
-                    QueuePair::start(s.into_fd(), pd, scq, rcq, &self.opts, neg),
-                    peer.private_data,
+                    QueuePair::start(stream.into_fd(), pd, scq, rcq, &self.opts, neg),
+                    request.private_data,
                 ))
             }
             Err(reason) => {
-                let rev = self.opts.mpa.revision.min(peer.revision);
-                write_frame(&s, &our_frame(MpaKind::Reply, &self.opts, false, true, rev)).await?;
+                let rev = self.opts.mpa.revision.min(request.revision);
+                write_frame(
+                    &stream,
+                    &our_frame(MpaKind::Reply, &self.opts, false, true, rev),
+                )
+                .await?;
                 Err(CmError::Rejected {
                     reason,
-                    private_data: peer.private_data,
+                    private_data: request.private_data,
                 })
             }
         }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Stop accepting and drop every connection still in its handshake.
+        self.acceptor.cancel();
+        for (_, _, task) in self.shared.pending.borrow_mut().drain(..) {
+            task.cancel();
+        }
+        self.shared.ready.borrow_mut().clear();
     }
 }
 
@@ -289,6 +493,12 @@ struct QpInner {
     key: usize,
     /// On the provider's active list (owed bytes, or closed and waiting to be forgotten).
     listed: bool,
+    /// The last receive stopped at its byte budget with bytes still in the socket: no new
+    /// epoll edge will announce them, so the poller comes back to it on its next pass.
+    rx_more: bool,
+    /// The last transmit stopped at its byte budget with the socket still writable (so no
+    /// EPOLLOUT edge will come either).
+    tx_more: bool,
 }
 
 impl Drop for QpInner {
@@ -308,7 +518,7 @@ impl Drop for QpInner {
 /// Puts a queue pair on the active list if it needs the poller's attention beyond epoll events:
 /// bytes owed (for the stall timeout and send-space retries), or a closed socket to forget.
 fn mark_active(i: &mut QpInner) {
-    if !i.listed && (i.closed || i.stream.awaiting_peer()) {
+    if !i.listed && (i.closed || i.rx_more || i.stream.awaiting_peer()) {
         i.listed = true;
         // Its stall clock starts now (at the poller's next look).
         i.moved = true;
@@ -356,6 +566,8 @@ impl QueuePair {
             closed: false,
             key: usize::MAX,
             listed: false,
+            rx_more: false,
+            tx_more: false,
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));

@@ -29,8 +29,15 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
     }
     let fd = i.fd.as_raw_fd();
     let mut moved = false;
-    // Transmit.
+    // Transmit, up to the budget: one queue pair moving a large message must not hold the
+    // core (its other queue pairs, its tasks, its membership probes) for the whole transfer.
+    let mut sent = 0;
+    i.tx_more = false;
     while i.stream.wants_tx() {
+        if sent >= BUDGET {
+            i.tx_more = true;
+            break;
+        }
         let mut iov = [std::io::IoSlice::new(&[]); 64];
         let count = i.stream.tx_iovecs(&mut iov);
         // SAFETY: msghdr over iovecs (IoSlice is ABI-compatible with iovec on Unix) that borrow
@@ -43,6 +50,7 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
         };
         if n > 0 {
             i.stream.tx_advance(n as usize);
+            sent += n as usize;
             moved = true;
         } else {
             let e = io::Error::last_os_error();
@@ -66,9 +74,19 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
     moved
 }
 
+/// Bytes one queue pair may move in each direction per service call; past it the poller
+/// comes back on its next pass (see `QpInner::rx_more` and the active list).
+const BUDGET: usize = 1 << 20;
+
 fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     let mut moved = false;
+    let mut got = 0;
+    i.rx_more = false;
     while let Some((dst, want)) = i.stream.rx_buffer() {
+        if got >= BUDGET {
+            i.rx_more = true;
+            break;
+        }
         let asked = if want >= DIRECT_PLACEMENT {
             want
         } else {
@@ -104,6 +122,7 @@ fn receive(i: &mut QpInner, fd: RawFd) -> bool {
         };
         if n > 0 {
             moved = true;
+            got += n as usize;
             // A TCP socket returns less than asked only when it has no more bytes right now;
             // with edge-triggered epoll the next arrival raises a new event, so stop here
             // instead of paying a recv just to hear EAGAIN.
@@ -338,8 +357,9 @@ impl Poller for ProgressPoller {
                     i.listed = false;
                     return false;
                 }
-                if i.stream.wants_tx() {
-                    moved |= service(&mut i, false);
+                if i.stream.wants_tx() || i.rx_more {
+                    let more = i.rx_more;
+                    moved |= service(&mut i, more);
                 }
                 if std::mem::take(&mut i.moved) {
                     i.last_progress = now;
@@ -351,7 +371,7 @@ impl Poller for ProgressPoller {
                     close(&mut i, WcStatus::RetryExcErr);
                     moved = true;
                 }
-                let keep = i.closed || i.stream.awaiting_peer();
+                let keep = i.closed || i.rx_more || i.stream.awaiting_peer();
                 i.listed = keep;
                 keep
             });
@@ -392,15 +412,21 @@ impl Poller for ProgressPoller {
                     return false;
                 }
             }
-            let waiting = p
-                .active
-                .borrow()
-                .iter()
-                .filter_map(|&k| p.get(k))
-                .any(|qp| {
-                    let i = qp.borrow();
-                    !i.closed && i.stream.awaiting_peer()
-                });
+            let any_live = |f: &dyn Fn(&QpInner) -> bool| {
+                p.active
+                    .borrow()
+                    .iter()
+                    .filter_map(|&k| p.get(k))
+                    .any(|qp| {
+                        let i = qp.borrow();
+                        !i.closed && f(&i)
+                    })
+            };
+            // A queue pair that stopped at its budget has bytes to move now: no sleeping.
+            if any_live(&|i| i.rx_more || i.tx_more) {
+                return false;
+            }
+            let waiting = any_live(&|i| i.stream.awaiting_peer());
             if waiting && !p.timer_armed.replace(true) {
                 barewire_engine::spawn_local(async {
                     barewire_engine::time::sleep(Duration::from_millis(5)).await;

@@ -12,7 +12,6 @@ use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
 
 use barewire::{Error, Node, Result};
 
@@ -34,8 +33,7 @@ pub fn arg(args: &[String], key: &str) -> Option<String> {
 pub fn runtime() -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()
         .cores(1)
-        .pin(false)
-        .idle_spin(Duration::ZERO)
+        .sleeping()
         .build()
         .expect("runtime")
 }

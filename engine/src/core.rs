@@ -420,8 +420,11 @@ impl Core {
     /// Drives the loop until `main` completes, or (with no main) until a stop is requested.
     pub(crate) fn run<F: Future>(&self, mut main: Option<Pin<&mut F>>) -> Option<F::Output> {
         let _guard = self.enter();
+        // Woken at first so a main future is polled once; a core with no main future (cores
+        // 1..n) has nothing for this flag to announce, and a flag left set would keep it from
+        // ever counting as idle, and so from ever sleeping.
         let main_waker = Arc::new(MainWaker {
-            woken: AtomicBool::new(true),
+            woken: AtomicBool::new(main.is_some()),
             shared: self.shared.clone(),
         });
         let waker = Waker::from(main_waker.clone());

@@ -331,3 +331,27 @@ fn local_channels_and_semaphore_work_together() {
         );
     });
 }
+
+/// In the sleeping idle mode every core sleeps when it has nothing to do, not only core 0:
+/// cores 1..n once kept polling forever (a flag meant for core 0's main future stayed set),
+/// burning a CPU each.
+#[test]
+fn an_idle_core_other_than_the_first_sleeps() {
+    let rt = common::rt(2);
+    let before = rt.stats()[1].clone();
+    rt.block_on(async {
+        // Core 1 has nothing to do for 100 ms but a timer.
+        spawn_on(1, || async {
+            barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        })
+        .await
+        .unwrap();
+    });
+    let after = &rt.stats()[1];
+    let passes = after.poller_passes - before.poller_passes;
+    assert!(after.sleeps > before.sleeps, "core 1 never slept");
+    assert!(
+        passes < 1_000,
+        "core 1 made {passes} passes in 100 ms of idleness: it spun instead of sleeping"
+    );
+}

@@ -338,7 +338,7 @@ fn local_channels_and_semaphore_work_together() {
 #[test]
 fn an_idle_core_other_than_the_first_sleeps() {
     let rt = common::rt(2);
-    let before = rt.stats()[1].clone();
+    let before = rt.stats()[1];
     rt.block_on(async {
         // Core 1 has nothing to do for 100 ms but a timer.
         spawn_on(1, || async {

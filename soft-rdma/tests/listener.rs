@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use barewire_engine::time::{sleep, timeout};
 use barewire_engine::{spawn_local, Runtime};
-use barewire_soft_rdma::provider::{connect, ConnectOptions, Listener};
+use barewire_soft_rdma::provider::{connect, ConnectOptions, Listener, QueuePair};
 use barewire_soft_rdma::verbs::{CompletionQueue, Device};
 
 fn rt() -> Runtime {
@@ -18,12 +18,12 @@ fn rt() -> Runtime {
 /// The first 10 bytes of a (well-formed) MPA Request: the key and a little more.
 const HALF_REQUEST: &[u8] = b"MPA ID Req";
 
-/// Connects a good client and waits until the listener has accepted it; how long that took.
-async fn good_client(l: &Listener, addr: SocketAddr) -> Duration {
+/// Connects a good client and waits until the listener has accepted it: both queue pairs
+/// (the listener's first).
+async fn accepted(l: &Listener, addr: SocketAddr) -> (QueuePair, QueuePair) {
     let dev = Device::new();
     let pd = dev.alloc_pd();
     let (scq, rcq) = (CompletionQueue::new(8), CompletionQueue::new(8));
-    let t0 = Instant::now();
     let client = spawn_local({
         let pd = pd.clone_handle();
         let (scq, rcq) = (scq.clone(), rcq.clone());
@@ -38,8 +38,15 @@ async fn good_client(l: &Listener, addr: SocketAddr) -> Duration {
         .expect("the good client was accepted within 10 s")
         .expect("accept");
     let theirs = client.await.unwrap().expect("the good client connected");
+    (qp, theirs)
+}
+
+/// How long a good client takes to be connected and accepted.
+async fn good_client(l: &Listener, addr: SocketAddr) -> Duration {
+    let t0 = Instant::now();
+    let pair = accepted(l, addr).await;
     let took = t0.elapsed();
-    drop((qp, theirs));
+    drop(pair);
     took
 }
 
@@ -140,5 +147,206 @@ fn a_request_that_never_completes_is_dropped_at_the_deadline() {
         half.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let mut buf = [0u8; 16];
         assert_eq!(std::io::Read::read(&mut half, &mut buf).unwrap(), 0);
+    });
+}
+
+/// One STag guess from `from`, by hand over a blocking socket: the MPA Request, then a WRITE
+/// naming a made-up STag. `Err` when the listener closed the connection before replying (the
+/// address is banned); `Ok` once the guess was answered with a Terminate and the hang-up.
+fn guess(listener: SocketAddr, from: std::net::Ipv4Addr) -> Result<(), String> {
+    use barewire_soft_rdma::wire::{
+        DdpHeader, MpaFrame, MpaKind, RdmapOpcode, Rev2Params, Segment,
+    };
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // SAFETY: a socket we own, bound to `from` and connected to the listener; the fd goes to
+    // the std stream, which closes it.
+    let mut s = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        let local = sin(from, 0);
+        assert_eq!(
+            libc::bind(fd, &local as *const _ as *const libc::sockaddr, len),
+            0
+        );
+        let SocketAddr::V4(l) = listener else {
+            unreachable!()
+        };
+        let remote = sin(*l.ip(), l.port());
+        assert_eq!(
+            libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len),
+            0,
+            "connect: {}",
+            std::io::Error::last_os_error()
+        );
+        StdStream::from_raw_fd(fd)
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let req = MpaFrame {
+        kind: MpaKind::Request,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        rev2: Some(Rev2Params {
+            ird: 4,
+            ord: 4,
+            ..Default::default()
+        }),
+        private_data: &[],
+    };
+    let mut buf = vec![0u8; req.encoded_len()];
+    let n = req.encode(&mut buf).unwrap();
+    if s.write_all(&buf[..n]).is_err() {
+        return Err("closed before the Request".into());
+    }
+    let mut reply = vec![0u8; n];
+    s.read_exact(&mut reply)
+        .map_err(|e| format!("no Reply: {e}"))?;
+    let mut wire = Vec::new();
+    Segment {
+        last: true,
+        opcode: RdmapOpcode::Write,
+        header: DdpHeader::Tagged {
+            stag: 0x5eed_1234,
+            to: 0x1000,
+        },
+        payload: &[7; 8],
+    }
+    .encode_fpdu(false, &mut wire)
+    .unwrap();
+    s.write_all(&wire).unwrap();
+    // The Terminate, then EOF.
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest)
+        .map_err(|e| format!("after the guess: {e}"))?;
+    assert!(!rest.is_empty(), "a Terminate answers a bad STag");
+    Ok(())
+}
+
+#[test]
+fn a_guesser_is_refused_once_its_budget_is_spent_and_other_addresses_are_not() {
+    rt().block_on(async {
+        let opts = ConnectOptions {
+            violation_budget: 3,
+            ..ConnectOptions::default()
+        };
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let guesser = std::net::Ipv4Addr::new(127, 0, 0, 2);
+            let first: Vec<_> = (0..3).map(|_| guess(addr, guesser)).collect();
+            let fourth = guess(addr, guesser);
+            let other = guess(addr, std::net::Ipv4Addr::new(127, 0, 0, 1));
+            (first, fourth, other)
+        });
+        // Serve handshakes while the client works; keep the queue pairs until it is done.
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+        let mut qps = Vec::new();
+        while !client.is_finished() {
+            if let Ok(Ok((qp, _))) =
+                timeout(Duration::from_millis(20), l.accept(&pd, &scq, &rcq)).await
+            {
+                qps.push(qp);
+            }
+        }
+        let (first, fourth, other) = client.join().unwrap();
+        for g in &first {
+            assert!(g.is_ok(), "within the budget: {g:?}");
+        }
+        assert!(
+            fourth.is_err(),
+            "the fourth guess from 127.0.0.2 got through"
+        );
+        assert!(other.is_ok(), "127.0.0.1 was refused too: {other:?}");
+        let c = l.counters();
+        assert_eq!((c.violations, c.banned), (4, 1), "{c:?}");
+    });
+}
+
+/// How fast one client connects and guesses when nothing stops it: the rate the docs' expected
+/// time to a hit is computed from (`verbs` module doc). A measurement, not a check:
+/// `cargo test -p barewire-soft-rdma --release --test listener guess_rate -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn guess_rate() {
+    rt().block_on(async {
+        let opts = ConnectOptions {
+            violation_budget: usize::MAX,
+            ..ConnectOptions::default()
+        };
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = l.local_addr().unwrap();
+        let client = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut n = 0u32;
+            while t0.elapsed() < Duration::from_secs(3) {
+                guess(addr, std::net::Ipv4Addr::new(127, 0, 0, 2)).unwrap();
+                n += 1;
+            }
+            n as f64 / t0.elapsed().as_secs_f64()
+        });
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+        // The latest queue pairs stay alive long enough to answer their guess.
+        let mut recent = std::collections::VecDeque::new();
+        while !client.is_finished() {
+            if let Ok(Ok((qp, _))) =
+                timeout(Duration::from_millis(20), l.accept(&pd, &scq, &rcq)).await
+            {
+                recent.push_back(qp);
+                if recent.len() > 256 {
+                    recent.pop_front();
+                }
+            }
+        }
+        let rate = client.join().unwrap();
+        println!(
+            "guess_rate: {rate:.0} connect-and-guess rounds per second from one client; {} violations counted",
+            l.counters().violations
+        );
+    });
+}
+
+#[test]
+fn connections_per_source_are_capped_and_freed_as_they_close() {
+    rt().block_on(async {
+        let opts = ConnectOptions {
+            max_connections_per_source: 2,
+            ..ConnectOptions::default()
+        };
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+        let addr = l.local_addr().unwrap();
+        let first = accepted(&l, addr).await;
+        let _second = accepted(&l, addr).await;
+        // A third from the same address is closed before its handshake.
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let cq = CompletionQueue::new(8);
+        let third = timeout(
+            Duration::from_secs(5),
+            connect(addr, &pd, &cq, &cq, ConnectOptions::default()),
+        )
+        .await
+        .expect("refused promptly");
+        assert!(third.is_err(), "a third connection from one address got in");
+        assert_eq!(l.counters().over_limit, 1);
+        // Closing one makes room.
+        drop(first);
+        let again = accepted(&l, addr).await;
+        assert_eq!(l.counters().over_limit, 1);
+        drop(again);
     });
 }

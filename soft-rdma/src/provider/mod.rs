@@ -63,6 +63,20 @@ pub struct ConnectOptions {
     /// Listener: handshakes in progress at once from one source address; beyond it the oldest
     /// from that address is evicted (so one address cannot fill the listener).
     pub max_pending_per_source: usize,
+    /// Listener: protection violations (Terminates this side sent for an invalid STag, a
+    /// bounds or rights violation) one source address may cause within
+    /// [`violation_window`](Self::violation_window); the next connection from it is refused
+    /// for [`ban`](Self::ban). Guessing STags by reconnecting is then as slow as this allows.
+    pub violation_budget: usize,
+    /// See [`violation_budget`](Self::violation_budget).
+    pub violation_window: Duration,
+    /// See [`violation_budget`](Self::violation_budget).
+    pub ban: Duration,
+    /// Listener: connections it keeps open at once (accepted and alive); a new one beyond it
+    /// is closed at once.
+    pub max_connections: usize,
+    /// Listener: connections open at once from one source address.
+    pub max_connections_per_source: usize,
 }
 
 impl Default for ConnectOptions {
@@ -76,6 +90,11 @@ impl Default for ConnectOptions {
             handshake_timeout: Duration::from_secs(2),
             max_pending_handshakes: 128,
             max_pending_per_source: 16,
+            violation_budget: 8,
+            violation_window: Duration::from_secs(10),
+            ban: Duration::from_secs(60),
+            max_connections: 4096,
+            max_connections_per_source: 256,
         }
     }
 }
@@ -261,12 +280,19 @@ pub struct ListenerCounters {
     pub bad_requests: u64,
     /// Complete Requests dropped because [`Listener::accept`] fell too far behind.
     pub overflowed: u64,
+    /// Protection violations by peers of this listener (each answered with a Terminate).
+    pub violations: u64,
+    /// Connections refused because their address had spent its violation budget.
+    pub banned: u64,
+    /// Connections refused because the listener, or their address, had as many open as allowed.
+    pub over_limit: u64,
 }
 
 /// A complete MPA Request waiting for `accept`.
 struct Arrived {
     stream: TcpStream,
     request: Negotiable,
+    from: std::net::IpAddr,
 }
 
 /// The listener's state shared with its acceptor and handshake tasks.
@@ -282,6 +308,39 @@ struct Intake {
     /// A failure of TCP accept itself (the listener is unusable).
     failed: RefCell<Option<io::Error>>,
     counters: std::cell::Cell<ListenerCounters>,
+    /// Per source address: when its recent violations happened, and until when it is refused.
+    strikes: RefCell<std::collections::HashMap<std::net::IpAddr, Strikes>>,
+    /// Accepted connections still open, per source address and in all.
+    open: RefCell<std::collections::HashMap<std::net::IpAddr, usize>>,
+    open_total: std::cell::Cell<usize>,
+}
+
+/// One accepted connection, counted against its listener's limits while it lives; also
+/// where its protection violations are reported.
+struct Admission {
+    intake: std::rc::Weak<Intake>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(i) = self.intake.upgrade() {
+            i.open_total.set(i.open_total.get().saturating_sub(1));
+            let mut open = i.open.borrow_mut();
+            if let Some(n) = open.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Strikes {
+    recent: std::collections::VecDeque<Instant>,
+    banned_until: Option<Instant>,
 }
 
 impl Intake {
@@ -320,6 +379,63 @@ impl Intake {
     fn done(&self, id: u64) {
         self.pending.borrow_mut().retain(|p| p.0 != id);
     }
+
+    /// A peer from `ip` broke a protection rule; past its budget, `ip` is banned.
+    fn violation(&self, ip: std::net::IpAddr) {
+        self.count(|c| c.violations += 1);
+        let now = Instant::now();
+        let mut strikes = self.strikes.borrow_mut();
+        // Bounded: addresses with nothing recent are forgotten when the map grows.
+        if strikes.len() >= 4096 {
+            let window = self.opts.violation_window;
+            strikes.retain(|_, s| {
+                s.banned_until.is_some_and(|t| t > now)
+                    || s.recent
+                        .back()
+                        .is_some_and(|t| now.duration_since(*t) < window)
+            });
+        }
+        let s = strikes.entry(ip).or_default();
+        s.recent.push_back(now);
+        while s
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.opts.violation_window)
+        {
+            s.recent.pop_front();
+        }
+        if s.recent.len() >= self.opts.violation_budget.max(1) {
+            s.banned_until = Some(now + self.opts.ban);
+            s.recent.clear();
+        }
+    }
+
+    /// True when the listener, or `ip`, has as many connections open as allowed.
+    fn full(&self, ip: std::net::IpAddr) -> bool {
+        self.open_total.get() >= self.opts.max_connections
+            || self.open.borrow().get(&ip).copied().unwrap_or(0)
+                >= self.opts.max_connections_per_source
+    }
+
+    /// Counts a new open connection from `ip`.
+    fn admit(self: &Rc<Self>, ip: std::net::IpAddr) -> Admission {
+        self.open_total.set(self.open_total.get() + 1);
+        *self.open.borrow_mut().entry(ip).or_default() += 1;
+        Admission {
+            intake: Rc::downgrade(self),
+            ip,
+        }
+    }
+
+    /// True while `ip` is serving a ban.
+    fn banned(&self, ip: std::net::IpAddr) -> bool {
+        let now = Instant::now();
+        self.strikes
+            .borrow()
+            .get(&ip)
+            .and_then(|s| s.banned_until)
+            .is_some_and(|t| t > now)
+    }
 }
 
 /// Accepts TCP connections for as long as the listener lives, each into a handshake task.
@@ -340,6 +456,14 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
             }
         };
         shared.count(|c| c.connections += 1);
+        if shared.banned(peer.ip()) {
+            shared.count(|c| c.banned += 1);
+            continue; // dropped: closed at once
+        }
+        if shared.full(peer.ip()) {
+            shared.count(|c| c.over_limit += 1);
+            continue;
+        }
         shared.make_room(peer.ip());
         let id = shared.next_id.get();
         shared.next_id.set(id + 1);
@@ -354,7 +478,11 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
                     if ready.len() >= s.opts.max_pending_handshakes.max(1) {
                         s.count(|c| c.overflowed += 1);
                     } else {
-                        ready.push_back(Arrived { stream, request });
+                        ready.push_back(Arrived {
+                            stream,
+                            request,
+                            from: peer.ip(),
+                        });
                         drop(ready);
                         s.wake();
                     }
@@ -399,6 +527,9 @@ impl Listener {
             next_id: std::cell::Cell::new(0),
             failed: RefCell::new(None),
             counters: Default::default(),
+            strikes: RefCell::new(Default::default()),
+            open: RefCell::new(Default::default()),
+            open_total: std::cell::Cell::new(0),
         });
         let acceptor = barewire_engine::spawn_local(acceptor(inner, shared.clone()));
         Ok(Listener {
@@ -427,7 +558,11 @@ impl Listener {
         scq: &CompletionQueue,
         rcq: &CompletionQueue,
     ) -> Result<(QueuePair, Vec<u8>), CmError> {
-        let Arrived { stream, request } = std::future::poll_fn(|cx| {
+        let Arrived {
+            stream,
+            request,
+            from,
+        } = std::future::poll_fn(|cx| {
             if let Some(a) = self.shared.ready.borrow_mut().pop_front() {
                 return std::task::Poll::Ready(Ok(a));
             }
@@ -446,10 +581,9 @@ impl Listener {
                     &our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision),
                 )
                 .await?;
-                Ok((
-                    QueuePair::start(stream.into_fd(), pd, scq, rcq, &self.opts, neg),
-                    request.private_data,
-                ))
+                let qp = QueuePair::start(stream.into_fd(), pd, scq, rcq, &self.opts, neg);
+                qp.inner.borrow_mut().admission = Some(self.shared.admit(from));
+                Ok((qp, request.private_data))
             }
             Err(reason) => {
                 let rev = self.opts.mpa.revision.min(request.revision);
@@ -499,6 +633,11 @@ struct QpInner {
     /// The last transmit stopped at its byte budget with the socket still writable (so no
     /// EPOLLOUT edge will come either).
     tx_more: bool,
+    /// For an accepted queue pair: its place in its listener's limits, and where a protection
+    /// violation it ends on is reported.
+    admission: Option<Admission>,
+    /// That report was made.
+    reported: bool,
 }
 
 impl Drop for QpInner {
@@ -568,6 +707,8 @@ impl QueuePair {
             listed: false,
             rx_more: false,
             tx_more: false,
+            admission: None,
+            reported: false,
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));

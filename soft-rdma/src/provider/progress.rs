@@ -16,10 +16,30 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
     i.stream.enter_error(read_status);
     if !i.closed {
         i.closed = true;
+        // A connection cut for a protection violation counts against its address.
+        if let Some(a) = &i.admission {
+            let ours = i.stream.terminate_sent() && !i.stream.peer_terminated();
+            if ours && !i.reported && i.stream.last_terminate().is_some_and(is_protection) {
+                i.reported = true;
+                if let Some(intake) = a.intake.upgrade() {
+                    intake.violation(a.ip);
+                }
+            }
+        }
         // SAFETY: shutting down our own socket.
         unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
     }
     mark_active(i);
+}
+
+/// Terminates for a protection violation: an invalid or foreign STag, a base/bounds or rights
+/// violation, a wrapping offset (RDMAP remote protection errors, DDP tagged buffer errors).
+fn is_protection(code: crate::wire::TermCode) -> bool {
+    use crate::wire::Layer;
+    matches!(
+        (code.layer, code.etype),
+        (Layer::Rdmap, 1) | (Layer::Ddp, 1)
+    )
 }
 
 /// Moves bytes for one queue pair. True if anything moved.

@@ -307,7 +307,7 @@ fn guess_rate() {
                 timeout(Duration::from_millis(20), l.accept(&pd, &scq, &rcq)).await
             {
                 recent.push_back(qp);
-                if recent.len() > 256 {
+                if recent.len() > 64 {
                     recent.pop_front();
                 }
             }

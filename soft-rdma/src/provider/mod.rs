@@ -633,11 +633,9 @@ struct QpInner {
     /// The last transmit stopped at its byte budget with the socket still writable (so no
     /// EPOLLOUT edge will come either).
     tx_more: bool,
-    /// For an accepted queue pair: its place in its listener's limits, and where a protection
-    /// violation it ends on is reported.
+    /// For an accepted queue pair, until it closes: its place in its listener's limits, and
+    /// where a protection violation it ends on is reported.
     admission: Option<Admission>,
-    /// That report was made.
-    reported: bool,
 }
 
 impl Drop for QpInner {
@@ -708,7 +706,6 @@ impl QueuePair {
             rx_more: false,
             tx_more: false,
             admission: None,
-            reported: false,
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));

@@ -17,10 +17,11 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
     if !i.closed {
         i.closed = true;
         // A connection cut for a protection violation counts against its address.
-        if let Some(a) = &i.admission {
+        // It no longer counts against its listener's limits (the application may hold the
+        // queue pair for a while yet).
+        if let Some(a) = i.admission.take() {
             let ours = i.stream.terminate_sent() && !i.stream.peer_terminated();
-            if ours && !i.reported && i.stream.last_terminate().is_some_and(is_protection) {
-                i.reported = true;
+            if ours && i.stream.last_terminate().is_some_and(is_protection) {
                 if let Some(intake) = a.intake.upgrade() {
                     intake.violation(a.ip);
                 }

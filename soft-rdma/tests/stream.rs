@@ -311,6 +311,41 @@ fn a_small_write_carries_the_value_it_was_posted_with() {
     assert_eq!(dst.data(), &[5; 8]);
 }
 
+/// A Read Response waits in the responder's queue, and its owner deregisters the region
+/// meanwhile: the bytes must not be read from memory that is no longer registered (it may be
+/// freed and reused); the responder's stream stops instead, as a cut connection would.
+#[test]
+fn a_read_response_whose_region_was_deregistered_is_not_sent() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let mut src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
+        let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
+        a.stream
+            .post_send(SendWr {
+                wr_id: 7,
+                op: SendOp::Read {
+                    remote_addr: src.addr(),
+                    rkey: src.stag(),
+                },
+                sges: vec![sink.sge(0, 3000)],
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        let mut round = 0;
+        assert!(
+            transfer(&mut a, &mut b, 100, &mut round),
+            "the Read Request"
+        );
+        assert!(b.stream.wants_tx(), "the response is queued");
+        src.mr.take(); // deregistered
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        assert_eq!(b.stream.tx_iovecs(&mut iov), 0, "crc {crc}: bytes offered");
+        assert!(b.stream.rx_dead() && !b.stream.wants_tx(), "crc {crc}");
+        assert!(sink.data().iter().all(|&x| x == 0));
+    }
+}
+
 #[test]
 fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
     let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));

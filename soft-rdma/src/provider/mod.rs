@@ -260,6 +260,29 @@ pub async fn connect(
 /// connections. Requests that arrived completely wait, at most
 /// [`ConnectOptions::max_pending_handshakes`] of them, for [`Listener::accept`], which answers
 /// them in arrival order. [`Listener::counters`] says what was refused and why.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), barewire_soft_rdma::provider::CmError> {
+/// use std::time::Duration;
+/// use barewire_soft_rdma::{provider::*, verbs::*};
+/// let dev = Device::new();
+/// let pd = dev.alloc_pd();
+/// let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+/// let opts = ConnectOptions {
+///     handshake_timeout: Duration::from_secs(1),
+///     max_pending_per_source: 4,
+///     ..ConnectOptions::default()
+/// };
+/// let l = Listener::bind("0.0.0.0:9999".parse().unwrap(), opts)?;
+/// loop {
+///     let (qp, private_data) = l.accept(&pd, &scq, &rcq).await?;
+///     // ... serve qp ...
+///     # drop((qp, private_data));
+///     let c = l.counters();
+///     eprintln!("timed out {}, evicted {}, banned {}", c.timed_out, c.evicted, c.banned);
+/// }
+/// # }
+/// ```
 pub struct Listener {
     local: SocketAddr,
     opts: ConnectOptions,

@@ -61,6 +61,9 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
         }
         let mut iov = [std::io::IoSlice::new(&[]); 64];
         let count = i.stream.tx_iovecs(&mut iov);
+        if count == 0 {
+            break; // the stream stopped (a Read Response's source was deregistered)
+        }
         // SAFETY: msghdr over iovecs (IoSlice is ABI-compatible with iovec on Unix) that borrow
         // live memory for the duration of the call.
         let n = unsafe {

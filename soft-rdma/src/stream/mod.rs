@@ -200,6 +200,16 @@ enum Chunk {
         /// CRC32c of the segment's length field and headers.
         head_crc: u32,
         ulpdu_len: usize,
+        /// Where the bytes come from, re-checked before they are read.
+        source: (u32, u64),
+    },
+    /// A Read Response payload piece on a stream without CRC, sent from where it is once its
+    /// source (STag, tagged offset) has been checked again: the owner may have deregistered
+    /// the region since the Read Request arrived, and its memory may be gone.
+    Served {
+        src: *const u8,
+        len: usize,
+        source: (u32, u64),
     },
     /// A snapshot taken.
     Owned(Box<[u8]>),
@@ -210,7 +220,7 @@ impl Chunk {
         match self {
             Chunk::Inline(_, n) => *n as usize,
             Chunk::Raw(_, n) => *n,
-            Chunk::Snapshot { len, .. } => *len,
+            Chunk::Snapshot { len, .. } | Chunk::Served { len, .. } => *len,
             Chunk::Owned(b) => b.len(),
         }
     }

@@ -360,6 +360,7 @@ impl Stream {
                                 to: rr.sink_to + off as u64,
                             },
                             TAGGED_HEADER_LEN,
+                            (rr.size > 0).then_some((rr.source_stag, rr.source_to)),
                         );
                         self.marks.push_back(TxMark {
                             until: self.tx_queued,

@@ -83,6 +83,7 @@ impl Stream {
                         mo: off as u32,
                     },
                     UNTAGGED_HEADER_LEN,
+                    None,
                 );
             }
             SendOp::Write { remote_addr, rkey } => {
@@ -216,7 +217,7 @@ impl Stream {
             stag: rkey.0,
             to: remote_addr.wrapping_add(off as u64),
         };
-        self.queue_message(RdmapOpcode::Write, extents, header, TAGGED_HEADER_LEN);
+        self.queue_message(RdmapOpcode::Write, extents, header, TAGGED_HEADER_LEN, None);
     }
 
     /// Queues a Read Request (QN 1, the next MSN).
@@ -242,14 +243,18 @@ impl Stream {
     /// Response on a stream with CRC is queued as snapshots (see [`Chunk::Snapshot`]); every
     /// other payload is sent from where it is, which the verbs contract keeps unchanged until
     /// the request completes.
+    ///
+    /// `source` names a Read Response's source (STag, tagged offset): its bytes are checked to
+    /// be live again just before they are sent.
     pub(super) fn queue_message(
         &mut self,
         op: RdmapOpcode,
         extents: &[(*const u8, usize)],
         header: impl Fn(usize) -> DdpHeader,
         hlen: usize,
+        source: Option<(u32, u64)>,
     ) {
-        let snapshot = self.cfg.crc && op == RdmapOpcode::ReadResponse;
+        let snapshot = self.cfg.crc && source.is_some();
         let total: usize = extents.iter().map(|e| e.1).sum();
         let mut pieces = Pieces {
             extents,
@@ -299,6 +304,7 @@ impl Stream {
                 continue;
             }
             self.push(Chunk::Inline(head, head_len as u8));
+            let at = |(stag, to): (u32, u64)| (stag, to.wrapping_add(off as u64));
             if snapshot && len > 0 {
                 // One extent: a Read Response's source is one checked range of one region.
                 let (src, take) = pieces.next(len);
@@ -308,6 +314,7 @@ impl Stream {
                     len,
                     head_crc: crc,
                     ulpdu_len,
+                    source: source.map(at).unwrap_or_default(),
                 });
                 // The trailer's pad and CRC are written when the snapshot is taken.
                 let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
@@ -317,6 +324,18 @@ impl Stream {
             let mut left = len;
             while left > 0 {
                 let (ptr, take) = pieces.next(left);
+                if let Some(src) = source {
+                    // Without CRC (with CRC it was a snapshot above).
+                    let (stag, to) = at(src);
+                    let done = (len - left) as u64;
+                    self.push(Chunk::Served {
+                        src: ptr,
+                        len: take,
+                        source: (stag, to.wrapping_add(done)),
+                    });
+                    left -= take;
+                    continue;
+                }
                 if self.cfg.crc {
                     // SAFETY: the SGE was checked against a live local region; the verbs
                     // contract keeps it untouched until the work request completes.
@@ -372,49 +391,95 @@ impl Stream {
         !self.tx.is_empty()
     }
 
-    /// Takes the snapshots among the first `chunks` chunks: copies each payload and writes
-    /// its CRC into the trailer chunk after it.
-    fn take_snapshots(&mut self, chunks: usize) {
+    /// True while the Read Response source `(stag, to)` of `len` bytes is still registered
+    /// where it was.
+    fn source_live(&self, (stag, to): (u32, u64), len: usize, src: *const u8) -> bool {
+        self.dev
+            .check(
+                Stag(stag),
+                self.cfg.pd,
+                self.cfg.qp_num,
+                to,
+                len as u64,
+                Access::REMOTE_READ,
+            )
+            .is_ok_and(|p| std::ptr::eq(p, src))
+    }
+
+    /// Prepares the first `chunks` chunks to be read: checks that every Read Response source
+    /// among them is still registered, and takes the snapshots (copies each payload and writes
+    /// its CRC into the trailer chunk after it). False if a source is gone.
+    fn prepare(&mut self, chunks: usize) -> bool {
         let end = chunks.min(self.tx.len());
         for i in 0..end {
-            let Chunk::Snapshot {
-                src,
-                len,
-                head_crc,
-                ulpdu_len,
-            } = self.tx[i]
-            else {
-                continue;
-            };
-            // SAFETY: the source was checked (REMOTE_READ, in bounds) against a live region
-            // when the Read Request arrived; regions outlive the queue pairs that expose them.
-            let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, len) }.into();
-            let crc = crc32c::crc32c_append(head_crc, &copy);
-            let mut tail = [0u8; 8];
-            let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
-            if let Some(Chunk::Inline(b, m)) = self.tx.get_mut(i + 1) {
-                debug_assert_eq!(*m as usize, n, "the trailer chunk was sized for it");
-                b[..n].copy_from_slice(&tail[..n]);
+            match self.tx[i] {
+                Chunk::Served { src, len, source } if !self.source_live(source, len, src) => {
+                    return false;
+                }
+                Chunk::Snapshot {
+                    src,
+                    len,
+                    head_crc,
+                    ulpdu_len,
+                    source,
+                } => {
+                    if !self.source_live(source, len, src) {
+                        return false;
+                    }
+                    // SAFETY: just checked: len bytes at src lie in a live region granting
+                    // remote reads.
+                    let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, len) }.into();
+                    let crc = crc32c::crc32c_append(head_crc, &copy);
+                    let mut tail = [0u8; 8];
+                    let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
+                    if let Some(Chunk::Inline(b, m)) = self.tx.get_mut(i + 1) {
+                        debug_assert_eq!(*m as usize, n, "the trailer chunk was sized for it");
+                        b[..n].copy_from_slice(&tail[..n]);
+                    }
+                    self.tx[i] = Chunk::Owned(copy);
+                }
+                _ => {}
             }
-            self.tx[i] = Chunk::Owned(copy);
         }
+        true
+    }
+
+    /// The memory a queued Read Response comes from was deregistered: nothing more can be sent
+    /// on this stream (a frame may be half out), so it stops, as a cut connection would.
+    fn source_gone(&mut self) {
+        self.enter_error(WcStatus::WrFlushErr);
+        self.tx.clear();
+        self.tx_front_off = 0;
+        self.tx_queued = self.tx_sent;
+        self.marks.clear();
+        self.rx = Rx::Dead;
     }
 
     /// Fills `out` with the bytes to send next, in order, and returns how many slices it
     /// filled. A caller-owned array keeps the transmit path free of allocations (but for the
     /// snapshots of Read Responses on a stream with CRC, taken here, just before they go).
+    /// Zero with bytes still queued never happens, except when a Read Response's source was
+    /// deregistered: then the stream has stopped (see [`Stream::rx_dead`]) and the connection
+    /// should be closed.
     pub fn tx_iovecs<'a>(&'a mut self, out: &mut [IoSlice<'a>]) -> usize {
-        self.take_snapshots(out.len());
+        if !self.prepare(out.len()) {
+            self.source_gone();
+            return 0;
+        }
         let n = out.len().min(self.tx.len());
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
                 Chunk::Inline(b, n) => &b[skip..*n as usize],
                 // SAFETY: Raw chunks point into checked local regions that the verbs contract
-                // keeps alive and unchanged until the work request completes.
-                Chunk::Raw(p, n) => unsafe { std::slice::from_raw_parts(p.add(skip), n - skip) },
+                // keeps alive and unchanged until the work request completes; Served ones were
+                // checked to be live in `prepare` just now, and nothing runs between here and
+                // the send that could deregister them.
+                Chunk::Raw(p, n) | Chunk::Served { src: p, len: n, .. } => unsafe {
+                    std::slice::from_raw_parts(p.add(skip), n - skip)
+                },
                 Chunk::Owned(b) => &b[skip..],
-                Chunk::Snapshot { .. } => unreachable!("taken above"),
+                Chunk::Snapshot { .. } => unreachable!("taken in prepare"),
             };
             out[i] = IoSlice::new(s);
         }

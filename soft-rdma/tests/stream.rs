@@ -246,12 +246,10 @@ fn read_brings_remote_bytes_and_respects_ord() {
     assert!(sink.guards_intact());
 }
 
-/// The responder's memory may change between a Read Request's arrival and its response's
-/// transmission (a later Write, the owner's CPU). With CRC, the CRC must cover the bytes that
-/// actually leave, or the reader sees a CRC error and the connection dies.
-#[test]
-fn a_read_response_with_crc_covers_the_bytes_as_sent() {
-    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+/// A (qp 1) Reads 3000 bytes of B's region (filled with 1s) into its sink; the Read Request
+/// has reached B, whose response is queued and not yet sent.
+fn read_request_delivered(crc: bool) -> (Side, Side, Guarded, Guarded) {
+    let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
     let src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
     let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
     a.stream
@@ -271,6 +269,15 @@ fn a_read_response_with_crc_covers_the_bytes_as_sent() {
         transfer(&mut a, &mut b, 100, &mut round),
         "the Read Request"
     );
+    (a, b, src, sink)
+}
+
+/// The responder's memory may change between a Read Request's arrival and its response's
+/// transmission (a later Write, the owner's CPU). With CRC, the CRC must cover the bytes that
+/// actually leave, or the reader sees a CRC error and the connection dies.
+#[test]
+fn a_read_response_with_crc_covers_the_bytes_as_sent() {
+    let (mut a, mut b, src, sink) = read_request_delivered(true);
     // B has queued the response; its memory changes before anything is sent.
     // SAFETY: our own registered buffer, written between two calls into the stream.
     unsafe { std::ptr::write_bytes(src.addr() as *mut u8, 2, 3000) };
@@ -317,26 +324,7 @@ fn a_small_write_carries_the_value_it_was_posted_with() {
 #[test]
 fn a_read_response_whose_region_was_deregistered_is_not_sent() {
     for crc in [false, true] {
-        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
-        let mut src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
-        let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
-        a.stream
-            .post_send(SendWr {
-                wr_id: 7,
-                op: SendOp::Read {
-                    remote_addr: src.addr(),
-                    rkey: src.stag(),
-                },
-                sges: vec![sink.sge(0, 3000)],
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
-        let mut round = 0;
-        assert!(
-            transfer(&mut a, &mut b, 100, &mut round),
-            "the Read Request"
-        );
+        let (_a, mut b, mut src, sink) = read_request_delivered(crc);
         assert!(b.stream.wants_tx(), "the response is queued");
         src.mr.take(); // deregistered
         let mut iov = [std::io::IoSlice::new(&[]); 64];

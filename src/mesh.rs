@@ -9,6 +9,7 @@
 //! one-sided operations as everyone else's, so a protocol built on the mesh has no special
 //! local path that could bypass it.
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 use crate::control::Control;
@@ -19,6 +20,9 @@ use crate::node::Node;
 
 /// How long [`Mesh::join`] keeps trying to reach a member that is not listening yet.
 pub const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long an accepted connection has to say which rank it is before it is dropped.
+pub const HELLO_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Connections from this node to every rank of a group (itself included), by rank.
 ///
@@ -89,19 +93,57 @@ impl Mesh {
         };
         let accepts = async {
             let mut by_rank: Vec<Option<Endpoint>> = (0..size).map(|_| None).collect();
-            for _ in rank..size {
-                let ep = node.accept().await?;
-                let (r, s) = ep.recv_hello().await?;
-                let r = r as usize;
-                if s as usize != size || r < rank || by_rank[r].is_some() {
-                    return Err(Error::Malformed(format!(
-                        "mesh: a peer said it is rank {r} of {s}; expected a rank in {rank}..{size} \
-                         of {size}, each once"
-                    )));
+            let mut need = size - rank;
+            // Hellos are read concurrently, each with a deadline: a connection that never says
+            // which rank it is, or names one that is not expected (a stranger, a port scanner,
+            // a duplicate), is dropped and the join goes on without it.
+            type Said = (Endpoint, Result<(u32, u32)>);
+            let mut hellos: Vec<std::pin::Pin<Box<dyn Future<Output = Said>>>> = Vec::new();
+            let mut accept = Box::pin(node.accept());
+            std::future::poll_fn(|cx| {
+                while let std::task::Poll::Ready(r) = accept.as_mut().poll(cx) {
+                    let ep = r?;
+                    hellos.push(Box::pin(async move {
+                        let said = match barewire_engine::time::timeout(HELLO_WAIT, ep.recv_hello())
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(_) => {
+                                Err(Error::Timeout(format!("no hello within {HELLO_WAIT:?}")))
+                            }
+                        };
+                        (ep, said)
+                    }));
+                    accept.set(node.accept());
                 }
-                by_rank[r] = Some(ep);
-            }
-            Ok::<_, Error>(by_rank)
+                let mut i = 0;
+                while i < hellos.len() {
+                    let std::task::Poll::Ready((ep, said)) = hellos[i].as_mut().poll(cx) else {
+                        i += 1;
+                        continue;
+                    };
+                    drop(hellos.swap_remove(i));
+                    match said {
+                        Ok((r, s))
+                            if s as usize == size
+                                && (rank..size).contains(&(r as usize))
+                                && by_rank[r as usize].is_none() =>
+                        {
+                            by_rank[r as usize] = Some(ep);
+                            need -= 1;
+                            if need == 0 {
+                                return std::task::Poll::Ready(Ok::<_, Error>(std::mem::take(
+                                    &mut by_rank,
+                                )));
+                            }
+                        }
+                        // Not a member, or not one expected here: dropped (closing it).
+                        _ => drop(ep),
+                    }
+                }
+                std::task::Poll::Pending
+            })
+            .await
         };
         let (mut out, mut accepted) = try_join2(connects, accepts).await?;
         let self_in = accepted[rank].take().expect("accepted from itself");
@@ -155,5 +197,57 @@ impl Endpoint {
                 _ => None,
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use barewire_engine::time::{sleep, timeout};
+    use barewire_engine::{spawn_local, Runtime};
+
+    use super::*;
+
+    /// A stranger that completes the connection and then says nothing, and one that names a
+    /// rank the group does not have, reach the listener before the real member (the node
+    /// itself): the join completes at once anyway, without waiting for their deadline.
+    #[test]
+    fn strangers_that_say_nothing_or_lie_do_not_stop_a_join() {
+        let rt = Runtime::builder().cores(1).sleeping().build().unwrap();
+        rt.block_on(async {
+            let node = Node::soft().unwrap();
+            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+            let silent = spawn_local(async move {
+                let n = Node::soft().unwrap();
+                let ep = n.connect(addr).await;
+                sleep(Duration::from_secs(5)).await;
+                drop((ep, n));
+            });
+            let liar = spawn_local(async move {
+                let n = Node::soft().unwrap();
+                if let Ok(ep) = n.connect(addr).await {
+                    let _ = ep.send_hello(5, 7).await;
+                    sleep(Duration::from_secs(5)).await;
+                }
+                drop(n);
+            });
+            // Their MPA Requests arrive first.
+            sleep(Duration::from_millis(50)).await;
+            let t0 = Instant::now();
+            let mesh = timeout(Duration::from_secs(10), Mesh::join(&node, 0, &[addr]))
+                .await
+                .expect("the join finished within 10 s")
+                .expect("the join succeeded");
+            assert_eq!(mesh.size(), 1);
+            assert!(
+                t0.elapsed() < HELLO_WAIT,
+                "the join waited {:?} for strangers",
+                t0.elapsed()
+            );
+            silent.cancel();
+            liar.cancel();
+        });
     }
 }

@@ -87,15 +87,25 @@ impl Node {
         Ok((self.dev.create_cq(depth)?, self.dev.create_cq(depth)?))
     }
 
-    /// Accepts the next peer.
+    /// Accepts the next peer. Cancel-safe: dropping the future before it completes leaves the
+    /// node listening.
     pub async fn accept(&self) -> Result<Endpoint> {
         let (scq, rcq) = self.endpoint_parts()?;
         let l = self.listener.borrow_mut().take().ok_or_else(|| {
             Error::Invalid("accept before listen (or from two tasks at once)".into())
         })?;
+        // Puts the listener back however this future ends.
+        struct Back<'a>(&'a RefCell<Option<Listener>>, Option<Listener>);
+        impl Drop for Back<'_> {
+            fn drop(&mut self) {
+                *self.0.borrow_mut() = self.1.take();
+            }
+        }
+        let back = Back(&self.listener, Some(l));
         let (recv, wrs) = Endpoint::initial_recvs(&self.pd)?;
+        let l = back.1.as_ref().expect("held until dropped");
         let r = l.accept_with_recvs(&self.pd, &scq, &rcq, wrs).await;
-        *self.listener.borrow_mut() = Some(l);
+        drop(back);
         let (qp, _) = r?;
         Endpoint::new(qp, scq, rcq, self.pd.clone(), true, recv)
     }

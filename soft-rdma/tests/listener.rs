@@ -350,3 +350,58 @@ fn connections_per_source_are_capped_and_freed_as_they_close() {
         drop(again);
     });
 }
+
+/// This process's resident set, in bytes (`/proc/self/statm`).
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+#[test]
+fn a_flood_of_ten_thousand_connections_leaves_memory_bounded_and_good_clients_served() {
+    rt().block_on(async {
+        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
+        let addr = l.local_addr().unwrap();
+        // Warm up: one good client, so what follows measures the flood, not first use.
+        good_client(&l, addr).await;
+        let before = rss();
+        let flood = std::thread::spawn(move || {
+            for i in 0..10_000 {
+                let mut s = StdStream::connect(addr).expect("connect");
+                if i % 2 == 0 {
+                    let _ = s.write_all(HALF_REQUEST);
+                }
+                // Dropped at once: closed by the client, as a scanner or a flood would.
+            }
+        });
+        let mut peak = before;
+        while !flood.is_finished() {
+            sleep(Duration::from_millis(5)).await;
+            peak = peak.max(rss());
+        }
+        flood.join().unwrap();
+        let t = Instant::now();
+        while l.counters().connections < 10_001 && t.elapsed() < Duration::from_secs(10) {
+            sleep(Duration::from_millis(5)).await;
+            peak = peak.max(rss());
+        }
+        let took = good_client(&l, addr).await;
+        let c = l.counters();
+        eprintln!(
+            "flood: {c:?}; RSS {} KiB before, peak {} KiB; a good client took {took:?}",
+            before / 1024,
+            peak / 1024
+        );
+        assert!(c.connections >= 10_000, "{c:?}");
+        assert!(
+            peak - before < 16 << 20,
+            "RSS grew by {} KiB during the flood",
+            (peak - before) / 1024
+        );
+        assert!(
+            took < Duration::from_millis(100),
+            "a good client waited {took:?}"
+        );
+    });
+}

@@ -15,6 +15,13 @@ fn rt() -> Runtime {
     Runtime::builder().cores(1).sleeping().build().unwrap()
 }
 
+/// A listener on a free loopback port, and its address.
+fn listen(opts: ConnectOptions) -> (Listener, SocketAddr) {
+    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr)
+}
+
 /// The first 10 bytes of a (well-formed) MPA Request: the key and a little more.
 const HALF_REQUEST: &[u8] = b"MPA ID Req";
 
@@ -73,8 +80,7 @@ fn allow_fds(n: u64) -> bool {
 #[test]
 fn one_idle_connection_does_not_block_the_listener() {
     rt().block_on(async {
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(ConnectOptions::default());
         // Connected, and silent.
         let idle = StdStream::connect(addr).unwrap();
         sleep(Duration::from_millis(20)).await;
@@ -91,8 +97,7 @@ fn a_thousand_idle_and_a_hundred_half_sent_requests_leave_a_good_client_answered
         return;
     }
     rt().block_on(async {
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(ConnectOptions::default());
         // The flood comes from another thread, as from other machines, while this core accepts.
         let flood = std::thread::spawn(move || {
             let mut held = Vec::new();
@@ -135,8 +140,7 @@ fn a_request_that_never_completes_is_dropped_at_the_deadline() {
             handshake_timeout: Duration::from_millis(200),
             ..ConnectOptions::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(opts);
         let mut half = StdStream::connect(addr).unwrap();
         half.write_all(HALF_REQUEST).unwrap();
         sleep(Duration::from_millis(100)).await;
@@ -240,8 +244,7 @@ fn a_guesser_is_refused_once_its_budget_is_spent_and_other_addresses_are_not() {
             violation_budget: 3,
             ..ConnectOptions::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(opts);
         let client = std::thread::spawn(move || {
             let guesser = std::net::Ipv4Addr::new(127, 0, 0, 2);
             let first: Vec<_> = (0..3).map(|_| guess(addr, guesser)).collect();
@@ -286,8 +289,7 @@ fn guess_rate() {
             violation_budget: usize::MAX,
             ..ConnectOptions::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(opts);
         let client = std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut n = 0u32;
@@ -327,8 +329,7 @@ fn connections_per_source_are_capped_and_freed_as_they_close() {
             max_connections_per_source: 2,
             ..ConnectOptions::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(opts);
         let first = accepted(&l, addr).await;
         let _second = accepted(&l, addr).await;
         // A third from the same address is closed before its handshake.
@@ -361,8 +362,7 @@ fn rss() -> u64 {
 #[test]
 fn a_flood_of_ten_thousand_connections_leaves_memory_bounded_and_good_clients_served() {
     rt().block_on(async {
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), ConnectOptions::default()).unwrap();
-        let addr = l.local_addr().unwrap();
+        let (l, addr) = listen(ConnectOptions::default());
         // Warm up: one good client, so what follows measures the flood, not first use.
         good_client(&l, addr).await;
         let before = rss();

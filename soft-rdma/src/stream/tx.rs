@@ -304,8 +304,9 @@ impl Stream {
                 continue;
             }
             self.push(Chunk::Inline(head, head_len as u8));
-            let at = |(stag, to): (u32, u64)| (stag, to.wrapping_add(off as u64));
-            if snapshot && len > 0 {
+            // A Read Response segment's own source: the message's, `off` bytes on.
+            let here = source.map(|(stag, to)| (stag, to.wrapping_add(off as u64)));
+            if let Some(here) = here.filter(|_| snapshot && len > 0) {
                 // One extent: a Read Response's source is one checked range of one region.
                 let (src, take) = pieces.next(len);
                 debug_assert_eq!(take, len, "a Read Response has one source extent");
@@ -314,7 +315,7 @@ impl Stream {
                     len,
                     head_crc: crc,
                     ulpdu_len,
-                    source: source.map(at).unwrap_or_default(),
+                    source: here,
                 });
                 // The trailer's pad and CRC are written when the snapshot is taken.
                 let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
@@ -324,9 +325,8 @@ impl Stream {
             let mut left = len;
             while left > 0 {
                 let (ptr, take) = pieces.next(left);
-                if let Some(src) = source {
+                if let Some((stag, to)) = here {
                     // Without CRC (with CRC it was a snapshot above).
-                    let (stag, to) = at(src);
                     let done = (len - left) as u64;
                     self.push(Chunk::Served {
                         src: ptr,
@@ -451,7 +451,6 @@ impl Stream {
         self.tx.clear();
         self.tx_front_off = 0;
         self.tx_queued = self.tx_sent;
-        self.marks.clear();
         self.rx = Rx::Dead;
     }
 

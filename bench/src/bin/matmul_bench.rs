@@ -18,6 +18,13 @@
 //! p back to back), then the median over reps. With `--plots DIR`, the last rep of
 //! each barewire run leaves a PNG of every process's compute and wait intervals over time.
 //!
+//! Each rep also runs a control with no communication at all, per barewire kernel: two
+//! single-process multiplies of the same size at once, pinned one per CPU. Its ceiling is
+//! the slower of the two over the same rep's p = 1 run alone: the best parallel efficiency
+//! this machine allows a p = 2 run that finishes with its slower rank, when both cores are
+//! busy. The efficiency table prints it beside each kernel's figure, and the figure divided
+//! by it (both medians of per-rep values).
+//!
 //! Needs `apt-get install libscalapack-openmpi-dev libopenblas-dev openmpi-bin`.
 
 use std::path::{Path, PathBuf};
@@ -73,6 +80,7 @@ fn main() {
     // efficiency compares two runs a few seconds apart (this machine's speed drifts by up to
     // 2x over minutes).
     let mut table: Vec<(String, usize, usize, Vec<Row>)> = Vec::new();
+    let mut controls: Vec<(String, usize, [Pairs; 2])> = Vec::new();
     for ty in &types {
         for &n in &sizes {
             let first = table.len();
@@ -88,6 +96,8 @@ fn main() {
                 }
                 table.push((ty.clone(), n, p, r));
             }
+            let pair_at = controls.len();
+            controls.push((ty.clone(), n, [Vec::new(), Vec::new()]));
             for rep in 0..reps {
                 let last = rep + 1 == reps;
                 for (i, &p) in procs.iter().enumerate() {
@@ -110,6 +120,13 @@ fn main() {
                     got.push(scalapack_run(&scalapack, n, p, ty));
                     Row::push_rep(&mut table[first + i].3, &got);
                     eprintln!("{ty} n={n} p={p} rep {}: {got:?}", rep + 1);
+                }
+                if procs.contains(&1) {
+                    for (k, kernel) in ["matrixmultiply", "openblas"].into_iter().enumerate() {
+                        let pair = control_pair(&barewire, &example, n, ty, kernel);
+                        eprintln!("{ty} n={n} control {kernel} rep {}: {pair:?}", rep + 1);
+                        controls[pair_at].2[k].push(pair);
+                    }
                 }
             }
         }
@@ -140,29 +157,42 @@ fn main() {
         .collect();
     reps::report(&rows, &cmp);
     println!();
-    println!("| parallel efficiency at p = 2 (GFLOP/s at 2 / twice GFLOP/s at 1 of the same rep; median (range)) | matrixmultiply | OpenBLAS | ScaLAPACK | target |");
-    println!("|---|---|---|---|---|");
+    println!("| parallel efficiency at p = 2 (GFLOP/s at 2 / twice GFLOP/s at 1 of the same rep; median (range)) | matrixmultiply | OpenBLAS | ScaLAPACK | target | control ceiling (two p = 1 at once, slower / alone): matrixmultiply, OpenBLAS | efficiency / ceiling: matrixmultiply, OpenBLAS |");
+    println!("|---|---|---|---|---|---|---|");
     for ty in &types {
         for &n in &sizes {
             let at = |p: usize| table.iter().find(|t| t.0 == *ty && t.1 == n && t.2 == p);
+            let pairs = &controls.iter().find(|c| c.0 == *ty && c.1 == n).unwrap().2;
             if let (Some(one), Some(two)) = (at(1), at(2)) {
-                let eff = |k: usize| {
-                    let per: Vec<f64> = one.3[k]
+                // Per rep: efficiency, and the control's ceiling where the kernel has one.
+                let per_rep = |k: usize| -> Vec<(f64, f64)> {
+                    one.3[k]
                         .reps
                         .iter()
                         .zip(&two.3[k].reps)
-                        .map(|(a, b)| 100.0 * b.0 / (2.0 * a.0))
-                        .filter(|e| e.is_finite())
-                        .collect();
-                    let lo = per.iter().copied().fold(f64::INFINITY, f64::min);
-                    let hi = per.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    format!("{:.0}% ({lo:.0}-{hi:.0})", median(per))
+                        .enumerate()
+                        .map(|(r, (a, b))| {
+                            let ceiling = pairs
+                                .get(k)
+                                .and_then(|c| c.get(r))
+                                .map_or(f64::NAN, |c| 100.0 * c.0.min(c.1) / a.0);
+                            (100.0 * b.0 / (2.0 * a.0), ceiling)
+                        })
+                        .collect()
                 };
+                let eff = |k: usize| percent(per_rep(k).iter().map(|e| e.0).collect());
+                let ceiling = |k: usize| percent(per_rep(k).iter().map(|e| e.1).collect());
+                let adjusted =
+                    |k: usize| percent(per_rep(k).iter().map(|(e, c)| 100.0 * e / c).collect());
                 println!(
-                    "| {ty} n={n} | {} | {} | {} | >= 85% |",
+                    "| {ty} n={n} | {} | {} | {} | >= 85% | {}, {} | {}, {} |",
                     eff(0),
                     eff(1),
-                    eff(2)
+                    eff(2),
+                    ceiling(0),
+                    ceiling(1),
+                    adjusted(0),
+                    adjusted(1)
                 );
             }
         }
@@ -174,6 +204,50 @@ fn main() {
         }
         draw_all(d);
     }
+}
+
+/// Per rep, the two GFLOP/s of a control pair (one list per barewire kernel, per type and n).
+type Pairs = Vec<(f64, f64)>;
+
+/// "median% (lowest-highest)" of the finite values; "n/a" without any.
+fn percent(v: Vec<f64>) -> String {
+    let v: Vec<f64> = v.into_iter().filter(|e| e.is_finite()).collect();
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.0}% ({lo:.0}-{hi:.0})", median(v))
+}
+
+/// The control: two single-process runs of the example at once, the first pinned to CPU 0
+/// and the second to CPU 1 (by the launcher's affinity being inherited); both GFLOP/s.
+fn control_pair(barewire: &Path, example: &Path, n: usize, ty: &str, kernel: &str) -> (f64, f64) {
+    let start = |cpu: usize| {
+        let mut c = Command::new("taskset");
+        c.args(["-c", &cpu.to_string()])
+            .arg(barewire)
+            .args(["run", "-n", "1", "--no-pin", "--"])
+            .arg(example)
+            .args(["--n", &n.to_string(), "--type", ty, "--kernel", kernel])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().expect("taskset (util-linux)")
+    };
+    let (a, b) = (start(0), start(1));
+    let gflops = |c: std::process::Child| {
+        let out = c.wait_with_output().expect("control run");
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            eprintln!(
+                "FAILED: control n={n} {ty} {kernel}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return f64::NAN;
+        }
+        field(&text, "matmul ", "gflops=")
+    };
+    (gflops(a), gflops(b))
 }
 
 /// A PNG beside every timeline file in `dir`.

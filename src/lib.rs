@@ -45,7 +45,7 @@ pub use barewire_soft_rdma as soft_rdma;
 
 pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender};
 pub use distributed::DistributedChannel;
-pub use endpoint::Endpoint;
+pub use endpoint::{Endpoint, DEFAULT_HANDSHAKE_TIMEOUT};
 pub use error::{Error, Result};
 pub use mesh::{Mesh, JOIN_WAIT};
 pub use node::Node;

@@ -150,6 +150,9 @@ impl Mesh {
         for slot in accepted.iter_mut().skip(rank + 1) {
             out.push(slot.take().expect("accepted from every higher rank"));
         }
+        // This node uses its connection to itself through the connecting end, so what it
+        // sends itself there must be served at the accepting end.
+        *out[rank].inner().serves_windows.borrow_mut() = Some(self_in.inner().clone());
         Ok(Mesh { rank, out, self_in })
     }
 

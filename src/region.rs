@@ -126,6 +126,13 @@ pub(crate) fn take_u64(b: &mut &[u8]) -> Result<u64> {
 /// A registered array of `len` plain-old-data `T`s in this process, zero-initialised, that
 /// peers may read, write and update atomically once they hold its [`RemoteRegion`].
 ///
+/// Peers reach it only through a connection it was sent over
+/// ([`Endpoint::send_region`](crate::Endpoint::send_region)): each send binds a window
+/// (iWARP type 2 memory window semantics) to that connection, so a key seen on one connection,
+/// or guessed, is refused on any other with a protection error. The region's own key grants
+/// no remote access. (On the verbs backend, which cannot bind windows yet, the region keeps
+/// its remote rights and its key is sent as is; a warning says so once.)
+///
 /// Its memory is reachable by the RDMA device and by peers at any time, so it is never lent
 /// out as `&[T]`: read and write it by copying (`get`, `set`, `to_vec`, `copy_from`).
 ///
@@ -159,8 +166,12 @@ impl<T: Pod> Region<T> {
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC;
+        let buf = Buffer::new(pd, bytes, a, all)?;
+        if let Err(e) = buf.region().remote_only_through_windows() {
+            crate::endpoint::windows_unavailable(&e);
+        }
         Ok(Region {
-            buf: Buffer::new(pd, bytes, a, all)?,
+            buf,
             len,
             _t: PhantomData,
         })
@@ -217,15 +228,6 @@ impl<T: Pod> Region<T> {
     /// written meanwhile, including a peer's RDMA WRITE or READ of them.
     pub fn as_mut_ptr(&self) -> *mut T {
         self.buf.region().addr() as *mut T
-    }
-
-    /// What a peer needs to use this region, with `T`'s fingerprint.
-    pub fn remote(&self) -> RemoteRegion<T> {
-        RemoteRegion {
-            desc: self.buf.descriptor(),
-            len: self.len as u64,
-            _t: PhantomData,
-        }
     }
 }
 

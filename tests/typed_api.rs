@@ -25,17 +25,10 @@ where
     C: FnOnce(Node, Endpoint) -> CF,
     CF: Future<Output = ()>,
 {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        rt().block_on(async move {
-            let node = Node::soft().unwrap();
-            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
-                .unwrap();
-            let ep = node.accept().await.unwrap();
-            server(node, ep).await;
-        })
+    let (t, port) = listening(|node| async move {
+        let ep = node.accept().await.unwrap();
+        server(node, ep).await;
     });
-    let port = rx.recv().unwrap();
     rt().block_on(async move {
         let node = Node::soft().unwrap();
         let ep = node
@@ -45,6 +38,24 @@ where
         client(node, ep).await;
     });
     t.join().unwrap();
+}
+
+/// Runs `server` on a listening node in a thread of its own; returns the thread and the port.
+fn listening<S, SF>(server: S) -> (std::thread::JoinHandle<()>, u16)
+where
+    S: FnOnce(Node) -> SF + Send + 'static,
+    SF: Future<Output = ()> + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = Node::soft().unwrap();
+            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            server(node).await;
+        })
+    });
+    (t, rx.recv().unwrap())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -669,6 +680,96 @@ fn every_task_waiting_on_a_shared_sender_is_woken() {
                     .unwrap();
             }
             tx.flush().await.unwrap();
+        },
+    );
+}
+
+/// A region sent over one connection is reachable through that connection only: the same key
+/// presented on another connection to the same node (another node's, or a second one of the
+/// same peer) is refused, and nothing in the region changes.
+#[test]
+fn a_region_key_works_only_on_the_connection_it_was_sent_over() {
+    let (server, port) = listening(|node| async move {
+        let to_a = node.accept().await.unwrap();
+        let to_b = node.accept().await.unwrap();
+        let to_a2 = node.accept().await.unwrap();
+        let counters = node.region::<u64>(8, Align::CacheLine).unwrap();
+        counters.set(1, 5);
+        to_a.send_region(&counters).await.unwrap();
+        // A says it is done; then nothing but A's write may have landed.
+        let (_tx, done) = to_a.open_channel::<u64>(Default::default()).await.unwrap();
+        assert_eq!(done.recv().await.unwrap(), 1);
+        assert_eq!(counters.to_vec(), vec![0, 5, 0, 0, 0, 0, 7, 0]);
+        linger().await;
+        drop((to_b, to_a2));
+    });
+    rt().block_on(async move {
+        let at = format!("127.0.0.1:{port}").parse().unwrap();
+        let (a, b) = (Node::soft().unwrap(), Node::soft().unwrap());
+        let ep_a = a.connect(at).await.unwrap();
+        let ep_b = b.connect(at).await.unwrap();
+        let ep_a2 = a.connect(at).await.unwrap();
+        let r = ep_a.recv_region::<u64>().await.unwrap();
+        // B holds A's key (it leaked, or was guessed): refused, on read and on write.
+        assert!(
+            ep_b.write(&r, 1, 99).await.is_err(),
+            "B's write was refused"
+        );
+        assert!(ep_b.read(&r, 1).await.is_err(), "B's read was refused");
+        // A's own connection still works.
+        assert_eq!(ep_a.read(&r, 1).await.unwrap(), 5);
+        ep_a.write(&r, 6, 7).await.unwrap();
+        // A second connection of A's own node holds no valid key either.
+        assert!(
+            ep_a2.write(&r, 2, 99).await.is_err(),
+            "A's second connection was refused"
+        );
+        let (done, _rx) = ep_a.open_channel::<u64>(Default::default()).await.unwrap();
+        done.send(&1).await.unwrap();
+        done.flush().await.unwrap();
+        linger().await;
+        linger().await;
+    });
+    server.join().unwrap();
+}
+
+/// A peer that never sends the region asked for, or never opens its side of a channel, costs a
+/// timeout within the endpoint's handshake limit, not a task stuck for good; the channel case
+/// also closes the connection (the two sides no longer agree on which channel is which).
+#[test]
+fn a_silent_peer_times_out_region_and_channel_handshakes() {
+    pair(
+        |_node, ep| async move {
+            // Says nothing until the client is done.
+            let _ = time::timeout(Duration::from_secs(10), ep.recv_region::<u64>()).await;
+        },
+        |_node, ep| async move {
+            assert_eq!(
+                ep.handshake_timeout(),
+                Some(barewire::DEFAULT_HANDSHAKE_TIMEOUT)
+            );
+            ep.set_handshake_timeout(Some(Duration::from_millis(300)));
+            let t = std::time::Instant::now();
+            // An outer limit far above the handshake's, so a missing deadline fails the test
+            // instead of hanging it.
+            let got = time::timeout(Duration::from_secs(5), ep.recv_region::<u64>())
+                .await
+                .expect("recv_region returned within 5 s");
+            assert!(matches!(got, Err(Error::Timeout(_))), "{:?}", got.err());
+            assert!(t.elapsed() >= Duration::from_millis(300));
+            let got = time::timeout(
+                Duration::from_secs(5),
+                ep.open_channel::<u64>(Default::default()),
+            )
+            .await
+            .expect("open_channel returned within 5 s");
+            assert!(matches!(got, Err(Error::Timeout(_))), "{:?}", got.err());
+            // The abandoned channel handshake failed the connection: the next call says so at
+            // once.
+            let again = std::time::Instant::now();
+            assert!(ep.open_channel::<u64>(Default::default()).await.is_err());
+            assert!(again.elapsed() < Duration::from_millis(200));
+            assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
         },
     );
 }

@@ -203,6 +203,51 @@ impl MemoryRegion {
         }
     }
 
+    /// Makes the region's own key useless to every peer, so that remote access goes only
+    /// through windows ([`bind_window`](Self::bind_window)). Local use is unchanged.
+    ///
+    /// The verbs backend cannot do this yet (it would register without remote rights and bind
+    /// type 2 memory windows, ibv_alloc_mw(3) and IBV_WR_BIND_MW, through the send queue): it
+    /// returns [`DriverError::Unsupported`] and the region keeps its remote rights.
+    pub fn remote_only_through_windows(&self) -> Result<(), DriverError> {
+        match self {
+            MemoryRegion::Soft(m) => {
+                m.remote_only_through_windows();
+                Ok(())
+            }
+            MemoryRegion::Verbs(_) => Err(windows_unsupported()),
+        }
+    }
+
+    /// A window over the whole region for `qp` alone, granting `access` (remote rights the
+    /// region has): iWARP type 2 memory window semantics. Its descriptor is what to send the
+    /// peer on that connection; any other connection presenting it is refused with a
+    /// protection error. It lasts until dropped or until the region is.
+    ///
+    /// On verbs: [`DriverError::Unsupported`] (see
+    /// [`remote_only_through_windows`](Self::remote_only_through_windows)).
+    pub fn bind_window(&self, qp: &QueuePair, access: Access) -> Result<Window, DriverError> {
+        match (self, qp) {
+            (MemoryRegion::Soft(m), QueuePair::Soft(q)) => {
+                let w = m
+                    .bind_window(q.qp_num(), access)
+                    .map_err(|e| DriverError::Unsupported(format!("bind window: {e}")))?;
+                Ok(Window {
+                    desc: RegionDescriptor {
+                        rkey: w.stag(),
+                        addr: m.addr() as u64,
+                        len: m.len() as u64,
+                    },
+                    _soft: w,
+                })
+            }
+            (MemoryRegion::Verbs(_), _) => Err(windows_unsupported()),
+            (MemoryRegion::Soft(_), QueuePair::Verbs(_)) => Err(DriverError::Unsupported(
+                "a software region cannot be bound to a verbs queue pair".into(),
+            )),
+        }
+    }
+
     /// An SGE for `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         Sge {
@@ -210,6 +255,33 @@ impl MemoryRegion {
             len: len as u32,
             lkey: self.lkey(),
         }
+    }
+}
+
+fn windows_unsupported() -> DriverError {
+    DriverError::Unsupported(
+        "memory windows on the verbs backend (ibv_alloc_mw, bind through the send queue) are \
+         not implemented yet"
+            .into(),
+    )
+}
+
+/// A window bound in a [`MemoryRegion`] for one queue pair (see
+/// [`MemoryRegion::bind_window`]). Dropping it invalidates its key.
+pub struct Window {
+    desc: RegionDescriptor,
+    _soft: soft::verbs::Window,
+}
+
+impl Window {
+    /// What the one peer needs to address it.
+    pub fn descriptor(&self) -> RegionDescriptor {
+        self.desc
+    }
+
+    /// False once its region was deregistered or it was invalidated.
+    pub fn is_live(&self) -> bool {
+        self._soft.is_live()
     }
 }
 

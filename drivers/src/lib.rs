@@ -31,7 +31,7 @@ mod verbs;
 pub use api::{
     connect, Access, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion,
     ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag,
-    WcOpcode, WcStatus, WorkCompletion,
+    WcOpcode, WcStatus, Window, WorkCompletion,
 };
 pub use ops::{Buffer, Endpoint, Op, Remote};
 pub use transport::{

@@ -345,6 +345,52 @@ fn protection_violations_complete_with_their_statuses_and_touch_nothing() {
     });
 }
 
+/// A window (type 2 memory window semantics) serves the connection it was bound for and no
+/// other: the same key on a second connection is a remote access error, and nothing moves.
+#[test]
+fn a_window_serves_only_its_own_connection() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
+        let (ep, _, _) = open(&s, &peer).await;
+        let reply = ask(&ep, &buf, b"?window").await;
+        let w = RegionDescriptor::from_bytes(&reply).unwrap_or_else(|| {
+            panic!(
+                "{driver}: no window: {} (memory windows are not implemented on the verbs \
+                 backend yet)",
+                String::from_utf8_lossy(&reply)
+            )
+        });
+        let data = pattern(4096, 11);
+        buf.write_at(0, &data);
+        ep.write(&buf, 0, 4096, Remote::at(w, 8192)).await.unwrap();
+        ep.read(&buf, 4096, 4096, Remote::at(w, 8192))
+            .await
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        buf.read_at(4096, &mut back);
+        assert_eq!(back, data, "through its own connection");
+        // The same key on another connection.
+        let (other, _, _) = open(&s, &peer).await;
+        buf.write_at(0, &[0x77; 4096]);
+        match other.write(&buf, 0, 4096, Remote::at(w, 8192)).await {
+            Err(DriverError::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr)
+            }
+            got => panic!("a window on another connection: expected an access error, got {got:?}"),
+        }
+        // Nothing moved: still the first pattern, and the guards hold.
+        ep.read(&buf, 4096, 4096, Remote::at(w, 8192))
+            .await
+            .unwrap();
+        buf.read_at(4096, &mut back);
+        assert_eq!(back, data, "the refused write moved nothing");
+        assert_eq!(ask(&ep, &buf, b"?guards").await, b"guards ok");
+    });
+}
+
 #[test]
 fn a_local_sge_outside_its_region_fails_locally() {
     let Some(driver) = backend() else { return };

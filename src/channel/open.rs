@@ -118,7 +118,7 @@ impl Endpoint {
 
         // Their direction: the index-th Open the peer sent.
         let (pid, pfp, pcodec, pcap, pslot, pcredit) = inner
-            .wait_control(|ord, c| match c {
+            .handshake("channel Open", |ord, c| match c {
                 Control::Open {
                     id,
                     fp,
@@ -129,7 +129,8 @@ impl Endpoint {
                 } if ord == index => Some((*id, fp.clone(), *codec, *capacity, *slot, *credit)),
                 _ => None,
             })
-            .await?;
+            .await
+            .map_err(|e| half_done(inner, e))?;
         let mismatch = fp.check(&pfp).err().or_else(|| {
             (pcodec != C::ID).then(|| Error::TypeMismatch {
                 expected: format!("{fp} with codec {}", C::ID),
@@ -193,7 +194,7 @@ impl Endpoint {
 
         // The peer's answer to ours.
         let answer = inner
-            .wait_control(|_, c| match c {
+            .handshake("channel Accept", |_, c| match c {
                 Control::Accept {
                     id: a,
                     ring,
@@ -202,7 +203,8 @@ impl Endpoint {
                 Control::Refuse { id: a, reason } if *a == id => Some(Err(reason.clone())),
                 _ => None,
             })
-            .await?;
+            .await
+            .map_err(|e| half_done(inner, e))?;
         match answer {
             Ok((r, polled)) => {
                 tx.ring.set(Some(r));
@@ -237,5 +239,14 @@ impl Endpoint {
                 _t: PhantomData,
             },
         ))
+    }
+}
+
+/// A channel handshake the peer left half done: the two sides would pair later channels
+/// wrongly, so the connection is failed and closed.
+fn half_done(inner: &crate::endpoint::Inner, e: Error) -> Error {
+    match e {
+        Error::Timeout(_) => inner.abandon(e),
+        e => e,
     }
 }

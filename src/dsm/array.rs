@@ -131,10 +131,9 @@ impl<T: Pod> SharedArray<T> {
         // Each member's block, described as holding `block` elements of `T` (so a member that
         // made the array with another element type or length is refused here).
         let fp = Fingerprint::of::<T>();
-        let desc = region.remote().desc;
         for j in 0..size {
-            mesh.endpoint(j)
-                .send_described(desc, fp.clone(), block)
+            let ep = mesh.endpoint(j);
+            ep.send_described(ep.window_for(&region.buf), fp.clone(), block)
                 .await?;
         }
         let mut blocks = Vec::with_capacity(size);

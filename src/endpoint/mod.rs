@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
+use std::time::Duration;
 
 use barewire_drivers::{
     Access, Buffer, CompletionQueue, DriverError, Endpoint as Ops, Op, ProtectionDomain, QueuePair,
@@ -62,6 +63,30 @@ pub(crate) struct Inner {
     pub(crate) retired: RefCell<Vec<(u16, Rc<Buffer>)>>,
     /// Which channel ids this side opens: even on the connecting side, odd on the accepting.
     parity: u16,
+    /// Windows bound for the peer on this connection (see [`Endpoint::send_region`]); they die
+    /// with the connection.
+    windows: RefCell<Vec<barewire_drivers::Window>>,
+    /// Where the peer's operations after a descriptor sent here arrive, when that is not this
+    /// connection's own end: a mesh's connection to its own node is used through its
+    /// connecting end, so its accepting end serves the windows.
+    pub(crate) serves_windows: RefCell<Option<Rc<Inner>>>,
+    /// How long a handshake waits for the peer's part (see [`Endpoint::set_handshake_timeout`]).
+    handshake_timeout: std::cell::Cell<Option<Duration>>,
+}
+
+/// What a region or channel handshake waits for the peer by default.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Says once per process that regions are exported with their own keys (a backend without
+/// windows).
+pub(crate) fn windows_unavailable(e: &barewire_drivers::DriverError) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "barewire: regions are exported unbound, with their own keys valid on every \
+             connection ({e})"
+        )
+    });
 }
 
 /// Closes the connection when the last user handle (endpoint or channel half) goes.
@@ -121,6 +146,33 @@ impl Inner {
             Poll::Pending
         })
         .await
+    }
+
+    /// [`wait_control`](Self::wait_control) within the handshake timeout: past it, a
+    /// [`Error::Timeout`] naming `what` was awaited.
+    pub(crate) async fn handshake<T>(
+        &self,
+        what: &str,
+        pick: impl Fn(usize, &Control) -> Option<T>,
+    ) -> Result<T> {
+        match self.handshake_timeout.get() {
+            None => self.wait_control(pick).await,
+            Some(limit) => barewire_engine::time::timeout(limit, self.wait_control(pick))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout(format!(
+                        "no {what} from the peer within {limit:?}"
+                    )))
+                }),
+        }
+    }
+
+    /// Fails the connection with `e` (every waiter and later call gets it) and hangs up: for a
+    /// peer that left a handshake half done, after which the two sides no longer agree.
+    pub(crate) fn abandon(&self, e: Error) -> Error {
+        let e = self.fail_with(e);
+        self.ops.qp().disconnect();
+        e
     }
 
     /// A registered staging buffer of at least `len` bytes (pooled when small).
@@ -243,6 +295,9 @@ impl Endpoint {
             scratch: RefCell::new(Vec::new()),
             retired: RefCell::new(Vec::new()),
             parity: accepting as u16,
+            windows: RefCell::new(Vec::new()),
+            serves_windows: RefCell::new(None),
+            handshake_timeout: std::cell::Cell::new(Some(DEFAULT_HANDSHAKE_TIMEOUT)),
         });
         RxPoller::add(&inner);
         Ok(Endpoint {
@@ -254,6 +309,31 @@ impl Endpoint {
         &self.link.inner
     }
 
+    /// Sets how long [`recv_region`](Self::recv_region) and
+    /// [`open_channel`](Self::open_channel) wait for the peer's part of the exchange
+    /// ([`DEFAULT_HANDSHAKE_TIMEOUT`] unless set; `None` waits for ever). A peer that stalls
+    /// or never answers then costs a [`Error::Timeout`] instead of a task stuck for good.
+    /// A region that did not come may still come later and be taken by the next
+    /// `recv_region`; a channel whose opening timed out leaves the two sides disagreeing on
+    /// which channel is which, so the connection is failed and closed.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # fn demo(ep: &barewire::Endpoint) {
+    /// ep.set_handshake_timeout(Some(Duration::from_secs(2)));
+    /// assert_eq!(ep.handshake_timeout(), Some(Duration::from_secs(2)));
+    /// # }
+    /// ```
+    pub fn set_handshake_timeout(&self, limit: Option<Duration>) {
+        self.inner().handshake_timeout.set(limit);
+    }
+
+    /// How long handshakes wait for the peer (see
+    /// [`set_handshake_timeout`](Self::set_handshake_timeout)).
+    pub fn handshake_timeout(&self) -> Option<Duration> {
+        self.inner().handshake_timeout.get()
+    }
+
     /// The error this connection already failed with, if it did: an operation posted now
     /// would certainly not reach the peer.
     pub(crate) fn failed(&self) -> Option<Error> {
@@ -262,10 +342,65 @@ impl Endpoint {
 
     /// Sends `region`'s descriptor, with `T`'s fingerprint, to the peer (who takes it with
     /// [`recv_region`](Self::recv_region)).
+    ///
+    /// The descriptor names a window bound to this connection alone (iWARP type 2 memory
+    /// window semantics): the peer may read, write and update the region through this
+    /// connection, and the same key presented on any other connection (a second connection
+    /// of the same peer, another peer that saw or guessed it) is refused with a protection
+    /// error, which ends that connection. The window lasts as long as the connection and the
+    /// region both do.
+    ///
+    /// ```
+    /// use barewire::{Align, Node};
+    /// # barewire::engine::Runtime::builder().cores(1).pin(false).build().unwrap().block_on(async {
+    /// let a = Node::soft().unwrap();
+    /// let b = Node::soft().unwrap();
+    /// let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    /// let to_a = barewire::engine::spawn_local(async move {
+    ///     b.connect(([127, 0, 0, 1], port).into()).await.map(|e| (b, e))
+    /// });
+    /// let at_a = a.accept().await.unwrap();
+    /// let (_b, to_a) = to_a.await.unwrap().unwrap();
+    /// let counters = a.region::<u64>(4, Align::CacheLine).unwrap();
+    /// at_a.send_region(&counters).await.unwrap();
+    /// let remote = to_a.recv_region::<u64>().await.unwrap();
+    /// to_a.write(&remote, 2, 7).await.unwrap();
+    /// assert_eq!(counters.get(2), 7);
+    /// # });
+    /// ```
     pub async fn send_region<T: Pod>(&self, region: &Region<T>) -> Result<()> {
-        let r = region.remote();
-        self.send_described(r.desc, Fingerprint::of::<T>(), r.len)
+        let desc = self.window_for(&region.buf);
+        self.send_described(desc, Fingerprint::of::<T>(), region.len() as u64)
             .await
+    }
+
+    /// The descriptor to send the peer on this connection for memory registered as `buf`: a
+    /// window bound to where the peer's operations arrive, or the region's own where the
+    /// backend has no windows.
+    pub(crate) fn window_for(
+        &self,
+        buf: &barewire_drivers::Buffer,
+    ) -> barewire_drivers::RegionDescriptor {
+        let inner = self.inner();
+        let serving = inner.serves_windows.borrow().clone();
+        let at = serving.as_ref().unwrap_or(inner);
+        let rights = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        match buf.region().bind_window(at.ops.qp(), rights) {
+            Ok(w) => {
+                let desc = w.descriptor();
+                let mut ws = at.windows.borrow_mut();
+                // Windows of regions dropped since are dead: forget them now and then.
+                if ws.len() >= 64 && ws.len().is_power_of_two() {
+                    ws.retain(barewire_drivers::Window::is_live);
+                }
+                ws.push(w);
+                desc
+            }
+            Err(e) => {
+                windows_unavailable(&e);
+                buf.descriptor()
+            }
+        }
     }
 
     /// The next region descriptor the peer sent, checked to hold `T`s: a mismatch of type name,
@@ -299,7 +434,7 @@ impl Endpoint {
     ) -> Result<(barewire_drivers::RegionDescriptor, u64)> {
         let (fp, desc, len) = self
             .inner()
-            .wait_control(|_, c| match c {
+            .handshake("region descriptor", |_, c| match c {
                 Control::Region { fp, desc, len } => Some((fp.clone(), *desc, *len)),
                 _ => None,
             })

@@ -12,8 +12,9 @@
 //! connection's private data: region 0, `REGION_LEN` bytes with every remote right, lying
 //! between two guard areas that no peer may reach; and region 1, 4 KiB, remote read only,
 //! filled with 0x5a. Each connection keeps receives posted and answers each Send:
-//! `?guards` gets `guards ok` or `guards BAD`; anything else is echoed back; a Write with
-//! immediate gets `imm <value> <bytes>`.
+//! `?guards` gets `guards ok` or `guards BAD`; `?window` binds a window over region 0 for
+//! this connection alone and gets its descriptor (20 bytes), or `no window: <why>`; anything
+//! else is echoed back; a Write with immediate gets `imm <value> <bytes>`.
 
 use std::io::Write;
 use std::rc::Rc;
@@ -93,7 +94,7 @@ async fn serve(port: u16) -> Result<(), DriverError> {
         let pd = pd.clone();
         let keep = keep.clone();
         spawn_local(async move {
-            match answer(Endpoint::new(qp, scq, rcq), &pd, &keep.0).await {
+            match answer(Endpoint::new(qp, scq, rcq), &pd, &keep.0, &keep.1).await {
                 // The peer hung up: our posted receives flush.
                 Err(DriverError::Completion {
                     status: WcStatus::WrFlushErr | WcStatus::RetryExcErr,
@@ -111,7 +112,10 @@ async fn answer(
     ep: Endpoint,
     pd: &barewire_drivers::ProtectionDomain,
     whole: &Rc<Buffer>,
+    region0: &barewire_drivers::MemoryRegion,
 ) -> Result<(), DriverError> {
+    // Windows bound for this connection: they live as long as it does.
+    let mut windows = Vec::new();
     let rx = Buffer::new(pd, MSG * RECVS, 64, Access::LOCAL_WRITE)?;
     let tx = Buffer::new(pd, MSG, 64, Access::LOCAL_WRITE)?;
     let mut pending: std::collections::VecDeque<_> = (0..RECVS)
@@ -124,6 +128,16 @@ async fn answer(
         pending.push_back((slot, ep.recv(&rx, slot * MSG, MSG)));
         let reply = if wc.opcode == WcOpcode::RecvRdmaWithImm {
             format!("imm {} {}", wc.imm.unwrap_or(0), wc.byte_len).into_bytes()
+        } else if msg == b"?window" {
+            let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+            match region0.bind_window(ep.qp(), all) {
+                Ok(w) => {
+                    let d = w.descriptor().to_bytes().to_vec();
+                    windows.push(w);
+                    d
+                }
+                Err(e) => format!("no window: {e}").into_bytes(),
+            }
         } else if msg == b"?guards" {
             let mut g = vec![0u8; GUARD];
             let mut ok = true;

@@ -121,8 +121,14 @@ impl Stream {
                 }
                 // A zero-length Read Response (the acknowledgement of a zero-length Read) moves
                 // no byte and names no region.
+                // A Read Response lands in the sink this side named in its own Read Request
+                // (checked just above to be exactly that): local memory under its local key,
+                // whatever remote use the region allows.
                 let checked = if read_response && payload_len == 0 {
                     Ok(std::ptr::null_mut())
+                } else if read_response {
+                    self.dev
+                        .check_local(Stag(stag), self.cfg.pd, to, payload_len as u64, true)
                 } else {
                     self.dev.check(
                         Stag(stag),

@@ -16,9 +16,12 @@
 //! budget of protection violations (8 within 10 s by default; the address is then refused for
 //! 60 s, see `provider::ConnectOptions::violation_budget`), which caps one address at about 8
 //! guesses a minute: 2^32 / (10^4 × 8/60 s) ≈ 3.2 × 10^6 s, some 37 days per address (an attacker
-//! with A addresses divides that by A). Binding each exported region to the connection it was
-//! sent over (so a new connection holds no valid STag at all) is the stronger defence; until it
-//! lands, keep what a peer may reach in its own protection domain.
+//! with A addresses divides that by A). The stronger defence is windows
+//! ([`MemoryRegion::bind_window`]): a region whose own STag grants no remote access
+//! ([`MemoryRegion::remote_only_through_windows`]) and one window per connection it was sent
+//! over. A new connection then holds no valid STag at all, and a guess can only ever hit a
+//! window bound to another connection, which this one is refused (`NotAssociated`). The
+//! facade exports its regions this way by default.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -114,7 +117,14 @@ struct Entry {
     addr: usize,
     len: usize,
     access: Access,
+    /// For a window: the STag of the region it was bound in (windows name remote access
+    /// only; they are no local key).
+    window_of: Option<u32>,
 }
+
+/// The queue pair number of no queue pair: a region bound to it (see
+/// [`MemoryRegion::remote_only_through_windows`]) grants no remote access under its own STag.
+const NO_QP: u32 = u32::MAX;
 
 /// Hashes an STag for the region table. STags come from a CSPRNG, so their bits are already
 /// uniform and a keyed hash (std's SipHash) would only add cost to every access check; a
@@ -145,6 +155,30 @@ type StagMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<StagHasher>>;
 struct Tables {
     live: StagMap<Entry>,
     retired: HashSet<u32>,
+    /// A region's STag → the STags of the windows bound in it.
+    windows: StagMap<Vec<u32>>,
+}
+
+impl Tables {
+    /// Retires `stag` and, for a region, every window bound in it.
+    fn retire(&mut self, stag: u32) {
+        if let Some(e) = self.live.remove(&stag) {
+            self.retired.insert(stag);
+            match e.window_of {
+                Some(parent) => {
+                    if let Some(w) = self.windows.get_mut(&parent) {
+                        w.retain(|&x| x != stag);
+                    }
+                }
+                None => {
+                    for w in self.windows.remove(&stag).unwrap_or_default() {
+                        self.live.remove(&w);
+                        self.retired.insert(w);
+                    }
+                }
+            }
+        }
+    }
 }
 
 struct DeviceInner {
@@ -269,7 +303,11 @@ impl Device {
         write: bool,
     ) -> Result<*mut u8, Violation> {
         let t = self.inner.tables.borrow();
-        let e = t.live.get(&lkey.0).ok_or(Violation::InvalidStag)?;
+        let e = t
+            .live
+            .get(&lkey.0)
+            .filter(|e| e.window_of.is_none())
+            .ok_or(Violation::InvalidStag)?;
         if e.pd != pd {
             return Err(Violation::NotAssociated);
         }
@@ -284,15 +322,15 @@ impl Device {
     }
 
     /// Invalidates an STag (a remote Send with Invalidate, or a local invalidate). Fails if it
-    /// is not live or belongs to another domain.
+    /// is not live or belongs to another domain. Invalidating a region invalidates every
+    /// window bound in it.
     pub fn invalidate(&self, stag: Stag, pd: u32) -> Result<(), Violation> {
         let mut t = self.inner.tables.borrow_mut();
         match t.live.get(&stag.0) {
             None => Err(Violation::InvalidStag),
             Some(e) if e.pd != pd => Err(Violation::NotAssociated),
             Some(_) => {
-                t.live.remove(&stag.0);
-                t.retired.insert(stag.0);
+                t.retire(stag.0);
                 Ok(())
             }
         }
@@ -354,6 +392,7 @@ impl ProtectionDomain {
                 addr: addr as usize,
                 len,
                 access,
+                window_of: None,
             },
         );
         Ok(MemoryRegion {
@@ -417,6 +456,94 @@ impl MemoryRegion {
             e.qp = Some(qp);
         }
     }
+
+    /// Makes the region's own STag useless to every peer: remote access then goes only through
+    /// windows bound with [`bind_window`](Self::bind_window). Local use is unchanged.
+    pub fn remote_only_through_windows(&self) {
+        self.bind_to_qp(NO_QP);
+    }
+
+    /// Binds a window over the whole region for queue pair `qp` alone, with `access` (remote
+    /// rights, a subset of the region's): the semantics of an iWARP type 2 memory window (RFC
+    /// 5040 §2.1; ibv_bind_mw(3)). Its STag is fresh; another queue pair presenting it gets
+    /// `NotAssociated` (a protection Terminate), and it dies with the [`Window`] or with the
+    /// region, whichever goes first.
+    ///
+    /// ```
+    /// use barewire_soft_rdma::verbs::*;
+    /// let dev = Device::new();
+    /// let pd = dev.alloc_pd();
+    /// let mut buf = vec![0u8; 64];
+    /// let rights = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    /// // SAFETY: `buf` outlives the region.
+    /// let mr = unsafe { pd.register(buf.as_mut_ptr(), buf.len(), rights) }.unwrap();
+    /// mr.remote_only_through_windows();
+    /// let w = mr.bind_window(7, Access::REMOTE_READ).unwrap();
+    /// let at = mr.addr() as u64;
+    /// assert!(dev.check(w.stag(), pd.id(), 7, at, 8, Access::REMOTE_READ).is_ok());
+    /// assert_eq!(dev.check(w.stag(), pd.id(), 8, at, 8, Access::REMOTE_READ), Err(Violation::NotAssociated));
+    /// assert_eq!(dev.check(mr.stag(), pd.id(), 7, at, 8, Access::REMOTE_READ), Err(Violation::NotAssociated));
+    /// ```
+    pub fn bind_window(&self, qp: u32, access: Access) -> Result<Window, Violation> {
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if !self.access.contains(access) || !remote.contains(access) {
+            return Err(Violation::AccessRights);
+        }
+        let stag = self.dev.fresh_stag();
+        let mut t = self.dev.inner.tables.borrow_mut();
+        if !t.live.contains_key(&self.stag.0) {
+            return Err(Violation::InvalidStag); // invalidated (a Send with Invalidate)
+        }
+        t.live.insert(
+            stag,
+            Entry {
+                pd: self.pd,
+                qp: Some(qp),
+                addr: self.addr as usize,
+                len: self.len,
+                access,
+                window_of: Some(self.stag.0),
+            },
+        );
+        t.windows.entry(self.stag.0).or_default().push(stag);
+        Ok(Window {
+            stag: Stag(stag),
+            pd: self.pd,
+            dev: self.dev.clone(),
+        })
+    }
+}
+
+/// A window bound in a region for one queue pair (see [`MemoryRegion::bind_window`]).
+/// Dropping it invalidates its STag.
+pub struct Window {
+    stag: Stag,
+    pd: u32,
+    dev: Device,
+}
+
+impl Window {
+    /// The STag the one queue pair's peer names it by.
+    pub fn stag(&self) -> Stag {
+        self.stag
+    }
+
+    /// False once its region was deregistered or it was invalidated.
+    pub fn is_live(&self) -> bool {
+        self.dev
+            .inner
+            .tables
+            .borrow()
+            .live
+            .contains_key(&self.stag.0)
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        // Already gone when its region was deregistered first.
+        let _ = self.dev.invalidate(self.stag, self.pd);
+    }
 }
 
 impl Drop for MemoryRegion {
@@ -432,6 +559,76 @@ mod tests {
     fn region(pd: &ProtectionDomain, buf: &mut [u8], access: Access) -> MemoryRegion {
         // SAFETY: the buffer outlives the region in every test.
         unsafe { pd.register(buf.as_mut_ptr(), buf.len(), access) }.unwrap()
+    }
+
+    #[test]
+    fn a_window_serves_its_queue_pair_only_and_dies_with_its_region() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let mut buf = vec![0u8; 256];
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = region(&pd, &mut buf, rights);
+        let at = mr.addr() as u64;
+        mr.remote_only_through_windows();
+        // The region's own STag: no queue pair may use it remotely; locally it still works.
+        assert_eq!(
+            dev.check(mr.stag(), pd.id(), 1, at, 8, Access::REMOTE_READ),
+            Err(Violation::NotAssociated)
+        );
+        assert!(dev.check_local(mr.stag(), pd.id(), at, 8, true).is_ok());
+        let w1 = mr.bind_window(1, Access::REMOTE_WRITE).unwrap();
+        let w2 = mr.bind_window(2, Access::REMOTE_READ).unwrap();
+        assert_ne!(w1.stag(), w2.stag());
+        assert!(dev
+            .check(w1.stag(), pd.id(), 1, at, 256, Access::REMOTE_WRITE)
+            .is_ok());
+        // Another queue pair, the other window's rights, past the end, as a local key.
+        assert_eq!(
+            dev.check(w1.stag(), pd.id(), 2, at, 8, Access::REMOTE_WRITE),
+            Err(Violation::NotAssociated)
+        );
+        assert_eq!(
+            dev.check(w2.stag(), pd.id(), 2, at, 8, Access::REMOTE_WRITE),
+            Err(Violation::AccessRights)
+        );
+        assert_eq!(
+            dev.check(w1.stag(), pd.id(), 1, at, 257, Access::REMOTE_WRITE),
+            Err(Violation::BaseBounds)
+        );
+        assert_eq!(
+            dev.check_local(w1.stag(), pd.id(), at, 8, false),
+            Err(Violation::InvalidStag)
+        );
+        // Rights the region lacks, or local ones, cannot be bound.
+        assert_eq!(
+            mr.bind_window(1, Access::REMOTE_ATOMIC).err(),
+            Some(Violation::AccessRights)
+        );
+        assert_eq!(
+            mr.bind_window(1, Access::LOCAL_WRITE).err(),
+            Some(Violation::AccessRights)
+        );
+        // Dropping a window kills its STag alone.
+        let s2 = w2.stag();
+        drop(w2);
+        assert_eq!(
+            dev.check(s2, pd.id(), 2, at, 8, Access::REMOTE_READ),
+            Err(Violation::InvalidStag)
+        );
+        assert!(dev
+            .check(w1.stag(), pd.id(), 1, at, 8, Access::REMOTE_WRITE)
+            .is_ok());
+        // Deregistering the region kills every window bound in it, and none comes back.
+        let s1 = w1.stag();
+        drop(mr);
+        assert_eq!(
+            dev.check(s1, pd.id(), 1, at, 8, Access::REMOTE_WRITE),
+            Err(Violation::InvalidStag)
+        );
+        drop(w1); // after its region: harmless
+        let mr = region(&pd, &mut buf, rights);
+        let w = mr.bind_window(1, Access::REMOTE_WRITE).unwrap();
+        assert!(w.stag() != s1 && w.stag() != s2 && w.stag() != mr.stag());
     }
 
     #[test]

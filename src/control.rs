@@ -49,6 +49,15 @@ fn take_desc(b: &mut &[u8]) -> Result<RegionDescriptor> {
     RegionDescriptor::from_bytes(raw).ok_or_else(|| Error::Malformed("region descriptor".into()))
 }
 
+/// The longest prefix of `reason`, cut at a character boundary, that fits in a Refuse.
+fn fit_reason(reason: &str) -> &str {
+    let mut n = reason.len().min(MAX - 5);
+    while !reason.is_char_boundary(n) {
+        n -= 1;
+    }
+    &reason[..n]
+}
+
 impl Control {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(128);
@@ -84,9 +93,9 @@ impl Control {
             Control::Refuse { id, reason } => {
                 out.push(4);
                 out.extend_from_slice(&id.to_be_bytes());
-                let r = &reason.as_bytes()[..reason.len().min(MAX - 8)];
+                let r = fit_reason(reason);
                 out.extend_from_slice(&(r.len() as u16).to_be_bytes());
-                out.extend_from_slice(r);
+                out.extend_from_slice(r.as_bytes());
             }
             Control::Hello { rank, size } => {
                 out.push(5);
@@ -94,11 +103,19 @@ impl Control {
                 out.extend_from_slice(&size.to_be_bytes());
             }
         }
-        out.truncate(MAX);
+        // Every field is bounded (names by Fingerprint::NAME_MAX, reasons cut above): the
+        // largest, an Open, is 42 bytes plus the name.
+        debug_assert!(out.len() <= MAX, "a {}-byte control message", out.len());
         out
     }
 
     pub(crate) fn decode(mut b: &[u8]) -> Result<Control> {
+        if b.len() > MAX {
+            return Err(Error::Malformed(format!(
+                "a control message of {} bytes (at most {MAX})",
+                b.len()
+            )));
+        }
         let b = &mut b;
         let kind = take(b, 1)?[0];
         let c = match kind {
@@ -127,9 +144,12 @@ impl Control {
             4 => {
                 let id = take_u16(b)?;
                 let n = take_u16(b)? as usize;
+                // Bytes that are not UTF-8 become U+FFFD, which can make the text longer:
+                // cut it again so that what decodes always encodes as it is.
+                let lossy = String::from_utf8_lossy(take(b, n)?);
                 Control::Refuse {
                     id,
-                    reason: String::from_utf8_lossy(take(b, n)?).into_owned(),
+                    reason: fit_reason(&lossy).to_string(),
                 }
             }
             5 => Control::Hello {
@@ -242,6 +262,47 @@ mod tests {
         .encode();
         *b.last_mut().unwrap() = 2;
         assert!(Control::decode(&b).is_err());
+    }
+
+    /// A type whose name is longer than a control message (deeply nested generics) still
+    /// crosses: its name is cut and hashed the same way on both sides, and two such types that
+    /// differ only past the cut are still told apart. (Encoding used to cut the whole message
+    /// at 512 bytes, which the peer could not decode.)
+    #[test]
+    fn a_type_name_longer_than_a_control_message_crosses_and_stays_distinct() {
+        type Deep<T> = (
+            (((T, T), (T, T)), ((T, T), (T, T))),
+            (((T, T), (T, T)), ((T, T), (T, T))),
+        );
+        type A = Deep<Deep<std::collections::BTreeMap<String, Vec<Option<u8>>>>>;
+        type B = Deep<Deep<std::collections::BTreeMap<String, Vec<Option<u16>>>>>;
+        assert!(std::any::type_name::<A>().len() > MAX);
+        let (fa, fb) = (Fingerprint::of::<A>(), Fingerprint::of::<B>());
+        assert!(fa.name.len() <= Fingerprint::NAME_MAX);
+        assert_ne!(fa, fb);
+        for fp in [fa.clone(), fb] {
+            let c = Control::Open {
+                id: 1,
+                fp: fp.clone(),
+                codec: 1,
+                capacity: 8,
+                slot: 64,
+                credit: d(1),
+            };
+            let bytes = c.encode();
+            assert!(bytes.len() <= MAX);
+            assert_eq!(Control::decode(&bytes).unwrap(), c);
+        }
+        assert!(Fingerprint::of::<A>().check(&fa).is_ok());
+        // A long refusal is cut at a character boundary and still decodes.
+        let reason = "é".repeat(400);
+        let bytes = Control::Refuse { id: 2, reason }.encode();
+        match Control::decode(&bytes).unwrap() {
+            Control::Refuse { reason, .. } => assert!(reason.chars().all(|c| c == 'é')),
+            other => panic!("{other:?}"),
+        }
+        // What no peer can send (the receive slots hold MAX bytes) is refused.
+        assert!(Control::decode(&vec![5; MAX + 1]).is_err());
     }
 
     #[test]

@@ -34,6 +34,8 @@ mod distributed;
 pub mod dsm;
 mod endpoint;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod join;
 mod mesh;
 mod node;

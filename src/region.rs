@@ -37,7 +37,9 @@ impl Align {
 /// builds of the same program agree on all three; a mismatch is refused at exchange time.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint {
-    /// `std::any::type_name`.
+    /// `std::any::type_name`; one longer than [`Fingerprint::NAME_MAX`] bytes (deeply nested
+    /// generics) is cut at a character boundary and followed by `..#` and a 64-bit FNV-1a hash
+    /// of the whole name, so that it fits in a control message and still tells types apart.
     pub name: String,
     /// `size_of`.
     pub size: u32,
@@ -46,26 +48,50 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// Longest name on the wire, in bytes.
+    pub const NAME_MAX: usize = 384;
+
     /// The fingerprint of `T`.
     pub fn of<T>() -> Fingerprint {
         Fingerprint {
-            name: std::any::type_name::<T>().to_string(),
+            name: Self::wire_name(std::any::type_name::<T>()),
             size: std::mem::size_of::<T>() as u32,
             align: std::mem::align_of::<T>() as u32,
         }
     }
 
+    /// `name`, or for one over [`NAME_MAX`](Self::NAME_MAX) bytes its cut and hashed form.
+    fn wire_name(name: &str) -> String {
+        if name.len() <= Self::NAME_MAX {
+            return name.to_string();
+        }
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+        });
+        let mut cut = Self::NAME_MAX - 19; // room for "..#" and 16 hex digits
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        format!("{}..#{hash:016x}", &name[..cut])
+    }
+
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        let name = self.name.as_bytes();
-        let n = name.len().min(u16::MAX as usize);
-        out.extend_from_slice(&(n as u16).to_be_bytes());
-        out.extend_from_slice(&name[..n]);
+        // A name made by `of` is never longer; one built by hand is cut to stay decodable.
+        let name = Self::wire_name(&self.name);
+        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&self.size.to_be_bytes());
         out.extend_from_slice(&self.align.to_be_bytes());
     }
 
     pub(crate) fn decode(b: &mut &[u8]) -> Result<Fingerprint> {
         let n = take_u16(b)? as usize;
+        if n > Self::NAME_MAX {
+            return Err(Error::Malformed(format!(
+                "a type name of {n} bytes (at most {})",
+                Self::NAME_MAX
+            )));
+        }
         let name = take(b, n)?;
         let name = String::from_utf8(name.to_vec())
             .map_err(|_| Error::Malformed("type name is not UTF-8".into()))?;

@@ -23,3 +23,8 @@ fn deframer_corpus() {
 fn ddp_rdmap_corpus() {
     replay("ddp_rdmap", fuzz::ddp_rdmap);
 }
+
+#[test]
+fn mpa_private_data_corpus() {
+    replay("mpa_private_data", fuzz::mpa_private_data);
+}

@@ -116,3 +116,53 @@ fn body(seg: &Segment<'_>) {
         _ => {}
     }
 }
+
+/// The private data of an MPA Request or Reply (revision 2, enhanced: the IRD/ORD words, then
+/// the application's bytes, here a region descriptor as `barewire-peer` sends them), behind a
+/// valid header so that every input exercises the private-data path: it decodes or is
+/// refused, negotiation stays within what both sides offered, and a descriptor in it
+/// round-trips.
+pub fn mpa_private_data(data: &[u8]) {
+    let Some((&ctl, pd)) = data.split_first() else {
+        return;
+    };
+    let pd = &pd[..pd.len().min(MPA_MAX_PRIVATE_DATA)];
+    let kind = if ctl & 1 == 0 {
+        MpaKind::Request
+    } else {
+        MpaKind::Reply
+    };
+    let mut frame = [0u8; MPA_HEADER_LEN + MPA_MAX_PRIVATE_DATA];
+    let header = MpaFrame {
+        kind,
+        markers: false,
+        crc: ctl & 2 != 0,
+        reject: false,
+        revision: 2,
+        rev2: Some(Rev2Params::default()),
+        private_data: &[],
+    };
+    header.encode(&mut frame).expect("a header encodes");
+    frame[18..20].copy_from_slice(&(pd.len() as u16).to_be_bytes());
+    frame[MPA_HEADER_LEN..MPA_HEADER_LEN + pd.len()].copy_from_slice(pd);
+    let Ok(Some((f, used))) = MpaFrame::decode(&frame[..MPA_HEADER_LEN + pd.len()], kind) else {
+        return;
+    };
+    assert_eq!(used, MPA_HEADER_LEN + pd.len());
+    let local = MpaSettings::default();
+    if let Ok(n) = negotiate(&local, &f) {
+        // Never more than either side offered (a peer cannot raise our IRD).
+        match f.rev2 {
+            Some(p) => assert_eq!((n.ird, n.ord), (local.ird.min(p.ord), local.ord.min(p.ird))),
+            None => assert_eq!((n.ird, n.ord), (1, 1)),
+        }
+        assert!(n.ird <= local.ird && n.ord <= local.ord);
+    }
+    if let Some(d) = crate::provider::RegionDescriptor::from_bytes(f.private_data) {
+        let b = d.to_bytes();
+        assert_eq!(
+            &b[..],
+            &f.private_data[..crate::provider::RegionDescriptor::LEN]
+        );
+    }
+}

@@ -16,6 +16,9 @@ echo "== cargo test --workspace (epoll reactor)"
 BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
 BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
+echo "== soak: three processes, channels and one-sided writes, random kills and stops, two minutes (bench/src/bin/soak.rs)"
+cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"
+
 echo "== distributed shared memory: linearizability of multi-process histories, with faults (release: the checker is slow unoptimized)"
 cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 

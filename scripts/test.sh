@@ -16,7 +16,7 @@ echo "== cargo test --workspace (epoll reactor)"
 BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
 BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
-echo "== soak: three processes, channels and one-sided writes, random kills and stops, two minutes (bench/src/bin/soak.rs)"
+echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak.rs)"
 cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"
 
 echo "== distributed shared memory: linearizability of multi-process histories, with faults (release: the checker is slow unoptimized)"

@@ -1,14 +1,17 @@
-//! The soak's checks catch what they are for: each deliberately broken worker (`--break`)
-//! fails the run with the violation that names it. (The soak itself, unbroken, runs for two
+//! The soak's checks catch what they are for: each deliberately broken worker or fault
+//! (`--break`) fails the run with the violation that names it. `fake-cut` needs network
+//! namespaces, so this test runs as root (as CI does). (The soak itself, unbroken, runs for two
 //! minutes in `scripts/test.sh`.) One run at a time: each keeps three processes busy.
 
 use std::process::Command;
 
 fn soak(what: &str, seconds: u32, fault_every_ms: u32) -> (bool, String) {
+    // Link cuts need the network namespaces (root); the other checks do not.
+    let net = if what == "fake-cut" { "netns" } else { "auto" };
     let out = Command::new(env!("CARGO_BIN_EXE_barewire-soak"))
         .args(["--seconds", &seconds.to_string(), "--seed", "5"])
         .args(["--fault-every-ms", &fault_every_ms.to_string()])
-        .args(["--break", what])
+        .args(["--break", what, "--net", net])
         .output()
         .expect("barewire-soak runs");
     (
@@ -25,6 +28,7 @@ fn every_check_catches_its_broken_variant() {
         ("lost-write", 12, 2000, "was acknowledged"),
         ("leak", 20, 2000, "at half time"),
         ("resume-zero", 20, 800, "delivered went back"),
+        ("fake-cut", 24, 1000, "during a"),
     ] {
         let (ok, out) = soak(what, seconds, every);
         assert!(!ok, "--break {what} passed:\n{out}");

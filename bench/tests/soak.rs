@@ -29,6 +29,8 @@ fn every_check_catches_its_broken_variant() {
         ("leak", 20, 2000, "at half time"),
         ("resume-zero", 20, 800, "delivered went back"),
         ("fake-cut", 24, 1000, "during a"),
+        ("dsm-no-lock", 20, 60_000, "DSM update"),
+        ("actor-double", 20, 60_000, "actor ask"),
     ] {
         let (ok, out) = soak(what, seconds, every);
         assert!(!ok, "--break {what} passed:\n{out}");

@@ -11,7 +11,8 @@
 //! for (`tests/soak.rs`): `dup` (a client sends one message twice), `lost-write` (every server
 //! loses an acknowledged write before the dump), `leak` (every worker leaks 2 MiB a second),
 //! `resume-zero` (a restarted server forgets where to resume), `fake-cut` (a link cut that
-//! leaves the link up).
+//! leaves the link up), `dsm-no-lock` (shared objects updated without the lock protocol:
+//! `Broken::NoLock`), `actor-double` (the counter actor applies each message twice).
 //!
 //! Three worker processes (this binary, `worker` mode) form a ring: each connects to the
 //! next and serves the one before it. Over each connection the serving side sends a
@@ -48,7 +49,20 @@
 //! by at most 25% + 4 MiB of RSS and 8 descriptors. Exit status 0 only when every check
 //! held; the summary says what ran and what held.
 //!
-//! Not yet in the mix: DSM and actors (see the issue).
+//! **Distributed shared memory and actors, in rounds.** A mesh cannot take back a member
+//! that was killed, so these run in rounds of up to 5 s, each on a mesh made for it (a fresh
+//! `Node` and port on every worker, dropped after the round, so the RSS and descriptor check
+//! also sees whether dropping them frees everything). In a round every worker runs random
+//! operations on every member's objects, one at a time: `fetch_add(h, 1)` on a `u64`
+//! `SharedMemory`, `update(h, +1)` on a 64-byte one (its words derive from the counter, so a
+//! torn value shows), and `ask(+1)` to the counter actor registered on each member's
+//! `ActorSystem`. A client announces each operation (in blocks of 16) before issuing it and
+//! reports those that succeeded; it stops at the first failure, as faults make them. When the
+//! round ends and every member has stopped, each reads its own three values. For every
+//! member that lived through the round, each value must be at least the number of its
+//! operations that succeeded (nothing acknowledged lost) and at most the number announced
+//! (nothing applied twice); a failed operation may or may not have taken effect. A round in
+//! which some member did not stop in time is not judged; the summary counts both.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -74,6 +88,22 @@ fn mono_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec for the call to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Kinds of operation in the rounds: 0 DSM `fetch_add` on a word, 1 DSM `update` (+1) of a
+/// wide object, 2 actor `ask` (+1) of a counter.
+const KINDS: usize = 3;
+
+/// A wide shared object whose every word derives from one counter, so that a torn one shows.
+type Wide = [u64; 8];
+
+fn wide_of(v: u64) -> Wide {
+    std::array::from_fn(|i| if i == 0 { v } else { mix(v ^ (i as u64) << 56) })
+}
+
+/// The counter a wide object holds, if it is whole.
+fn wide_value(w: &Wide) -> Option<u64> {
+    (*w == wide_of(w[0])).then_some(w[0])
 }
 
 /// Slots of each server's region.
@@ -127,8 +157,17 @@ fn main() {
     };
     if let Some(b) = barewire_bench::flag(&args, "--break") {
         assert!(
-            ["dup", "lost-write", "leak", "resume-zero", "fake-cut"].contains(&b),
-            "--break dup, lost-write, leak, resume-zero or fake-cut"
+            [
+                "dup",
+                "lost-write",
+                "leak",
+                "resume-zero",
+                "fake-cut",
+                "dsm-no-lock",
+                "actor-double"
+            ]
+            .contains(&b),
+            "--break dup, lost-write, leak, resume-zero, fake-cut, dsm-no-lock or actor-double"
         );
         // Read by the workers this process starts.
         std::env::set_var("BAREWIRE_SOAK_BREAK", b);
@@ -146,6 +185,10 @@ struct Net {
     listen: [SocketAddr; PROCS],
     /// Per rank: the address through which the previous rank reaches it.
     reach: [SocketAddr; PROCS],
+    /// Per rank: the address of its listener for the rounds' meshes (the port varies).
+    mesh_ip: [std::net::IpAddr; PROCS],
+    /// The first port for the rounds' meshes.
+    mesh_base: u16,
     /// The namespace holding the end of the veth pair that `cut` sets down, and that end.
     link: Option<(String, String)>,
     /// Namespaces made for this run, removed on drop.
@@ -163,6 +206,8 @@ impl Net {
             netns: Default::default(),
             listen: std::array::from_fn(at),
             reach: std::array::from_fn(at),
+            mesh_ip: [[127, 0, 0, 1].into(); PROCS],
+            mesh_base: base + PROCS as u16,
             link: None,
             made: Vec::new(),
         }
@@ -185,7 +230,15 @@ impl Net {
                 SocketAddr::from(([127, 0, 0, 1], 7001)),
                 SocketAddr::from(([10, 213, 0, 2], 7002)),
             ],
-            link: Some((a.clone(), va.clone())),
+            // Ranks 0 and 1 use the address on their side of the pair among themselves too:
+            // the cut is made on rank 2's side, so that address stays theirs.
+            mesh_ip: [
+                [10, 213, 0, 1].into(),
+                [10, 213, 0, 1].into(),
+                [10, 213, 0, 2].into(),
+            ],
+            mesh_base: 7100,
+            link: Some((b.clone(), vb.clone())),
             made: Vec::new(),
         };
         // What is made goes on `made` at once: Drop removes it, on success or not.
@@ -202,6 +255,15 @@ impl Net {
             ip(&["-n", ns, "link", "set", dev, "up"])?;
         }
         Ok(net)
+    }
+
+    /// The mesh addresses of round `r`, by rank (a fresh port per round, cycling).
+    fn mesh_addrs(&self, r: u64) -> String {
+        let port = |rank: usize| self.mesh_base + (r % 64) as u16 * PROCS as u16 + rank as u16;
+        (0..PROCS)
+            .map(|rank| SocketAddr::new(self.mesh_ip[rank], port(rank)).to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Sets the veth link down (a partition) or up again. False on loopback.
@@ -337,6 +399,9 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
     let mut t = Tally::default();
     let mut finishing = false;
     let mut final_sent = false;
+    let mut round: Option<Round> = None;
+    let mut next_round = start + Duration::from_secs(1);
+    let mut rounds = RoundsSummary::default();
     loop {
         let now = Instant::now();
         while let Ok(ev) = rx.try_recv() {
@@ -362,10 +427,11 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
         });
         if cut_until.is_some_and(|u| now >= u) {
             cut_until = None;
-            net.cut(false);
+            // The cut is judged from after the link went down to before it comes up.
             if let Some(c) = cuts.last_mut() {
                 c.1 = mono_ns();
             }
+            net.cut(false);
         }
         if now >= next_sample {
             next_sample = now + Duration::from_secs(1);
@@ -414,12 +480,71 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
                 }
             }
         }
+        // The DSM and actor rounds (see the crate docs).
+        let alive = |ws: &[Worker], incs: &[u64; PROCS], rank: usize| ws[rank].inc == incs[rank];
+        match &mut round {
+            None if now >= next_round && now + ROUND_TIME * 3 < end => {
+                let r = rounds.started + 1;
+                rounds.started = r;
+                let addrs = net.mesh_addrs(r);
+                for w in ws.iter_mut() {
+                    let _ = writeln!(w.stdin, "ROUND START {r} {addrs}");
+                }
+                round = Some(Round {
+                    r,
+                    phase: Phase::Running,
+                    since: now,
+                    incs: std::array::from_fn(|i| ws[i].inc),
+                });
+            }
+            Some(rd) => {
+                let seen = t.rounds.entry(rd.r).or_default();
+                let all = |f: &dyn Fn(usize) -> bool| (0..PROCS).all(f);
+                match rd.phase {
+                    Phase::Running => {
+                        let over = all(&|i| !alive(&ws, &rd.incs, i) || seen.stopped[i]);
+                        if over || now >= rd.since + ROUND_TIME {
+                            for w in ws.iter_mut() {
+                                let _ = writeln!(w.stdin, "ROUND END {}", rd.r);
+                            }
+                            rd.phase = Phase::Ending;
+                            rd.since = now;
+                        }
+                    }
+                    Phase::Ending => {
+                        let stopped = all(&|i| !alive(&ws, &rd.incs, i) || seen.stopped[i]);
+                        if stopped || now >= rd.since + ROUND_TIME * 2 {
+                            // Values are read only once no operation can still be issued: a
+                            // round where some member did not stop in time is not judged.
+                            seen.judged = stopped;
+                            for w in ws.iter_mut() {
+                                let _ = writeln!(w.stdin, "ROUND READ {}", rd.r);
+                            }
+                            rd.phase = Phase::Reading;
+                            rd.since = now;
+                        }
+                    }
+                    Phase::Reading => {
+                        let read = all(&|i| !alive(&ws, &rd.incs, i) || seen.values[i].is_some());
+                        if read || now >= rd.since + ROUND_TIME {
+                            let seen = t.rounds.remove(&rd.r).unwrap_or_default();
+                            let alive: [bool; PROCS] =
+                                std::array::from_fn(|i| alive(&ws, &rd.incs, i));
+                            rounds.judge(rd.r, &seen, alive, &mut t.violations);
+                            round = None;
+                            next_round = now + Duration::from_millis(200);
+                        }
+                    }
+                }
+            }
+            None => {}
+        }
         if now >= end && !finishing {
             if cut_until.take().is_some() {
-                net.cut(false);
                 if let Some(c) = cuts.last_mut() {
                     c.1 = mono_ns();
                 }
+                net.cut(false);
             }
             finishing = true;
             for w in ws.iter_mut() {
@@ -506,10 +631,17 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
                 .max()
                 .unwrap_or(base);
             if top > base + CUT_SLACK {
+                let when: Vec<String> = reports
+                    .iter()
+                    .filter(|r| r.0 + 2_000_000_000 > from && r.0 < to + 1_000_000_000)
+                    .map(|r| format!("{:+}ms:{}", (r.0 as i64 - from as i64) / 1_000_000, r.1))
+                    .collect();
                 t.violations.push(format!(
-                    "stream {stream} delivered {} messages during a {} ms link cut",
+                    "stream {stream} delivered {} messages during a {} ms link cut \
+                     (reports by time since the cut: {})",
                     top - base,
-                    (to - from) / 1_000_000
+                    (to - from) / 1_000_000,
+                    when.join(" ")
                 ));
             }
         }
@@ -537,6 +669,11 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
             );
         }
     }
+    if seconds >= 60 && rounds.judged == 0 {
+        t.violations
+            .push("no DSM and actor round could be judged".to_string());
+    }
+    println!("{}", rounds.line());
     let total: u64 = t.delivered.iter().sum();
     let mut f: Vec<_> = faults.into_iter().collect();
     f.sort();
@@ -580,6 +717,8 @@ struct Tally {
     regions: HashMap<usize, (u64, Vec<u64>)>,
     /// Per rank: its client side stopped sending.
     done: [bool; PROCS],
+    /// What the workers said about each DSM and actor round not yet judged.
+    rounds: HashMap<u64, RoundSeen>,
     violations: Vec<String>,
 }
 
@@ -620,9 +759,154 @@ impl Tally {
                 self.regions.insert(rank, (inc, values));
             }
             Some("SENDER-DONE") => self.done[rank] = true,
+            Some("ROUND") => {
+                let seen = self.rounds.entry(num(2)).or_default();
+                match w.get(1).copied() {
+                    Some("UP") => seen.up[rank] = true,
+                    Some("NOTFORMED") => seen.why.push(format!("rank {rank}: {line}")),
+                    Some("STOPPED") => {
+                        seen.stopped[rank] = true;
+                        seen.why.push(format!("rank {rank}: {}", w[3..].join(" ")));
+                    }
+                    // ANNOUNCED r home kind n: this client issues at most n of those.
+                    Some("ANNOUNCED") => {
+                        let (h, k) = (num(3) as usize % PROCS, num(4) as usize % KINDS);
+                        let a = &mut seen.announced[rank][h][k];
+                        *a = (*a).max(num(5));
+                    }
+                    // ACKED r home a0 a1 a2: this many of each kind succeeded.
+                    Some("ACKED") => {
+                        let h = num(3) as usize % PROCS;
+                        for k in 0..KINDS {
+                            let a = &mut seen.acked[rank][h][k];
+                            *a = (*a).max(num(4 + k));
+                        }
+                    }
+                    // VALUES r word wide count | VALUES r none ...
+                    Some("VALUES") => {
+                        seen.values[rank] = Some(
+                            (w.get(3) != Some(&"none"))
+                                .then(|| std::array::from_fn(|k| num(3 + k))),
+                        );
+                    }
+                    _ => {}
+                }
+            }
             Some("VIOLATION") => self.violations.push(format!("rank {rank}: {line}")),
             _ => {}
         }
+    }
+}
+
+/// How long a DSM and actor round runs its operations; twice this for its members to stop.
+const ROUND_TIME: Duration = Duration::from_secs(5);
+
+/// The round in progress.
+struct Round {
+    r: u64,
+    phase: Phase,
+    /// When the phase began.
+    since: Instant,
+    /// Each rank's incarnation when the round began: a member restarted since is not in it.
+    incs: [u64; PROCS],
+}
+
+enum Phase {
+    /// Members form the round's mesh and run operations.
+    Running,
+    /// Told to end; waiting for every member to say it stopped.
+    Ending,
+    /// Told to read their own objects; waiting for the values.
+    Reading,
+}
+
+/// What the workers said about one round.
+#[derive(Default)]
+struct RoundSeen {
+    up: [bool; PROCS],
+    stopped: [bool; PROCS],
+    /// [client][home][kind]: operations announced (at most this many issued).
+    announced: [[[u64; KINDS]; PROCS]; PROCS],
+    /// [client][home][kind]: operations that succeeded.
+    acked: [[[u64; KINDS]; PROCS]; PROCS],
+    /// Per home: its word, wide counter and actor total at the end (None: not read).
+    values: [Option<Option<[u64; KINDS]>>; PROCS],
+    /// Every member stopped before the values were read.
+    judged: bool,
+    why: Vec<String>,
+}
+
+/// The rounds so far.
+#[derive(Default)]
+struct RoundsSummary {
+    started: u64,
+    formed: u64,
+    judged: u64,
+    /// Homes judged, and operations acknowledged on them, per kind.
+    homes: u64,
+    ops: [u64; KINDS],
+    /// Homes not judged: restarted during the round, or not read.
+    homes_lost: u64,
+    stops: HashMap<String, u64>,
+}
+
+impl RoundsSummary {
+    /// Checks one round: on every home that lived through it and was read, each kind's value
+    /// is at least what clients saw succeed and at most what they announced. An operation
+    /// that failed or whose client died may or may not have taken effect; none may take
+    /// effect twice, and none that succeeded may be lost.
+    fn judge(&mut self, r: u64, seen: &RoundSeen, alive: [bool; PROCS], v: &mut Vec<String>) {
+        for why in &seen.why {
+            // "rank 1: told to" -> "told to"; errors keep their first words only.
+            let key: String = why.split(": ").skip(1).collect::<Vec<_>>().join(": ");
+            let key: String = key.split_whitespace().take(4).collect::<Vec<_>>().join(" ");
+            *self.stops.entry(key).or_default() += 1;
+        }
+        if seen.up.iter().all(|&u| u) {
+            self.formed += 1;
+        }
+        if !seen.judged {
+            return;
+        }
+        self.judged += 1;
+        for (h, (value, alive)) in seen.values.iter().zip(alive).enumerate() {
+            let Some(Some(values)) = value.filter(|_| alive) else {
+                self.homes_lost += 1;
+                continue;
+            };
+            self.homes += 1;
+            for (k, &value) in values.iter().enumerate() {
+                let lo: u64 = (0..PROCS).map(|c| seen.acked[c][h][k]).sum();
+                let hi: u64 = (0..PROCS).map(|c| seen.announced[c][h][k]).sum();
+                self.ops[k] += lo;
+                if value < lo || value > hi {
+                    v.push(format!(
+                        "round {r}, home {h}, {}: {value}, but {lo} operations succeeded and \
+                         at most {hi} were issued",
+                        ["DSM fetch_add", "DSM update", "actor ask"][k]
+                    ));
+                }
+            }
+        }
+    }
+
+    fn line(&self) -> String {
+        let mut stops: Vec<_> = self.stops.iter().collect();
+        stops.sort_by(|a, b| b.1.cmp(a.1));
+        format!(
+            "rounds: {} started, {} formed, {} judged; homes judged {} (lost to restarts or \
+             unread: {}); operations checked: DSM fetch_add {}, DSM update {}, actor ask {}; \
+             clients stopped by: {:?}",
+            self.started,
+            self.formed,
+            self.judged,
+            self.homes,
+            self.homes_lost,
+            self.ops[0],
+            self.ops[1],
+            self.ops[2],
+            stops
+        )
     }
 }
 
@@ -673,13 +957,12 @@ mod worker {
     const OPTS: ChannelOptions = ChannelOptions::new(256, 16);
 
     pub fn main(args: &[String]) {
-        // RANK only names the process (in `ps`); the addresses say where it stands.
         const USAGE: &str = "worker RANK INC RESUME LISTEN-ADDR NEXT-ADDR [NETNS]";
         if let Some(ns) = args.get(5) {
             enter_netns(ns);
         }
         let n = |i: usize| -> u64 { args[i].parse().expect(USAGE) };
-        let (inc, resume) = (n(1), n(2));
+        let (rank, inc, resume) = (n(0) as usize, n(1), n(2));
         let addr = |i: usize| -> std::net::SocketAddr { args[i].parse().expect(USAGE) };
         let (listen, to) = (addr(3), addr(4));
         let resume = if broken("resume-zero") { 0 } else { resume };
@@ -688,6 +971,9 @@ mod worker {
                 match line.as_deref() {
                     Ok("final") => FINAL.store(true, Ordering::SeqCst),
                     Ok("dump") => DUMP.store(true, Ordering::SeqCst),
+                    Ok(round) if round.starts_with("ROUND ") => {
+                        rounds::COMMANDS.lock().unwrap().push(round.to_string());
+                    }
                     _ => return,
                 }
             }
@@ -695,15 +981,30 @@ mod worker {
         let rt = Runtime::builder().cores(1).sleeping().build().unwrap();
         rt.block_on(async move {
             let node = Rc::new(Node::soft().unwrap());
-            node.listen(listen).expect("listen");
+            // A killed incarnation's connections may hold the port for a while (closed with
+            // data unsent to a peer that is stopped or cut off, they linger in FIN-WAIT),
+            // and even SO_REUSEADDR does not bind over those: try again, as a restarted
+            // server must.
+            let t0 = Instant::now();
+            while let Err(e) = node.listen(listen) {
+                if t0.elapsed() > Duration::from_secs(60) {
+                    say(&format!(
+                        "VIOLATION cannot listen on {listen} for 60 s: {e}"
+                    ));
+                    std::process::exit(3);
+                }
+                time::sleep(Duration::from_millis(100)).await;
+            }
             let region = Rc::new(node.region::<u64>(SLOTS, Align::CacheLine).unwrap());
             let next = Rc::new(Cell::new(resume));
             spawn_local(serve(node.clone(), region.clone(), next.clone(), inc));
             spawn_local(drive(node.clone(), to, inc));
             let mut leaked = Vec::new();
             let mut tick = Instant::now();
+            let mut rounds = rounds::Rounds::new(rank, inc);
             while !DUMP.load(Ordering::SeqCst) {
                 time::sleep(Duration::from_millis(20)).await;
+                rounds.take_commands();
                 if broken("leak") && tick.elapsed() >= Duration::from_secs(1) {
                     tick = Instant::now();
                     leaked.push(vec![1u8; 2 << 20]);
@@ -833,5 +1134,261 @@ mod worker {
             say(&format!("ACKED {server_inc} {slot} {v}"));
         }
         Ok(())
+    }
+
+    mod rounds {
+        //! Distributed shared memory and actors, in rounds (see the crate docs): one mesh
+        //! per round, made for it and dropped after it.
+
+        use std::cell::Cell;
+        use std::collections::HashMap;
+        use std::net::SocketAddr;
+        use std::rc::Rc;
+        use std::sync::Mutex;
+        use std::time::Duration;
+
+        use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
+        use barewire::dsm::{SharedMemory, SharedOptions};
+        use barewire::engine::{spawn_local, time, JoinHandle};
+        use barewire::{Mesh, Node, Result};
+
+        use super::{broken, say};
+        use crate::{wide_of, wide_value, Wide, KINDS, PROCS};
+
+        /// `ROUND <verb> <round> ...` lines from the supervisor, handed over by the stdin
+        /// thread.
+        pub static COMMANDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+        /// How long making a round's mesh, shared objects and actor system may take.
+        const FORM_WAIT: Duration = Duration::from_secs(6);
+        /// How long one operation may take before the round is over for this client.
+        const OP_WAIT: Duration = Duration::from_secs(3);
+        /// Operations announced at a time, per home and kind, before they are issued.
+        const ANNOUNCE: u64 = 16;
+
+        /// Adds what it is told; `0` reads the total.
+        struct Counter(u64);
+        impl Actor for Counter {
+            type Msg = u64;
+            type Reply = u64;
+            async fn handle(&mut self, add: u64, _: &Context<Self>) -> u64 {
+                self.0 += add;
+                if broken("actor-double") {
+                    self.0 += add; // as if each message were delivered twice
+                }
+                self.0
+            }
+        }
+
+        /// What the supervisor has said about one round.
+        #[derive(Default)]
+        struct Ctl {
+            end: Cell<bool>,
+            read: Cell<bool>,
+        }
+
+        pub struct Rounds {
+            rank: usize,
+            seed: u64,
+            live: HashMap<u64, (Rc<Ctl>, JoinHandle<()>)>,
+        }
+
+        impl Rounds {
+            pub fn new(rank: usize, inc: u64) -> Rounds {
+                Rounds {
+                    rank,
+                    seed: (rank as u64 + 1) * 0x9E37_79B9 + inc,
+                    live: HashMap::new(),
+                }
+            }
+
+            /// `ROUND START r a0 a1 a2` | `ROUND END r` | `ROUND READ r`.
+            pub fn take_commands(&mut self) {
+                let cmds = std::mem::take(&mut *COMMANDS.lock().unwrap());
+                self.live.retain(|_, (_, task)| !task.is_finished());
+                for c in cmds {
+                    let w: Vec<&str> = c.split_whitespace().collect();
+                    let Some(r) = w.get(2).and_then(|v| v.parse::<u64>().ok()) else {
+                        continue;
+                    };
+                    match w[1] {
+                        "START" => {
+                            let addrs: Vec<SocketAddr> =
+                                w[3..].iter().filter_map(|a| a.parse().ok()).collect();
+                            let ctl = Rc::new(Ctl::default());
+                            self.seed = self.seed.wrapping_mul(6364136223846793005) | 1;
+                            let task =
+                                spawn_local(round(r, self.rank, addrs, ctl.clone(), self.seed));
+                            self.live.insert(r, (ctl, task));
+                        }
+                        "END" => {
+                            if let Some((ctl, _)) = self.live.get(&r) {
+                                ctl.end.set(true);
+                            }
+                        }
+                        "READ" => {
+                            if let Some((ctl, _)) = self.live.get(&r) {
+                                ctl.read.set(true);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+
+        /// What a round runs on.
+        struct Parts {
+            // Dropped last: everything below lives on its connections.
+            _node: Node,
+            _mesh: Mesh,
+            word: SharedMemory<u64>,
+            wide: SharedMemory<Wide>,
+            _sys: ActorSystem,
+            counter: ActorRef<Counter>,
+            counters: Vec<ActorRef<Counter>>,
+        }
+
+        async fn form(rank: usize, addrs: &[SocketAddr]) -> Result<Parts> {
+            let node = Node::soft()?;
+            node.listen(addrs[rank])?;
+            let mesh = Mesh::join(&node, rank, addrs).await?;
+            let mut opts = SharedOptions::default();
+            if broken("dsm-no-lock") {
+                opts.broken = Some(barewire::dsm::Broken::NoLock);
+            }
+            let word = SharedMemory::<u64>::create(&node, &mesh, 0, opts).await?;
+            let wide = SharedMemory::<Wide>::create(&node, &mesh, wide_of(0), opts).await?;
+            // Node-down after 500 ms of silence: this machine is loaded (three busy workers
+            // on two cores), and a stopped member is the fault meant here.
+            let sopts = SystemOptions {
+                misses: 50,
+                ..SystemOptions::default()
+            };
+            let sys = ActorSystem::start(&mesh, sopts).await?;
+            let counter = spawn(Counter(0));
+            sys.register("counter", &counter)?;
+            let mut counters = Vec::new();
+            for h in 0..PROCS {
+                // Each member registers its counter once its system is up: look again
+                // until it is there.
+                let mut tries = 0;
+                counters.push(loop {
+                    match sys.lookup::<Counter>(h, "counter").await {
+                        Ok(c) => break c,
+                        Err(e) if tries > 100 => return Err(e),
+                        Err(_) => {
+                            tries += 1;
+                            time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                });
+            }
+            Ok(Parts {
+                _node: node,
+                _mesh: mesh,
+                word,
+                wide,
+                _sys: sys,
+                counter,
+                counters,
+            })
+        }
+
+        /// One round: form, run operations until told to end (or one fails), report, read
+        /// this node's own objects when told to, and drop everything.
+        async fn round(r: u64, rank: usize, addrs: Vec<SocketAddr>, ctl: Rc<Ctl>, seed: u64) {
+            let parts = match time::timeout(FORM_WAIT, form(rank, &addrs)).await {
+                Ok(Ok(p)) => Some(p),
+                Ok(Err(e)) => {
+                    say(&format!("ROUND NOTFORMED {r} {e}"));
+                    None
+                }
+                Err(_) => {
+                    say(&format!("ROUND NOTFORMED {r} not within {FORM_WAIT:?}"));
+                    None
+                }
+            };
+            if let Some(p) = &parts {
+                say(&format!("ROUND UP {r}"));
+                let why = operate(r, p, &ctl, seed).await;
+                say(&format!("ROUND STOPPED {r} {why}"));
+            } else {
+                say(&format!("ROUND STOPPED {r} not formed"));
+            }
+            while !ctl.read.get() {
+                time::sleep(Duration::from_millis(10)).await;
+            }
+            let Some(p) = parts else {
+                say(&format!("ROUND VALUES {r} none"));
+                return;
+            };
+            let read = async {
+                let word = p.word.read_from(rank).await?;
+                let wide = p.wide.read_from(rank).await?;
+                let count = p.counter.ask(0, OP_WAIT).await?;
+                Ok::<_, barewire::Error>((word, wide, count))
+            };
+            match time::timeout(OP_WAIT, read).await {
+                Ok(Ok((word, wide, count))) => match wide_value(&wide) {
+                    Some(w) => say(&format!("ROUND VALUES {r} {word} {w} {count}")),
+                    None => say(&format!("VIOLATION round {r}: a torn wide object {wide:?}")),
+                },
+                Ok(Err(e)) => say(&format!("ROUND VALUES {r} none {e}")),
+                Err(_) => say(&format!("ROUND VALUES {r} none (no answer)")),
+            }
+        }
+
+        /// Random operations on every member's objects until the round ends or one fails;
+        /// returns why it stopped. Every operation is announced before it is issued and
+        /// reported once it succeeded (see the crate docs).
+        async fn operate(r: u64, p: &Parts, ctl: &Ctl, mut rng: u64) -> String {
+            let mut announced = [[0u64; KINDS]; PROCS];
+            let mut acked = [[0u64; KINDS]; PROCS];
+            let mut said = std::time::Instant::now();
+            let report = |acked: &[[u64; KINDS]; PROCS]| {
+                for (h, a) in acked.iter().enumerate() {
+                    say(&format!("ROUND ACKED {r} {h} {} {} {}", a[0], a[1], a[2]));
+                }
+            };
+            let why = loop {
+                if ctl.end.get() {
+                    break "told to".to_string();
+                }
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let (h, k) = (
+                    (rng % PROCS as u64) as usize,
+                    ((rng >> 8) % KINDS as u64) as usize,
+                );
+                if acked[h][k] == announced[h][k] {
+                    announced[h][k] += ANNOUNCE;
+                    say(&format!("ROUND ANNOUNCED {r} {h} {k} {}", announced[h][k]));
+                }
+                let op = async {
+                    match k {
+                        0 => p.word.fetch_add(h, 1).await.map(drop),
+                        1 => p
+                            .wide
+                            .update(h, |w| wide_of(wide_value(w).map_or(u64::MAX, |v| v + 1)))
+                            .await
+                            .map(drop),
+                        _ => p.counters[h].ask(1, OP_WAIT).await.map(drop),
+                    }
+                };
+                match time::timeout(OP_WAIT, op).await {
+                    Ok(Ok(())) => acked[h][k] += 1,
+                    Ok(Err(e)) => break format!("{e}"),
+                    Err(_) => break format!("an operation took over {OP_WAIT:?}"),
+                }
+                if said.elapsed() >= Duration::from_millis(100) {
+                    said = std::time::Instant::now();
+                    report(&acked);
+                }
+            };
+            report(&acked);
+            why.replace('\n', " ")
+        }
     }
 }

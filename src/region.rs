@@ -156,8 +156,8 @@ pub(crate) fn take_u64(b: &mut &[u8]) -> Result<u64> {
 /// ([`Endpoint::send_region`](crate::Endpoint::send_region)): each send binds a window
 /// (iWARP type 2 memory window semantics) to that connection, so a key seen on one connection,
 /// or guessed, is refused on any other with a protection error. The region's own key grants
-/// no remote access. (On the verbs backend, which cannot bind windows yet, the region keeps
-/// its remote rights and its key is sent as is; a warning says so once.)
+/// no remote access. (On a verbs device without type 2 memory windows, siw for one, the
+/// region keeps its remote rights and its key is sent as is; a warning says so once.)
 ///
 /// Its memory is reachable by the RDMA device and by peers at any time, so it is never lent
 /// out as `&[T]`: read and write it by copying (`get`, `set`, `to_vec`, `copy_from`).

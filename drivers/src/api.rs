@@ -206,16 +206,17 @@ impl MemoryRegion {
     /// Makes the region's own key useless to every peer, so that remote access goes only
     /// through windows ([`bind_window`](Self::bind_window)). Local use is unchanged.
     ///
-    /// The verbs backend cannot do this yet (it would register without remote rights and bind
-    /// type 2 memory windows, ibv_alloc_mw(3) and IBV_WR_BIND_MW, through the send queue): it
-    /// returns [`DriverError::Unsupported`] and the region keeps its remote rights.
+    /// On verbs the region is re-registered with local rights only (`ibv_rereg_mr`), so its
+    /// keys change: call this before handing out its local key. A device without type 2
+    /// memory windows (siw, for one) gives [`DriverError::Unsupported`], and the region keeps
+    /// its remote rights.
     pub fn remote_only_through_windows(&self) -> Result<(), DriverError> {
         match self {
             MemoryRegion::Soft(m) => {
                 m.remote_only_through_windows();
                 Ok(())
             }
-            MemoryRegion::Verbs(_) => Err(windows_unsupported()),
+            MemoryRegion::Verbs(m) => m.remote_only_through_windows(),
         }
     }
 
@@ -224,28 +225,40 @@ impl MemoryRegion {
     /// peer on that connection; any other connection presenting it is refused with a
     /// protection error. It lasts until dropped or until the region is.
     ///
-    /// On verbs: [`DriverError::Unsupported`] (see
-    /// [`remote_only_through_windows`](Self::remote_only_through_windows)).
+    /// On verbs it is a type 2 memory window (`ibv_alloc_mw(3)`), bound by a work request on
+    /// `qp`'s send queue, so it is in force before anything posted on `qp` after it; a device
+    /// without them gives [`DriverError::Unsupported`].
     pub fn bind_window(&self, qp: &QueuePair, access: Access) -> Result<Window, DriverError> {
-        match (self, qp) {
+        let (rkey, inner) = match (self, qp) {
             (MemoryRegion::Soft(m), QueuePair::Soft(q)) => {
                 let w = m
                     .bind_window(q.qp_num(), access)
-                    .map_err(|e| DriverError::Unsupported(format!("bind window: {e}")))?;
-                Ok(Window {
-                    desc: RegionDescriptor {
-                        rkey: w.stag(),
-                        addr: m.addr() as u64,
-                        len: m.len() as u64,
-                    },
-                    _soft: w,
-                })
+                    .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
+                (w.stag(), WindowInner::Soft(w))
             }
-            (MemoryRegion::Verbs(_), _) => Err(windows_unsupported()),
-            (MemoryRegion::Soft(_), QueuePair::Verbs(_)) => Err(DriverError::Unsupported(
-                "a software region cannot be bound to a verbs queue pair".into(),
-            )),
-        }
+            (MemoryRegion::Verbs(m), QueuePair::Verbs(q)) => {
+                let w = m.bind_window(q, access)?;
+                (w.rkey(), WindowInner::Verbs(w))
+            }
+            (MemoryRegion::Verbs(_), QueuePair::Soft(_)) => {
+                return Err(DriverError::Unsupported(
+                    "a verbs region cannot be bound to a software queue pair".into(),
+                ))
+            }
+            (MemoryRegion::Soft(_), QueuePair::Verbs(_)) => {
+                return Err(DriverError::Unsupported(
+                    "a software region cannot be bound to a verbs queue pair".into(),
+                ))
+            }
+        };
+        Ok(Window {
+            desc: RegionDescriptor {
+                rkey,
+                addr: self.addr() as u64,
+                len: self.len() as u64,
+            },
+            inner,
+        })
     }
 
     /// An SGE for `len` bytes at `offset`.
@@ -258,19 +271,16 @@ impl MemoryRegion {
     }
 }
 
-fn windows_unsupported() -> DriverError {
-    DriverError::Unsupported(
-        "memory windows on the verbs backend (ibv_alloc_mw, bind through the send queue) are \
-         not implemented yet"
-            .into(),
-    )
-}
-
 /// A window bound in a [`MemoryRegion`] for one queue pair (see
 /// [`MemoryRegion::bind_window`]). Dropping it invalidates its key.
 pub struct Window {
     desc: RegionDescriptor,
-    _soft: soft::verbs::Window,
+    inner: WindowInner,
+}
+
+enum WindowInner {
+    Soft(soft::verbs::Window),
+    Verbs(rc::Mw),
 }
 
 impl Window {
@@ -281,7 +291,10 @@ impl Window {
 
     /// False once its region was deregistered or it was invalidated.
     pub fn is_live(&self) -> bool {
-        self._soft.is_live()
+        match &self.inner {
+            WindowInner::Soft(w) => w.is_live(),
+            WindowInner::Verbs(w) => w.is_live(),
+        }
     }
 }
 

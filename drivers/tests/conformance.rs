@@ -356,13 +356,15 @@ fn a_window_serves_only_its_own_connection() {
         let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
         let (ep, _, _) = open(&s, &peer).await;
         let reply = ask(&ep, &buf, b"?window").await;
-        let w = RegionDescriptor::from_bytes(&reply).unwrap_or_else(|| {
-            panic!(
-                "{driver}: no window: {} (memory windows are not implemented on the verbs \
-                 backend yet)",
-                String::from_utf8_lossy(&reply)
-            )
-        });
+        let said = String::from_utf8_lossy(&reply);
+        if said.contains("binds no type 2 memory windows") {
+            // A device without them (siw): the facade then exports regions unbound, and says
+            // so once.
+            println!("SKIP a_window_serves_only_its_own_connection on {driver}: {said}");
+            return;
+        }
+        let w = RegionDescriptor::from_bytes(&reply)
+            .unwrap_or_else(|| panic!("{driver}: no window: {said}"));
         let data = pattern(4096, 11);
         buf.write_at(0, &data);
         ep.write(&buf, 0, 4096, Remote::at(w, 8192)).await.unwrap();

@@ -133,7 +133,7 @@ impl<T: Pod> SharedArray<T> {
         let fp = Fingerprint::of::<T>();
         for j in 0..size {
             let ep = mesh.endpoint(j);
-            ep.send_described(ep.window_for(&region.buf), fp.clone(), block)
+            ep.send_described(ep.window_for(&region.buf)?, fp.clone(), block)
                 .await?;
         }
         let mut blocks = Vec::with_capacity(size);

@@ -369,18 +369,19 @@ impl Endpoint {
     /// # });
     /// ```
     pub async fn send_region<T: Pod>(&self, region: &Region<T>) -> Result<()> {
-        let desc = self.window_for(&region.buf);
+        let desc = self.window_for(&region.buf)?;
         self.send_described(desc, Fingerprint::of::<T>(), region.len() as u64)
             .await
     }
 
     /// The descriptor to send the peer on this connection for memory registered as `buf`: a
     /// window bound to where the peer's operations arrive, or the region's own where the
-    /// backend has no windows.
+    /// backend has no windows (then the region kept its remote rights: `Region::new`). Any
+    /// other failure to bind is an error: the region's own key would not serve.
     pub(crate) fn window_for(
         &self,
         buf: &barewire_drivers::Buffer,
-    ) -> barewire_drivers::RegionDescriptor {
+    ) -> Result<barewire_drivers::RegionDescriptor> {
         let inner = self.inner();
         let serving = inner.serves_windows.borrow().clone();
         let at = serving.as_ref().unwrap_or(inner);
@@ -394,12 +395,13 @@ impl Endpoint {
                     ws.retain(barewire_drivers::Window::is_live);
                 }
                 ws.push(w);
-                desc
+                Ok(desc)
             }
-            Err(e) => {
+            Err(e @ barewire_drivers::DriverError::Unsupported(_)) => {
                 windows_unavailable(&e);
-                buf.descriptor()
+                Ok(buf.descriptor())
             }
+            Err(e) => Err(inner.driver_error(e)),
         }
     }
 

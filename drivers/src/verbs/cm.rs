@@ -412,6 +412,41 @@ impl Qp {
         }
     }
 
+    /// Posts an unsignaled bind of the type 2 window `mw` (to take the key `rkey`) over `len`
+    /// bytes at `addr` of the region `mr`, granting `flags` (`IBV_ACCESS_REMOTE_*`). A bind
+    /// that fails moves the queue pair to the error state, which every later operation shows.
+    pub(crate) fn post_bind_mw(
+        &self,
+        mw: *mut sys::ibv_mw,
+        rkey: u32,
+        mr: *mut sys::ibv_mr,
+        addr: u64,
+        len: usize,
+        flags: u32,
+    ) -> Result<(), DriverError> {
+        // SAFETY: all-zero is a valid ibv_send_wr before we fill it.
+        let mut w: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        w.opcode = sys::ibv_wr_opcode::IBV_WR_BIND_MW;
+        w.bind_mw_tso_union.bind_mw = sys::bind_mw_t {
+            mw,
+            rkey,
+            bind_info: sys::ibv_mw_bind_info {
+                mr,
+                addr,
+                length: len as u64,
+                mw_access_flags: flags,
+            },
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: w lives across the call and names a live window and region of this queue
+        // pair's protection domain (the caller's).
+        let rc = unsafe { sys::ibv_post_send(self.qp, &mut w, &mut bad) };
+        if rc != 0 {
+            return Err(os_error("ibv_post_send (bind window)", rc));
+        }
+        Ok(())
+    }
+
     /// Posts a send work request.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), DriverError> {
         use sys::ibv_wr_opcode as op;

@@ -54,6 +54,8 @@ pub struct Context {
     list: *mut *mut sys::ibv_context,
     pub(crate) ctx: *mut sys::ibv_context,
     pub(crate) name: String,
+    /// The device binds type 2 memory windows (`IBV_DEVICE_MEM_WINDOW_TYPE_2B`, `max_mw` > 0).
+    pub(crate) windows: bool,
 }
 
 impl Context {
@@ -77,10 +79,21 @@ impl Context {
                 .to_string_lossy()
                 .into_owned();
             if dev_name == name {
+                // SAFETY: all-zero is a valid ibv_device_attr for the query to fill; ctx is
+                // live.
+                let windows = unsafe {
+                    let mut attr: sys::ibv_device_attr = std::mem::zeroed();
+                    sys::ibv_query_device(ctx, &mut attr) == 0
+                        && attr.max_mw > 0
+                        && attr.device_cap_flags
+                            & sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0
+                            != 0
+                };
                 return Ok(Rc::new(Context {
                     list,
                     ctx,
                     name: dev_name,
+                    windows,
                 }));
             }
             found.push(dev_name);
@@ -141,28 +154,10 @@ impl Pd {
         len: usize,
         access: Access,
     ) -> Result<Mr, DriverError> {
-        let mut flags = 0u32;
-        for (a, f) in [
-            (
-                Access::LOCAL_WRITE,
-                sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE,
-            ),
-            (
-                Access::REMOTE_WRITE,
-                sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE,
-            ),
-            (
-                Access::REMOTE_READ,
-                sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ,
-            ),
-            (
-                Access::REMOTE_ATOMIC,
-                sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC,
-            ),
-        ] {
-            if access.contains(a) {
-                flags |= f.0;
-            }
+        let mut flags = ibv_access(access);
+        if self.ctx.windows {
+            // Windows may be bound over it (MemoryRegion::bind_window).
+            flags |= sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
         }
         // SAFETY: the caller vouches for the memory; the PD is live.
         let mr = unsafe { sys::ibv_reg_mr(self.pd, addr.cast(), len, flags as i32) };
@@ -170,9 +165,10 @@ impl Pd {
             return Err(last_os_error("ibv_reg_mr"));
         }
         Ok(Mr {
-            _pd: self.clone(),
+            pd: self.clone(),
             mr,
             access,
+            windows: RefCell::default(),
         })
     }
 }
@@ -185,11 +181,13 @@ impl Drop for Pd {
     }
 }
 
-/// A memory region (`ibv_reg_mr`); deregistered on drop.
+/// A memory region (`ibv_reg_mr`); deregistered on drop, after the windows bound in it are
+/// deallocated (a window must not outlive the memory it reaches).
 pub struct Mr {
-    _pd: Rc<Pd>,
+    pd: Rc<Pd>,
     mr: *mut sys::ibv_mr,
     access: Access,
+    windows: RefCell<Vec<Weak<MwSlot>>>,
 }
 
 impl Mr {
@@ -219,10 +217,140 @@ impl Mr {
     }
 }
 
+impl Mr {
+    /// Takes the region's own remote rights away (`ibv_rereg_mr` with local access and
+    /// `IBV_ACCESS_MW_BIND` only): peers reach it only through windows. Its keys change.
+    pub fn remote_only_through_windows(&self) -> Result<(), DriverError> {
+        if !self.pd.ctx.windows {
+            return Err(no_windows(&self.pd.ctx));
+        }
+        let flags = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+        // SAFETY: a live region of ours, re-registered in place (same PD, memory and length).
+        let rc = unsafe {
+            sys::ibv_rereg_mr(
+                self.mr,
+                sys::ibv_rereg_mr_flags::IBV_REREG_MR_CHANGE_ACCESS.0 as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                flags as i32,
+            )
+        };
+        if rc != 0 {
+            return Err(os_error("ibv_rereg_mr", rc));
+        }
+        Ok(())
+    }
+
+    /// Binds a type 2 memory window over the whole region to `qp`, granting `access` (remote
+    /// rights this region was registered with): a work request on `qp`'s send queue, so the
+    /// window is in force before anything posted after it (the descriptor sent to the peer
+    /// included). Only `qp`'s peer can use its key.
+    pub fn bind_window(&self, qp: &super::cm::Qp, access: Access) -> Result<Mw, DriverError> {
+        let ctx = &self.pd.ctx;
+        if !ctx.windows {
+            return Err(no_windows(ctx));
+        }
+        let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        if !self.access.contains(access) || !remote.contains(access) {
+            return Err(DriverError::Unsupported(format!(
+                "a window granting {access:?} over a region registered with {:?}",
+                self.access
+            )));
+        }
+        let flags = ibv_access(access);
+        // SAFETY: a live PD; rdma-sys returns None when the provider has no alloc_mw.
+        let mw = unsafe { sys::ibv_alloc_mw(self.pd.pd, sys::ibv_mw_type::IBV_MW_TYPE_2) }
+            .filter(|m| !m.is_null())
+            .ok_or_else(|| last_os_error("ibv_alloc_mw"))?;
+        // SAFETY: mw is the window just allocated; a type 2 bind names the key it will have:
+        // the allocated one with its low byte (the consumer's part) moved on.
+        let rkey = unsafe { sys::ibv_inc_rkey((*mw).rkey) };
+        let slot = Rc::new(MwSlot { mw: Cell::new(mw) });
+        if let Err(e) = qp.post_bind_mw(mw, rkey, self.mr, self.addr() as u64, self.len(), flags) {
+            slot.dealloc();
+            return Err(e);
+        }
+        let mut windows = self.windows.borrow_mut();
+        windows.retain(|w| w.strong_count() > 0);
+        windows.push(Rc::downgrade(&slot));
+        Ok(Mw {
+            slot,
+            rkey: Stag(rkey),
+        })
+    }
+}
+
+/// `IBV_ACCESS_*` flags for these rights.
+fn ibv_access(access: Access) -> u32 {
+    use sys::ibv_access_flags as f;
+    [
+        (Access::LOCAL_WRITE, f::IBV_ACCESS_LOCAL_WRITE),
+        (Access::REMOTE_WRITE, f::IBV_ACCESS_REMOTE_WRITE),
+        (Access::REMOTE_READ, f::IBV_ACCESS_REMOTE_READ),
+        (Access::REMOTE_ATOMIC, f::IBV_ACCESS_REMOTE_ATOMIC),
+    ]
+    .iter()
+    .filter(|(a, _)| access.contains(*a))
+    .fold(0, |flags, (_, flag)| flags | flag.0)
+}
+
+fn no_windows(ctx: &Context) -> DriverError {
+    DriverError::Unsupported(format!(
+        "{} binds no type 2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B)",
+        ctx.name
+    ))
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: deregistering our own region once.
+        for w in self.windows.borrow().iter().filter_map(Weak::upgrade) {
+            w.dealloc();
+        }
+        // SAFETY: deregistering our own region once, with no window left bound in it.
         unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+/// A bound type 2 memory window (`ibv_alloc_mw`): deallocated, which invalidates its key, when
+/// dropped or when its region is, whichever comes first.
+pub struct Mw {
+    slot: Rc<MwSlot>,
+    rkey: Stag,
+}
+
+impl Mw {
+    /// The key its one peer uses.
+    pub fn rkey(&self) -> Stag {
+        self.rkey
+    }
+
+    /// False once its region is gone.
+    pub fn is_live(&self) -> bool {
+        !self.slot.mw.get().is_null()
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        self.slot.dealloc();
+    }
+}
+
+/// The window, shared by its handle and its region's list; null once deallocated.
+struct MwSlot {
+    mw: Cell<*mut sys::ibv_mw>,
+}
+
+impl MwSlot {
+    fn dealloc(&self) {
+        let mw = self.mw.replace(std::ptr::null_mut());
+        if !mw.is_null() {
+            // SAFETY: a window we allocated, deallocated once (the pointer is taken out
+            // first); deallocating invalidates it.
+            unsafe { sys::ibv_dealloc_mw(mw) };
+        }
     }
 }
 

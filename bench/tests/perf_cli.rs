@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use barewire_bench::perf::table::{parse_row, BW_HEADER, LAT_HEADER};
+use barewire_bench::perf::table::{parse_row, BwRow, LatRow, Record, BW_HEADER, LAT_HEADER};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -91,10 +91,22 @@ fn all_sizes_run_from_2_bytes_to_8_mib_and_json_is_one_object_per_size() {
     assert!(ok, "{out}\n{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
-    assert!(
-        lines[0].starts_with("{\"test\":\"read_bw\",\"bytes\":1024,") && lines[0].ends_with('}'),
-        "{out}"
+    let r: Record<BwRow> = serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((r.test.as_str(), r.row.bytes), ("read_bw", 1024));
+    assert!(r.row.iters >= 500 && r.row.avg > 0.0, "{out}");
+    // Latency rows round-trip too, one object per size.
+    let (ok, out, err) = perf(&["atomic_lat", "--loopback", "-n", "50", "--json"]);
+    assert!(ok, "{out}\n{err}");
+    let rows: Vec<Record<LatRow>> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(rows.len(), 1, "{out}");
+    assert_eq!(
+        (rows[0].test.as_str(), rows[0].row.bytes),
+        ("atomic_lat", 8)
     );
+    assert!(rows[0].row.min <= rows[0].row.typical && rows[0].row.typical <= rows[0].row.max);
 }
 
 #[test]

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use clap::error::ErrorKind;
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
 /// A perftest-named test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
@@ -164,145 +167,230 @@ pub enum Command {
     Run(RunArgs),
     /// Run barewire and the peers installed here side by side.
     Compare(CompareArgs),
-    /// Print the usage.
-    Help,
+    /// Print this text (the usage, generated from the definitions below) and succeed.
+    Help(String),
 }
 
-/// The usage text.
-pub const USAGE: &str = "\
-barewire-perf: perftest-style RDMA microbenchmarks over barewire's drivers
-
-usage:
-  barewire-perf TEST [options]              server: wait for one client
-  barewire-perf TEST [options] HOST         client: connect to HOST and measure
-  barewire-perf TEST --loopback [options]   both, as two pinned processes
-  barewire-perf compare [--reps N] [-n ITERS] [-D SECS] [--plot FILE.png]
-  barewire-perf report [--reps N] [--out bench/RESULTS.md]
-
-tests: write_lat read_lat send_lat atomic_lat write_bw read_bw send_bw
-
-options:
-  -s BYTES        message size (default 2)
-  -a              all sizes, 2 B to 8 MiB
-  -n ITERS        iterations per size (default 1000 latency, 5000 bandwidth)
-  -t DEPTH        requests in flight for bandwidth tests (default 128)
-  -D SECS         run each bandwidth size for SECS seconds instead of -n
-  -p PORT         TCP port (default 18515)
-  -A OP           atomic_lat: FETCH_AND_ADD (default) or CMP_AND_SWAP
-  --cpu A[,B]     pin this side to CPU A (a --loopback server to B)
-  --driver NAME   soft (default), auto, verbs, ib, roce, roce2, iwarp
-  --crc           ask for MPA CRC32c (off by default, as Linux siw)
-  --json          one JSON object per result instead of the table
-  --plot FILE     HDR percentile plot (PNG) of a latency test
-";
-
-fn value<'a>(it: &mut impl Iterator<Item = &'a String>, flag: &str) -> Result<&'a String, String> {
-    it.next().ok_or_else(|| format!("{flag} needs a value"))
+/// The command line, as clap reads it: one subcommand per perftest test, plus `compare` and
+/// `report`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "barewire-perf",
+    about = "perftest-style RDMA microbenchmarks over barewire's drivers",
+    long_about = "perftest-style RDMA microbenchmarks over barewire's drivers.\n\n\
+                  barewire-perf TEST [options]             server: wait for one client\n\
+                  barewire-perf TEST [options] HOST        client: connect to HOST and measure\n\
+                  barewire-perf TEST --loopback [options]  both, as two pinned processes",
+    arg_required_else_help = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Sub,
 }
 
-fn number<T: std::str::FromStr>(s: &str, flag: &str) -> Result<T, String> {
-    s.parse()
-        .map_err(|_| format!("{flag}: {s:?} is not a valid number"))
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// ib_write_lat: ping-pong through memory with RDMA WRITE; RTT/2
+    #[command(name = "write_lat")]
+    WriteLat(RunOpts),
+    /// ib_read_lat: one RDMA READ at a time; a full round trip
+    #[command(name = "read_lat")]
+    ReadLat(RunOpts),
+    /// ib_send_lat: ping-pong with SEND/RECV; RTT/2
+    #[command(name = "send_lat")]
+    SendLat(RunOpts),
+    /// ib_atomic_lat: one atomic at a time (-A); a full round trip
+    #[command(name = "atomic_lat")]
+    AtomicLat(RunOpts),
+    /// ib_write_bw
+    #[command(name = "write_bw")]
+    WriteBw(RunOpts),
+    /// ib_read_bw
+    #[command(name = "read_bw")]
+    ReadBw(RunOpts),
+    /// ib_send_bw
+    #[command(name = "send_bw")]
+    SendBw(RunOpts),
+    /// Run barewire and the peers installed here (UCX, libfabric, qperf, sockperf) side by side
+    Compare(CompareOpts),
+    /// As compare, and write the results section (bench/RESULTS.md by default)
+    Report {
+        #[command(flatten)]
+        opts: CompareOpts,
+        /// Where to write the results section.
+        #[arg(long, value_name = "FILE", default_value = "bench/RESULTS.md")]
+        out: PathBuf,
+    },
 }
 
-/// Parses the arguments after the program name.
-pub fn parse(args: &[String]) -> Result<Command, String> {
-    let Some(first) = args.first() else {
-        return Ok(Command::Help);
-    };
-    match first.as_str() {
-        "-h" | "--help" | "help" => return Ok(Command::Help),
-        "compare" | "report" => return parse_compare(first == "report", &args[1..]),
-        _ => {}
+/// The options of one test, with perftest's flag names.
+#[derive(Debug, Args)]
+struct RunOpts {
+    /// The server to connect to; none makes this side the server.
+    #[arg(value_name = "HOST")]
+    host: Option<String>,
+    /// Message size in bytes.
+    #[arg(short = 's', long = "size", value_name = "BYTES",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_SIZE as u64))]
+    size: Option<u64>,
+    /// All sizes, 2 B to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Iterations per size [default: 1000 for latency, 5000 for bandwidth].
+    #[arg(short = 'n', long = "iters", value_name = "ITERS",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    iters: Option<u64>,
+    /// Requests in flight for bandwidth tests.
+    #[arg(short = 't', long = "tx-depth", value_name = "DEPTH", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    tx_depth: u32,
+    /// Run each bandwidth size for SECS seconds instead of -n.
+    #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = seconds)]
+    duration: Option<f64>,
+    /// TCP port.
+    #[arg(short = 'p', long = "port", default_value_t = 18515)]
+    port: u16,
+    /// atomic_lat: the atomic to measure.
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD"
+    )]
+    atomic: AtomicName,
+    /// Pin this side to CPU A (a --loopback server to B).
+    #[arg(long = "cpu", value_name = "A[,B]", value_delimiter = ',')]
+    cpu: Option<Vec<usize>>,
+    /// soft, auto, verbs, ib, roce, roce2 or iwarp.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "BAREWIRE_DRIVER",
+        default_value = "soft"
+    )]
+    driver: String,
+    /// Ask for MPA CRC32c (off by default, as Linux siw).
+    #[arg(long)]
+    crc: bool,
+    /// One JSON object per result instead of the table (schema: `table::Record`).
+    #[arg(long)]
+    json: bool,
+    /// Run the server as a child process and the client here.
+    #[arg(long)]
+    loopback: bool,
+    /// HDR percentile plot (PNG) of a latency test.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Print READY <port> once listening (what --loopback's server does).
+    #[arg(long, hide = true)]
+    announce: bool,
+}
+
+/// perftest's `-A` values (and short forms).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum AtomicName {
+    #[value(name = "FETCH_AND_ADD", alias = "fadd")]
+    FetchAdd,
+    #[value(name = "CMP_AND_SWAP", alias = "cas")]
+    CmpSwap,
+}
+
+#[derive(Debug, Args)]
+struct CompareOpts {
+    /// Runs of each figure; the median is reported [default: 1, report: 3].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: Option<u64>,
+    /// Iterations for latency runs.
+    #[arg(short = 'n', value_name = "ITERS", default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Seconds per bandwidth run.
+    #[arg(short = 'D', value_name = "SECS", default_value_t = 3.0, value_parser = seconds)]
+    secs: f64,
+    /// Where to write the HDR plot (PNG).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// CPUs for the client and the server side of every tool.
+    #[arg(long = "cpu", value_name = "A,B", value_delimiter = ',',
+          default_values_t = [0usize, 1])]
+    cpus: Vec<usize>,
+}
+
+/// A duration in seconds, in (0, 3600].
+fn seconds(s: &str) -> Result<f64, String> {
+    let d: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if d.is_nan() || d <= 0.0 || d > 3600.0 {
+        return Err(format!("{d} is not in (0, 3600] seconds"));
     }
-    let test: Test = first.parse()?;
-    let mut r = RunArgs {
-        test,
-        server: None,
-        port: 18515,
-        sizes: vec![2],
-        iters: if test.is_bw() { 5000 } else { 1000 },
-        tx_depth: 128,
-        duration: None,
-        cpus: None,
-        driver: std::env::var("BAREWIRE_DRIVER").unwrap_or_else(|_| "soft".into()),
-        json: false,
-        loopback: false,
-        crc: false,
-        atomic: AtomicOp::FetchAdd,
-        plot: None,
-        announce: false,
-        quiet: false,
-    };
-    let mut all = false;
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-s" | "--size" => {
-                let s: usize = number(value(&mut it, a)?, a)?;
-                if !(1..=MAX_SIZE).contains(&s) {
-                    return Err(format!("-s: size must be 1..={MAX_SIZE} bytes, got {s}"));
+    Ok(d)
+}
+
+/// The usage text (clap's, from the definitions above).
+pub fn usage() -> String {
+    Cli::command().render_long_help().to_string()
+}
+
+/// Parses the arguments after the program name. `Err` holds clap's message (what is wrong and
+/// what is allowed) or one of the checks that span several options.
+pub fn parse(args: &[String]) -> Result<Command, String> {
+    let cli = match Cli::try_parse_from(
+        std::iter::once("barewire-perf").chain(args.iter().map(String::as_str)),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            return match e.kind() {
+                ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                    Ok(Command::Help(e.render().to_string()))
                 }
-                r.sizes = vec![s];
-            }
-            "-a" | "--all" => all = true,
-            "-n" | "--iters" => {
-                r.iters = number(value(&mut it, a)?, a)?;
-                if r.iters == 0 {
-                    return Err("-n: at least one iteration".into());
-                }
-            }
-            "-t" | "--tx-depth" => {
-                r.tx_depth = number(value(&mut it, a)?, a)?;
-                if !(1..=4096).contains(&r.tx_depth) {
-                    return Err("-t: tx depth must be 1..=4096".into());
-                }
-            }
-            "-D" | "--duration" => {
-                let d: f64 = number(value(&mut it, a)?, a)?;
-                if d.is_nan() || d <= 0.0 || d > 3600.0 {
-                    return Err("-D: duration must be in (0, 3600] seconds".into());
-                }
-                r.duration = Some(d);
-            }
-            "-p" | "--port" => r.port = number(value(&mut it, a)?, a)?,
-            "-A" | "--atomic_type" => {
-                r.atomic = match value(&mut it, a)?.as_str() {
-                    "FETCH_AND_ADD" | "fadd" => AtomicOp::FetchAdd,
-                    "CMP_AND_SWAP" | "cas" => AtomicOp::CmpSwap,
-                    o => return Err(format!("-A: {o:?}: use FETCH_AND_ADD or CMP_AND_SWAP")),
-                }
-            }
-            "--cpu" => {
-                let v = value(&mut it, a)?;
-                let cpus = v
-                    .split(',')
-                    .map(|c| number::<usize>(c, a))
-                    .collect::<Result<Vec<_>, _>>()?;
-                if cpus.is_empty() || cpus.len() > 2 {
-                    return Err("--cpu: one or two CPU numbers, as A or A,B".into());
-                }
-                r.cpus = Some(cpus);
-            }
-            "--driver" => r.driver = value(&mut it, a)?.clone(),
-            "--json" => r.json = true,
-            "--loopback" => r.loopback = true,
-            "--crc" => r.crc = true,
-            "--plot" => r.plot = Some(value(&mut it, a)?.into()),
-            "--announce" => r.announce = true,
-            s if s.starts_with('-') => return Err(format!("unknown option {s}\n\n{USAGE}")),
-            host => {
-                if r.server.replace(host.to_string()).is_some() {
-                    return Err(format!("more than one server address given ({host})"));
-                }
+                _ => Err(e.render().to_string()),
             }
         }
-    }
-    if all {
-        r.sizes = all_sizes();
-    }
-    if r.test == Test::AtomicLat {
-        r.sizes = vec![8];
+    };
+    let (test, o) = match cli.sub {
+        Sub::WriteLat(o) => (Test::WriteLat, o),
+        Sub::ReadLat(o) => (Test::ReadLat, o),
+        Sub::SendLat(o) => (Test::SendLat, o),
+        Sub::AtomicLat(o) => (Test::AtomicLat, o),
+        Sub::WriteBw(o) => (Test::WriteBw, o),
+        Sub::ReadBw(o) => (Test::ReadBw, o),
+        Sub::SendBw(o) => (Test::SendBw, o),
+        Sub::Compare(o) => return compare_args(o, None),
+        Sub::Report { opts, out } => return compare_args(opts, Some(out)),
+    };
+    let sizes = if test == Test::AtomicLat {
+        vec![8]
+    } else if o.all {
+        all_sizes()
+    } else {
+        vec![o.size.unwrap_or(2) as usize]
+    };
+    let r = RunArgs {
+        test,
+        server: o.host,
+        port: o.port,
+        sizes,
+        iters: o.iters.unwrap_or(if test.is_bw() { 5000 } else { 1000 }),
+        tx_depth: o.tx_depth,
+        duration: o.duration,
+        cpus: o.cpu,
+        driver: o.driver,
+        json: o.json,
+        loopback: o.loopback,
+        crc: o.crc,
+        atomic: match o.atomic {
+            AtomicName::FetchAdd => AtomicOp::FetchAdd,
+            AtomicName::CmpSwap => AtomicOp::CmpSwap,
+        },
+        plot: o.plot,
+        announce: o.announce,
+        quiet: false,
+    };
+    if r.cpus.as_ref().is_some_and(|c| c.len() > 2) {
+        return Err("--cpu: one or two CPU numbers, as A or A,B".into());
     }
     if r.duration.is_some() && !r.test.is_bw() {
         return Err(format!(
@@ -319,38 +407,18 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     Ok(Command::Run(r))
 }
 
-fn parse_compare(report: bool, args: &[String]) -> Result<Command, String> {
-    let mut c = CompareArgs {
-        reps: if report { 3 } else { 1 },
-        iters: 20_000,
-        secs: 3.0,
-        plot: None,
-        results: report.then(|| PathBuf::from("bench/RESULTS.md")),
-        cpus: [0, 1],
+fn compare_args(o: CompareOpts, results: Option<PathBuf>) -> Result<Command, String> {
+    let [a, b] = o.cpus[..] else {
+        return Err("--cpu: give two CPUs, as A,B".into());
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--reps" => c.reps = number(value(&mut it, a)?, a)?,
-            "-n" => c.iters = number(value(&mut it, a)?, a)?,
-            "-D" => c.secs = number(value(&mut it, a)?, a)?,
-            "--plot" => c.plot = Some(value(&mut it, a)?.into()),
-            "--out" if report => c.results = Some(value(&mut it, a)?.into()),
-            "--cpu" => {
-                let v = value(&mut it, a)?;
-                let mut p = v.split(',').map(|x| number::<usize>(x, a));
-                c.cpus = match (p.next(), p.next(), p.next()) {
-                    (Some(x), Some(y), None) => [x?, y?],
-                    _ => return Err("--cpu: give two CPUs, as A,B".into()),
-                };
-            }
-            o => return Err(format!("unknown option {o} for compare\n\n{USAGE}")),
-        }
-    }
-    if c.reps == 0 || c.iters == 0 || c.secs.is_nan() || c.secs <= 0.0 {
-        return Err("--reps, -n and -D must be positive".into());
-    }
-    Ok(Command::Compare(c))
+    Ok(Command::Compare(CompareArgs {
+        reps: o.reps.unwrap_or(if results.is_some() { 3 } else { 1 }) as usize,
+        iters: o.iters,
+        secs: o.secs,
+        plot: o.plot,
+        results,
+        cpus: [a, b],
+    }))
 }
 
 #[cfg(test)]
@@ -402,34 +470,76 @@ mod tests {
             (r.atomic, r.sizes.as_slice()),
             (AtomicOp::CmpSwap, &[8][..])
         );
-        assert!(p("atomic_lat -A XOR").unwrap_err().contains("CMP_AND_SWAP"));
+        assert_eq!(run("atomic_lat -A cas").atomic, AtomicOp::CmpSwap);
+        assert_eq!(run("atomic_lat").atomic, AtomicOp::FetchAdd);
     }
 
     #[test]
-    fn bad_input_says_what_is_wrong() {
-        assert!(p("write_lat -s").unwrap_err().contains("-s needs a value"));
-        assert!(p("write_lat -s ten")
-            .unwrap_err()
-            .contains("not a valid number"));
-        assert!(p("write_lat -s 0").unwrap_err().contains("size must be"));
+    fn bad_input_says_what_is_wrong_and_what_is_allowed() {
+        let e = p("write_lat -s").unwrap_err();
+        assert!(
+            e.contains("--size <BYTES>") && e.contains("value is required"),
+            "{e}"
+        );
+        let e = p("write_lat -s ten").unwrap_err();
+        assert!(e.contains("invalid value 'ten'"), "{e}");
+        let e = p("write_lat -s 0").unwrap_err();
+        assert!(e.contains("1..=8388608"), "{e}");
         assert!(p("write_lat -s 16777216")
             .unwrap_err()
-            .contains("size must be"));
-        assert!(p("rdma_lat").unwrap_err().contains("write_lat"));
+            .contains("1..=8388608"));
+        let e = p("rdma_lat").unwrap_err();
+        assert!(e.contains("unrecognized subcommand 'rdma_lat'"), "{e}");
         assert!(p("write_lat -D 3").unwrap_err().contains("bandwidth tests"));
+        assert!(p("write_bw -D 0").unwrap_err().contains("(0, 3600]"));
         assert!(p("write_lat --loopback 10.0.0.1")
             .unwrap_err()
             .contains("--loopback"));
         assert!(p("write_bw --plot x.png").unwrap_err().contains("latency"));
-        assert!(p("write_lat --frobnicate")
+        let e = p("write_lat --frobnicate").unwrap_err();
+        assert!(e.contains("unexpected argument '--frobnicate'"), "{e}");
+        assert!(p("write_lat a b")
             .unwrap_err()
-            .contains("unknown option"));
-        assert!(p("write_lat a b").unwrap_err().contains("more than one"));
+            .contains("unexpected argument 'b'"));
+        let e = p("atomic_lat -A XOR").unwrap_err();
+        assert!(
+            e.contains("FETCH_AND_ADD") && e.contains("CMP_AND_SWAP"),
+            "{e}"
+        );
+        assert!(p("write_lat --cpu 1,2,3").unwrap_err().contains("--cpu"));
+        assert!(p("write_lat -t 5000").unwrap_err().contains("1..=4096"));
+    }
+
+    #[test]
+    fn help_is_generated_and_names_every_test() {
+        for args in ["", "--help", "write_bw --help"] {
+            let Command::Help(text) = p(args).unwrap() else {
+                panic!("{args:?} is not help")
+            };
+            assert!(text.contains("Usage: barewire-perf"), "{args:?}: {text}");
+        }
+        let Command::Help(top) = p("--help").unwrap() else {
+            panic!()
+        };
+        for t in Test::ALL {
+            assert!(top.contains(t.name()), "{t} missing from\n{top}");
+        }
+        let Command::Help(run) = p("write_bw --help").unwrap() else {
+            panic!()
+        };
+        for flag in [
+            "-s, --size",
+            "-n, --iters",
+            "-t, --tx-depth",
+            "-D, --duration",
+            "-A",
+        ] {
+            assert!(run.contains(flag), "{flag} missing from\n{run}");
+        }
     }
 
     #[test]
     fn compare_and_report_options() {
-        assert_eq!(p("").unwrap(), Command::Help);
         let Command::Compare(c) = p("compare --reps 2 -n 500 -D 1.5 --plot out.png").unwrap()
         else {
             panic!()
@@ -442,5 +552,10 @@ mod tests {
         assert_eq!(r.results, Some(PathBuf::from("/tmp/R.md")));
         assert_eq!(r.reps, 3);
         assert!(p("compare --out x").is_err());
+        let Command::Compare(c) = p("compare --cpu 2,3").unwrap() else {
+            panic!()
+        };
+        assert_eq!(c.cpus, [2, 3]);
+        assert!(p("compare --cpu 2,3,4").unwrap_err().contains("--cpu"));
     }
 }

@@ -17,11 +17,14 @@ use cli::Command;
 pub fn main_with(args: &[String]) -> i32 {
     match cli::parse(args) {
         Err(e) => {
-            eprintln!("barewire-perf: {e}");
+            eprint!("{e}");
+            if !e.ends_with('\n') {
+                eprintln!();
+            }
             2
         }
-        Ok(Command::Help) => {
-            print!("{}", cli::USAGE);
+        Ok(Command::Help(text)) => {
+            print!("{text}");
             0
         }
         Ok(Command::Run(r)) => match run::run(&r) {

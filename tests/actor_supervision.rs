@@ -3,6 +3,7 @@
 //! order; a child that ignores its shutdown is killed after its shutdown time; a panic is an
 //! exit reason, not a dead core.
 
+use barewire_test_support::rt;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -11,12 +12,8 @@ use barewire::actor::{
     spawn, whereis, Actor, ChildSpec, Context, ExitReason, Restart, Strategy as Kind, Supervisor,
     SupervisorSpec,
 };
-use barewire::engine::{time, yield_now, Runtime};
+use barewire::engine::{time, yield_now};
 use proptest::prelude::*;
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
 
 /// What the children did, as they saw it: (event, child name) in order.
 type Journal = Rc<RefCell<Vec<(&'static str, String)>>>;

@@ -1,16 +1,12 @@
 //! A channel's peer process killed (SIGKILL) on either side: the survivor's channel halves
 //! fail with `PeerGone` within a bounded time, instead of hanging.
 
-use std::io::{BufRead, BufReader};
+use barewire_test_support::{rt, ReadyChild};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use barewire::engine::{time, Runtime};
+use barewire::engine::time;
 use barewire::{Error, Node};
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
 
 fn node_process(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_barewire-node"))
@@ -31,12 +27,12 @@ const BOUND: Duration = Duration::from_secs(3);
 
 #[test]
 fn a_killed_receiver_fails_the_sender() {
-    let mut peer = node_process(&["echo"]);
-    let mut line = String::new();
-    BufReader::new(peer.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().strip_prefix("READY ").unwrap().parse().unwrap();
+    let mut peer = ReadyChild::spawn(
+        Command::new(env!("CARGO_BIN_EXE_barewire-node"))
+            .arg("echo")
+            .env("BAREWIRE_DRIVER", "soft"),
+    );
+    let port = peer.port();
     rt().block_on(async {
         let node = Node::soft().unwrap();
         let ep = node
@@ -48,7 +44,8 @@ fn a_killed_receiver_fails_the_sender() {
             tx.send(&n).await.unwrap();
             assert_eq!(rx.recv().await.unwrap(), n + 1);
         }
-        kill(&mut peer);
+        peer.signal(libc::SIGKILL);
+        peer.wait();
         let t0 = Instant::now();
         let e = loop {
             match tx.send(&1).await {

@@ -1,15 +1,12 @@
 //! The typed API end to end over the software provider: two nodes (each its own core, in its
 //! own thread) on loopback.
 
+use barewire_test_support::rt;
 use std::future::Future;
 use std::time::Duration;
 
-use barewire::engine::{time, Runtime};
+use barewire::engine::time;
 use barewire::{Align, ChannelOptions, DistributedChannel, Endpoint, Error, Node};
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
 
 /// Stays connected a moment after the last receive, so the peer's flush of its last message
 /// completes before this side hangs up (closing drops whatever is still in flight).

@@ -8,9 +8,9 @@
 //! protection errors with their statuses and untouched guard bytes, completion order, and the
 //! peer killed (SIGKILL) or stopped (SIGSTOP) with work outstanding.
 
-use std::io::{BufRead, BufReader};
+use barewire_test_support::{rt, ReadyChild};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,6 @@ use barewire_drivers::{
     ProtectionDomain, QueuePair, RegionDescriptor, Remote, SendOp, SendWr, Stag, Transport,
     WcStatus,
 };
-use barewire_engine::Runtime;
 
 /// The backend under test, or `None` (after printing why) when it is not available here.
 fn backend() -> Option<String> {
@@ -34,12 +33,9 @@ fn backend() -> Option<String> {
     }
 }
 
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
-
+/// `barewire-peer serve` on the driver under test; killed when dropped.
 struct Peer {
-    child: Child,
+    child: ReadyChild,
     addr: SocketAddr,
 }
 
@@ -49,39 +45,17 @@ impl Peer {
         // the peer binary does not exist).
         let bin = std::env::var("BAREWIRE_PEER")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_barewire-peer").to_string());
-        let mut child = Command::new(bin)
-            .args(["serve", "0"])
-            .env("BAREWIRE_DRIVER", driver)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("barewire-peer starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port: u16 = line
-            .trim()
-            .strip_prefix("READY ")
-            .unwrap_or_else(|| panic!("peer said {line:?}"))
-            .parse()
-            .unwrap();
-        Peer {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-        }
+        let child = ReadyChild::spawn(
+            Command::new(bin)
+                .args(["serve", "0"])
+                .env("BAREWIRE_DRIVER", driver),
+        );
+        let addr = SocketAddr::from(([127, 0, 0, 1], child.port()));
+        Peer { child, addr }
     }
 
     fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child process.
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        self.signal(libc::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.signal(sig);
     }
 }
 

@@ -3,17 +3,14 @@
 //! accepting task first yields would be too late (iWARP answers a Send with no receive posted
 //! with a Terminate).
 
+use barewire_test_support::rt;
 use std::time::Duration;
 
 use barewire_drivers::{
     connect, Access, Buffer, ConnectOptions, Device, DriverConfig, Listener, RecvWr, SendOp,
     SendWr, WcStatus,
 };
-use barewire_engine::{time, Runtime};
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
+use barewire_engine::time;
 
 fn soft() -> Device {
     Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap()

@@ -1,17 +1,18 @@
 //! Faults with a real peer process: killed with SIGKILL or paused with SIGSTOP while work is
 //! outstanding. The survivor's work requests complete with errors within a bounded time.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use barewire_engine::{time::timeout, Runtime};
+use barewire_engine::time::timeout;
 use barewire_soft_rdma::provider::{connect, ConnectOptions, RegionDescriptor};
 use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
 use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device, QpState, WcStatus};
+use barewire_test_support::{rt, ReadyChild};
 
+/// `softrdma-peer` with 32 regions; killed when dropped.
 struct Peer {
-    child: Child,
+    child: ReadyChild,
     port: u16,
 }
 
@@ -21,35 +22,13 @@ impl Peer {
     }
 
     fn spawn_with(cmd: &mut Command, extra: &[&str]) -> Peer {
-        let mut child = cmd
-            .arg("32")
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("peer starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(f[0], "READY", "{line}");
-        Peer {
-            child,
-            port: f[1].parse().unwrap(),
-        }
+        let child = ReadyChild::spawn(cmd.arg("32").args(extra));
+        let port = child.port();
+        Peer { child, port }
     }
 
     fn signal(&self, sig: i32) {
-        // SAFETY: signalling our own child process.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        self.signal(libc::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.signal(sig);
     }
 }
 
@@ -66,7 +45,7 @@ fn outstanding_read(
     host: &str,
     fault: impl FnOnce(),
 ) -> (WcStatus, Duration, QpState) {
-    let rt = Runtime::builder().cores(1).sleeping().build().unwrap();
+    let rt = rt();
     rt.block_on(async {
         let dev = Device::new();
         let pd = dev.alloc_pd();

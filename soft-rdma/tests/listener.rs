@@ -2,18 +2,15 @@
 //! Request must not keep a well-behaved client from being answered, handshakes have a
 //! deadline, and a flood is bounded by the per-listener and per-source caps.
 
+use barewire_test_support::rt;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream as StdStream};
 use std::time::{Duration, Instant};
 
+use barewire_engine::spawn_local;
 use barewire_engine::time::{sleep, timeout};
-use barewire_engine::{spawn_local, Runtime};
 use barewire_soft_rdma::provider::{connect, ConnectOptions, Listener, QueuePair};
 use barewire_soft_rdma::verbs::{CompletionQueue, Device};
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
 
 /// A listener on a free loopback port, and its address.
 fn listen(opts: ConnectOptions) -> (Listener, SocketAddr) {

@@ -3,19 +3,16 @@
 //! protection violation answered by a Terminate, and a peer that disappears failing the
 //! survivor's outstanding work within the timeout.
 
+use barewire_test_support::rt;
 use std::time::{Duration, Instant};
 
-use barewire_engine::{spawn_local, time::timeout, Runtime};
+use barewire_engine::{spawn_local, time::timeout};
 use barewire_soft_rdma::provider::{connect, CmError, ConnectOptions, Listener, QueuePair};
 use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
 use barewire_soft_rdma::verbs::{
     Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpState, WcOpcode, WcStatus,
 };
 use barewire_soft_rdma::wire::{DdpTaggedErrorCode, MpaSettings, TermCode};
-
-fn rt() -> Runtime {
-    Runtime::builder().cores(1).sleeping().build().unwrap()
-}
 
 struct End {
     pd: ProtectionDomain,

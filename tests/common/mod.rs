@@ -25,13 +25,7 @@ pub fn example(name: &str) -> std::path::PathBuf {
 }
 
 /// A single core that sleeps when idle (test members share two CPUs).
-pub fn rt() -> barewire::engine::Runtime {
-    barewire::engine::Runtime::builder()
-        .cores(1)
-        .sleeping()
-        .build()
-        .unwrap()
-}
+pub use barewire_test_support::rt;
 
 /// Runs `body(rank, node, mesh)` on `n` members in this process, one thread and core each,
 /// meshed on loopback over the driver under test (nothing, after a SKIP line, where it cannot

@@ -1,0 +1,139 @@
+//! Helpers the workspace's tests share (see the README): the one-core sleeping runtime and
+//! child processes that announce `READY <port>`.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use barewire_engine::Runtime;
+
+/// How long a child has to say `READY <port>`.
+pub const READY_WAIT: Duration = Duration::from_secs(30);
+
+/// One core that sleeps when idle: test binaries run in parallel on two CPUs, and a core that
+/// spins would take one from its neighbours.
+pub fn rt() -> Runtime {
+    Runtime::builder()
+        .cores(1)
+        .sleeping()
+        .build()
+        .expect("a one-core runtime")
+}
+
+/// A child process whose first line on standard output is `READY <port>`. Dropping it sends
+/// `SIGCONT` (it may be stopped), kills it and reaps it.
+///
+/// ```
+/// use std::process::Command;
+/// use barewire_test_support::ReadyChild;
+/// let peer = ReadyChild::spawn(Command::new("sh").args(["-c", "echo READY 7000; exec sleep 9"]));
+/// assert_eq!(peer.port(), 7000);
+/// peer.signal(libc::SIGSTOP); // paused; dropping it continues, kills and reaps it
+/// ```
+pub struct ReadyChild {
+    child: Child,
+    port: u16,
+    /// The rest of its standard output, for tests that read on.
+    pub stdout: BufReader<ChildStdout>,
+}
+
+impl ReadyChild {
+    /// Starts `cmd` with standard output piped and waits (up to [`READY_WAIT`]) for its
+    /// `READY <port>` line; panics, saying what it printed instead, when that does not come.
+    pub fn spawn(cmd: &mut Command) -> ReadyChild {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {cmd:?}: {e}"));
+        let (port, stdout) = read_ready(&mut child, cmd);
+        ReadyChild {
+            child,
+            port,
+            stdout,
+        }
+    }
+
+    /// The port it announced.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends it `sig` (`libc::SIGSTOP`, `SIGKILL`, ...).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child, which is not reaped before Drop.
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.child.id());
+    }
+
+    /// Waits for it to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("waiting for a child")
+    }
+}
+
+impl Drop for ReadyChild {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child (a no-op error if it has exited already).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGCONT) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads `READY <port>` from `child`'s piped standard output, on a helper thread so that a
+/// child that never says it cannot hang the test.
+fn read_ready(child: &mut Child, cmd: &Command) -> (u16, BufReader<ChildStdout>) {
+    let out = child.stdout.take().expect("standard output piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        let r = out.read_line(&mut line);
+        let _ = tx.send((r.map(|_| line), out));
+    });
+    let (line, out) = match rx.recv_timeout(READY_WAIT) {
+        Ok((Ok(line), out)) => (line, out),
+        Ok((Err(e), _)) => panic!("{cmd:?}: reading its output: {e}"),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("{cmd:?} did not say READY within {READY_WAIT:?}")
+        }
+    };
+    let port = line
+        .trim()
+        .strip_prefix("READY ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{cmd:?} said {line:?}, not READY <port>"));
+    (port, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_that_announces_a_port_is_read_and_reaped() {
+        let mut c =
+            ReadyChild::spawn(Command::new("sh").args(["-c", "echo READY 4242; exec sleep 30"]));
+        assert_eq!(c.port(), 4242);
+        c.signal(libc::SIGKILL);
+        assert!(!c.wait().success());
+    }
+
+    #[test]
+    #[should_panic(expected = "not READY <port>")]
+    fn a_child_that_says_something_else_is_a_clear_failure() {
+        ReadyChild::spawn(Command::new("sh").args(["-c", "echo hello"]));
+    }
+
+    #[test]
+    fn the_runtime_runs_a_future() {
+        assert_eq!(rt().block_on(async { 7 }), 7);
+    }
+}

@@ -191,3 +191,27 @@ fn an_absent_verbs_driver_is_a_clear_error() {
     );
     assert_eq!(err.lines().count(), 1, "one clear line: {err}");
 }
+
+#[test]
+fn progress_goes_to_a_terminal_only() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Piped (as here): nothing on stderr, even for a run long enough to show progress.
+    let (ok, out, err) = perf(&["write_bw", "--loopback", "-D", "2.5", "-s", "4096"]);
+    assert!(ok, "{out}\n{err}");
+    assert!(!err.contains("ETA"), "progress on a pipe: {err}");
+    // On a terminal (util-linux `script` gives the run a pseudo-terminal): the bar, with the
+    // test, its rate and an ETA.
+    let cmd = format!(
+        "{} write_bw --loopback -D 2.5 -s 4096",
+        env!("CARGO_BIN_EXE_barewire-perf")
+    );
+    let tty = Command::new("script")
+        .args(["-qc", &cmd, "/dev/null"])
+        .output()
+        .expect("script (util-linux) runs");
+    let seen = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        seen.contains("write_bw 4096 B") && seen.contains("ETA"),
+        "no progress on a terminal: {seen}"
+    );
+}

@@ -229,6 +229,8 @@ type PeerParser = dyn Fn(&str) -> Option<(f64, Vec<(f64, f64)>)>;
 struct Runner<'a> {
     a: &'a CompareArgs,
     cmp: Comparison,
+    /// Progress on stderr: the rep, what runs now, and an ETA.
+    bar: &'a indicatif::ProgressBar,
 }
 
 impl Runner<'_> {
@@ -241,6 +243,8 @@ impl Runner<'_> {
         what: &str,
         pick: fn(&run::Outcome) -> f64,
     ) -> Option<Figure> {
+        self.bar
+            .set_message(format!("barewire {test} {size} B ({what})"));
         let mut args = RunArgs {
             test,
             server: None,
@@ -327,6 +331,7 @@ impl Runner<'_> {
         client: &[&str],
         parse: &PeerParser,
     ) -> Option<Figure> {
+        self.bar.set_message(format!("{tool} {label} ({what})"));
         let command = env
             .iter()
             .map(|(k, v)| format!("{k}={v} "))
@@ -394,7 +399,24 @@ pub fn compare(a: &CompareArgs) -> Comparison {
         reps: 1,
         ..a.clone()
     };
-    let reps: Vec<Comparison> = (0..a.reps.max(1)).map(|_| compare_once(&once)).collect();
+    // On stderr, and only where that is a terminal (indicatif hides itself otherwise).
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(a.reps.max(1) as u64),
+        indicatif::ProgressDrawTarget::stderr_with_hz(4),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "rep {pos}/{len} done, now: {msg} [{elapsed}, ETA {eta}]",
+    ) {
+        bar.set_style(style);
+    }
+    let reps: Vec<Comparison> = (0..a.reps.max(1))
+        .map(|_| {
+            let c = compare_once(&once, &bar);
+            bar.inc(1);
+            c
+        })
+        .collect();
+    bar.finish_and_clear();
     merge(reps)
 }
 
@@ -449,10 +471,11 @@ fn merge(reps: Vec<Comparison>) -> Comparison {
     out
 }
 
-fn compare_once(a: &CompareArgs) -> Comparison {
+fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
     let mut r = Runner {
         a,
         cmp: Comparison::default(),
+        bar,
     };
     for m in PEERS {
         if !installed(m.tool) {

@@ -473,40 +473,47 @@ struct Client<'a> {
     sends: Cell<u64>,
 }
 
-/// Prints a progress line on stderr once a run has taken more than two seconds.
+/// A run's progress on stderr (indicatif): drawn once the run has taken over two seconds,
+/// and never when stderr is not a terminal (indicatif's stderr target hides itself then) or
+/// the caller asked for quiet (`compare` draws its own).
 struct Progress {
+    bar: indicatif::ProgressBar,
     start: Instant,
-    last: Instant,
-    shown: bool,
+    quiet: bool,
 }
 
 impl Progress {
-    fn new() -> Progress {
-        let now = Instant::now();
+    /// `len` steps of `unit` (iterations, or milliseconds of a `-D` run).
+    fn new(len: u64, unit: &str, quiet: bool) -> Progress {
+        let bar = indicatif::ProgressBar::hidden();
+        bar.set_length(len);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+            "{{msg}} [{{bar:30}}] {{pos}}/{{len}} {unit}, ETA {{eta}}"
+        )) {
+            bar.set_style(style.progress_chars("=> "));
+        }
         Progress {
-            start: now,
-            last: now,
-            shown: false,
+            bar,
+            start: Instant::now(),
+            quiet,
         }
     }
-    fn tick(&mut self, what: impl FnOnce() -> String) {
-        let now = Instant::now();
-        if now.duration_since(self.start) > Duration::from_secs(2)
-            && now.duration_since(self.last) >= Duration::from_secs(1)
-        {
-            self.last = now;
-            self.shown = true;
-            eprint!("\r{}   ", what());
-            let _ = std::io::stderr().flush();
+
+    fn tick(&mut self, pos: u64, what: impl FnOnce() -> String) {
+        if self.bar.is_hidden() && !self.quiet && self.start.elapsed() > Duration::from_secs(2) {
+            self.bar
+                .set_draw_target(indicatif::ProgressDrawTarget::stderr_with_hz(4));
+        }
+        if !self.bar.is_hidden() {
+            self.bar.set_position(pos);
+            self.bar.set_message(what());
         }
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
-        if self.shown {
-            eprintln!();
-        }
+        self.bar.finish_and_clear();
     }
 }
 
@@ -518,7 +525,7 @@ impl Client<'_> {
         let warm = warmup(a.iters);
         let remote_recv = self.remote.addr + CTRL as u64;
         let rkey = self.remote.rkey;
-        let mut progress = Progress::new();
+        let mut progress = Progress::new(a.iters, "iterations", a.quiet);
         for i in 0..warm + a.iters {
             let t = Instant::now();
             match a.test {
@@ -580,14 +587,7 @@ impl Client<'_> {
                 let ns = t.elapsed().as_nanos() as u64;
                 let ns = if a.test.is_ping_pong() { ns / 2 } else { ns };
                 h.record(ns.max(1)).map_err(|e| e.to_string())?;
-                progress.tick(|| {
-                    format!(
-                        "{} {size} B: {}/{} iterations",
-                        a.test,
-                        i + 1 - warm,
-                        a.iters
-                    )
-                });
+                progress.tick(i + 1 - warm, || format!("{} {size} B", a.test));
             }
         }
         Ok(h)
@@ -605,7 +605,10 @@ impl Client<'_> {
         let rkey = self.remote.rkey;
         let (mut posted, mut done) = (0u64, 0u64);
         let mut marks: Vec<(Instant, u64)> = Vec::with_capacity(1024);
-        let mut progress = Progress::new();
+        let mut progress = match deadline {
+            Some(d) => Progress::new(d.as_millis() as u64, "ms", a.quiet),
+            None => Progress::new(target, "messages", a.quiet),
+        };
         let t0 = Instant::now();
         marks.push((t0, 0));
         loop {
@@ -658,12 +661,15 @@ impl Client<'_> {
             done += batch;
             let now = Instant::now();
             marks.push((now, done));
-            progress.tick(|| {
+            let pos = match deadline {
+                Some(_) => now.duration_since(t0).as_millis() as u64,
+                None => done,
+            };
+            progress.tick(pos, || {
                 let mib = done as f64 * size as f64 / (1 << 20) as f64;
                 format!(
-                    "{} {size} B: {:.1} s, {:.0} MiB/s",
+                    "{} {size} B, {:.0} MiB/s",
                     a.test,
-                    now.duration_since(t0).as_secs_f64(),
                     mib / now.duration_since(t0).as_secs_f64()
                 )
             });

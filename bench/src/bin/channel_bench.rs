@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use barewire::{ChannelOptions, Node};
-use barewire_bench::perf::compare::{installed, median, parse_ucx};
+use barewire_bench::perf::compare::{installed, median};
+use barewire_bench::perf::peers::parse_ucx;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// Ping-pong round trips per rep (`CHANNEL_BENCH_PINGS` overrides, e.g. to profile them).

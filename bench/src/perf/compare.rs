@@ -1,18 +1,17 @@
-//! `barewire-perf compare` and `report`: barewire beside the peers installed here, run in the
-//! same session on the same two pinned CPUs, in one table with ratios.
+//! `barewire-perf compare`: barewire beside the peers installed here, run in the same session
+//! on the same two pinned CPUs, reps interleaved, figures paired into rows with ratios. The
+//! peers themselves (how to start each, run a test, read its output) are in `peers`; the table
+//! and the RESULTS section are written by `report`.
 //!
-//! Peers: `ucx_perftest` (UCX_TLS=tcp), `fi_pingpong -p tcp -e msg`, `qperf` tcp_lat/tcp_bw and
-//! `sockperf` ping-pong (blocking, and `--nonblocked`, which busy-polls: the kernel TCP floor).
 //! A peer that is not installed is reported by name with the package that provides it.
 
-use std::fmt::Write as _;
-use std::path::Path;
 use std::process::{Command as Process, Stdio};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
 use super::cli::{AtomicOp, CompareArgs, RunArgs, Test};
+use super::peers::{self, Ours, Params, PeerRun};
 use super::run;
 
 /// What a figure measures, and so which way a ratio is good.
@@ -91,25 +90,6 @@ pub struct Comparison {
     pub write_lat: Option<Histogram<u64>>,
 }
 
-const PEERS: [Missing; 4] = [
-    Missing {
-        tool: "ucx_perftest",
-        package: "ucx-utils",
-    },
-    Missing {
-        tool: "fi_pingpong",
-        package: "libfabric-bin",
-    },
-    Missing {
-        tool: "qperf",
-        package: "qperf",
-    },
-    Missing {
-        tool: "sockperf",
-        package: "sockperf",
-    },
-];
-
 /// True if `tool` is on PATH.
 pub fn installed(tool: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
@@ -169,62 +149,6 @@ fn client_server(
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     Ok(text)
 }
-
-/// `Final:` line of ucx_perftest: (typical latency µs, average latency µs, average bandwidth
-/// MiB/s; UCX's "MB" is 2^20 bytes).
-pub fn parse_ucx(out: &str) -> Option<(f64, f64, f64)> {
-    let line = out.lines().find(|l| l.contains("Final:"))?;
-    let v: Vec<f64> = line
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    // iterations, typical, average, overall latency, average bw, overall bw, ...
-    (v.len() >= 5).then(|| (v[1], v[2], v[4]))
-}
-
-/// fi_pingpong's usec/xfer for the row of `size` bytes.
-pub fn parse_fi_pingpong(out: &str, size: usize) -> Option<f64> {
-    out.lines()
-        .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .find(|w| w.len() >= 8 && w[0] == size.to_string())
-        .and_then(|w| w[6].parse().ok())
-}
-
-/// qperf's `latency = N us` (µs) or `bw = N GB/sec` (MiB/s; qperf's units are decimal).
-pub fn parse_qperf(out: &str) -> Option<f64> {
-    let line = out
-        .lines()
-        .find(|l| l.trim_start().starts_with("latency") || l.trim_start().starts_with("bw"))?;
-    let mut w = line.split('=').nth(1)?.split_whitespace();
-    let v: f64 = w.next()?.parse().ok()?;
-    Some(match w.next()? {
-        "ns" => v / 1000.0,
-        "us" => v,
-        "ms" => v * 1000.0,
-        "sec" => v * 1e6,
-        "bytes/sec" => v / 1048576.0,
-        "KB/sec" => v * 1e3 / 1048576.0,
-        "MB/sec" => v * 1e6 / 1048576.0,
-        "GB/sec" => v * 1e9 / 1048576.0,
-        _ => return None,
-    })
-}
-
-/// sockperf's percentile lines: (percentile, µs), with the median among them.
-pub fn parse_sockperf(out: &str) -> Vec<(f64, f64)> {
-    out.lines()
-        .filter_map(|l| {
-            let l = l.split("percentile").nth(1)?;
-            let mut it = l.split('=');
-            let p: f64 = it.next()?.trim().parse().ok()?;
-            let v: f64 = it.next()?.trim().parse().ok()?;
-            Some((p, v))
-        })
-        .collect()
-}
-
-/// Reads a peer's output: its figure and any percentiles it printed.
-type PeerParser = dyn Fn(&str) -> Option<(f64, Vec<(f64, f64)>)>;
 
 struct Runner<'a> {
     a: &'a CompareArgs,
@@ -318,20 +242,13 @@ impl Runner<'_> {
         })
     }
 
-    /// A peer's figure: the median over reps of what `parse` reads from the client's output.
-    #[allow(clippy::too_many_arguments)]
-    fn peer(
-        &mut self,
-        tool: &str,
-        label: &str,
-        what: &str,
-        unit: Unit,
-        env: &[(&str, &str)],
-        server: &[&str],
-        client: &[&str],
-        parse: &PeerParser,
-    ) -> Option<Figure> {
-        self.bar.set_message(format!("{tool} {label} ({what})"));
+    /// A peer's figure: the median over reps of what its parser reads from the client's
+    /// output.
+    fn peer(&mut self, tool: &str, env: &[(&str, &str)], run: &PeerRun) -> Option<Figure> {
+        self.bar
+            .set_message(format!("{tool} {} ({})", run.label, run.what));
+        let server: Vec<&str> = run.server.iter().map(String::as_str).collect();
+        let client: Vec<&str> = run.client.iter().map(String::as_str).collect();
         let command = env
             .iter()
             .map(|(k, v)| format!("{k}={v} "))
@@ -340,8 +257,8 @@ impl Runner<'_> {
         let mut vals = Vec::new();
         let mut pct = Vec::new();
         for _ in 0..self.a.reps {
-            match client_server(self.a.cpus, env, server, client) {
-                Ok(out) => match parse(&out) {
+            match client_server(self.a.cpus, env, &server, &client) {
+                Ok(out) => match (run.parse)(&out) {
                     Some((v, p)) => {
                         vals.push(v);
                         if pct.is_empty() {
@@ -360,10 +277,10 @@ impl Runner<'_> {
             }
         }
         (!vals.is_empty()).then(|| Figure {
-            tool: format!("{tool} {label}"),
-            what: what.into(),
+            tool: format!("{tool} {}", run.label),
+            what: run.what.into(),
             value: median(&mut vals),
-            unit,
+            unit: run.unit,
             command,
             percentiles: pct,
             tail: None,
@@ -477,354 +394,71 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         cmp: Comparison::default(),
         bar,
     };
-    for m in PEERS {
-        if !installed(m.tool) {
-            r.cmp.missing.push(m);
-        }
-    }
-    let has = |t: &str| installed(t);
-    let n = a.iters.to_string();
-    let secs = format!("{}", a.secs.ceil() as u64);
-    let ucx_env: &[(&str, &str)] = &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
     let fa = AtomicOp::FetchAdd;
-
-    let write_lat = r.ours(Test::WriteLat, 8, fa, "p50, RTT/2", p50);
-    let send_lat = r.ours(Test::SendLat, 8, fa, "p50, RTT/2", p50);
-    let read_lat = r.ours(Test::ReadLat, 8, fa, "p50, RTT", p50);
-    let fadd_lat = r.ours(Test::AtomicLat, 8, fa, "fetch-add p50, RTT", p50);
-    let cas_lat = r.ours(Test::AtomicLat, 8, AtomicOp::CmpSwap, "CAS p50, RTT", p50);
-    let bw_1m = r.ours(Test::WriteBw, 1 << 20, fa, "1 MiB average", bw);
-    let bw_64k = r.ours(Test::WriteBw, 64 << 10, fa, "64 KiB average", bw);
-    let rbw_64k = r.ours(Test::ReadBw, 64 << 10, fa, "64 KiB average", bw);
-
-    if has("fi_pingpong") {
-        let argv = |c: bool| {
-            let mut v = vec!["fi_pingpong", "-p", "tcp", "-e", "msg", "-S", "8", "-I", &n];
-            if c {
-                v.push("127.0.0.1");
+    let ours: Vec<(Ours, Option<Figure>)> = vec![
+        (
+            Ours::WriteLat,
+            r.ours(Test::WriteLat, 8, fa, "p50, RTT/2", p50),
+        ),
+        (
+            Ours::SendLat,
+            r.ours(Test::SendLat, 8, fa, "p50, RTT/2", p50),
+        ),
+        (Ours::ReadLat, r.ours(Test::ReadLat, 8, fa, "p50, RTT", p50)),
+        (
+            Ours::FetchAddLat,
+            r.ours(Test::AtomicLat, 8, fa, "fetch-add p50, RTT", p50),
+        ),
+        (
+            Ours::CasLat,
+            r.ours(Test::AtomicLat, 8, AtomicOp::CmpSwap, "CAS p50, RTT", p50),
+        ),
+        (
+            Ours::WriteBw1M,
+            r.ours(Test::WriteBw, 1 << 20, fa, "1 MiB average", bw),
+        ),
+        (
+            Ours::WriteBw64K,
+            r.ours(Test::WriteBw, 64 << 10, fa, "64 KiB average", bw),
+        ),
+        (
+            Ours::ReadBw64K,
+            r.ours(Test::ReadBw, 64 << 10, fa, "64 KiB average", bw),
+        ),
+    ];
+    let params = Params {
+        iters: a.iters,
+        secs: a.secs.ceil() as u64,
+    };
+    for tool in peers::all() {
+        if !installed(tool.tool()) {
+            r.cmp.missing.push(Missing {
+                tool: tool.tool(),
+                package: tool.package(),
+            });
+            continue;
+        }
+        for run in tool.runs(&params) {
+            let fig = r.peer(tool.tool(), tool.env(), &run);
+            for want in run.pairs {
+                if let Some((_, o)) = ours.iter().find(|(k, _)| k == want) {
+                    r.pair(o, fig.clone());
+                }
             }
-            v
-        };
-        let f = r.peer(
-            "fi_pingpong",
-            "-p tcp -e msg",
-            "8 B usec/xfer",
-            Unit::Micros,
-            &[],
-            &argv(false),
-            &argv(true),
-            &|o| parse_fi_pingpong(o, 8).map(|v| (v, vec![])),
-        );
-        r.pair(&write_lat, f.clone());
-        r.pair(&send_lat, f);
-    }
-    if has("ucx_perftest") {
-        let ucx = |r: &mut Runner, t: &str, size: &str, what: &str, unit: Unit| {
-            r.peer(
-                "ucx_perftest",
-                t,
-                what,
-                unit,
-                ucx_env,
-                &["ucx_perftest"],
-                &["ucx_perftest", "127.0.0.1", "-t", t, "-s", size, "-n", &n],
-                &move |o| {
-                    parse_ucx(o)
-                        .map(|(typ, _, bw)| (if unit == Unit::Micros { typ } else { bw }, vec![]))
-                },
-            )
-        };
-        let put = ucx(&mut r, "ucp_put_lat", "8", "8 B p50", Unit::Micros);
-        r.pair(&write_lat, put);
-        let get = ucx(&mut r, "ucp_get", "8", "8 B p50", Unit::Micros);
-        r.pair(&read_lat, get);
-        let add = ucx(&mut r, "ucp_add", "8", "8 B p50", Unit::Micros);
-        r.pair(&read_lat, add.clone());
-        r.pair(&fadd_lat, add.clone());
-        r.pair(&cas_lat, add);
-        let fadd = ucx(&mut r, "ucp_fadd", "8", "8 B p50", Unit::Micros);
-        r.pair(&fadd_lat, fadd);
-        let b1 = ucx(&mut r, "ucp_put_bw", "1048576", "1 MiB", Unit::MibPerSec);
-        r.pair(&bw_1m, b1);
-        let b64 = ucx(&mut r, "ucp_put_bw", "65536", "64 KiB", Unit::MibPerSec);
-        r.pair(&bw_64k, b64.clone());
-        r.pair(&rbw_64k, b64);
-    }
-    if has("qperf") {
-        let q = |r: &mut Runner, test: &str, size: &str, what: &str, unit: Unit| {
-            r.peer(
-                "qperf",
-                test,
-                what,
-                unit,
-                &[],
-                &["qperf"],
-                &["qperf", "127.0.0.1", "-t", &secs, "-m", size, test],
-                &|o| parse_qperf(o).map(|v| (v, vec![])),
-            )
-        };
-        let lat = q(&mut r, "tcp_lat", "8", "8 B, RTT/2", Unit::Micros);
-        r.pair(&write_lat, lat);
-        let b = q(&mut r, "tcp_bw", "1M", "1 MiB", Unit::MibPerSec);
-        r.pair(&bw_1m, b);
-    }
-    if has("sockperf") {
-        for nonblocked in [false, true] {
-            let mut srv = vec![
-                "sockperf",
-                "server",
-                "--tcp",
-                "-i",
-                "127.0.0.1",
-                "-p",
-                "11119",
-            ];
-            let mut cli = vec![
-                "sockperf",
-                "ping-pong",
-                "--tcp",
-                "-i",
-                "127.0.0.1",
-                "-p",
-                "11119",
-                "-m",
-                "14",
-                "-t",
-                &secs,
-            ];
-            if nonblocked {
-                srv.push("--nonblocked");
-                cli.push("--nonblocked");
-            }
-            let label = if nonblocked {
-                "ping-pong --tcp --nonblocked (busy-poll: the kernel TCP floor)"
-            } else {
-                "ping-pong --tcp"
-            };
-            let f = r.peer(
-                "sockperf",
-                label,
-                "14 B p50, RTT/2",
-                Unit::Micros,
-                &[],
-                &srv,
-                &cli,
-                &|o| {
-                    let p = parse_sockperf(o);
-                    let med = p.iter().find(|(q, _)| *q == 50.0)?.1;
-                    Some((med, p))
-                },
-            );
-            r.pair(&write_lat, f);
         }
     }
     r.cmp
 }
 
-/// The comparison as a Markdown table, with the missing peers and failures after it.
-pub fn table(c: &Comparison) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| barewire test | barewire (CRC off) | p99 / p99.9 | CRC on | peer | peer figure | barewire ÷ peer |"
-    );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
-    for r in &c.rows {
-        let fmt_v = |v: f64, u: Unit| match u {
-            Unit::Micros => format!("{v:.2} µs"),
-            Unit::MibPerSec => format!("{v:.0} MiB/s"),
-        };
-        let fmt = |f: &Figure| fmt_v(f.value, f.unit);
-        let _ = writeln!(
-            s,
-            "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}**{} {} |",
-            r.ours.tool.trim_start_matches("barewire-perf "),
-            r.ours.what,
-            fmt(&r.ours),
-            r.ours
-                .tail
-                .map_or("–".into(), |(a, b)| format!("{a:.2} / {b:.2} µs")),
-            r.ours.crc_on.map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
-            r.peer.tool,
-            r.peer.what,
-            fmt(&r.peer),
-            r.ratio(),
-            if r.ratios.len() > 1 {
-                let lo = r.ratios.iter().copied().fold(f64::INFINITY, f64::min);
-                let hi = r.ratios.iter().copied().fold(0.0, f64::max);
-                format!(" (reps {lo:.2}–{hi:.2})")
-            } else {
-                String::new()
-            },
-            if r.ours.unit == Unit::Micros {
-                "(lower is better)"
-            } else {
-                "(higher is better)"
-            }
-        );
-    }
-    for m in &c.missing {
-        let _ = writeln!(
-            s,
-            "\nMISSING peer: {} is not installed (apt-get install {}); its rows are absent.",
-            m.tool, m.package
-        );
-    }
-    for (cmd, why) in &c.failed {
-        let _ = writeln!(s, "\nFAILED: `{cmd}`: {why}");
-    }
-    s
-}
-
-/// The command lines behind every figure.
-pub fn commands(c: &Comparison) -> String {
-    let mut seen: Vec<&str> = Vec::new();
-    for r in &c.rows {
-        for f in [&r.ours, &r.peer] {
-            if !seen.contains(&f.command.as_str()) {
-                seen.push(&f.command);
-            }
-        }
-    }
-    seen.iter().map(|c| format!("    {c}\n")).collect()
-}
-
-const BEGIN: &str = "<!-- barewire-perf report: begin (generated; edit outside the markers) -->";
-const END: &str = "<!-- barewire-perf report: end -->";
-
-/// Writes the generated section into `path`, between its markers (or after the first
-/// paragraph when it has none), keeping everything else.
-pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), String> {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let date = Process::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
-    let mut sec = String::new();
-    let _ = writeln!(sec, "{BEGIN}\n");
-    let _ = writeln!(sec, "## Latest `barewire-perf report` ({date})\n");
-    let _ = writeln!(
-        sec,
-        "Machine: {cores} CPUs ({cpu}), Linux {kernel}. Client on CPU {}, server on CPU {}; \
-         {} reps in this one session, interleaved (each rep runs barewire's tests, then every \
-         peer's, once); every figure is the median over the reps, and each ratio the median of \
-         the per-rep ratios, so a change of pace on this shared machine between reps does not \
-         pair a fast run with a slow one. barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
-         setting), its CRC-on runs beside them (the same command with `--crc`), and its latency \
-         tails are the medians of each run's p99 and p99.9. \
-         Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
-        a.cpus[0],
-        a.cpus[1],
-        a.reps,
-        a.reps,
-        a.iters,
-        a.secs,
-        a.plot
-            .as_ref()
-            .map(|p| format!(" --plot {}", p.display()))
-            .unwrap_or_default()
-    );
-    sec.push_str(&table(c));
-    if let Some(plot) = &a.plot {
-        // A link relative to the results file when the plot sits beside it.
-        let base = path.parent().unwrap_or(Path::new(""));
-        let rel = plot.strip_prefix(base).unwrap_or(plot);
-        let _ = writeln!(
-            sec,
-            "\nLatency distributions (HDR percentile plot): ![8 B latency]({})",
-            rel.display()
-        );
-    }
-    let _ = writeln!(sec, "\nCommand lines:\n");
-    sec.push_str(&commands(c));
-    let _ = writeln!(sec, "\n{END}");
-    let old = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmark results\n".into());
-    let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{}{}", &old[..b], sec, &old[e + END.len()..]),
-        _ => {
-            // After the title and its first paragraph.
-            let at = old
-                .match_indices("\n\n")
-                .nth(1)
-                .map_or(old.len(), |(i, _)| i + 2);
-            format!("{}{}\n{}", &old[..at], sec, &old[at..])
-        }
-    };
-    std::fs::write(path, new).map_err(|e| format!("{}: {e}", path.display()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perf::report::table;
 
     #[test]
-    fn peer_outputs_parse() {
-        let ucx = "+----\n                   20000      5.590     5.700     5.700        1.34       1.34      175439     175439\nFinal:                 20000      5.590     5.712     5.712        1.34       1.34      175074     175074\n";
-        assert_eq!(parse_ucx(ucx), Some((5.59, 5.712, 1.34)));
-        let fi = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n8       20k     20k      312k        0.22s      1.43       5.48        0.18\n";
-        assert_eq!(parse_fi_pingpong(fi, 8), Some(5.48));
-        assert_eq!(parse_qperf("tcp_lat:\n    latency  =  41 us\n"), Some(41.0));
-        let bw = parse_qperf("tcp_bw:\n    bw  =  4.84 GB/sec\n").unwrap();
-        assert!((bw - 4615.8).abs() < 0.1, "{bw}");
-        let sp = "sockperf: ---> percentile 99.000 =    5.010\nsockperf: ---> percentile 50.000 =    4.076\n";
-        assert_eq!(parse_sockperf(sp), vec![(99.0, 5.01), (50.0, 4.076)]);
+    fn medians() {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
-    }
-
-    #[test]
-    fn the_table_reports_ratios_and_missing_peers() {
-        let f = |tool: &str, v: f64| Figure {
-            tool: tool.into(),
-            what: "p50".into(),
-            value: v,
-            unit: Unit::Micros,
-            command: format!("{tool} -x"),
-            percentiles: vec![],
-            tail: None,
-            crc_on: None,
-        };
-        let c = Comparison {
-            rows: vec![Row {
-                ours: Figure {
-                    tail: Some((5.5, 20.25)),
-                    crc_on: Some(4.5),
-                    ..f("barewire-perf write_lat", 4.0)
-                },
-                peer: f("fi_pingpong", 5.0),
-                ratios: vec![],
-            }],
-            missing: vec![PEERS[0].clone()],
-            failed: vec![],
-            write_lat: None,
-        };
-        let t = table(&c);
-        assert!(
-            t.contains(
-                "| write_lat (p50) | 4.00 µs | 5.50 / 20.25 µs | 4.50 µs | fi_pingpong (p50) | 5.00 µs | **0.80**"
-            ),
-            "{t}"
-        );
-        assert!(
-            t.contains("MISSING peer: ucx_perftest is not installed (apt-get install ucx-utils)")
-        );
-        assert_eq!(
-            commands(&c),
-            "    barewire-perf write_lat -x\n    fi_pingpong -x\n"
-        );
     }
 
     #[test]
@@ -866,31 +500,5 @@ mod tests {
             "{}",
             table(&m)
         );
-    }
-
-    #[test]
-    fn the_report_replaces_only_its_section() {
-        let dir = std::env::temp_dir().join(format!("bwperf-report-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("RESULTS.md");
-        std::fs::write(&p, "# Benchmark results\n\nIntro.\n\n## Older\n\nkept\n").unwrap();
-        let a = CompareArgs {
-            reps: 1,
-            iters: 10,
-            secs: 1.0,
-            plot: None,
-            results: Some(p.clone()),
-            cpus: [0, 1],
-        };
-        write_report(&p, &a, &Comparison::default()).unwrap();
-        write_report(&p, &a, &Comparison::default()).unwrap();
-        let s = std::fs::read_to_string(&p).unwrap();
-        assert_eq!(s.matches(BEGIN).count(), 1, "{s}");
-        assert!(
-            s.starts_with("# Benchmark results\n\nIntro.\n\n<!--"),
-            "{s}"
-        );
-        assert!(s.contains("## Older\n\nkept"));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

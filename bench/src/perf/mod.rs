@@ -7,7 +7,9 @@
 
 pub mod cli;
 pub mod compare;
+pub mod peers;
 pub mod plot;
+pub mod report;
 pub mod run;
 pub mod table;
 
@@ -46,7 +48,7 @@ pub fn main_with(args: &[String]) -> i32 {
         },
         Ok(Command::Compare(c)) => {
             let cmp = compare::compare(&c);
-            print!("{}", compare::table(&cmp));
+            print!("{}", report::table(&cmp));
             if let Some(path) = &c.plot {
                 let mut series = Vec::new();
                 if let Some(h) = &cmp.write_lat {
@@ -75,7 +77,7 @@ pub fn main_with(args: &[String]) -> i32 {
                 }
             }
             if let Some(path) = &c.results {
-                if let Err(e) = compare::write_report(path, &c, &cmp) {
+                if let Err(e) = report::write_report(path, &c, &cmp) {
                     eprintln!("barewire-perf: {e}");
                     return 1;
                 }

@@ -1,0 +1,232 @@
+//! `barewire-perf report` and `compare`'s output: the comparison as a Markdown table, the
+//! command lines behind it, and the generated section of `bench/RESULTS.md`. Nothing here runs
+//! anything.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command as Process;
+
+use super::cli::CompareArgs;
+use super::compare::{Comparison, Figure, Unit};
+
+/// The comparison as a Markdown table, with the missing peers and failures after it.
+pub fn table(c: &Comparison) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| barewire test | barewire (CRC off) | p99 / p99.9 | CRC on | peer | peer figure | barewire ÷ peer |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for r in &c.rows {
+        let fmt_v = |v: f64, u: Unit| match u {
+            Unit::Micros => format!("{v:.2} µs"),
+            Unit::MibPerSec => format!("{v:.0} MiB/s"),
+        };
+        let fmt = |f: &Figure| fmt_v(f.value, f.unit);
+        let _ = writeln!(
+            s,
+            "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}**{} {} |",
+            r.ours.tool.trim_start_matches("barewire-perf "),
+            r.ours.what,
+            fmt(&r.ours),
+            r.ours
+                .tail
+                .map_or("–".into(), |(a, b)| format!("{a:.2} / {b:.2} µs")),
+            r.ours.crc_on.map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
+            r.peer.tool,
+            r.peer.what,
+            fmt(&r.peer),
+            r.ratio(),
+            if r.ratios.len() > 1 {
+                let lo = r.ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.ratios.iter().copied().fold(0.0, f64::max);
+                format!(" (reps {lo:.2}–{hi:.2})")
+            } else {
+                String::new()
+            },
+            if r.ours.unit == Unit::Micros {
+                "(lower is better)"
+            } else {
+                "(higher is better)"
+            }
+        );
+    }
+    for m in &c.missing {
+        let _ = writeln!(
+            s,
+            "\nMISSING peer: {} is not installed (apt-get install {}); its rows are absent.",
+            m.tool, m.package
+        );
+    }
+    for (cmd, why) in &c.failed {
+        let _ = writeln!(s, "\nFAILED: `{cmd}`: {why}");
+    }
+    s
+}
+
+/// The command lines behind every figure.
+pub fn commands(c: &Comparison) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for r in &c.rows {
+        for f in [&r.ours, &r.peer] {
+            if !seen.contains(&f.command.as_str()) {
+                seen.push(&f.command);
+            }
+        }
+    }
+    seen.iter().map(|c| format!("    {c}\n")).collect()
+}
+
+const BEGIN: &str = "<!-- barewire-perf report: begin (generated; edit outside the markers) -->";
+const END: &str = "<!-- barewire-perf report: end -->";
+
+/// Writes the generated section into `path`, between its markers (or after the first
+/// paragraph when it has none), keeping everything else.
+pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), String> {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let date = Process::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut sec = String::new();
+    let _ = writeln!(sec, "{BEGIN}\n");
+    let _ = writeln!(sec, "## Latest `barewire-perf report` ({date})\n");
+    let _ = writeln!(
+        sec,
+        "Machine: {cores} CPUs ({cpu}), Linux {kernel}. Client on CPU {}, server on CPU {}; \
+         {} reps in this one session, interleaved (each rep runs barewire's tests, then every \
+         peer's, once); every figure is the median over the reps, and each ratio the median of \
+         the per-rep ratios, so a change of pace on this shared machine between reps does not \
+         pair a fast run with a slow one. barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
+         setting), its CRC-on runs beside them (the same command with `--crc`), and its latency \
+         tails are the medians of each run's p99 and p99.9. \
+         Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
+        a.cpus[0],
+        a.cpus[1],
+        a.reps,
+        a.reps,
+        a.iters,
+        a.secs,
+        a.plot
+            .as_ref()
+            .map(|p| format!(" --plot {}", p.display()))
+            .unwrap_or_default()
+    );
+    sec.push_str(&table(c));
+    if let Some(plot) = &a.plot {
+        // A link relative to the results file when the plot sits beside it.
+        let base = path.parent().unwrap_or(Path::new(""));
+        let rel = plot.strip_prefix(base).unwrap_or(plot);
+        let _ = writeln!(
+            sec,
+            "\nLatency distributions (HDR percentile plot): ![8 B latency]({})",
+            rel.display()
+        );
+    }
+    let _ = writeln!(sec, "\nCommand lines:\n");
+    sec.push_str(&commands(c));
+    let _ = writeln!(sec, "\n{END}");
+    let old = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmark results\n".into());
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if e > b => format!("{}{}{}", &old[..b], sec, &old[e + END.len()..]),
+        _ => {
+            // After the title and its first paragraph.
+            let at = old
+                .match_indices("\n\n")
+                .nth(1)
+                .map_or(old.len(), |(i, _)| i + 2);
+            format!("{}{}\n{}", &old[..at], sec, &old[at..])
+        }
+    };
+    std::fs::write(path, new).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::compare::{Missing, Row};
+
+    #[test]
+    fn the_table_reports_ratios_and_missing_peers() {
+        let f = |tool: &str, v: f64| Figure {
+            tool: tool.into(),
+            what: "p50".into(),
+            value: v,
+            unit: Unit::Micros,
+            command: format!("{tool} -x"),
+            percentiles: vec![],
+            tail: None,
+            crc_on: None,
+        };
+        let c = Comparison {
+            rows: vec![Row {
+                ours: Figure {
+                    tail: Some((5.5, 20.25)),
+                    crc_on: Some(4.5),
+                    ..f("barewire-perf write_lat", 4.0)
+                },
+                peer: f("fi_pingpong", 5.0),
+                ratios: vec![],
+            }],
+            missing: vec![Missing {
+                tool: "ucx_perftest",
+                package: "ucx-utils",
+            }],
+            failed: vec![],
+            write_lat: None,
+        };
+        let t = table(&c);
+        assert!(
+            t.contains(
+                "| write_lat (p50) | 4.00 µs | 5.50 / 20.25 µs | 4.50 µs | fi_pingpong (p50) | 5.00 µs | **0.80**"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("MISSING peer: ucx_perftest is not installed (apt-get install ucx-utils)")
+        );
+        assert_eq!(
+            commands(&c),
+            "    barewire-perf write_lat -x\n    fi_pingpong -x\n"
+        );
+    }
+
+    #[test]
+    fn the_report_replaces_only_its_section() {
+        let dir = std::env::temp_dir().join(format!("bwperf-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("RESULTS.md");
+        std::fs::write(&p, "# Benchmark results\n\nIntro.\n\n## Older\n\nkept\n").unwrap();
+        let a = CompareArgs {
+            reps: 1,
+            iters: 10,
+            secs: 1.0,
+            plot: None,
+            results: Some(p.clone()),
+            cpus: [0, 1],
+        };
+        write_report(&p, &a, &Comparison::default()).unwrap();
+        write_report(&p, &a, &Comparison::default()).unwrap();
+        let s = std::fs::read_to_string(&p).unwrap();
+        assert_eq!(s.matches(BEGIN).count(), 1, "{s}");
+        assert!(
+            s.starts_with("# Benchmark results\n\nIntro.\n\n<!--"),
+            "{s}"
+        );
+        assert!(s.contains("## Older\n\nkept"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
 
-use barewire_engine::spawn_local;
+use barewire_engine::{spawn_local, JoinHandle};
 
 use crate::api::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RegionDescriptor,
@@ -223,9 +223,23 @@ struct Table {
     next: u64,
     pending: HashMap<u64, Pending>,
     closed: bool,
+    /// The tasks that route completions into this table (one per completion queue).
+    routes: Vec<JoinHandle<()>>,
 }
 
 impl Table {
+    /// Once the endpoint is gone and nothing it posted is outstanding, no completion will
+    /// come to wake the routing tasks: they are ended here (by whoever empties the table, a
+    /// routing task included, at the top of its loop). One left waiting would keep its
+    /// completion queue and this table for the life of the core.
+    fn end_routes_if_done(&mut self) {
+        if self.closed && self.pending.is_empty() {
+            for task in self.routes.drain(..) {
+                task.cancel();
+            }
+        }
+    }
+
     fn complete(&mut self, wc: WorkCompletion) {
         let Some(p) = self.pending.get_mut(&wc.wr_id) else {
             return;
@@ -265,6 +279,8 @@ impl Table {
 pub struct Endpoint {
     qp: QueuePair,
     table: Rc<RefCell<Table>>,
+    /// Held by each routing task while it lives (see `routing_probe`).
+    routing: Rc<()>,
     /// Buffers named by unsignaled requests since the last signaled send: the next signaled
     /// send holds them, because its completion implies theirs (the send queue completes in
     /// order).
@@ -287,20 +303,26 @@ impl Endpoint {
         let ep = Endpoint {
             qp,
             table: Rc::new(RefCell::new(Table::default())),
+            routing: Rc::new(()),
             unsignaled: RefCell::new(Vec::new()),
         };
         ep.route(scq);
         ep
     }
 
-    /// A task that hands each completion of `cq` to the future waiting for it.
+    /// A task that hands each completion of `cq` to the future waiting for it, until the
+    /// endpoint is gone and nothing it posted is outstanding (see `Drop`).
     fn route(&self, cq: CompletionQueue) {
         let t = self.table.clone();
-        spawn_local(async move {
+        let alive = self.routing.clone();
+        let task = spawn_local(async move {
+            let _alive = alive;
             loop {
                 {
-                    let t = t.borrow();
+                    let mut t = t.borrow_mut();
                     if t.closed && t.pending.is_empty() {
+                        // The others too (this one among them: it returns now anyway).
+                        t.end_routes_if_done();
                         return;
                     }
                 }
@@ -308,6 +330,15 @@ impl Endpoint {
                 t.borrow_mut().complete(wc);
             }
         });
+        self.table.borrow_mut().routes.push(task);
+    }
+
+    /// Upgradable while any of this endpoint's routing tasks lives, which is until the
+    /// endpoint is dropped and nothing it posted is outstanding: for tests that check an
+    /// endpoint leaves nothing behind.
+    #[doc(hidden)]
+    pub fn routing_probe(&self) -> std::rc::Weak<()> {
+        Rc::downgrade(&self.routing)
     }
 
     /// The queue pair.
@@ -531,9 +562,12 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         // Disconnecting flushes everything outstanding; the routing tasks stay until the last
-        // held buffer's completion has come, then end.
+        // held buffer's completion has come, then end. With nothing outstanding no completion
+        // will come to wake them, so they are ended here: a routing task left waiting would
+        // keep its completion queue, and this endpoint's table, for the life of the core.
         self.table.borrow_mut().closed = true;
         self.qp.disconnect();
+        self.table.borrow_mut().end_routes_if_done();
     }
 }
 
@@ -562,6 +596,7 @@ impl Future for Op {
         match p.done.take() {
             Some(wc) => {
                 t.pending.remove(&this.id);
+                t.end_routes_if_done();
                 Poll::Ready(if wc.status == WcStatus::Success {
                     Ok(wc)
                 } else {
@@ -585,6 +620,7 @@ impl Drop for Op {
         if let Some(p) = t.pending.get_mut(&self.id) {
             if p.done.is_some() {
                 t.pending.remove(&self.id);
+                t.end_routes_if_done();
             } else {
                 // Still owned by the device: keep the buffers until the completion.
                 p.abandoned = true;

@@ -16,6 +16,18 @@ fn soft() -> Device {
     Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap()
 }
 
+async fn connected(
+    dev: &Device,
+    pd: &barewire_drivers::ProtectionDomain,
+    addr: std::net::SocketAddr,
+) -> Endpoint {
+    let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+    let (qp, _) = connect(addr, pd, &scq, &rcq, &dev.connect_options())
+        .await
+        .unwrap();
+    Endpoint::new(qp, scq, rcq)
+}
+
 /// Waits (up to a second) for `probe` to stop upgrading.
 async fn released(probe: &std::rc::Weak<()>) -> bool {
     for _ in 0..100 {
@@ -48,11 +60,7 @@ fn a_dropped_endpoint_ends_its_routing_tasks() {
         let region = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
 
         // Idle: nothing was ever posted, so no completion will come to wake its tasks.
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
-        let (qp, _) = connect(addr, &pd, &scq, &rcq, &dev.connect_options())
-            .await
-            .unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = connected(&dev, &pd, addr).await;
         let probe = ep.routing_probe();
         assert!(
             probe.upgrade().is_some(),
@@ -66,11 +74,7 @@ fn a_dropped_endpoint_ends_its_routing_tasks() {
 
         // Outstanding: a READ of a key the peer never gave fails (or is flushed) after the
         // drop, and the tasks end once that last completion is routed.
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
-        let (qp, _) = connect(addr, &pd, &scq, &rcq, &dev.connect_options())
-            .await
-            .unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = connected(&dev, &pd, addr).await;
         let probe = ep.routing_probe();
         let nowhere = RegionDescriptor {
             rkey: barewire_drivers::Stag(0x1234_5678),

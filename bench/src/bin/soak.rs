@@ -763,7 +763,10 @@ impl Tally {
                 let seen = self.rounds.entry(num(2)).or_default();
                 match w.get(1).copied() {
                     Some("UP") => seen.up[rank] = true,
-                    Some("NOTFORMED") => seen.why.push(format!("rank {rank}: {line}")),
+                    Some("NOTFORMED") => {
+                        let why = w.get(3..).map_or(String::new(), |r| r.join(" "));
+                        seen.why.push(format!("rank {rank}: not formed: {why}"));
+                    }
                     Some("STOPPED") => {
                         seen.stopped[rank] = true;
                         seen.why.push(format!("rank {rank}: {}", w[3..].join(" ")));

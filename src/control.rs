@@ -1,19 +1,30 @@
 //! The control messages two endpoints exchange by SEND: region descriptors and the channel
 //! handshake. Every decode of peer bytes returns an error, never panics.
+//!
+//! On the wire (version 1): one byte, the version, then the message in BARE (serde_bare: the
+//! variant as a varint tag, integers little-endian of fixed width, strings with a varint
+//! length, a region descriptor as its key, address and length). A peer that speaks another
+//! version is refused with an error naming both. `tests` pins the bytes of each message, so
+//! a change of layout cannot pass unnoticed: it needs a new version.
 
-use barewire_drivers::RegionDescriptor;
+use barewire_drivers::{RegionDescriptor, Stag};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::region::{take, take_u16, take_u32, take_u64, Fingerprint};
+use crate::region::Fingerprint;
 
 /// Largest control message (a fingerprint's type name is cut to fit).
 pub(crate) const MAX: usize = 512;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The layout this build writes and reads.
+pub(crate) const VERSION: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Control {
     /// "Here is a region of `len` elements of this type."
     Region {
         fp: Fingerprint,
+        #[serde(with = "desc")]
         desc: RegionDescriptor,
         len: u64,
     },
@@ -25,13 +36,16 @@ pub(crate) enum Control {
         codec: u8,
         capacity: u32,
         slot: u32,
+        #[serde(with = "desc")]
         credit: RegionDescriptor,
     },
     /// "Your channel `id` lands in `ring`; `polled`: write plain WRITEs, I watch the ring's
     /// memory (otherwise WRITE with immediate, one receive completion per run)."
     Accept {
         id: u16,
+        #[serde(with = "desc")]
         ring: RegionDescriptor,
+        #[serde(with = "strict_bool")]
         polled: bool,
     },
     /// "I will not take your channel `id`: `reason`."
@@ -40,18 +54,54 @@ pub(crate) enum Control {
     Hello { rank: u32, size: u32 },
 }
 
-fn desc(out: &mut Vec<u8>, d: &RegionDescriptor) {
-    out.extend_from_slice(&d.to_bytes());
+/// A region descriptor as (key, address, length).
+mod desc {
+    use super::*;
+
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &RegionDescriptor,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        (d.rkey.0, d.addr, d.len).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<RegionDescriptor, D::Error> {
+        let (rkey, addr, len) = <(u32, u64, u64)>::deserialize(d)?;
+        Ok(RegionDescriptor {
+            rkey: Stag(rkey),
+            addr,
+            len,
+        })
+    }
 }
 
-fn take_desc(b: &mut &[u8]) -> Result<RegionDescriptor> {
-    let raw = take(b, RegionDescriptor::LEN)?;
-    RegionDescriptor::from_bytes(raw).ok_or_else(|| Error::Malformed("region descriptor".into()))
+/// A flag as one byte that must be 0 or 1 (BARE's own bool takes any non-zero as true).
+mod strict_bool {
+    use super::*;
+
+    pub(super) fn serialize<S: serde::Serializer>(
+        b: &bool,
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        (*b as u8).serialize(s)
+    }
+
+    pub(super) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<bool, D::Error> {
+        match u8::deserialize(d)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(serde::de::Error::custom(format!("a flag of {v}"))),
+        }
+    }
 }
 
 /// The longest prefix of `reason`, cut at a character boundary, that fits in a Refuse.
 fn fit_reason(reason: &str) -> &str {
-    let mut n = reason.len().min(MAX - 5);
+    let mut n = reason.len().min(MAX - 16);
     while !reason.is_char_boundary(n) {
         n -= 1;
     }
@@ -59,116 +109,69 @@ fn fit_reason(reason: &str) -> &str {
 }
 
 impl Control {
+    /// What goes on the wire: names and reasons cut to what always fits.
+    fn bounded(&self) -> Control {
+        let mut c = self.clone();
+        match &mut c {
+            Control::Region { fp, .. } | Control::Open { fp, .. } => fp.name = fp.wire_name(),
+            Control::Refuse { reason, .. } => *reason = fit_reason(reason).to_string(),
+            Control::Accept { .. } | Control::Hello { .. } => {}
+        }
+        c
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(128);
-        match self {
-            Control::Region { fp, desc: d, len } => {
-                out.push(1);
-                fp.encode(&mut out);
-                desc(&mut out, d);
-                out.extend_from_slice(&len.to_be_bytes());
-            }
-            Control::Open {
-                id,
-                fp,
-                codec,
-                capacity,
-                slot,
-                credit,
-            } => {
-                out.push(2);
-                out.extend_from_slice(&id.to_be_bytes());
-                fp.encode(&mut out);
-                out.push(*codec);
-                out.extend_from_slice(&capacity.to_be_bytes());
-                out.extend_from_slice(&slot.to_be_bytes());
-                desc(&mut out, credit);
-            }
-            Control::Accept { id, ring, polled } => {
-                out.push(3);
-                out.extend_from_slice(&id.to_be_bytes());
-                desc(&mut out, ring);
-                out.push(*polled as u8);
-            }
-            Control::Refuse { id, reason } => {
-                out.push(4);
-                out.extend_from_slice(&id.to_be_bytes());
-                let r = fit_reason(reason);
-                out.extend_from_slice(&(r.len() as u16).to_be_bytes());
-                out.extend_from_slice(r.as_bytes());
-            }
-            Control::Hello { rank, size } => {
-                out.push(5);
-                out.extend_from_slice(&rank.to_be_bytes());
-                out.extend_from_slice(&size.to_be_bytes());
-            }
-        }
+        out.push(VERSION);
+        serde_bare::to_writer(&mut out, &self.bounded()).expect("a Vec takes any message");
         // Every field is bounded (names by Fingerprint::NAME_MAX, reasons cut above): the
-        // largest, an Open, is 42 bytes plus the name.
+        // largest, an Open, is about 50 bytes plus the name.
         debug_assert!(out.len() <= MAX, "a {}-byte control message", out.len());
         out
     }
 
-    pub(crate) fn decode(mut b: &[u8]) -> Result<Control> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Control> {
         if b.len() > MAX {
             return Err(Error::Malformed(format!(
                 "a control message of {} bytes (at most {MAX})",
                 b.len()
             )));
         }
-        let b = &mut b;
-        let kind = take(b, 1)?[0];
-        let c = match kind {
-            1 => Control::Region {
-                fp: Fingerprint::decode(b)?,
-                desc: take_desc(b)?,
-                len: take_u64(b)?,
-            },
-            2 => Control::Open {
-                id: take_u16(b)?,
-                fp: Fingerprint::decode(b)?,
-                codec: take(b, 1)?[0],
-                capacity: take_u32(b)?,
-                slot: take_u32(b)?,
-                credit: take_desc(b)?,
-            },
-            3 => Control::Accept {
-                id: take_u16(b)?,
-                ring: take_desc(b)?,
-                polled: match take(b, 1)?[0] {
-                    0 => false,
-                    1 => true,
-                    v => return Err(Error::Malformed(format!("ring mode {v}"))),
-                },
-            },
-            4 => {
-                let id = take_u16(b)?;
-                let n = take_u16(b)? as usize;
-                // Bytes that are not UTF-8 become U+FFFD, which can make the text longer:
-                // cut it again so that what decodes always encodes as it is.
-                let lossy = String::from_utf8_lossy(take(b, n)?);
-                Control::Refuse {
-                    id,
-                    reason: fit_reason(&lossy).to_string(),
-                }
-            }
-            5 => Control::Hello {
-                rank: take_u32(b)?,
-                size: take_u32(b)?,
-            },
-            k => {
-                return Err(Error::Malformed(format!(
-                    "unknown control message kind {k}"
-                )))
-            }
+        let Some((&version, mut rest)) = b.split_first() else {
+            return Err(Error::Malformed("an empty control message".into()));
         };
-        if !b.is_empty() {
+        if version != VERSION {
             return Err(Error::Malformed(format!(
-                "{} trailing bytes after a control message",
-                b.len()
+                "a control message of version {version}; this build speaks version {VERSION}"
             )));
         }
-        Ok(c)
+        // Read from a slice that advances, so what is left after the message shows.
+        let c: Control = serde_bare::from_reader(&mut rest)
+            .map_err(|e| Error::Malformed(format!("control message: {e}")))?;
+        if !rest.is_empty() {
+            return Err(Error::Malformed(format!(
+                "{} trailing bytes after a control message",
+                rest.len()
+            )));
+        }
+        match &c {
+            Control::Region { fp, .. } | Control::Open { fp, .. }
+                if fp.name.len() > Fingerprint::NAME_MAX =>
+            {
+                Err(Error::Malformed(format!(
+                    "a type name of {} bytes (at most {})",
+                    fp.name.len(),
+                    Fingerprint::NAME_MAX
+                )))
+            }
+            Control::Refuse { reason, .. } if fit_reason(reason.as_str()).len() < reason.len() => {
+                Err(Error::Malformed(format!(
+                    "a refusal of {} bytes",
+                    reason.len()
+                )))
+            }
+            _ => Ok(c),
+        }
     }
 }
 
@@ -303,6 +306,55 @@ mod tests {
         }
         // What no peer can send (the receive slots hold MAX bytes) is refused.
         assert!(Control::decode(&vec![5; MAX + 1]).is_err());
+    }
+
+    /// Version 1's bytes, pinned: a change here breaks every peer built before it, so it
+    /// needs a new `VERSION` (and this test for both).
+    #[test]
+    fn version_1_bytes_are_fixed() {
+        let fp = |name: &str, size| Fingerprint {
+            name: name.into(),
+            size,
+            align: size,
+        };
+        #[rustfmt::skip]
+        let golden: [(Control, &[u8]); 5] = [
+            (
+                Control::Region { fp: fp("u64", 8), desc: d(1), len: 9 },
+                // version, tag, name (varint length + UTF-8), size, align, then the
+                // descriptor (key u32, address u64, length u64), then len u64; all little-endian
+                &[1, 0, 3, b'u', b'6', b'4', 8, 0, 0, 0, 8, 0, 0, 0,
+                  1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0,
+                  9, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                Control::Open { id: 7, fp: fp("u8", 1), codec: 1, capacity: 256, slot: 128, credit: d(2) },
+                &[1, 1, 7, 0, 2, b'u', b'8', 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 1, 0, 0, 128, 0, 0, 0,
+                  2, 0, 0, 0, 0, 32, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                Control::Accept { id: 7, ring: d(3), polled: true },
+                &[1, 2, 7, 0, 3, 0, 0, 0, 0, 48, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0, 1],
+            ),
+            (Control::Refuse { id: 7, reason: "no".into() }, &[1, 3, 7, 0, 2, b'n', b'o']),
+            (Control::Hello { rank: 2, size: 3 }, &[1, 4, 2, 0, 0, 0, 3, 0, 0, 0]),
+        ];
+        for (c, bytes) in golden {
+            assert_eq!(c.encode(), bytes, "{c:?}");
+            assert_eq!(Control::decode(bytes).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn another_version_is_refused_by_name() {
+        let mut b = Control::Hello { rank: 0, size: 1 }.encode();
+        b[0] = 2;
+        let e = Control::decode(&b).unwrap_err().to_string();
+        assert!(
+            e.contains("version 2") && e.contains("speaks version 1"),
+            "{e}"
+        );
+        assert!(Control::decode(&[]).is_err());
     }
 
     #[test]

@@ -35,7 +35,7 @@ impl Align {
 
 /// What a typed descriptor claims about its element type: name, size and alignment. Two
 /// builds of the same program agree on all three; a mismatch is refused at exchange time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint {
     /// `std::any::type_name`; one longer than [`Fingerprint::NAME_MAX`] bytes (deeply nested
     /// generics) is cut at a character boundary and followed by `..#` and a 64-bit FNV-1a hash
@@ -54,14 +54,19 @@ impl Fingerprint {
     /// The fingerprint of `T`.
     pub fn of<T>() -> Fingerprint {
         Fingerprint {
-            name: Self::wire_name(std::any::type_name::<T>()),
+            name: Self::cut_name(std::any::type_name::<T>()),
             size: std::mem::size_of::<T>() as u32,
             align: std::mem::align_of::<T>() as u32,
         }
     }
 
+    /// This fingerprint's name as it goes on the wire (see [`name`](Self::name)).
+    pub(crate) fn wire_name(&self) -> String {
+        Self::cut_name(&self.name)
+    }
+
     /// `name`, or for one over [`NAME_MAX`](Self::NAME_MAX) bytes its cut and hashed form.
-    fn wire_name(name: &str) -> String {
+    fn cut_name(name: &str) -> String {
         if name.len() <= Self::NAME_MAX {
             return name.to_string();
         }
@@ -73,33 +78,6 @@ impl Fingerprint {
             cut -= 1;
         }
         format!("{}..#{hash:016x}", &name[..cut])
-    }
-
-    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        // A name made by `of` is never longer; one built by hand is cut to stay decodable.
-        let name = Self::wire_name(&self.name);
-        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&self.size.to_be_bytes());
-        out.extend_from_slice(&self.align.to_be_bytes());
-    }
-
-    pub(crate) fn decode(b: &mut &[u8]) -> Result<Fingerprint> {
-        let n = take_u16(b)? as usize;
-        if n > Self::NAME_MAX {
-            return Err(Error::Malformed(format!(
-                "a type name of {n} bytes (at most {})",
-                Self::NAME_MAX
-            )));
-        }
-        let name = take(b, n)?;
-        let name = String::from_utf8(name.to_vec())
-            .map_err(|_| Error::Malformed("type name is not UTF-8".into()))?;
-        Ok(Fingerprint {
-            name,
-            size: take_u32(b)?,
-            align: take_u32(b)?,
-        })
     }
 
     /// Checks that `found` (what the peer sent) describes the type this side expects.
@@ -123,30 +101,6 @@ impl std::fmt::Display for Fingerprint {
             self.name, self.size, self.align
         )
     }
-}
-
-pub(crate) fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
-    if b.len() < n {
-        return Err(Error::Malformed(format!(
-            "truncated: wanted {n} more bytes, have {}",
-            b.len()
-        )));
-    }
-    let (head, rest) = b.split_at(n);
-    *b = rest;
-    Ok(head)
-}
-
-pub(crate) fn take_u16(b: &mut &[u8]) -> Result<u16> {
-    Ok(u16::from_be_bytes(take(b, 2)?.try_into().unwrap()))
-}
-
-pub(crate) fn take_u32(b: &mut &[u8]) -> Result<u32> {
-    Ok(u32::from_be_bytes(take(b, 4)?.try_into().unwrap()))
-}
-
-pub(crate) fn take_u64(b: &mut &[u8]) -> Result<u64> {
-    Ok(u64::from_be_bytes(take(b, 8)?.try_into().unwrap()))
 }
 
 /// A registered array of `len` plain-old-data `T`s in this process, zero-initialised, that
@@ -324,15 +278,14 @@ mod tests {
 
     #[test]
     fn fingerprints_round_trip_and_name_the_mismatch() {
-        let mut b = Vec::new();
-        Fingerprint::of::<[u32; 3]>().encode(&mut b);
-        let got = Fingerprint::decode(&mut b.as_slice()).unwrap();
+        let b = serde_bare::to_vec(&Fingerprint::of::<[u32; 3]>()).unwrap();
+        let got: Fingerprint = serde_bare::from_slice(&b).unwrap();
         assert_eq!(got, Fingerprint::of::<[u32; 3]>());
         let e = Fingerprint::of::<u64>().check(&got).unwrap_err();
         assert_eq!(
             e.to_string(),
             "type mismatch: expected u64 (size 8, align 8), the peer offered [u32; 3] (size 12, align 4)"
         );
-        assert!(Fingerprint::decode(&mut &b[..5]).is_err());
+        assert!(serde_bare::from_slice::<Fingerprint>(&b[..5]).is_err());
     }
 }

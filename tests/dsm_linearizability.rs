@@ -330,7 +330,12 @@ fn workload(run: &Run) -> Outcome {
     for m in &members {
         m.expect("STARTED", Duration::from_secs(20));
     }
-    std::thread::sleep(Duration::from_millis(60));
+    // Faults land mid-run: once the victim has begun its operations (it may be slow to, on
+    // a loaded machine, and a fault before its first call tests nothing).
+    if run.fault != Fault::None {
+        started_calls(&outs[victim], 16, Duration::from_secs(20));
+    }
+    std::thread::sleep(Duration::from_millis(20));
     let mut alive = [true; MEMBERS];
     match run.fault {
         Fault::None => {}
@@ -374,6 +379,25 @@ fn workload(run: &Run) -> Outcome {
         calls,
         breaks,
         fenced,
+    }
+}
+
+/// Waits until the history at `path` holds at least `n` invocations.
+fn started_calls(path: &std::path::Path, n: usize, within: Duration) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let invoked = std::fs::read_to_string(path)
+            .map(|h| h.lines().filter(|l| l.starts_with("I ")).count())
+            .unwrap_or(0);
+        if invoked >= n {
+            return;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{}: {invoked} calls after {within:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

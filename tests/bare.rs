@@ -4,6 +4,8 @@
 //! `optional`, fixed and variable arrays, and structs as the concatenation of their fields.
 //! Then a serde type through a real channel.
 
+mod common;
+
 use barewire::{Bare, Codec};
 use serde::{Deserialize, Serialize};
 use serde_bare::{Int, Uint};
@@ -98,35 +100,27 @@ enum Job {
 
 #[test]
 fn serde_types_cross_a_bare_channel() {
-    use barewire::engine::Runtime;
     use barewire::Node;
+    use barewire_test_support::rt;
     use std::time::Duration;
-    let rt = || Runtime::builder().cores(1).sleeping().build().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        rt().block_on(async move {
-            let node = Node::soft().unwrap();
-            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
-                .unwrap();
-            let ep = node.accept().await.unwrap();
-            let (_t, r) = ep
-                .open_bare_channel::<Job>(Default::default())
-                .await
-                .unwrap();
-            let mut got = Vec::new();
-            loop {
-                let j = r.recv().await.unwrap();
-                got.push(j.clone());
-                if j == Job::Stop {
-                    break;
-                }
+    let (t, port) = common::listening(|node| async move {
+        let ep = node.accept().await.unwrap();
+        let (_t, r) = ep
+            .open_bare_channel::<Job>(Default::default())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        loop {
+            let j = r.recv().await.unwrap();
+            got.push(j.clone());
+            if j == Job::Stop {
+                break;
             }
-            // Stay connected while the sender's flush completes.
-            barewire::engine::time::sleep(Duration::from_millis(100)).await;
-            got
-        })
+        }
+        // Stay connected while the sender's flush completes.
+        barewire::engine::time::sleep(Duration::from_millis(100)).await;
+        got
     });
-    let port: u16 = rx.recv().unwrap();
     let jobs = vec![
         Job::Multiply {
             rows: 2,

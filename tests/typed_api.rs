@@ -1,7 +1,10 @@
 //! The typed API end to end over the software provider: two nodes (each its own core, in its
 //! own thread) on loopback.
 
+mod common;
+
 use barewire_test_support::rt;
+use common::listening;
 use std::future::Future;
 use std::time::Duration;
 
@@ -35,24 +38,6 @@ where
         client(node, ep).await;
     });
     t.join().unwrap();
-}
-
-/// Runs `server` on a listening node in a thread of its own; returns the thread and the port.
-fn listening<S, SF>(server: S) -> (std::thread::JoinHandle<()>, u16)
-where
-    S: FnOnce(Node) -> SF + Send + 'static,
-    SF: Future<Output = ()> + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::channel();
-    let t = std::thread::spawn(move || {
-        rt().block_on(async move {
-            let node = Node::soft().unwrap();
-            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
-                .unwrap();
-            server(node).await;
-        })
-    });
-    (t, rx.recv().unwrap())
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]

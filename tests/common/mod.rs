@@ -27,6 +27,26 @@ pub fn example(name: &str) -> std::path::PathBuf {
 /// A single core that sleeps when idle (test members share two CPUs).
 pub use barewire_test_support::rt;
 
+/// Runs `server` on a listening node (soft provider, loopback, a port of its choosing) in a
+/// thread of its own; returns the thread, which yields what `server` returned, and the port.
+pub fn listening<S, SF, R>(server: S) -> (std::thread::JoinHandle<R>, u16)
+where
+    S: FnOnce(barewire::Node) -> SF + Send + 'static,
+    SF: std::future::Future<Output = R> + 'static,
+    R: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = barewire::Node::soft().unwrap();
+            tx.send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            server(node).await
+        })
+    });
+    (t, rx.recv().unwrap())
+}
+
 /// Runs `body(rank, node, mesh)` on `n` members in this process, one thread and core each,
 /// meshed on loopback over the driver under test (nothing, after a SKIP line, where it cannot
 /// run here).

@@ -337,6 +337,7 @@ impl Core {
         let mut did = self.drain_inbox();
         did |= self.mesh.receive(&self.stats) > 0;
         did |= self.timers.fire_due();
+        self.prepare_submit();
         did |= self.driver.poll(&self.stats);
         did |= self.poll_user_pollers();
         did |= self.mesh.flush();
@@ -357,6 +358,16 @@ impl Core {
     /// Wakes `waker` after the next pass over the completion sources (see `yield_now`).
     pub(crate) fn defer(&self, waker: &Waker) {
         self.deferred.borrow_mut().push(waker.clone());
+    }
+
+    fn prepare_submit(&self) {
+        let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
+        for p in pollers.iter_mut() {
+            p.prepare_submit();
+        }
+        let mut slot = self.pollers.borrow_mut();
+        pollers.append(&mut slot);
+        *slot = pollers;
     }
 
     fn poll_user_pollers(&self) -> bool {

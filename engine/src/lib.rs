@@ -46,6 +46,7 @@ mod stats;
 pub mod sync;
 mod task;
 pub mod time;
+pub mod uring;
 mod wake;
 
 pub use crate::core::spawn_local;

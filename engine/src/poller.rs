@@ -1,7 +1,8 @@
 //! The `Poller` contract: how a completion source plugs into a core's loop.
 //!
-//! Each pass of a core's loop runs ready tasks (up to a budget), then calls [`Poller::poll`] on
-//! every poller: the built-in ones (io_uring or epoll completions, timers, the cross-core mesh)
+//! Each pass of a core's loop runs ready tasks (up to a budget), then calls
+//! [`Poller::prepare_submit`] on every registered poller, submits and reaps the reactor, and then
+//! calls [`Poller::poll`] on every poller: the built-in ones (io_uring or epoll completions, timers, the cross-core mesh)
 //! and the ones other crates register with [`register_poller`](crate::register_poller) — the
 //! drivers register one per verbs completion queue, the software RDMA provider one for its
 //! progress engine.
@@ -19,6 +20,13 @@ pub trait Poller {
     /// Makes progress: reap completions, wake the tasks waiting on them. Returns `true` if it
     /// did any work, which keeps the core from going idle.
     fn poll(&mut self) -> bool;
+
+    /// Called on every pass just before the reactor submits: a source that queues its own
+    /// io_uring operations (see [`crate::uring::RawQueue`]) queues them here, so they go out in
+    /// the same `io_uring_enter` as everything else the pass submits, and their completions are
+    /// there for the `poll` that follows in the same pass. Nothing runs between this call and
+    /// that submission, so memory it points the kernel at cannot change in between.
+    fn prepare_submit(&mut self) {}
 
     /// Reports whether `poll` would find work, without doing it or changing state. Called while
     /// spinning before sleep; should be cheap.

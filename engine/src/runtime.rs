@@ -525,7 +525,7 @@ pub fn reactor() -> ReactorKind {
 
 /// The current core's counters.
 pub fn stats() -> CoreStats {
-    with_core(|c| c.stats.snapshot(c.index()))
+    with_core(|c| c.stats.snapshot(c.index(), c.driver.submit_calls()))
 }
 
 /// Adds a completion source to the current core's loop. See [`Poller`](crate::Poller).

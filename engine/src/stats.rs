@@ -31,6 +31,10 @@ pub struct CoreStats {
     pub sleeps: u64,
     /// I/O operations handed to the kernel (io_uring SQEs; epoll has none).
     pub ops_submitted: u64,
+    /// `io_uring_enter` calls made to submit or reap (the ones made to sleep are counted by
+    /// `sleeps`); 0 on epoll. At most one per pass is the goal: every source's submissions of
+    /// a pass go out together.
+    pub submit_calls: u64,
     /// Completions reaped (io_uring CQEs, or epoll events).
     pub ops_completed: u64,
     /// Messages this core sent over the cross-core mesh.
@@ -40,8 +44,9 @@ pub struct CoreStats {
 }
 
 impl Stats {
-    pub(crate) fn snapshot(&self, core: usize) -> CoreStats {
+    pub(crate) fn snapshot(&self, core: usize, submit_calls: u64) -> CoreStats {
         CoreStats {
+            submit_calls,
             core,
             tasks_spawned: self.tasks_spawned.get(),
             tasks_polled: self.tasks_polled.get(),

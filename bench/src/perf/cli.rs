@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+pub use barewire_engine::Reactor;
 use clap::error::ErrorKind;
 use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
@@ -127,6 +128,11 @@ pub struct RunArgs {
     pub cpus: Option<Vec<usize>>,
     /// Driver name (`--driver soft|auto|verbs|...`), as `BAREWIRE_DRIVER` takes it.
     pub driver: String,
+    /// The engine's reactor (`--reactor io_uring|epoll|auto`), as `BAREWIRE_REACTOR` takes it.
+    pub reactor: Reactor,
+    /// Queue pairs (connections) a bandwidth test spreads its requests over (`--qps`), each
+    /// with `tx_depth` in flight.
+    pub qps: u16,
     /// JSON lines instead of perftest's table.
     pub json: bool,
     /// Run the server as a child process and the client here.
@@ -244,6 +250,11 @@ struct RunOpts {
     #[arg(short = 't', long = "tx-depth", value_name = "DEPTH", default_value_t = 128,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     tx_depth: u32,
+    /// Bandwidth tests: spread requests over N queue pairs (connections), each with -t in
+    /// flight.
+    #[arg(long = "qps", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    qps: u16,
     /// Run each bandwidth size for SECS seconds instead of -n.
     #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = seconds)]
     duration: Option<f64>,
@@ -269,6 +280,10 @@ struct RunOpts {
         default_value = "soft"
     )]
     driver: String,
+    /// The engine's reactor: io_uring, epoll (the fallback), or auto (io_uring where the
+    /// kernel has it).
+    #[arg(long, value_enum, value_name = "NAME", env = "BAREWIRE_REACTOR", default_value = "auto")]
+    reactor: ReactorName,
     /// Ask for MPA CRC32c (off by default, as Linux siw).
     #[arg(long)]
     crc: bool,
@@ -284,6 +299,26 @@ struct RunOpts {
     /// Print READY <port> once listening (what --loopback's server does).
     #[arg(long, hide = true)]
     announce: bool,
+}
+
+/// `--reactor` values.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ReactorName {
+    #[value(name = "auto")]
+    Auto,
+    #[value(name = "io_uring")]
+    IoUring,
+    #[value(name = "epoll")]
+    Epoll,
+}
+
+/// The `--reactor` (and `BAREWIRE_REACTOR`) spelling of a reactor.
+pub fn reactor_name(r: Reactor) -> &'static str {
+    match r {
+        Reactor::Auto => "auto",
+        Reactor::IoUring => "io_uring",
+        Reactor::Epoll => "epoll",
+    }
 }
 
 /// perftest's `-A` values (and short forms).
@@ -378,6 +413,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         duration: o.duration,
         cpus: o.cpu,
         driver: o.driver,
+        qps: o.qps,
+        reactor: match o.reactor {
+            ReactorName::Auto => Reactor::Auto,
+            ReactorName::IoUring => Reactor::IoUring,
+            ReactorName::Epoll => Reactor::Epoll,
+        },
         json: o.json,
         loopback: o.loopback,
         crc: o.crc,
@@ -391,6 +432,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     };
     if r.cpus.as_ref().is_some_and(|c| c.len() > 2) {
         return Err("--cpu: one or two CPU numbers, as A or A,B".into());
+    }
+    if r.qps > 1 && !matches!(r.test, Test::WriteBw | Test::ReadBw) {
+        return Err(format!(
+            "--qps is for write_bw and read_bw; {} runs on one queue pair",
+            r.test
+        ));
     }
     if r.duration.is_some() && !r.test.is_bw() {
         return Err(format!(

@@ -179,6 +179,8 @@ impl Runner<'_> {
             duration: test.is_bw().then_some(self.a.secs),
             cpus: Some(self.a.cpus.to_vec()),
             driver: "soft".into(),
+            reactor: super::cli::Reactor::Auto,
+            qps: 1,
             json: true,
             loopback: true,
             crc: false,

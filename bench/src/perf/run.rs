@@ -87,8 +87,10 @@ fn open_device(name: &str) -> Result<Device, String> {
     Device::open(&cfg).map_err(|e| format!("--driver {name}: {e}"))
 }
 
-fn runtime(cpu: Option<usize>) -> Result<Runtime, String> {
-    let b = Runtime::builder().idle_spin(Duration::from_millis(1));
+fn runtime(cpu: Option<usize>, reactor: super::cli::Reactor) -> Result<Runtime, String> {
+    let b = Runtime::builder()
+        .idle_spin(Duration::from_millis(1))
+        .reactor(reactor);
     let b = match cpu {
         Some(c) => b.core_ids(&[c]),
         None => b.cores(1).pin(false),
@@ -161,6 +163,8 @@ struct Plan {
     iters: u64,
     tx_depth: u32,
     duration_ms: u32,
+    /// Queue pairs (connections) the client opens (`--qps`).
+    qps: u16,
 }
 
 impl Plan {
@@ -172,6 +176,7 @@ impl Plan {
             iters: a.iters,
             tx_depth: a.tx_depth,
             duration_ms: a.duration.map_or(0, |d| (d * 1000.0) as u32),
+            qps: a.qps,
         }
     }
 
@@ -192,6 +197,7 @@ impl Plan {
         b.extend_from_slice(&self.iters.to_be_bytes());
         b.extend_from_slice(&self.tx_depth.to_be_bytes());
         b.extend_from_slice(&self.duration_ms.to_be_bytes());
+        b.extend_from_slice(&self.qps.to_be_bytes());
         b.extend_from_slice(&desc.to_bytes());
         b
     }
@@ -201,7 +207,7 @@ impl Plan {
         let rest = b.strip_prefix(MAGIC).ok_or_else(bad)?;
         let (&[test, atomic, n], rest) = rest.split_first_chunk::<3>().ok_or_else(bad)?;
         let n = n as usize;
-        if rest.len() != n * 4 + 16 + RegionDescriptor::LEN {
+        if rest.len() != n * 4 + 18 + RegionDescriptor::LEN {
             return Err(bad());
         }
         let u32_at = |o: usize| u32::from_be_bytes(rest[o..o + 4].try_into().unwrap());
@@ -225,8 +231,12 @@ impl Plan {
             iters: u64::from_be_bytes(rest[o..o + 8].try_into().unwrap()),
             tx_depth: u32_at(o + 8),
             duration_ms: u32_at(o + 12),
+            qps: u16::from_be_bytes([rest[o + 16], rest[o + 17]]),
         };
-        let desc = RegionDescriptor::from_bytes(&rest[o + 16..]).ok_or_else(bad)?;
+        if plan.qps == 0 {
+            return Err(bad());
+        }
+        let desc = RegionDescriptor::from_bytes(&rest[o + 18..]).ok_or_else(bad)?;
         Ok((plan, desc))
     }
 }
@@ -281,7 +291,7 @@ async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
 
 fn server(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
-    runtime(cpu)?.block_on(async {
+    runtime(cpu, args.reactor)?.block_on(async {
         let dev = open_device(&args.driver)?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
@@ -305,7 +315,26 @@ fn server(args: &RunArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("accept: {e}"))?;
         let (plan, remote) = Plan::decode(&data)?;
-        serve(&plan, &qp, &buf, &remote, &rcq).await
+        // `--qps N`: the client's other connections, on the same completion queues; the
+        // one-sided tests ask nothing more of the server than to keep them open until the
+        // client hangs up, which flushes the one receive each keeps posted.
+        let mut more = Vec::new();
+        for _ in 1..plan.qps {
+            let (qp, _) = l
+                .accept(&pd, &scq, &rcq)
+                .await
+                .map_err(|e| format!("accept: {e}"))?;
+            post_recv(&qp, 0, buf.sge(buf.recv_area(), 8))?;
+            more.push(qp);
+        }
+        serve(&plan, &qp, &buf, &remote, &rcq).await?;
+        let mut flushed = 0;
+        while flushed < more.len() {
+            if rcq.next().await.status != WcStatus::Success {
+                flushed += 1;
+            }
+        }
+        Ok(())
     })
 }
 
@@ -388,7 +417,7 @@ async fn serve(
 
 fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
     let cpu = args.cpus.as_ref().map(|c| c[0]);
-    runtime(cpu)?.block_on(async {
+    runtime(cpu, args.reactor)?.block_on(async {
         let dev = open_device(&args.driver)?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let max = *args.sizes.iter().max().unwrap();
@@ -401,6 +430,14 @@ fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
             .map_err(|e| format!("connect to {addr}: {e}"))?;
         let remote = RegionDescriptor::from_bytes(&data)
             .ok_or("the server's private data is not a region descriptor")?;
+        // `--qps N`: N - 1 more connections, sharing the first one's completion queues.
+        let mut qps = vec![qp.clone()];
+        for _ in 1..args.qps {
+            let (q, _) = connect(addr, &pd, &scq, &rcq, &opts)
+                .await
+                .map_err(|e| format!("connect to {addr}: {e}"))?;
+            qps.push(q);
+        }
         if args.test == Test::SendLat {
             post_recv(&qp, 0, buf.sge(buf.recv_area(), max))?;
         }
@@ -415,6 +452,7 @@ fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
         let c = Client {
             args,
             qp: &qp,
+            qps: &qps,
             scq: &scq,
             rcq: &rcq,
             buf: &buf,
@@ -456,7 +494,9 @@ fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
         if table {
             println!("{RULE}");
         }
-        qp.disconnect();
+        for q in &qps {
+            q.disconnect();
+        }
         Ok(out)
     })
 }
@@ -464,6 +504,8 @@ fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
 struct Client<'a> {
     args: &'a RunArgs,
     qp: &'a QueuePair,
+    /// Every connection (the first is `qp`); bandwidth tests spread their batches over them.
+    qps: &'a [QueuePair],
     scq: &'a CompletionQueue,
     rcq: &'a CompletionQueue,
     buf: &'a Buffer,
@@ -595,10 +637,12 @@ impl Client<'_> {
 
     async fn bandwidth(&self, size: usize) -> Result<BwRow, String> {
         let a = self.args;
-        let (buf, qp) = (self.buf, self.qp);
-        // perftest's CQ moderation: one signaled request per batch.
+        let buf = self.buf;
+        // perftest's CQ moderation: one signaled request per batch. With several queue pairs
+        // (`--qps`), each has `-t` requests in flight and batches go to each in turn.
         let batch = (a.tx_depth as u64).min(16);
-        let depth = (a.tx_depth as u64).max(batch);
+        let depth = (a.tx_depth as u64).max(batch) * self.qps.len() as u64;
+        let mut turn = 0usize;
         let target = a.iters.div_ceil(batch) * batch;
         let deadline = a.duration.map(Duration::from_secs_f64);
         let remote_recv = self.remote.addr + CTRL as u64;
@@ -624,6 +668,8 @@ impl Client<'_> {
                         break;
                     }
                 }
+                let qp = &self.qps[turn % self.qps.len()];
+                turn += 1;
                 for k in 0..batch {
                     let op = match a.test {
                         Test::WriteBw => SendOp::Write {
@@ -710,7 +756,8 @@ fn loopback(args: &RunArgs) -> Result<Outcome, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut cmd = Process::new(exe);
     cmd.arg(args.test.name())
-        .args(["--announce", "-p", "0", "--driver", &args.driver]);
+        .args(["--announce", "-p", "0", "--driver", &args.driver])
+        .args(["--reactor", super::cli::reactor_name(args.reactor)]);
     if args.crc {
         cmd.arg("--crc");
     }

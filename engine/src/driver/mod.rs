@@ -53,6 +53,13 @@ impl Driver {
         }
     }
 
+    pub(crate) fn submit_calls(&self) -> u64 {
+        match self {
+            Driver::Uring(u) => u.enters.get(),
+            Driver::Epoll(_) => 0,
+        }
+    }
+
     pub(crate) fn pure_poll(&self) -> bool {
         match self {
             Driver::Uring(u) => u.pure_poll(),

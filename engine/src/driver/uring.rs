@@ -27,6 +27,11 @@ use crate::stats::Stats;
 const WAKE_TOKEN: u64 = u64::MAX;
 /// user_data of internal operations whose completion is ignored (cancels, park timeouts).
 const IGNORE_TOKEN: u64 = u64::MAX - 1;
+/// user_data bit of raw operations (see `crate::uring`): bits 48..62 name the queue, bits
+/// 0..48 are the owner's token. Slab keys never come near it; bit 63 marks the two above.
+pub(crate) const RAW_BIT: u64 = 1 << 62;
+/// Bits of a raw operation's token.
+pub(crate) const RAW_TOKEN_BITS: u32 = 48;
 
 /// Which setup flags the kernel accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +53,10 @@ pub(crate) struct Uring {
     pub(crate) flags: UringFlags,
     ext_arg: bool,
     reaped: RefCell<Vec<(u64, i32, u32)>>,
+    /// Completions of raw operations, per raw queue, until their owner drains them.
+    raw: RefCell<Vec<Vec<crate::uring::Completion>>>,
+    /// Counts `io_uring_enter` calls made to submit (not to sleep).
+    pub(crate) enters: Cell<u64>,
     park_ts: Box<std::cell::UnsafeCell<types::Timespec>>,
 }
 
@@ -84,6 +93,8 @@ impl Uring {
                         flags,
                         ext_arg,
                         reaped: RefCell::new(Vec::with_capacity(64)),
+                        raw: RefCell::new(Vec::new()),
+                        enters: Cell::new(0),
                         park_ts: Box::new(std::cell::UnsafeCell::new(types::Timespec::new())),
                     };
                     return Ok(u);
@@ -106,6 +117,7 @@ impl Uring {
             if unsafe { ring.submission().push(&entry) }.is_ok() {
                 return;
             }
+            self.enters.set(self.enters.get() + 1);
             if let Err(e) = ring.submit() {
                 if e.raw_os_error() != Some(libc::EBUSY) {
                     panic!("io_uring submit failed with a full submission queue: {e}");
@@ -222,6 +234,7 @@ impl Uring {
                 stats
                     .ops_submitted
                     .set(stats.ops_submitted.get() + pending as u64);
+                self.enters.set(self.enters.get() + 1);
                 match ring.submit() {
                     Ok(_) => {}
                     Err(e)
@@ -257,6 +270,16 @@ impl Uring {
             match user_data {
                 WAKE_TOKEN => self.wake_armed.set(false),
                 IGNORE_TOKEN => {}
+                raw if raw & (RAW_BIT | 1 << 63) == RAW_BIT => {
+                    let queue = ((raw & !RAW_BIT) >> RAW_TOKEN_BITS) as usize;
+                    if let Some(q) = self.raw.borrow_mut().get_mut(queue) {
+                        q.push(crate::uring::Completion {
+                            token: raw & ((1 << RAW_TOKEN_BITS) - 1),
+                            result: res,
+                            flags,
+                        });
+                    }
+                }
                 key => {
                     let key = key as usize;
                     let (waker, done) = {
@@ -362,6 +385,25 @@ impl Uring {
         if self.in_flight() > 0 {
             let ops = std::mem::take(&mut *self.ops.borrow_mut());
             std::mem::forget(ops);
+        }
+    }
+
+    /// Queues an SQE whose completion is ignored (a cancel).
+    pub(crate) fn push_ignored(&self, entry: squeue::Entry) {
+        self.push(entry.user_data(IGNORE_TOKEN));
+    }
+
+    /// A new raw completion queue; its index.
+    pub(crate) fn new_raw_queue(&self) -> usize {
+        let mut raw = self.raw.borrow_mut();
+        raw.push(Vec::new());
+        raw.len() - 1
+    }
+
+    /// Moves the raw completions of `queue` into `out`.
+    pub(crate) fn drain_raw(&self, queue: usize, out: &mut Vec<crate::uring::Completion>) {
+        if let Some(q) = self.raw.borrow_mut().get_mut(queue) {
+            out.append(q);
         }
     }
 

@@ -128,6 +128,29 @@ impl BufRing {
     pub fn buf_size(&self) -> usize {
         self.inner.buf_size
     }
+
+    /// The buffer group id, for raw operations that pick from this ring
+    /// (`IOSQE_BUFFER_SELECT`; see [`crate::uring`]).
+    pub fn group_id(&self) -> u16 {
+        self.inner.bgid
+    }
+
+    /// The first `len` bytes of buffer `bid`, which a raw operation's completion filled.
+    ///
+    /// # Safety
+    /// `bid` came from such a completion ([`crate::uring::buffer_id`]) and has not been given
+    /// back yet; `len` is at most the completion's result.
+    pub unsafe fn filled(&self, bid: u16, len: usize) -> &[u8] {
+        let len = len.min(self.inner.buf_size);
+        // SAFETY: the caller vouches that the kernel wrote these bytes and the buffer is still
+        // checked out; bid is masked into the ring's memory.
+        unsafe { std::slice::from_raw_parts(self.inner.buf_ptr(bid & self.inner.mask), len) }
+    }
+
+    /// Gives buffer `bid` (from a raw completion) back to the ring.
+    pub fn give_back(&self, bid: u16) {
+        self.inner.recycle(bid & self.inner.mask);
+    }
 }
 
 impl Inner {

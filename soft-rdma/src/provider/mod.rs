@@ -17,6 +17,7 @@
 //! `RETRY_EXC_ERR` (Reads) and `WR_FLUSH_ERR` (the rest).
 
 mod progress;
+mod ring;
 
 use std::cell::RefCell;
 use std::io;
@@ -34,6 +35,7 @@ use crate::wire::{
     MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA,
 };
 pub use progress::DIRECT_POLL_MAX;
+pub use ring::DIRECT_SWITCH;
 use progress::{close, service, PROVIDER};
 
 /// Payloads at least this long are received straight into their target region.
@@ -659,10 +661,20 @@ struct QpInner {
     /// For an accepted queue pair, until it closes: its place in its listener's limits, and
     /// where a protection violation it ends on is reported.
     admission: Option<Admission>,
+    /// On an io_uring core: what it has outstanding on the ring (see `ring.rs`).
+    ring: Option<ring::RingOps>,
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
+        if self.ring.is_some() && !self.closed {
+            // On a ring core what the last pass produced (an acknowledgement, a Read Response)
+            // goes out at the next submission; hand it to the socket now, as the raw-syscall
+            // path would have within the pass.
+            progress::flush(self);
+            // An armed receive holds the socket open: cancel it so the socket really closes.
+            ring::cancel_armed(self);
+        }
         // Have the poller free the slot; the fd leaves the epoll set as it closes.
         let key = self.key;
         let _ = PROVIDER.try_with(|p| {
@@ -729,6 +741,7 @@ impl QueuePair {
             rx_more: false,
             tx_more: false,
             admission: None,
+            ring: None,
         }));
         let qp = QueuePair { inner };
         PROVIDER.with(|p| p.add(&qp));
@@ -754,7 +767,13 @@ impl QueuePair {
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         let mut i = self.inner.borrow_mut();
         i.stream.post_send(wr)?;
-        service(&mut i, false);
+        if i.ring.is_some() {
+            // Out with the core's next submission, which comes as soon as this task yields.
+            ring::queue(&mut i);
+            mark_active(&mut i);
+        } else {
+            service(&mut i, false);
+        }
         Ok(())
     }
 
@@ -765,7 +784,10 @@ impl QueuePair {
     pub fn post_send_batched(&self, wr: SendWr) -> Result<(), PostError> {
         let mut i = self.inner.borrow_mut();
         i.stream.post_send(wr)?;
-        if !i.listed && !i.closed {
+        if i.ring.is_some() {
+            ring::queue(&mut i);
+            mark_active(&mut i);
+        } else if !i.listed && !i.closed {
             i.listed = true;
             let key = i.key;
             PROVIDER.with(|p| p.active.borrow_mut().push(key));
@@ -783,8 +805,9 @@ impl QueuePair {
         let mut i = self.inner.borrow_mut();
         // Hand what is already posted (batched sends included) to the socket first: the kernel
         // delivers it before the FIN, so a message posted just before hanging up is not lost.
-        // Whatever the socket cannot take right now is flushed with the rest.
-        service(&mut i, false);
+        // Whatever the socket cannot take right now is flushed with the rest. (On a ring core
+        // no send is ever outstanding between passes, so a direct one keeps the order.)
+        progress::flush(&mut i);
         close(&mut i, WcStatus::WrFlushErr);
     }
 }

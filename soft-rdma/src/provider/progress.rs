@@ -29,6 +29,7 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
         }
         // SAFETY: shutting down our own socket.
         unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        super::ring::cancel_armed(i);
     }
     mark_active(i);
 }
@@ -49,9 +50,33 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
         return false;
     }
     let fd = i.fd.as_raw_fd();
+    let mut moved = flush(i);
+    if i.closed {
+        return true;
+    }
+    // After a Terminate went out (or came in) and nothing is left to send, hang up.
+    if i.stream.rx_dead() && !i.stream.wants_tx() {
+        close(i, WcStatus::WrFlushErr);
+        return true;
+    }
+    if readable {
+        moved |= receive(i, fd);
+    }
+    i.moved |= moved;
+    mark_active(i);
+    moved
+}
+
+/// Sends what the stream has queued with `sendmsg`, up to the budget: one queue pair moving a
+/// large message must not hold the core (its other queue pairs, its tasks, its membership
+/// probes) for the whole transfer. True if bytes went out; closes the queue pair on a socket
+/// error.
+pub(super) fn flush(i: &mut QpInner) -> bool {
+    if i.closed {
+        return false;
+    }
+    let fd = i.fd.as_raw_fd();
     let mut moved = false;
-    // Transmit, up to the budget: one queue pair moving a large message must not hold the
-    // core (its other queue pairs, its tasks, its membership probes) for the whole transfer.
     let mut sent = 0;
     i.tx_more = false;
     while i.stream.wants_tx() {
@@ -85,16 +110,6 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
             break;
         }
     }
-    // After a Terminate went out (or came in) and nothing is left to send, hang up.
-    if i.stream.rx_dead() && !i.stream.wants_tx() {
-        close(i, WcStatus::WrFlushErr);
-        return true;
-    }
-    if readable {
-        moved |= receive(i, fd);
-    }
-    i.moved |= moved;
-    mark_active(i);
     moved
 }
 
@@ -199,6 +214,9 @@ pub(super) struct Provider {
     /// It is armed only when the core is about to sleep: while the core spins, the poller's own
     /// `epoll_wait` sees every event and an armed poll would only cost a completion per message.
     pub(super) irq_armed: Cell<bool>,
+    /// On an io_uring core: the ring's raw queue and provided buffers (see `ring.rs`); `None`
+    /// on epoll cores, which use the epoll set above.
+    pub(super) ring: RefCell<Option<super::ring::Ring>>,
 }
 
 thread_local! {
@@ -214,6 +232,7 @@ thread_local! {
             registered: Cell::new(false),
             timer_armed: Cell::new(false),
             irq_armed: Cell::new(false),
+            ring: RefCell::new(None),
         }
     };
 }
@@ -252,12 +271,15 @@ impl Provider {
             self.registered.set(false);
             self.timer_armed.set(false);
             self.irq_armed.set(false);
+            self.ring.take();
         }
     }
 
     pub(super) fn add(&self, qp: &QueuePair) {
         self.bind_to_current_core();
-        let epfd = self.epfd();
+        if !self.registered.get() {
+            *self.ring.borrow_mut() = super::ring::Ring::for_core();
+        }
         let key = {
             let mut qps = self.qps.borrow_mut();
             let key = self.free.borrow_mut().pop().unwrap_or_else(|| {
@@ -268,6 +290,16 @@ impl Provider {
             key
         };
         qp.inner.borrow_mut().key = key;
+        if self.ring.borrow().is_some() {
+            if !self.registered.replace(true) {
+                barewire_engine::register_poller(Box::new(super::ring::RingPoller::new()));
+            }
+            let mut i = qp.inner.borrow_mut();
+            i.ring = Some(super::ring::RingOps::new());
+            super::ring::queue(&mut i);
+            return;
+        }
+        let epfd = self.epfd();
         let mut ev = libc::epoll_event {
             events: (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
             u64: key as u64,
@@ -289,6 +321,98 @@ impl Provider {
     pub(super) fn get(&self, key: usize) -> Option<Rc<RefCell<QpInner>>> {
         self.qps.borrow().get(key)?.as_ref()?.upgrade()
     }
+
+    /// Frees the slot of a queue pair that closed or was dropped.
+    pub(super) fn forget(&self, key: usize) {
+        if self.qps.borrow().get(key).is_some_and(Option::is_some) {
+            self.qps.borrow_mut()[key] = None;
+            self.free.borrow_mut().push(key);
+        }
+    }
+
+    /// True if a live queue pair on the active list satisfies `f`.
+    fn any_live(&self, f: impl Fn(&QpInner) -> bool) -> bool {
+        self.active
+            .borrow()
+            .iter()
+            .filter_map(|&k| self.get(k))
+            .any(|qp| {
+                let i = qp.borrow();
+                !i.closed && f(&i)
+            })
+    }
+
+    /// Before the core sleeps: a queue pair that is owed bytes needs its stall timeout to run,
+    /// so a short timer keeps the core coming back. False if a timer task was just spawned
+    /// (it must run before the core sleeps).
+    pub(super) fn stall_timer(&self) -> bool {
+        let waiting = self.any_live(|i| i.stream.awaiting_peer());
+        if waiting && !self.timer_armed.replace(true) {
+            barewire_engine::spawn_local(async {
+                barewire_engine::time::sleep(super::ring::STALL_TICK).await;
+                PROVIDER.with(|p| p.timer_armed.set(false));
+            });
+            return false;
+        }
+        true
+    }
+}
+
+/// One pass over the active list: queue pairs owed bytes (served by `serve`, which says
+/// whether bytes moved), the stall timeout, and the slots of queue pairs that were dropped or
+/// closed (closed ones are pushed onto `gone`, for the caller to forget). True if anything
+/// moved.
+pub(super) fn sweep_active(
+    p: &Provider,
+    last_timeout_check: &mut Instant,
+    gone: &mut Vec<usize>,
+    mut serve: impl FnMut(&mut QpInner) -> bool,
+) -> bool {
+    let mut moved = false;
+    let mut list = std::mem::take(&mut *p.active.borrow_mut());
+    list.append(&mut p.late.borrow_mut());
+    if list.is_empty() {
+        return false; // nothing owed: no clock read, no list work
+    }
+    let now = Instant::now();
+    let check_timeouts = now.duration_since(*last_timeout_check) >= Duration::from_millis(1);
+    if check_timeouts {
+        *last_timeout_check = now;
+    }
+    list.retain(|&key| {
+        let Some(qp) = p.get(key) else {
+            // Dropped: free the slot (its fd already left the epoll set on close).
+            p.forget(key);
+            return false;
+        };
+        let mut i = qp.borrow_mut();
+        if i.closed {
+            gone.push(key);
+            i.listed = false;
+            return false;
+        }
+        moved |= serve(&mut i);
+        if std::mem::take(&mut i.moved) {
+            i.last_progress = now;
+        }
+        if check_timeouts
+            && i.stream.awaiting_peer()
+            && now.duration_since(i.last_progress) > i.timeout
+        {
+            close(&mut i, WcStatus::RetryExcErr);
+            moved = true;
+        }
+        let keep = i.closed || i.rx_more || i.stream.awaiting_peer();
+        i.listed = keep;
+        keep
+    });
+    // Entries added during the pass (by serve or close) join the kept ones.
+    let mut active = p.active.borrow_mut();
+    list.append(&mut active);
+    list.sort_unstable();
+    list.dedup();
+    *active = list;
+    moved
 }
 
 /// A core with at most this many queue pairs busy-polls them with `recv` directly instead of
@@ -353,69 +477,26 @@ impl Poller for ProgressPoller {
             } else {
                 moved |= self.drain_epoll(p, epfd);
             }
-            // Queue pairs with bytes waiting for socket space, the stall timeout, and slots of
-            // queue pairs that were dropped or closed.
-            let mut list = std::mem::take(&mut *p.active.borrow_mut());
-            list.append(&mut p.late.borrow_mut());
-            if list.is_empty() {
-                return moved; // nothing owed: no clock read, no list work
-            }
-            let now = Instant::now();
-            let check_timeouts =
-                now.duration_since(self.last_timeout_check) >= Duration::from_millis(1);
-            if check_timeouts {
-                self.last_timeout_check = now;
-            }
-            list.retain(|&key| {
-                let Some(qp) = p.get(key) else {
-                    // Dropped: free the slot (its fd already left the epoll set on close).
-                    if p.qps.borrow().get(key).is_some_and(Option::is_some) {
-                        p.qps.borrow_mut()[key] = None;
-                        p.free.borrow_mut().push(key);
+            moved |= sweep_active(
+                p,
+                &mut self.last_timeout_check,
+                &mut self.gone,
+                |i: &mut QpInner| {
+                    if i.stream.wants_tx() || i.rx_more {
+                        let more = i.rx_more;
+                        service(i, more)
+                    } else {
+                        false
                     }
-                    return false;
-                };
-                let mut i = qp.borrow_mut();
-                if i.closed {
-                    self.gone.push(key);
-                    i.listed = false;
-                    return false;
-                }
-                if i.stream.wants_tx() || i.rx_more {
-                    let more = i.rx_more;
-                    moved |= service(&mut i, more);
-                }
-                if std::mem::take(&mut i.moved) {
-                    i.last_progress = now;
-                }
-                if check_timeouts
-                    && i.stream.awaiting_peer()
-                    && now.duration_since(i.last_progress) > i.timeout
-                {
-                    close(&mut i, WcStatus::RetryExcErr);
-                    moved = true;
-                }
-                let keep = i.closed || i.rx_more || i.stream.awaiting_peer();
-                i.listed = keep;
-                keep
-            });
-            // Entries added during the pass (by service or close) join the kept ones.
-            let mut active = p.active.borrow_mut();
-            list.append(&mut active);
-            list.sort_unstable();
-            list.dedup();
-            *active = list;
-            drop(active);
+                },
+            );
             for key in self.gone.drain(..) {
                 if let Some(qp) = p.get(key) {
                     let fd = qp.borrow().fd.as_raw_fd();
                     // SAFETY: removing our own socket from our epoll set.
                     unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
                 }
-                if p.qps.borrow().get(key).is_some_and(Option::is_some) {
-                    p.qps.borrow_mut()[key] = None;
-                    p.free.borrow_mut().push(key);
-                }
+                p.forget(key);
             }
             moved
         })
@@ -436,26 +517,11 @@ impl Poller for ProgressPoller {
                     return false;
                 }
             }
-            let any_live = |f: &dyn Fn(&QpInner) -> bool| {
-                p.active
-                    .borrow()
-                    .iter()
-                    .filter_map(|&k| p.get(k))
-                    .any(|qp| {
-                        let i = qp.borrow();
-                        !i.closed && f(&i)
-                    })
-            };
             // A queue pair that stopped at its budget has bytes to move now: no sleeping.
-            if any_live(&|i| i.rx_more || i.tx_more) {
+            if p.any_live(|i| i.rx_more || i.tx_more) {
                 return false;
             }
-            let waiting = any_live(&|i| i.stream.awaiting_peer());
-            if waiting && !p.timer_armed.replace(true) {
-                barewire_engine::spawn_local(async {
-                    barewire_engine::time::sleep(Duration::from_millis(5)).await;
-                    PROVIDER.with(|p| p.timer_armed.set(false));
-                });
+            if !p.stall_timer() {
                 return false; // run the new timer task before sleeping
             }
             if !p.irq_armed.replace(true) {

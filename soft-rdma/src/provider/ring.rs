@@ -1,0 +1,473 @@
+//! Progress on the core's io_uring: every queue pair's bytes move through operations on the
+//! core's one ring, next to all its other I/O, with no epoll set of our own.
+//!
+//! Per queue pair, at most one receive and one send are outstanding:
+//! - **Headers and small FPDUs** arrive through a multishot `RECV` that picks buffers from the
+//!   core's provided-buffer ring ([`BufRing`]); each completion is fed to the stream and its
+//!   buffer given straight back. The armed multishot is also what tells the core that bytes
+//!   came in: there is no readiness step.
+//! - **Large payloads** (at least [`DIRECT_SWITCH`] bytes still to come for one placement) are
+//!   received straight into the target region: the multishot is cancelled, and once its last
+//!   completion is in, a `RECV` with `MSG_DONTWAIT` names the region's extent. When the socket
+//!   has nothing, a one-shot `POLL_ADD` waits for it.
+//! - **Sends** are one gather `SENDMSG` with `MSG_DONTWAIT` over the stream's queued chunks;
+//!   when the socket is full, a `POLL_ADD` for `POLLOUT` waits for room.
+//!
+//! Every operation that names queue-pair memory (a send's chunks, a receive's region extent) is
+//! queued from [`Poller::prepare_submit`] with `MSG_DONTWAIT`, so it is carried out inside the
+//! pass's one `io_uring_enter` and is complete when that call returns: the kernel touches the
+//! memory only while nothing else runs, exactly as the raw-syscall path does, and the region
+//! checks made when the operation was built still hold. Nothing is ever in flight into a
+//! region the owner could deregister meanwhile. The multishot receive names only the ring's
+//! own buffers. Completions come back in bulk ([`RawQueue::drain`]) to the poller's `poll`,
+//! which runs right after that submission in the same pass.
+//!
+//! All queue pairs' operations of one pass therefore go out in one `io_uring_enter`, and a
+//! loaded core makes one such call per pass (`CoreStats::submit_calls`).
+
+use std::cell::RefCell;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use barewire_engine::buf::BufRing;
+use barewire_engine::uring::{buffer_id, opcode, types, Completion, RawQueue, CQE_F_MORE};
+use barewire_engine::Poller;
+
+use super::progress::{close, sweep_active, Provider, PROVIDER};
+use super::*;
+
+/// A payload at least this long still to come for one placement is received straight into its
+/// region; shorter ones are copied out of the provided buffers they arrived in. Switching costs
+/// a cancel of the multishot receive and a pass, which a copy of a few KiB does not.
+pub const DIRECT_SWITCH: usize = 16 * 1024;
+
+/// Provided buffers per core, and their size.
+const RING_ENTRIES: u16 = 256;
+const RING_BUF: usize = 16 * 1024;
+
+/// Bytes one queue pair may receive directly per pass (its sends are bounded by the socket).
+const BUDGET: usize = 1 << 20;
+
+/// The core's ring state, shared by every queue pair on it.
+pub(super) struct Ring {
+    pub(super) raw: RawQueue,
+    pub(super) bufs: BufRing,
+    /// Queue pairs whose operations must be (re)considered at the next `prepare_submit`.
+    pub(super) pending: RefCell<Vec<usize>>,
+}
+
+impl Ring {
+    /// The core's ring state, or `None` if the core does not run io_uring (or the ring could
+    /// not get its buffers: then the raw-syscall path serves, as under epoll).
+    pub(super) fn for_core() -> Option<Ring> {
+        if !matches!(
+            barewire_engine::reactor(),
+            barewire_engine::ReactorKind::IoUring(_)
+        ) {
+            return None;
+        }
+        let raw = RawQueue::new()?;
+        let bufs = match BufRing::new(RING_ENTRIES, RING_BUF) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!(
+                    "barewire-soft-rdma: no provided-buffer ring ({e}); using system calls"
+                );
+                return None;
+            }
+        };
+        Some(Ring {
+            raw,
+            bufs,
+            pending: RefCell::new(Vec::new()),
+        })
+    }
+}
+
+/// What a queue pair has outstanding on the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RxOp {
+    /// Nothing: the next `prepare_submit` arms what the stream needs.
+    Idle,
+    /// The multishot receive into provided buffers.
+    Multi,
+    /// The multishot receive was asked to stop, for a direct receive; its last completion is
+    /// still to come.
+    Cancelling,
+    /// A direct `MSG_DONTWAIT` receive into a region (done within this pass's submission).
+    Direct,
+    /// A one-shot poll for input, after a direct receive found nothing.
+    Polling,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TxOp {
+    Idle,
+    /// A `MSG_DONTWAIT` gather send (done within this pass's submission).
+    Sending,
+    /// A one-shot poll for room, after a send found the socket full.
+    Polling,
+}
+
+/// Per queue pair: its outstanding operations, and the gather list of its send (at a stable
+/// address: the kernel reads it during the submission).
+pub(super) struct RingOps {
+    pub(super) rx: RxOp,
+    pub(super) tx: TxOp,
+    /// On the ring's pending list.
+    queued: bool,
+    iov: Box<[libc::iovec; 64]>,
+    msg: Box<libc::msghdr>,
+}
+
+impl RingOps {
+    pub(super) fn new() -> RingOps {
+        RingOps {
+            rx: RxOp::Idle,
+            tx: TxOp::Idle,
+            queued: false,
+            iov: Box::new(
+                [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 64],
+            ),
+            // SAFETY: msghdr is plain old data; zero is "no name, no control".
+            msg: Box::new(unsafe { std::mem::zeroed() }),
+        }
+    }
+}
+
+/// What an operation was, in the low bits of its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    RecvMulti = 1,
+    RecvDirect = 2,
+    PollIn = 3,
+    Send = 4,
+    PollOut = 5,
+}
+
+impl Kind {
+    fn from(bits: u64) -> Option<Kind> {
+        Some(match bits {
+            1 => Kind::RecvMulti,
+            2 => Kind::RecvDirect,
+            3 => Kind::PollIn,
+            4 => Kind::Send,
+            5 => Kind::PollOut,
+            _ => return None,
+        })
+    }
+}
+
+/// A token: the queue pair's slot (24 bits), the low 20 bits of its number (so a completion
+/// for an earlier holder of the slot is recognised), and the kind.
+fn token(i: &QpInner, kind: Kind) -> u64 {
+    (i.key as u64 & 0xFF_FFFF) << 24 | (i.qp as u64 & 0xF_FFFF) << 4 | kind as u64
+}
+
+fn untoken(t: u64) -> (usize, u32, Option<Kind>) {
+    ((t >> 24) as usize, (t >> 4) as u32 & 0xF_FFFF, Kind::from(t & 0xF))
+}
+
+/// Has the next `prepare_submit` look at this queue pair.
+pub(super) fn queue(i: &mut QpInner) {
+    let Some(ops) = i.ring.as_mut() else { return };
+    if ops.queued || i.closed {
+        return;
+    }
+    ops.queued = true;
+    let key = i.key;
+    let _ = PROVIDER.try_with(|p| {
+        if let Some(r) = p.ring.borrow().as_ref() {
+            r.pending.borrow_mut().push(key);
+        }
+    });
+}
+
+/// Asks the kernel to drop whatever the queue pair still has armed (it is closing or gone).
+pub(super) fn cancel_armed(i: &QpInner) {
+    let Some(ops) = i.ring.as_ref() else { return };
+    let _ = PROVIDER.try_with(|p| {
+        let ring = p.ring.borrow();
+        let Some(r) = ring.as_ref() else { return };
+        match ops.rx {
+            RxOp::Multi | RxOp::Cancelling => r.raw.cancel(token(i, Kind::RecvMulti)),
+            RxOp::Polling => r.raw.cancel(token(i, Kind::PollIn)),
+            _ => {}
+        }
+        if ops.tx == TxOp::Polling {
+            r.raw.cancel(token(i, Kind::PollOut));
+        }
+    });
+}
+
+/// Queues the operations one queue pair needs now.
+fn arm(i: &mut QpInner, r: &Ring) {
+    let fd = types::Fd(i.fd.as_raw_fd());
+    let send = token(i, Kind::Send);
+    let direct = token(i, Kind::RecvDirect);
+    let multi = token(i, Kind::RecvMulti);
+    let QpInner {
+        stream, ring, closed, ..
+    } = i;
+    let ops = ring.as_mut().expect("a ring queue pair");
+    ops.queued = false;
+    if *closed {
+        return;
+    }
+    if ops.tx == TxOp::Idle && stream.wants_tx() {
+        let mut slices = [std::io::IoSlice::new(&[]); 64];
+        let count = stream.tx_iovecs(&mut slices);
+        if count > 0 {
+            for (v, s) in ops.iov.iter_mut().zip(&slices[..count]) {
+                v.iov_base = s.as_ptr() as *mut libc::c_void;
+                v.iov_len = s.len();
+            }
+            ops.msg.msg_iov = ops.iov.as_mut_ptr();
+            ops.msg.msg_iovlen = count;
+            let e = opcode::SendMsg::new(fd, &*ops.msg)
+                .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
+                .build();
+            // SAFETY: the gather list lives in `ops` (boxed) and names chunks the stream
+            // just checked; with MSG_DONTWAIT the kernel reads them inside this pass's
+            // submission, which follows `prepare_submit` with nothing in between.
+            unsafe { r.raw.push(e, send) };
+            ops.tx = TxOp::Sending;
+        }
+        // Zero slices: a Read Response's source is gone and the stream stopped; the poll
+        // after this submission closes the connection.
+    }
+    if ops.rx == RxOp::Idle {
+        match stream.rx_buffer() {
+            Some((dst, want)) if want >= DIRECT_SWITCH => {
+                let e = opcode::Recv::new(fd, dst, want.min(BUDGET) as u32)
+                    .flags(libc::MSG_DONTWAIT)
+                    .build();
+                // SAFETY: the stream handed out a checked extent of `want` bytes; with
+                // MSG_DONTWAIT the kernel writes it inside this pass's submission only.
+                unsafe { r.raw.push(e, direct) };
+                ops.rx = RxOp::Direct;
+            }
+            Some(_) => {
+                let e = opcode::RecvMulti::new(fd, r.bufs.group_id()).build();
+                // SAFETY: the multishot receive writes only into the ring's own buffers.
+                unsafe { r.raw.push(e, multi) };
+                ops.rx = RxOp::Multi;
+            }
+            None => {} // receiving has stopped
+        }
+    }
+}
+
+/// Handles one completion. True if bytes moved.
+fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
+    let (key, qpn, kind) = untoken(c.token);
+    let bid = buffer_id(c.flags);
+    let qp = p.get(key).filter(|qp| qp.borrow().qp & 0xF_FFFF == qpn);
+    let Some(qp) = qp else {
+        if let Some(bid) = bid {
+            r.bufs.give_back(bid);
+        }
+        return false;
+    };
+    let mut guard = qp.borrow_mut();
+    let i = &mut *guard;
+    let mut moved = false;
+    let res = c.result;
+    let fail = |i: &mut QpInner| {
+        if !i.closed {
+            close(i, WcStatus::RetryExcErr);
+        }
+    };
+    match kind {
+        Some(Kind::RecvMulti) => {
+            if res > 0 {
+                if let Some(bid) = bid {
+                    // SAFETY: the completion filled `res` bytes of buffer `bid`, given back
+                    // below and not before.
+                    let data = unsafe { r.bufs.filled(bid, res as usize) };
+                    // Bytes after a fatal error are dropped with the stream.
+                    i.stream.rx_feed(data);
+                    moved = true;
+                }
+            } else if res == 0 {
+                fail(i); // the peer closed
+            } else if res != -libc::ENOBUFS && res != -libc::ECANCELED {
+                fail(i);
+            }
+            if let Some(bid) = bid {
+                r.bufs.give_back(bid);
+            }
+            let ops = i.ring.as_mut().expect("a ring queue pair");
+            if c.flags & CQE_F_MORE == 0 {
+                // Its last completion (stopped, cancelled, or out of buffers): rearm.
+                ops.rx = RxOp::Idle;
+            } else if ops.rx == RxOp::Multi
+                && i.stream.rx_buffer().is_some_and(|(_, w)| w >= DIRECT_SWITCH)
+            {
+                r.raw.cancel(token(i, Kind::RecvMulti));
+                i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Cancelling;
+            }
+        }
+        Some(Kind::RecvDirect) => {
+            let ops = i.ring.as_mut().expect("a ring queue pair");
+            ops.rx = RxOp::Idle;
+            if res > 0 {
+                i.stream.rx_advance(res as usize);
+                moved = true;
+            } else if res == -libc::EAGAIN {
+                let e = opcode::PollAdd::new(
+                    types::Fd(i.fd.as_raw_fd()),
+                    (libc::POLLIN | libc::POLLRDHUP) as u32,
+                )
+                .build();
+                // SAFETY: a poll names no memory.
+                unsafe { r.raw.push(e, token(i, Kind::PollIn)) };
+                i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Polling;
+            } else {
+                fail(i);
+            }
+        }
+        Some(Kind::PollIn) => {
+            i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Idle;
+        }
+        Some(Kind::Send) => {
+            let ops = i.ring.as_mut().expect("a ring queue pair");
+            ops.tx = TxOp::Idle;
+            if res > 0 {
+                i.stream.tx_advance(res as usize);
+                moved = true;
+            } else if res == -libc::EAGAIN {
+                let e = opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), libc::POLLOUT as u32)
+                    .build();
+                // SAFETY: a poll names no memory.
+                unsafe { r.raw.push(e, token(i, Kind::PollOut)) };
+                i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
+            } else {
+                fail(i);
+            }
+        }
+        Some(Kind::PollOut) => {
+            i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Idle;
+        }
+        None => {}
+    }
+    i.moved |= moved;
+    after(i);
+    moved
+}
+
+/// After bytes moved either way: hang up once a Terminate went out (or came in) and nothing
+/// is left to send, and have the next submission arm what is now needed.
+fn after(i: &mut QpInner) {
+    if i.closed {
+        return;
+    }
+    let stopped = i.stream.rx_dead() && !i.stream.wants_tx();
+    // A stream with nothing queued but stopped receiving had its source deregistered, or
+    // traded Terminates: it closes as the raw-syscall path does.
+    if stopped {
+        close(i, WcStatus::WrFlushErr);
+        return;
+    }
+    queue(i);
+    mark_active(i);
+}
+
+/// The io_uring progress poller: queues operations before the pass's submission and handles
+/// their completions after it.
+pub(super) struct RingPoller {
+    completions: Vec<Completion>,
+    last_timeout_check: Instant,
+    gone: Vec<usize>,
+}
+
+impl RingPoller {
+    pub(super) fn new() -> RingPoller {
+        RingPoller {
+            completions: Vec::with_capacity(64),
+            last_timeout_check: Instant::now(),
+            gone: Vec::new(),
+        }
+    }
+}
+
+impl Poller for RingPoller {
+    fn prepare_submit(&mut self) {
+        PROVIDER.with(|p| {
+            let ring = p.ring.borrow();
+            let Some(r) = ring.as_ref() else { return };
+            let pending = std::mem::take(&mut *r.pending.borrow_mut());
+            for key in pending {
+                if let Some(qp) = p.get(key) {
+                    arm(&mut qp.borrow_mut(), r);
+                }
+            }
+        })
+    }
+
+    fn poll(&mut self) -> bool {
+        PROVIDER.with(|p| {
+            let mut moved = false;
+            {
+                let ring = p.ring.borrow();
+                let Some(r) = ring.as_ref() else {
+                    return false;
+                };
+                r.raw.drain(&mut self.completions);
+                for c in self.completions.drain(..) {
+                    moved |= complete(c, r, p);
+                }
+            }
+            moved |= sweep_active(
+                p,
+                &mut self.last_timeout_check,
+                &mut self.gone,
+                |i: &mut QpInner| {
+                    if i.stream.wants_tx() {
+                        queue(i);
+                    }
+                    false
+                },
+            );
+            for key in self.gone.drain(..) {
+                p.forget(key);
+            }
+            moved
+        })
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        PROVIDER.with(|p| {
+            p.ring
+                .borrow()
+                .as_ref()
+                .is_some_and(|r| !r.pending.borrow().is_empty())
+        })
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        // The armed receives and polls are the interrupt sources; what must not sleep is a
+        // queue pair with operations still to queue, and one owed bytes needs its stall timer.
+        PROVIDER.with(|p| {
+            if self.pure_poll_inner(p) {
+                return false;
+            }
+            p.stall_timer()
+        })
+    }
+}
+
+impl RingPoller {
+    fn pure_poll_inner(&self, p: &Provider) -> bool {
+        p.ring
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| !r.pending.borrow().is_empty())
+    }
+}
+
+/// How long the stall timer's task sleeps while a queue pair is owed bytes.
+pub(super) const STALL_TICK: Duration = Duration::from_millis(5);

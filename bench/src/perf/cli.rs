@@ -282,7 +282,13 @@ struct RunOpts {
     driver: String,
     /// The engine's reactor: io_uring, epoll (the fallback), or auto (io_uring where the
     /// kernel has it).
-    #[arg(long, value_enum, value_name = "NAME", env = "BAREWIRE_REACTOR", default_value = "auto")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "NAME",
+        env = "BAREWIRE_REACTOR",
+        default_value = "auto"
+    )]
     reactor: ReactorName,
     /// Ask for MPA CRC32c (off by default, as Linux siw).
     #[arg(long)]
@@ -508,6 +514,20 @@ mod tests {
         assert_eq!(r.sizes.len(), 23);
         assert!(r.loopback && r.json);
         assert_eq!(r.cpus, Some(vec![2, 3]));
+    }
+
+    #[test]
+    fn queue_pairs_and_reactor() {
+        let r = run("write_bw --qps 64 -s 4096 --reactor epoll --loopback");
+        assert_eq!((r.qps, r.reactor), (64, Reactor::Epoll));
+        assert_eq!(run("read_bw --reactor io_uring").reactor, Reactor::IoUring);
+        assert_eq!(run("write_bw").qps, 1);
+        let e = p("write_lat --qps 4").unwrap_err();
+        assert!(e.contains("--qps is for write_bw and read_bw"), "{e}");
+        let e = p("write_bw --qps 0").unwrap_err();
+        assert!(e.contains("--qps"), "{e}");
+        let e = p("write_bw --reactor kqueue").unwrap_err();
+        assert!(e.contains("io_uring") && e.contains("epoll"), "{e}");
     }
 
     #[test]

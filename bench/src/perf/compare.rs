@@ -150,6 +150,47 @@ fn client_server(
     Ok(text)
 }
 
+/// How a barewire figure is run beyond the defaults.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    reactor: super::cli::Reactor,
+    qps: u16,
+    /// Also run it with CRC on (the `crc_on` column).
+    crc_too: bool,
+}
+
+impl Variant {
+    const DEFAULT: Variant = Variant {
+        reactor: super::cli::Reactor::Auto,
+        qps: 1,
+        crc_too: true,
+    };
+
+    fn on(reactor: super::cli::Reactor, qps: u16) -> Variant {
+        Variant {
+            reactor,
+            qps,
+            crc_too: false,
+        }
+    }
+
+    /// What the tool's name says about it.
+    fn suffix(&self) -> String {
+        let mut s = String::new();
+        if self.qps > 1 {
+            s += &format!(" --qps {}", self.qps);
+        }
+        if self.reactor != super::cli::Reactor::Auto {
+            s += &format!(" --reactor {}", super::cli::reactor_name(self.reactor));
+        }
+        s
+    }
+
+    fn flags(&self) -> String {
+        self.suffix()
+    }
+}
+
 struct Runner<'a> {
     a: &'a CompareArgs,
     cmp: Comparison,
@@ -165,10 +206,23 @@ impl Runner<'_> {
         size: usize,
         atomic: AtomicOp,
         what: &str,
-        pick: fn(&run::Outcome) -> f64,
+        pick: Pick,
+    ) -> Option<Figure> {
+        self.ours_on(test, size, atomic, what, pick, Variant::DEFAULT)
+    }
+
+    /// As `ours`, on another reactor or over several queue pairs.
+    fn ours_on(
+        &mut self,
+        test: Test,
+        size: usize,
+        atomic: AtomicOp,
+        what: &str,
+        pick: Pick,
+        v: Variant,
     ) -> Option<Figure> {
         self.bar
-            .set_message(format!("barewire {test} {size} B ({what})"));
+            .set_message(format!("barewire {test} {size} B ({what}){}", v.suffix()));
         let mut args = RunArgs {
             test,
             server: None,
@@ -179,8 +233,8 @@ impl Runner<'_> {
             duration: test.is_bw().then_some(self.a.secs),
             cpus: Some(self.a.cpus.to_vec()),
             driver: "soft".into(),
-            reactor: super::cli::Reactor::Auto,
-            qps: 1,
+            reactor: v.reactor,
+            qps: v.qps,
             json: true,
             loopback: true,
             crc: false,
@@ -193,7 +247,8 @@ impl Runner<'_> {
             args.iters = 1;
         }
         let (mut vals, mut p99s, mut p999s, mut crc_vals) = (vec![], vec![], vec![], vec![]);
-        for crc in [false, true] {
+        let crcs: &[bool] = if v.crc_too { &[false, true] } else { &[false] };
+        for &crc in crcs {
             args.crc = crc;
             for _ in 0..self.a.reps {
                 match run::run(&args) {
@@ -216,7 +271,7 @@ impl Runner<'_> {
             }
         }
         (!vals.is_empty()).then(|| Figure {
-            tool: format!("barewire-perf {test}"),
+            tool: format!("barewire-perf {test}{}", v.suffix()),
             what: what.into(),
             value: median(&mut vals),
             unit: if test.is_bw() {
@@ -237,7 +292,7 @@ impl Runner<'_> {
                 " -A CMP_AND_SWAP"
             } else {
                 ""
-            },
+            } + &v.flags(),
             percentiles: Vec::new(),
             tail: (!p99s.is_empty()).then(|| (median(&mut p99s), median(&mut p999s))),
             crc_on: (!crc_vals.is_empty()).then(|| median(&mut crc_vals)),
@@ -300,6 +355,9 @@ impl Runner<'_> {
         }
     }
 }
+
+/// Which number of a run a figure is.
+type Pick = fn(&run::Outcome) -> f64;
 
 fn p50(o: &run::Outcome) -> f64 {
     o.lat[0].0.typical
@@ -428,6 +486,43 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
             r.ours(Test::ReadBw, 64 << 10, fa, "64 KiB average", bw),
         ),
     ];
+    // The io_uring data path against the raw-syscall fallback (`--reactor epoll`), in the
+    // same rep: 8 B WRITE and READ latency, 1 MiB WRITE bandwidth, and 64 queue pairs at once
+    // on 4 KiB WRITEs, where batching every queue pair into one submission should tell.
+    use super::cli::Reactor;
+    let find = |k: Ours| {
+        ours.iter()
+            .find(|(o, _)| *o == k)
+            .and_then(|(_, f)| f.clone())
+    };
+    let reactor_rows: [(Option<Figure>, Test, usize, &str, Pick); 3] = [
+        (find(Ours::WriteLat), Test::WriteLat, 8, "p50, RTT/2", p50),
+        (find(Ours::ReadLat), Test::ReadLat, 8, "p50, RTT", p50),
+        (
+            find(Ours::WriteBw1M),
+            Test::WriteBw,
+            1 << 20,
+            "1 MiB average",
+            bw,
+        ),
+    ];
+    for (uring, test, size, what, pick) in reactor_rows {
+        let epoll = r.ours_on(test, size, fa, what, pick, Variant::on(Reactor::Epoll, 1));
+        r.pair(&uring, epoll);
+    }
+    let many = |r: &mut Runner, reactor| {
+        r.ours_on(
+            Test::WriteBw,
+            4096,
+            fa,
+            "4 KiB average, 64 queue pairs",
+            bw,
+            Variant::on(reactor, 64),
+        )
+    };
+    let uring = many(&mut r, Reactor::Auto);
+    let epoll = many(&mut r, Reactor::Epoll);
+    r.pair(&uring, epoll);
     let params = Params {
         iters: a.iters,
         secs: a.secs.ceil() as u64,

@@ -820,6 +820,7 @@ mod tests {
             iters: 12345,
             tx_depth: 64,
             duration_ms: 2500,
+            qps: 64,
         };
         let desc = RegionDescriptor {
             rkey: barewire_drivers::Stag(0xdead_beef),
@@ -832,9 +833,14 @@ mod tests {
             "fits rdma_cm's private data on IB/RoCE: {}",
             b.len()
         );
-        assert_eq!(Plan::decode(&b).unwrap(), (plan, desc));
+        assert_eq!(Plan::decode(&b).unwrap(), (plan.clone(), desc));
         assert!(Plan::decode(&b[..b.len() - 1]).is_err());
         assert!(Plan::decode(b"BWPX").is_err());
+        let none = Plan { qps: 0, ..plan };
+        assert!(
+            Plan::decode(&none.encode(&desc)).is_err(),
+            "a plan for no queue pairs"
+        );
     }
 
     #[test]

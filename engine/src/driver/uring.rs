@@ -246,15 +246,18 @@ impl Uring {
                 }
             }
         }
-        let n = self.reap();
+        let (n, raw) = self.reap();
         stats
             .ops_completed
             .set(stats.ops_completed.get() + n as u64);
-        n > 0
+        // Raw completions count as work only if their owner's poll says so (a polled receive
+        // that found nothing must not keep the core from going idle).
+        n > raw
     }
 
-    /// Moves completions out of the CQ, then wakes waiters with no driver borrow held.
-    fn reap(&self) -> usize {
+    /// Moves completions out of the CQ, then wakes waiters with no driver borrow held. Returns
+    /// how many it reaped, and how many of them were raw.
+    fn reap(&self) -> (usize, usize) {
         let mut reaped = self.reaped.borrow_mut();
         {
             let mut ring = self.ring.borrow_mut();
@@ -265,12 +268,14 @@ impl Uring {
             }
         }
         let n = reaped.len();
+        let mut raw_count = 0;
         let mut finished: Vec<OpState> = Vec::new();
         for (user_data, res, flags) in reaped.drain(..) {
             match user_data {
                 WAKE_TOKEN => self.wake_armed.set(false),
                 IGNORE_TOKEN => {}
                 raw if raw & (RAW_BIT | 1 << 63) == RAW_BIT => {
+                    raw_count += 1;
                     let queue = ((raw & !RAW_BIT) >> RAW_TOKEN_BITS) as usize;
                     if let Some(q) = self.raw.borrow_mut().get_mut(queue) {
                         q.push(crate::uring::Completion {
@@ -301,7 +306,7 @@ impl Uring {
         }
         drop(reaped);
         drop(finished);
-        n
+        (n, raw_count)
     }
 
     fn arm_wake_read(&self) {

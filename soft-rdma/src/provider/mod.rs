@@ -35,8 +35,8 @@ use crate::wire::{
     MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA,
 };
 pub use progress::DIRECT_POLL_MAX;
-pub use ring::DIRECT_SWITCH;
 use progress::{close, service, PROVIDER};
+pub use ring::DIRECT_SWITCH;
 
 /// Payloads at least this long are received straight into their target region.
 pub const DIRECT_PLACEMENT: usize = 2048;

@@ -322,6 +322,11 @@ impl Provider {
         self.qps.borrow().get(key)?.as_ref()?.upgrade()
     }
 
+    /// Queue pairs alive on this core.
+    pub(super) fn live(&self) -> usize {
+        self.qps.borrow().len() - self.free.borrow().len()
+    }
+
     /// Frees the slot of a queue pair that closed or was dropped.
     pub(super) fn forget(&self, key: usize) {
         if self.qps.borrow().get(key).is_some_and(Option::is_some) {
@@ -465,8 +470,7 @@ impl Poller for ProgressPoller {
             let epfd = p.epfd();
             let mut moved = false;
             self.passes = self.passes.wrapping_add(1);
-            let live = p.qps.borrow().len() - p.free.borrow().len();
-            if live <= DIRECT_POLL_MAX && self.passes % EPOLL_EVERY != 0 {
+            if p.live() <= DIRECT_POLL_MAX && self.passes % EPOLL_EVERY != 0 {
                 self.skipped_epoll = true;
                 let count = p.qps.borrow().len();
                 for key in 0..count {

@@ -6,6 +6,12 @@
 //!   core's provided-buffer ring ([`BufRing`]); each completion is fed to the stream and its
 //!   buffer given straight back. The armed multishot is also what tells the core that bytes
 //!   came in: there is no readiness step.
+//! - **A core with few queue pairs** ([`DIRECT_POLL_MAX`] or fewer) that is spinning receives
+//!   instead with one `RECV` (`MSG_DONTWAIT`, from the same provided buffers) per queue pair
+//!   per pass, inside the pass's one submission: the bytes are copied in that call, rather
+//!   than by the kernel's deferred work for a multishot, which measured about 1 µs slower per
+//!   message. On the way to sleep each gets its multishot armed, which wakes the core; the
+//!   first bytes it brings switch it back.
 //! - **Large payloads** (at least [`DIRECT_SWITCH`] bytes still to come for one placement) are
 //!   received straight into the target region: the multishot is cancelled, and once its last
 //!   completion is in, a `RECV` with `MSG_DONTWAIT` names the region's extent. When the socket
@@ -30,10 +36,10 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use barewire_engine::buf::BufRing;
-use barewire_engine::uring::{buffer_id, opcode, types, Completion, RawQueue, CQE_F_MORE};
+use barewire_engine::uring::{buffer_id, opcode, squeue, types, Completion, RawQueue, CQE_F_MORE};
 use barewire_engine::Poller;
 
-use super::progress::{close, sweep_active, Provider, PROVIDER};
+use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER};
 use super::*;
 
 /// A payload at least this long still to come for one placement is received straight into its
@@ -45,6 +51,9 @@ pub const DIRECT_SWITCH: usize = 16 * 1024;
 const RING_ENTRIES: u16 = 256;
 const RING_BUF: usize = 16 * 1024;
 
+/// Polled receives one queue pair may queue in one pass (each up to one provided buffer).
+const MAX_BURST: u8 = 16;
+
 /// Bytes one queue pair may receive directly per pass (its sends are bounded by the socket).
 const BUDGET: usize = 1 << 20;
 
@@ -54,6 +63,9 @@ pub(super) struct Ring {
     pub(super) bufs: BufRing,
     /// Queue pairs whose operations must be (re)considered at the next `prepare_submit`.
     pub(super) pending: RefCell<Vec<usize>>,
+    /// Queue pairs whose polled receive found nothing: polled again next pass, or given their
+    /// multishot receive if the core goes to sleep first.
+    polling: RefCell<Vec<usize>>,
 }
 
 impl Ring {
@@ -70,9 +82,7 @@ impl Ring {
         let bufs = match BufRing::new(RING_ENTRIES, RING_BUF) {
             Ok(b) => b,
             Err(e) => {
-                eprintln!(
-                    "barewire-soft-rdma: no provided-buffer ring ({e}); using system calls"
-                );
+                eprintln!("barewire-soft-rdma: no provided-buffer ring ({e}); using system calls");
                 return None;
             }
         };
@@ -80,6 +90,7 @@ impl Ring {
             raw,
             bufs,
             pending: RefCell::new(Vec::new()),
+            polling: RefCell::new(Vec::new()),
         })
     }
 }
@@ -96,6 +107,8 @@ pub(super) enum RxOp {
     Cancelling,
     /// A direct `MSG_DONTWAIT` receive into a region (done within this pass's submission).
     Direct,
+    /// A polled `MSG_DONTWAIT` receive into a provided buffer (likewise).
+    Polled,
     /// A one-shot poll for input, after a direct receive found nothing.
     Polling,
 }
@@ -116,6 +129,10 @@ pub(super) struct RingOps {
     pub(super) tx: TxOp,
     /// On the ring's pending list.
     queued: bool,
+    /// Polled receives to queue per pass (grows while each fills its buffer).
+    burst: u8,
+    /// Polled receives of this pass still to complete, and whether any brought bytes.
+    polled: (u8, bool),
     iov: Box<[libc::iovec; 64]>,
     msg: Box<libc::msghdr>,
 }
@@ -126,6 +143,8 @@ impl RingOps {
             rx: RxOp::Idle,
             tx: TxOp::Idle,
             queued: false,
+            burst: 1,
+            polled: (0, false),
             iov: Box::new(
                 [libc::iovec {
                     iov_base: std::ptr::null_mut(),
@@ -146,6 +165,8 @@ enum Kind {
     PollIn = 3,
     Send = 4,
     PollOut = 5,
+    RecvPolled = 6,
+    RecvPolledDirect = 7,
 }
 
 impl Kind {
@@ -156,6 +177,8 @@ impl Kind {
             3 => Kind::PollIn,
             4 => Kind::Send,
             5 => Kind::PollOut,
+            6 => Kind::RecvPolled,
+            7 => Kind::RecvPolledDirect,
             _ => return None,
         })
     }
@@ -168,7 +191,11 @@ fn token(i: &QpInner, kind: Kind) -> u64 {
 }
 
 fn untoken(t: u64) -> (usize, u32, Option<Kind>) {
-    ((t >> 24) as usize, (t >> 4) as u32 & 0xF_FFFF, Kind::from(t & 0xF))
+    (
+        (t >> 24) as usize,
+        (t >> 4) as u32 & 0xF_FFFF,
+        Kind::from(t & 0xF),
+    )
 }
 
 /// Has the next `prepare_submit` look at this queue pair.
@@ -203,14 +230,32 @@ pub(super) fn cancel_armed(i: &QpInner) {
     });
 }
 
+/// True while the core has so few queue pairs that it polls their receives each pass.
+fn polling_mode(p: &Provider) -> bool {
+    p.live() <= DIRECT_POLL_MAX
+}
+
+/// Arms the multishot receive (`token`) of a queue pair with no receive outstanding.
+fn arm_multishot(fd: types::Fd, token: u64, ops: &mut RingOps, r: &Ring) {
+    let e = opcode::RecvMulti::new(fd, r.bufs.group_id()).build();
+    // SAFETY: the multishot receive writes only into the ring's own buffers.
+    unsafe { r.raw.push(e, token) };
+    ops.rx = RxOp::Multi;
+}
+
 /// Queues the operations one queue pair needs now.
-fn arm(i: &mut QpInner, r: &Ring) {
+fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     let fd = types::Fd(i.fd.as_raw_fd());
     let send = token(i, Kind::Send);
     let direct = token(i, Kind::RecvDirect);
     let multi = token(i, Kind::RecvMulti);
+    let polled = token(i, Kind::RecvPolled);
+    let polled_direct = token(i, Kind::RecvPolledDirect);
     let QpInner {
-        stream, ring, closed, ..
+        stream,
+        ring,
+        closed,
+        ..
     } = i;
     let ops = ring.as_mut().expect("a ring queue pair");
     ops.queued = false;
@@ -250,12 +295,35 @@ fn arm(i: &mut QpInner, r: &Ring) {
                 unsafe { r.raw.push(e, direct) };
                 ops.rx = RxOp::Direct;
             }
-            Some(_) => {
-                let e = opcode::RecvMulti::new(fd, r.bufs.group_id()).build();
-                // SAFETY: the multishot receive writes only into the ring's own buffers.
-                unsafe { r.raw.push(e, multi) };
-                ops.rx = RxOp::Multi;
+            Some((dst, want)) if poll => {
+                // A payload of DIRECT_PLACEMENT bytes or more goes straight into its region,
+                // and the receives after it (into provided buffers) take what follows: they
+                // all run in order within the submission, each taking what the socket has
+                // then. Several in a row when the last pass filled every buffer it asked for.
+                let mut n = 0;
+                if want >= DIRECT_PLACEMENT {
+                    let e = opcode::Recv::new(fd, dst, want.min(BUDGET) as u32)
+                        .flags(libc::MSG_DONTWAIT)
+                        .build();
+                    // SAFETY: a checked extent of `want` bytes, written by the kernel inside
+                    // this pass's submission only (MSG_DONTWAIT).
+                    unsafe { r.raw.push(e, polled_direct) };
+                    n += 1;
+                }
+                for _ in 0..ops.burst {
+                    let e = opcode::Recv::new(fd, std::ptr::null_mut(), RING_BUF as u32)
+                        .buf_group(r.bufs.group_id())
+                        .flags(libc::MSG_DONTWAIT)
+                        .build()
+                        .flags(squeue::Flags::BUFFER_SELECT);
+                    // SAFETY: the receive writes only into a buffer of the ring's own.
+                    unsafe { r.raw.push(e, polled) };
+                    n += 1;
+                }
+                ops.rx = RxOp::Polled;
+                ops.polled = (n, false);
             }
+            Some(_) => arm_multishot(fd, multi, ops, r),
             None => {} // receiving has stopped
         }
     }
@@ -305,8 +373,13 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 // Its last completion (stopped, cancelled, or out of buffers): rearm.
                 ops.rx = RxOp::Idle;
             } else if ops.rx == RxOp::Multi
-                && i.stream.rx_buffer().is_some_and(|(_, w)| w >= DIRECT_SWITCH)
+                && (polling_mode(p)
+                    || i.stream
+                        .rx_buffer()
+                        .is_some_and(|(_, w)| w >= DIRECT_SWITCH))
             {
+                // Back to polling (the core woke and has few queue pairs), or on to a direct
+                // receive: the multishot stops first.
                 r.raw.cancel(token(i, Kind::RecvMulti));
                 i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Cancelling;
             }
@@ -330,6 +403,47 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 fail(i);
             }
         }
+        Some(Kind::RecvPolled) | Some(Kind::RecvPolledDirect) => {
+            if kind == Some(Kind::RecvPolledDirect) && res > 0 {
+                i.stream.rx_advance(res as usize);
+                moved = true;
+            }
+            if let Some(bid) = bid {
+                if res > 0 {
+                    // SAFETY: as for the multishot: `res` bytes of `bid`, given back below.
+                    i.stream
+                        .rx_feed(unsafe { r.bufs.filled(bid, res as usize) });
+                    moved = true;
+                }
+                r.bufs.give_back(bid);
+            }
+            if res == 0 || (res < 0 && res != -libc::EAGAIN && res != -libc::ENOBUFS) {
+                fail(i); // the peer closed, or the socket failed
+            }
+            let ops = i.ring.as_mut().expect("a ring queue pair");
+            // A full buffer says more is waiting: ask for more at once next pass.
+            ops.burst = if kind == Some(Kind::RecvPolledDirect) {
+                ops.burst
+            } else if res as usize == RING_BUF {
+                (ops.burst * 2).min(MAX_BURST)
+            } else if res > 0 {
+                ops.burst
+            } else {
+                1
+            };
+            ops.polled.0 = ops.polled.0.saturating_sub(1);
+            ops.polled.1 |= moved;
+            if ops.polled.0 > 0 {
+                return moved; // the rest of this pass's receives follow
+            }
+            ops.rx = RxOp::Idle;
+            if !ops.polled.1 && !i.closed {
+                // Nothing this pass: poll again next pass, unless the core sleeps first.
+                // Nothing else to do for this queue pair now.
+                r.polling.borrow_mut().push(key);
+                return false;
+            }
+        }
         Some(Kind::PollIn) => {
             i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Idle;
         }
@@ -340,8 +454,8 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 i.stream.tx_advance(res as usize);
                 moved = true;
             } else if res == -libc::EAGAIN {
-                let e = opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), libc::POLLOUT as u32)
-                    .build();
+                let e =
+                    opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), libc::POLLOUT as u32).build();
                 // SAFETY: a poll names no memory.
                 unsafe { r.raw.push(e, token(i, Kind::PollOut)) };
                 i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
@@ -399,10 +513,12 @@ impl Poller for RingPoller {
         PROVIDER.with(|p| {
             let ring = p.ring.borrow();
             let Some(r) = ring.as_ref() else { return };
-            let pending = std::mem::take(&mut *r.pending.borrow_mut());
+            let poll = polling_mode(p);
+            let mut pending = std::mem::take(&mut *r.pending.borrow_mut());
+            pending.append(&mut r.polling.borrow_mut());
             for key in pending {
                 if let Some(qp) = p.get(key) {
-                    arm(&mut qp.borrow_mut(), r);
+                    arm(&mut qp.borrow_mut(), r, poll);
                 }
             }
         })
@@ -454,6 +570,23 @@ impl Poller for RingPoller {
         PROVIDER.with(|p| {
             if self.pure_poll_inner(p) {
                 return false;
+            }
+            // Polled queue pairs get the multishot receive that will wake the core; it goes
+            // out with the sleep's own submission.
+            if let Some(r) = p.ring.borrow().as_ref() {
+                let polled = std::mem::take(&mut *r.polling.borrow_mut());
+                for key in polled {
+                    if let Some(qp) = p.get(key) {
+                        let mut guard = qp.borrow_mut();
+                        let i = &mut *guard;
+                        let (fd, multi) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::RecvMulti));
+                        if let Some(ops) = i.ring.as_mut().filter(|o| o.rx == RxOp::Idle) {
+                            if !i.closed {
+                                arm_multishot(fd, multi, ops, r);
+                            }
+                        }
+                    }
+                }
             }
             p.stall_timer()
         })

@@ -251,32 +251,42 @@ struct OutstandingRead {
     placed: u64,
 }
 
+/// What the receiving side is doing. Each state carries what finishing the current segment
+/// takes, so nothing outside it can disagree with it.
 enum Rx {
-    /// The framer reads a header or a trailer into its own scratch buffer.
-    Framing,
-    /// Payload straight into memory, extent by extent.
-    Payload,
-    /// A control message's body into `body`.
-    Body { have: usize, need: usize },
+    /// The framer reads into its own scratch buffer: a segment's headers (`then` is `None`),
+    /// or the trailer of one whose payload is in (`then` is what its frame completes, once
+    /// its CRC checks out).
+    Framing { then: Option<Done> },
+    /// Payload straight into memory, extent by extent (`extents`), then the trailer.
+    Payload { then: Done },
+    /// A control message's body into `body`, then the trailer.
+    Body {
+        opcode: RdmapOpcode,
+        have: usize,
+        need: usize,
+    },
     /// After a fatal error: nothing more is accepted.
     Dead,
 }
 
-/// Where the current segment's payload goes.
-enum Place {
-    Tagged {
+/// What a segment completes once its whole frame is in and checked.
+enum Done {
+    /// An RDMA Write segment: nothing (a Write completes nothing at its target, unless
+    /// Immediate Data follows it).
+    Write,
+    /// A Read Response segment; the last one completes the oldest outstanding Read.
+    ReadResponse { last: bool },
+    /// A Send segment; the last one completes the receive at the head of the queue.
+    Send {
         last: bool,
-        read_response: bool,
-    },
-    Untagged {
-        last: bool,
+        /// Bytes of the message placed so far, this segment included.
         len: u32,
         solicited: bool,
         invalidated: Option<u32>,
     },
-    Control {
-        opcode: RdmapOpcode,
-    },
+    /// A control message (Read Request, Terminate, Immediate Data, atomics), carried out.
+    Control { opcode: RdmapOpcode },
 }
 
 /// The RDMAP stream of one connected queue pair.
@@ -354,7 +364,6 @@ pub struct Stream {
     extents: VecDeque<(*mut u8, usize)>,
     /// Scratch: the local extents of the send request being started.
     tx_extents: Vec<(*const u8, usize)>,
-    place: Option<Place>,
     reassembly: Reassembly,
     rq: VecDeque<RecvWr>,
     recv_placed: u32,
@@ -398,7 +407,7 @@ impl Stream {
             atomic_id: 0,
             terminate_sent: false,
             peer_terminated: false,
-            rx: Rx::Framing,
+            rx: Rx::Framing { then: None },
             // No receive limit below the 16-bit length field: MULPDU is a sender's choice
             // (RFC 5044 §5.1, from its own MSS), and the stream buffers no payload (data
             // lands in checked memory, control bodies are bounded by `body`).
@@ -406,7 +415,6 @@ impl Stream {
             body: [0; 64],
             extents: VecDeque::new(),
             tx_extents: Vec::new(),
-            place: None,
             reassembly: Reassembly::default(),
             rq: VecDeque::new(),
             recv_placed: 0,

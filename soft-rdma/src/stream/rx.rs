@@ -8,9 +8,9 @@ impl Stream {
     /// `None` once the stream is dead.
     pub fn rx_buffer(&mut self) -> Option<(*mut u8, usize)> {
         match self.rx {
-            Rx::Framing => self.framer.scratch().map(|s| (s.as_mut_ptr(), s.len())),
-            Rx::Payload => self.extents.front().copied(),
-            Rx::Body { have, need } => Some((self.body[have..].as_mut_ptr(), need - have)),
+            Rx::Framing { .. } => self.framer.scratch().map(|s| (s.as_mut_ptr(), s.len())),
+            Rx::Payload { .. } => self.extents.front().copied(),
+            Rx::Body { have, need, .. } => Some((self.body[have..].as_mut_ptr(), need - have)),
             Rx::Dead => None,
         }
     }
@@ -20,9 +20,9 @@ impl Stream {
         if n == 0 {
             return;
         }
-        let step = match self.rx {
-            Rx::Framing => self.framer.filled(n),
-            Rx::Payload => {
+        let step = match &mut self.rx {
+            Rx::Framing { .. } => self.framer.filled(n),
+            Rx::Payload { .. } => {
                 let Some((p, left)) = self.extents.pop_front() else {
                     return;
                 };
@@ -39,16 +39,26 @@ impl Stream {
                     self.framer.placed_len(n)
                 };
                 if self.extents.is_empty() {
-                    self.rx = Rx::Framing;
+                    self.rx = match std::mem::replace(&mut self.rx, Rx::Dead) {
+                        Rx::Payload { then } => Rx::Framing { then: Some(then) },
+                        other => other,
+                    };
                 }
                 step
             }
-            Rx::Body { have, need } => {
+            Rx::Body { opcode, have, need } => {
+                let (opcode, have, need) = (*opcode, *have, *need);
                 let end = (have + n).min(need);
                 self.rx = if end < need {
-                    Rx::Body { have: end, need }
+                    Rx::Body {
+                        opcode,
+                        have: end,
+                        need,
+                    }
                 } else {
-                    Rx::Framing
+                    Rx::Framing {
+                        then: Some(Done::Control { opcode }),
+                    }
                 };
                 self.framer.placed(&self.body[have..end])
             }
@@ -57,7 +67,13 @@ impl Stream {
         match step {
             Ok(Step::More) => {}
             Ok(Step::Header) => self.on_header(),
-            Ok(Step::Frame) => self.on_segment_done(),
+            Ok(Step::Frame) => {
+                if let Rx::Framing { then } = &mut self.rx {
+                    if let Some(done) = then.take() {
+                        self.on_segment_done(done);
+                    }
+                }
+            }
             Err(e) => self.fatal(e.term, false),
         }
     }
@@ -80,8 +96,9 @@ impl Stream {
         total
     }
 
-    /// A frame's headers are in (the framer checked its length): check them and decide
-    /// where its payload goes.
+    /// A frame's headers are in (the framer checked its length): check them, and hand the
+    /// segment to the handler of its message kind, which says where its payload goes and what
+    /// its frame completes.
     pub(super) fn on_header(&mut self) {
         let mut header = [0u8; UNTAGGED_HEADER_LEN];
         let hlen = self.framer.header().len();
@@ -99,66 +116,19 @@ impl Stream {
                 false,
             );
         }
-        let payload_len = self.framer.payload_len();
+        let len = self.framer.payload_len();
         if let Err(e) = self
             .reassembly
-            .accept_parts(seg.last, seg.header, payload_len as u64)
+            .accept_parts(seg.last, seg.header, len as u64)
         {
             return self.fatal(e.term, true);
         }
-        match seg.header {
-            DdpHeader::Tagged { stag, to } => {
-                let read_response = seg.opcode == RdmapOpcode::ReadResponse;
-                let need = if read_response {
-                    Access::LOCAL_WRITE
-                } else {
-                    Access::REMOTE_WRITE
-                };
-                if read_response {
-                    if let Err(code) = self.check_read_response(stag, to, payload_len, seg.last) {
-                        return self.fatal(code, true);
-                    }
-                }
-                // A zero-length Read Response (the acknowledgement of a zero-length Read) moves
-                // no byte and names no region.
-                // A Read Response lands in the sink this side named in its own Read Request
-                // (checked just above to be exactly that): local memory under its local key,
-                // whatever remote use the region allows.
-                let checked = if read_response && payload_len == 0 {
-                    Ok(std::ptr::null_mut())
-                } else if read_response {
-                    self.dev
-                        .check_local(Stag(stag), self.cfg.pd, to, payload_len as u64, true)
-                } else {
-                    self.dev.check(
-                        Stag(stag),
-                        self.cfg.pd,
-                        self.cfg.qp_num,
-                        to,
-                        payload_len as u64,
-                        need,
-                    )
-                };
-                match checked {
-                    Ok(p) => {
-                        self.extents.clear();
-                        if payload_len > 0 {
-                            self.extents.push_back((p, payload_len));
-                        }
-                        if !read_response {
-                            self.write_run += payload_len as u64;
-                            if seg.last {
-                                self.last_write_len = std::mem::take(&mut self.write_run);
-                            }
-                        }
-                        self.place = Some(Place::Tagged {
-                            last: seg.last,
-                            read_response,
-                        });
-                    }
-                    Err(v) => return self.fatal(v.tagged_term(), true),
-                }
+        self.extents.clear();
+        let next = match seg.header {
+            DdpHeader::Tagged { stag, to } if seg.opcode == RdmapOpcode::ReadResponse => {
+                self.on_read_response(stag, to, len, seg.last)
             }
+            DdpHeader::Tagged { stag, to } => self.on_write(stag, to, len, seg.last),
             DdpHeader::Untagged { ulp, qn: q, mo, .. }
                 if q == qn::SEND
                     && !matches!(
@@ -166,100 +136,169 @@ impl Stream {
                         RdmapOpcode::ImmediateData | RdmapOpcode::ImmediateDataSe
                     ) =>
             {
-                let Some(wr) = self.rq.front() else {
-                    return self
-                        .fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer), true);
-                };
-                // Map [mo, mo+len) onto the receive's SGEs.
-                let mut extents = VecDeque::new();
-                let (mut skip, mut left) = (mo as u64, payload_len as u64);
-                for s in &wr.sges {
-                    if left == 0 {
-                        break;
-                    }
-                    if skip >= s.len as u64 {
-                        skip -= s.len as u64;
-                        continue;
-                    }
-                    let take = (s.len as u64 - skip).min(left);
-                    extents.push_back(((s.addr + skip) as usize as *mut u8, take as usize));
-                    left -= take;
-                    skip = 0;
-                }
-                if left > 0 {
-                    return self.fatal(TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong), true);
-                }
-                let invalidates = matches!(
-                    seg.opcode,
-                    RdmapOpcode::SendInvalidate | RdmapOpcode::SendSeInvalidate
-                ) && seg.last;
-                if invalidates && self.dev.invalidate(Stag(ulp), self.cfg.pd).is_err() {
-                    return self.fatal(
-                        TermCode::rdmap(
-                            RdmapErrorType::RemoteOperation,
-                            RdmapErrorCode::CannotInvalidate,
-                        ),
-                        true,
-                    );
-                }
-                self.extents = extents;
-                self.place = Some(Place::Untagged {
-                    last: seg.last,
-                    len: (mo as u64 + payload_len as u64) as u32,
-                    solicited: matches!(
-                        seg.opcode,
-                        RdmapOpcode::SendSe | RdmapOpcode::SendSeInvalidate
-                    ),
-                    invalidated: invalidates.then_some(ulp),
-                });
+                self.on_send(seg.opcode, ulp, mo, len, seg.last)
             }
-            DdpHeader::Untagged { .. } => {
-                if payload_len > self.body.len() {
-                    return self.fatal(
-                        TermCode::rdmap(RdmapErrorType::RemoteOperation, RdmapErrorCode::Opcode),
-                        true,
-                    );
-                }
-                self.place = Some(Place::Control { opcode: seg.opcode });
-                self.rx = if payload_len == 0 {
-                    Rx::Framing
-                } else {
-                    Rx::Body {
-                        have: 0,
-                        need: payload_len,
-                    }
-                };
-                return;
-            }
-        }
-        self.rx = if self.extents.is_empty() {
-            Rx::Framing
-        } else {
-            Rx::Payload
+            DdpHeader::Untagged { .. } => self.on_control_header(seg.opcode, len),
+        };
+        self.rx = match next {
+            Err(code) => return self.fatal(code, true),
+            Ok(body @ Rx::Body { .. }) => body,
+            Ok(Rx::Payload { then }) if self.extents.is_empty() => Rx::Framing { then: Some(then) },
+            Ok(rx) => rx,
         };
     }
 
-    pub(super) fn on_segment_done(&mut self) {
-        match self.place.take() {
-            Some(Place::Tagged {
-                last: true,
-                read_response: true,
-            }) => {
-                let r = self.orq.pop_front().expect("checked at the header");
+    /// An RDMA Write segment: its payload goes where the peer says, in a region this
+    /// connection may write.
+    fn on_write(&mut self, stag: u32, to: u64, len: usize, last: bool) -> Result<Rx, TermCode> {
+        let p = self
+            .dev
+            .check(
+                Stag(stag),
+                self.cfg.pd,
+                self.cfg.qp_num,
+                to,
+                len as u64,
+                Access::REMOTE_WRITE,
+            )
+            .map_err(|v| v.tagged_term())?;
+        if len > 0 {
+            self.extents.push_back((p, len));
+        }
+        self.write_run += len as u64;
+        if last {
+            self.last_write_len = std::mem::take(&mut self.write_run);
+        }
+        Ok(Rx::Payload { then: Done::Write })
+    }
+
+    /// A Read Response segment: it must continue the sink this side named in its own Read
+    /// Request (see `check_read_response`), and lands there as local memory under its local
+    /// key, whatever remote use the region allows. A zero-length one (the acknowledgement of
+    /// a zero-length Read) moves no byte and names no region.
+    fn on_read_response(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        last: bool,
+    ) -> Result<Rx, TermCode> {
+        self.check_read_response(stag, to, len, last)?;
+        if len > 0 {
+            let p = self
+                .dev
+                .check_local(Stag(stag), self.cfg.pd, to, len as u64, true)
+                .map_err(|v| v.tagged_term())?;
+            self.extents.push_back((p, len));
+        }
+        Ok(Rx::Payload {
+            then: Done::ReadResponse { last },
+        })
+    }
+
+    /// A Send segment (with or without Invalidate and Solicited Event): its payload goes into
+    /// the receive at the head of the queue, at the message offset the peer gives.
+    fn on_send(
+        &mut self,
+        opcode: RdmapOpcode,
+        ulp: u32,
+        mo: u32,
+        len: usize,
+        last: bool,
+    ) -> Result<Rx, TermCode> {
+        let Some(wr) = self.rq.front() else {
+            return Err(TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer));
+        };
+        // Map [mo, mo+len) onto the receive's SGEs.
+        let (mut skip, mut left) = (mo as u64, len as u64);
+        for s in &wr.sges {
+            if left == 0 {
+                break;
+            }
+            if skip >= s.len as u64 {
+                skip -= s.len as u64;
+                continue;
+            }
+            let take = (s.len as u64 - skip).min(left);
+            self.extents
+                .push_back(((s.addr + skip) as usize as *mut u8, take as usize));
+            left -= take;
+            skip = 0;
+        }
+        if left > 0 {
+            return Err(TermCode::ddp_untagged(DdpUntaggedErrorCode::TooLong));
+        }
+        let invalidates = matches!(
+            opcode,
+            RdmapOpcode::SendInvalidate | RdmapOpcode::SendSeInvalidate
+        ) && last;
+        if invalidates && self.dev.invalidate(Stag(ulp), self.cfg.pd).is_err() {
+            return Err(TermCode::rdmap(
+                RdmapErrorType::RemoteOperation,
+                RdmapErrorCode::CannotInvalidate,
+            ));
+        }
+        Ok(Rx::Payload {
+            then: Done::Send {
+                last,
+                len: (mo as u64 + len as u64) as u32,
+                solicited: matches!(opcode, RdmapOpcode::SendSe | RdmapOpcode::SendSeInvalidate),
+                invalidated: invalidates.then_some(ulp),
+            },
+        })
+    }
+
+    /// A control message's header: its body (bounded, whatever the peer claims) is read
+    /// whole before `on_control` carries it out.
+    fn on_control_header(&mut self, opcode: RdmapOpcode, len: usize) -> Result<Rx, TermCode> {
+        if len > self.body.len() {
+            return Err(TermCode::rdmap(
+                RdmapErrorType::RemoteOperation,
+                RdmapErrorCode::Opcode,
+            ));
+        }
+        Ok(if len == 0 {
+            Rx::Framing {
+                then: Some(Done::Control { opcode }),
+            }
+        } else {
+            Rx::Body {
+                opcode,
+                have: 0,
+                need: len,
+            }
+        })
+    }
+
+    /// A segment's frame is in and checked: complete what it finished.
+    fn on_segment_done(&mut self, done: Done) {
+        match done {
+            Done::Write | Done::ReadResponse { last: false } => {}
+            Done::ReadResponse { last: true } => {
+                // The header was checked against this very entry, and only this handler
+                // removes it while receiving lives.
+                let Some(r) = self.orq.pop_front() else {
+                    return self.fatal(TermCode::RDMAP_OPCODE, false);
+                };
                 let wc = self.wc(r.wr_id, WcStatus::Success, r.opcode, r.len);
                 self.sq_complete(r.seq, r.signaled.then_some(wc));
                 self.unblock();
             }
-            Some(Place::Tagged { .. }) => {}
-            Some(Place::Untagged {
+            Done::Send {
                 last,
                 len,
                 solicited,
                 invalidated,
-            }) => {
+            } => {
                 self.recv_placed = len;
                 if last {
-                    let wr = self.rq.pop_front().expect("checked at the header");
+                    // Checked at the header; receives are only ever appended meanwhile.
+                    let Some(wr) = self.rq.pop_front() else {
+                        return self.fatal(
+                            TermCode::ddp_untagged(DdpUntaggedErrorCode::NoBuffer),
+                            false,
+                        );
+                    };
                     self.rcq.push(WorkCompletion {
                         wr_id: wr.wr_id,
                         status: WcStatus::Success,
@@ -273,12 +312,11 @@ impl Stream {
                     self.recv_placed = 0;
                 }
             }
-            Some(Place::Control { opcode }) => {
+            Done::Control { opcode } => {
                 let body_len = self.framer.payload_len();
                 let body = self.body;
                 self.on_control(opcode, &body[..body_len]);
             }
-            None => {}
         }
     }
 
@@ -482,8 +520,11 @@ impl Stream {
                         false,
                     );
                 }
-                let r = self.orq.pop_front().expect("checked");
-                let (_, sink, opcode) = r.atomic.expect("checked");
+                let Some((r, (_, sink, opcode))) =
+                    self.orq.pop_front().and_then(|r| r.atomic.map(|a| (r, a)))
+                else {
+                    return; // `matches` above saw exactly this entry
+                };
                 // SAFETY: the sink is the 8-byte local SGE checked (LOCAL_WRITE) at post time;
                 // it need not be aligned.
                 unsafe { std::ptr::write_unaligned(sink as *mut u64, resp.original) };

@@ -1,15 +1,23 @@
 //! The software provider on the engine: connection setup with the MPA handshake, and the
 //! progress engine that moves every queue pair's bytes.
 //!
-//! Progress runs inside the core's reactor as a registered [`Poller`](barewire_engine::Poller): all of a core's queue
-//! pair sockets sit in one epoll set (edge-triggered), and each pass of the core's loop asks it
-//! which are ready and services them — receive straight into the target memory, transmit with
-//! one `sendmsg` over the gather list. No application task runs for the target side of a WRITE,
-//! READ or Terminate, as on a NIC. While the core sleeps, a POLL_ADD on the epoll fd wakes it.
+//! Progress runs inside the core's reactor as a registered [`Poller`](barewire_engine::Poller),
+//! so no application task runs for the target side of a WRITE, READ or Terminate, as on a NIC.
+//! It has two forms, chosen by the core's reactor:
 //!
-//! Small pieces (headers, short payloads) are read through a 64 KiB staging buffer, one per
-//! core, so one `recv` can bring several FPDUs; a payload of at least [`DIRECT_PLACEMENT`]
-//! bytes is received straight into its region with no staging copy.
+//! - **io_uring** (the default; `ring.rs`): every queue pair's receives and sends are operations
+//!   on the core's one ring, queued just before each pass's submission so that all of them go
+//!   out in the pass's one `io_uring_enter`. Headers and small FPDUs arrive through a multishot
+//!   receive into a provided-buffer ring (or, on a core with at most [`DIRECT_POLL_MAX`] queue
+//!   pairs, a receive polled inside each pass); payloads of at least [`DIRECT_SWITCH`] bytes
+//!   ([`DIRECT_PLACEMENT`] when polled) are received straight into their region.
+//! - **epoll** (the fallback, `BAREWIRE_REACTOR=epoll`; `progress.rs`): the queue pair sockets
+//!   sit in one epoll set per core (edge-triggered) and are served with `sendmsg` and `recv`;
+//!   small pieces are read through a 64 KiB staging buffer per core, payloads of at least
+//!   [`DIRECT_PLACEMENT`] bytes straight into their region. While the core sleeps, a POLL_ADD on
+//!   the epoll fd wakes it.
+//!
+//! Both run the same sans-I/O [`Stream`], and pass the same tests.
 //!
 //! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
 //! error, or a queue pair that is owed bytes (unsent data, or Read Responses) makes no progress

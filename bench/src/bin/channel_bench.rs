@@ -9,9 +9,11 @@
 //!   flushing (the same codec, `send` per message, which flushes each: what much code writes,
 //!   but no batching at all); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
 //!
-//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]
+//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]   (--help says more)
 
 use std::io::Write;
+
+use clap::Parser;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +21,37 @@ use barewire::{ChannelOptions, Node};
 use barewire_bench::perf::compare::{installed, median};
 use barewire_bench::perf::peers::parse_ucx;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "channel-bench",
+    about = "Channel<[u8; 64]> against a raw WRITE, tokio TCP and UCX active messages"
+)]
+struct Cli {
+    /// Reps; each runs every contender once, back to back.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Messages per throughput run.
+    #[arg(short = 'n', default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    n: u64,
+    /// The CPUs of the client and the server processes.
+    #[arg(long, value_name = "A,B", value_parser = cpus, default_value = "0,1")]
+    cpu: [usize; 2],
+    /// Only barewire's own figures (the channel and the raw WRITE), for quick comparisons.
+    #[arg(long)]
+    channel_only: bool,
+    #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
+    serve_barewire: Option<Vec<usize>>,
+    #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
+    serve_tokio: Option<Vec<usize>>,
+    #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
+    serve_tokio_framed: Option<Vec<usize>>,
+}
+
+fn cpus(v: &str) -> Result<[usize; 2], String> {
+    barewire_bench::cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))
+}
 
 /// Ping-pong round trips per rep (`CHANNEL_BENCH_PINGS` overrides, e.g. to profile them).
 fn pings() -> usize {
@@ -277,27 +310,18 @@ fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--serve-barewire") => {
-            return serve_barewire(args[1].parse().unwrap(), args[2].parse().unwrap())
-        }
-        Some("--serve-tokio") => {
-            return serve_tokio(args[1].parse().unwrap(), args[2].parse().unwrap())
-        }
-        Some("--serve-tokio-framed") => {
-            return serve_tokio_framed(args[1].parse().unwrap(), args[2].parse().unwrap())
-        }
-        _ => {}
+    let cli = Cli::parse();
+    // The server halves this program starts itself, pinned to the second CPU.
+    if let Some([cpu, n]) = cli.serve_barewire.as_deref() {
+        return serve_barewire(*cpu, *n);
     }
-    let get = |k: &str| barewire_bench::flag(&args, k);
-    // Only barewire's own figures (the channel and the raw WRITE), for quick comparisons.
-    let channel_only = args.iter().any(|a| a == "--channel-only");
-    let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(3);
-    let n: usize = get("-n").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-    let cpus = get("--cpu")
-        .and_then(barewire_bench::cpu_pair)
-        .unwrap_or([0, 1]);
+    if let Some([cpu, n]) = cli.serve_tokio.as_deref() {
+        return serve_tokio(*cpu, *n);
+    }
+    if let Some([cpu, n]) = cli.serve_tokio_framed.as_deref() {
+        return serve_tokio_framed(*cpu, *n);
+    }
+    let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut framed_rate, mut fed_rate) = (vec![], vec![]);

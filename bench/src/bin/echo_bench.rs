@@ -2,60 +2,125 @@
 //!
 //!     echo-bench compare [--mode tput|pingpong] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
 //!     echo-bench run <barewire|barewire-nospin|tokio|monoio> [same flags]
+//!     echo-bench --help
 //!
 //! `compare` runs every runtime `--reps` times, interleaved (A B C A B C ...) so drift on a
 //! noisy machine hits them alike, each run in its own process, and prints the medians with
 //! ratios against barewire.
 
 use std::process::Command;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
 
 const RUNTIMES: [&str; 4] = ["barewire", "barewire-nospin", "tokio", "monoio"];
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "echo-bench",
+    about = "Pinned two-core TCP echo: barewire beside tokio and monoio"
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Sub,
 }
 
-fn config(args: &[String]) -> Config {
-    let mode = match arg(args, "--mode", "tput".to_string()).as_str() {
-        "pingpong" => Mode::PingPong,
-        _ => Mode::Throughput,
-    };
-    let n = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    Config {
-        mode,
-        conns: arg(args, "--conns", 64),
-        size: arg(
-            args,
-            "--size",
-            if mode == Mode::PingPong { 64 } else { 1024 },
-        ),
-        secs: arg(args, "--secs", 5),
-        server_cpu: arg(args, "--server-cpu", 1.min(n - 1)),
-        client_cpu: arg(args, "--client-cpu", 0),
-        spin: Duration::from_micros(100),
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Every runtime --reps times, interleaved, each run in its own process; medians and ratios.
+    Compare {
+        #[command(flatten)]
+        opts: Opts,
+        /// Runs of each runtime.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        reps: u64,
+    },
+    /// One runtime, once (what `compare` starts).
+    Run {
+        /// The runtime.
+        #[arg(value_enum)]
+        runtime: Runtime,
+        #[command(flatten)]
+        opts: Opts,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Runtime {
+    Barewire,
+    BarewireNospin,
+    Tokio,
+    Monoio,
+}
+
+/// The options both subcommands take (compare hands them to each run).
+#[derive(Debug, Clone, Args)]
+struct Opts {
+    /// Throughput over many connections, or ping-pong latency.
+    #[arg(long, value_enum, default_value = "tput")]
+    mode: ModeName,
+    /// Connections.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    conns: u64,
+    /// Message size in bytes [default: 1024, or 64 for pingpong].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1 << 20)))]
+    size: Option<u64>,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    secs: u64,
+    /// The server's CPU [default: 1, or 0 on a one-CPU machine].
+    #[arg(long)]
+    server_cpu: Option<usize>,
+    /// The client's CPU.
+    #[arg(long, default_value_t = 0)]
+    client_cpu: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeName {
+    Tput,
+    Pingpong,
+}
+
+impl Opts {
+    fn config(&self) -> Config {
+        let mode = match self.mode {
+            ModeName::Pingpong => Mode::PingPong,
+            ModeName::Tput => Mode::Throughput,
+        };
+        let n = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Config {
+            mode,
+            conns: self.conns as usize,
+            size: self
+                .size
+                .map_or(if mode == Mode::PingPong { 64 } else { 1024 }, |s| {
+                    s as usize
+                }),
+            secs: self.secs,
+            server_cpu: self.server_cpu.unwrap_or(1.min(n - 1)),
+            client_cpu: self.client_cpu,
+            spin: Duration::from_micros(100),
+        }
     }
 }
 
-fn run(which: &str, mut cfg: Config) {
+fn run(which: Runtime, mut cfg: Config) {
     let report = match which {
-        "barewire" => echo::barewire(cfg),
-        "barewire-nospin" => {
+        Runtime::Barewire => echo::barewire(cfg),
+        Runtime::BarewireNospin => {
             cfg.spin = Duration::ZERO;
             echo::barewire(cfg)
         }
-        "tokio" => echo::tokio(cfg),
-        "monoio" => echo::monoio(cfg),
-        other => panic!("unknown runtime {other}; one of {RUNTIMES:?}"),
+        Runtime::Tokio => echo::tokio(cfg),
+        Runtime::Monoio => echo::monoio(cfg),
     };
+    let which = RUNTIMES[which as usize];
     let (p50, p99) = report.hist.as_ref().map_or((0, 0), |h| {
         (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
     });
@@ -71,9 +136,8 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn compare(args: &[String]) {
-    let cfg = config(args);
-    let reps: usize = arg(args, "--reps", 3);
+fn compare(opts: &Opts, reps: usize, args: &[String]) {
+    let cfg = opts.config();
     let exe = std::env::current_exe().unwrap();
     let mut results: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
         RUNTIMES.iter().map(|_| (vec![], vec![], vec![])).collect();
@@ -133,17 +197,17 @@ fn compare(args: &[String]) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("run") => {
-            let which = args.get(1).cloned().unwrap_or_default();
-            run(&which, config(&args[2..]));
-        }
-        Some("compare") => compare(&args[1..]),
-        _ => {
-            eprintln!("usage: echo-bench compare [--mode tput|pingpong] [--conns N] [--size B] [--secs S] [--reps R]");
-            eprintln!("       echo-bench run <{}> [flags]", RUNTIMES.join("|"));
-            std::process::exit(2);
+    let cli = Cli::parse();
+    match cli.sub {
+        Sub::Run { runtime, opts } => run(runtime, opts.config()),
+        Sub::Compare { opts, reps } => {
+            // Each run gets the same options, as given (less `--reps`, which is compare's).
+            let mut args: Vec<String> = std::env::args().skip(2).collect();
+            if let Some(i) = args.iter().position(|a| a == "--reps") {
+                args.drain(i..(i + 2).min(args.len()));
+            }
+            args.retain(|a| !a.starts_with("--reps="));
+            compare(&opts, reps as usize, &args)
         }
     }
 }

@@ -1,0 +1,64 @@
+//! The bench binaries' command lines (clap): generated help, and errors that say what is wrong
+//! and what is allowed. (barewire-perf's own are in `perf_cli.rs`.)
+
+use std::process::Command;
+
+fn run(bin: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn channel_bench_help_and_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_channel-bench");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(ok, "{help}");
+    for flag in ["--reps", "-n", "--cpu", "--channel-only"] {
+        assert!(help.contains(flag), "{flag} in {help}");
+    }
+    assert!(
+        !help.contains("--serve"),
+        "the server modes stay hidden: {help}"
+    );
+    let (ok, e) = run(bin, &["--reps", "0"]);
+    assert!(!ok && e.contains("--reps") && e.contains("1.."), "{e}");
+    let (ok, e) = run(bin, &["--cpu", "1"]);
+    assert!(!ok && e.contains("two CPU numbers"), "{e}");
+    let (ok, e) = run(bin, &["--frobnicate"]);
+    assert!(!ok && e.contains("--frobnicate"), "{e}");
+}
+
+#[test]
+fn echo_bench_subcommands_and_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_echo-bench");
+    let (ok, help) = run(bin, &["compare", "--help"]);
+    assert!(ok, "{help}");
+    for flag in ["--mode", "--conns", "--size", "--secs", "--reps"] {
+        assert!(help.contains(flag), "{flag} in {help}");
+    }
+    let (ok, e) = run(bin, &["run", "node"]);
+    assert!(!ok && e.contains("tokio") && e.contains("monoio"), "{e}");
+    let (ok, e) = run(bin, &["compare", "--mode", "fast"]);
+    assert!(!ok && e.contains("pingpong"), "{e}");
+    let (ok, e) = run(bin, &["run", "tokio", "--conns", "0"]);
+    assert!(!ok && e.contains("--conns"), "{e}");
+    // A real run: one machine-readable line.
+    let (ok, out) = run(bin, &["run", "barewire", "--secs", "1", "--conns", "4"]);
+    assert!(ok, "{out}");
+    let line = out.lines().find(|l| l.starts_with("RESULT barewire rate="));
+    let rate: f64 = line
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(2)?
+                .strip_prefix("rate=")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no RESULT line in {out}"));
+    assert!(rate > 0.0, "{out}");
+}

@@ -26,6 +26,16 @@ fn median_and_percentiles(out: &str) -> Parsed {
     Some((med, p))
 }
 
+/// The whole round trip (sockperf reports half of it): the floor for a request and its
+/// answer, which is what a READ or an atomic is.
+fn round_trip(out: &str) -> Parsed {
+    let (med, p) = median_and_percentiles(out)?;
+    Some((
+        2.0 * med,
+        p.into_iter().map(|(q, v)| (q, 2.0 * v)).collect(),
+    ))
+}
+
 impl Peer for Sockperf {
     fn tool(&self) -> &'static str {
         "sockperf"
@@ -35,9 +45,10 @@ impl Peer for Sockperf {
     }
     fn runs(&self, p: &Params) -> Vec<PeerRun> {
         let secs = p.secs.to_string();
-        [false, true]
+        // Blocking, busy-polling, and the busy-polling run's whole round trip.
+        [(false, false), (true, false), (true, true)]
             .into_iter()
-            .map(|nonblocked| {
+            .map(|(nonblocked, whole)| {
                 let common = ["--tcp", "-i", "127.0.0.1", "-p", "11119"];
                 let mut server = argv(&["sockperf", "server"]);
                 server.extend(argv(&common));
@@ -48,18 +59,37 @@ impl Peer for Sockperf {
                     server.push("--nonblocked".into());
                     client.push("--nonblocked".into());
                 }
+                let (label, what, parse, pairs): (String, _, fn(&str) -> Parsed, &[Ours]) =
+                    match (nonblocked, whole) {
+                        (false, _) => (
+                            "ping-pong --tcp".into(),
+                            "14 B p50, RTT/2",
+                            median_and_percentiles,
+                            &[Ours::WriteLat],
+                        ),
+                        (true, false) => (
+                            "ping-pong --tcp --nonblocked (busy-poll: the kernel TCP floor)".into(),
+                            "14 B p50, RTT/2",
+                            median_and_percentiles,
+                            &[Ours::WriteLat],
+                        ),
+                        (true, true) => (
+                            "ping-pong --tcp --nonblocked, whole round trip (the TCP floor \
+                             under a request and its answer)"
+                                .into(),
+                            "14 B p50 × 2, RTT",
+                            round_trip,
+                            &[Ours::ReadLat, Ours::FetchAddLat, Ours::CasLat],
+                        ),
+                    };
                 PeerRun {
-                    label: if nonblocked {
-                        "ping-pong --tcp --nonblocked (busy-poll: the kernel TCP floor)".into()
-                    } else {
-                        "ping-pong --tcp".into()
-                    },
-                    what: "14 B p50, RTT/2",
+                    label,
+                    what,
                     unit: Unit::Micros,
                     server,
                     client,
-                    parse: median_and_percentiles,
-                    pairs: &[Ours::WriteLat],
+                    parse,
+                    pairs,
                 }
             })
             .collect()
@@ -80,5 +110,8 @@ mod tests {
         assert_eq!(p.len(), 8, "{p:?}");
         assert_eq!(median_and_percentiles(out).map(|m| m.0), Some(10.495));
         assert_eq!(median_and_percentiles("sockperf: no figures\n"), None);
+        let (rtt, p) = round_trip(out).unwrap();
+        assert_eq!(rtt, 2.0 * 10.495);
+        assert!(p.contains(&(50.0, 2.0 * 10.495)), "{p:?}");
     }
 }

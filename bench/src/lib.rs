@@ -87,6 +87,11 @@ pub fn flag<'a>(args: &'a [String], key: &str) -> Option<&'a str> {
     args.get(i + 1).map(String::as_str)
 }
 
+/// clap's value parser for `--cpu A,B`: two CPU numbers, or an error that says so.
+pub fn cpu_pair_arg(v: &str) -> Result<[usize; 2], String> {
+    cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))
+}
+
 /// `A,B` as two CPU numbers.
 pub fn cpu_pair(v: &str) -> Option<[usize; 2]> {
     let mut p = v.split(',').map(|x| x.parse::<usize>().ok());

@@ -62,3 +62,44 @@ fn echo_bench_subcommands_and_bad_input() {
         .unwrap_or_else(|| panic!("no RESULT line in {out}"));
     assert!(rate > 0.0, "{out}");
 }
+
+#[test]
+fn driver_overhead_runs_and_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_driver-overhead");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(
+        ok && help.contains("--reps") && !help.contains("--serve"),
+        "{help}"
+    );
+    let (ok, e) = run(bin, &["-n", "lots"]);
+    assert!(!ok && e.contains("-n"), "{e}");
+    let (ok, out) = run(bin, &["--reps", "1", "-n", "300"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("direct: 8 B WRITE p50"), "{out}");
+    assert!(out.contains("drivers: 8 B WRITE p50"), "{out}");
+}
+
+#[test]
+fn softrdma_qpmem_runs_and_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_softrdma-qpmem");
+    let (ok, e) = run(bin, &["0"]);
+    assert!(!ok && e.contains("[N]"), "{e}");
+    let (ok, out) = run(bin, &["20"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("RESULT qps=20 "), "{out}");
+}
+
+#[test]
+fn dsm_bench_runs_and_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_dsm-bench");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(
+        ok && help.contains("--no-redis") && !help.contains("--serve"),
+        "{help}"
+    );
+    let (ok, e) = run(bin, &["--cpus", "0;1"]);
+    assert!(!ok && e.contains("two CPU numbers"), "{e}");
+    let (ok, out) = run(bin, &["--reps", "1", "--iters", "200", "--no-redis"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("fetch_add"), "{out}");
+}

@@ -36,7 +36,7 @@ struct Cli {
     #[arg(short = 'n', default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     n: u64,
     /// The CPUs of the client and the server processes.
-    #[arg(long, value_name = "A,B", value_parser = cpus, default_value = "0,1")]
+    #[arg(long, value_name = "A,B", value_parser = barewire_bench::cpu_pair_arg, default_value = "0,1")]
     cpu: [usize; 2],
     /// Only barewire's own figures (the channel and the raw WRITE), for quick comparisons.
     #[arg(long)]
@@ -47,10 +47,6 @@ struct Cli {
     serve_tokio: Option<Vec<usize>>,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_tokio_framed: Option<Vec<usize>>,
-}
-
-fn cpus(v: &str) -> Result<[usize; 2], String> {
-    barewire_bench::cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))
 }
 
 /// Ping-pong round trips per rep (`CHANNEL_BENCH_PINGS` overrides, e.g. to profile them).

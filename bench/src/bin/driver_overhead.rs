@@ -3,11 +3,13 @@
 //! `barewire_soft_rdma` and once over `barewire_drivers` (soft backend), in alternating runs of
 //! two pinned processes.
 //!
-//!     driver-overhead [--reps N] [-n ITERS] [--cpu A,B]
+//!     driver-overhead [--reps N] [-n ITERS] [--cpu A,B]   (--help says more)
 //!
 //! Prints each run's p50 and the medians, and the ratio drivers ÷ direct.
 
 use std::io::Write;
+
+use clap::Parser;
 use std::time::{Duration, Instant};
 
 use barewire_bench::perf::compare::median;
@@ -178,23 +180,38 @@ fn one_run(mode: &str, cpus: [usize; 2], iters: u64) -> f64 {
     p50
 }
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "driver-overhead",
+    about = "8 B WRITE latency over barewire-drivers against the soft provider called directly"
+)]
+struct Cli {
+    /// Runs of each (alternating which goes first).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Ping-pong iterations per run.
+    #[arg(short = 'n', default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// The CPUs of the client and the server processes.
+    #[arg(long, value_name = "A,B", value_parser = barewire_bench::cpu_pair_arg, default_value = "0,1")]
+    cpu: [usize; 2],
+    /// The server side this program starts itself: MODE CPU ITERS.
+    #[arg(long, num_args = 3, value_names = ["MODE", "CPU", "ITERS"], hide = true)]
+    serve: Option<Vec<String>>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--serve") {
-        side(
-            &args[1],
-            args[2].parse().unwrap(),
-            None,
-            args[3].parse().unwrap(),
-        );
+    let cli = Cli::parse();
+    if let Some([mode, cpu, iters]) = cli.serve.as_deref() {
+        let num = |v: &str| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("--serve: {v:?} is not a number"))
+        };
+        side(mode, num(cpu) as usize, None, num(iters));
         return;
     }
-    let get = |k: &str| barewire_bench::flag(&args, k);
-    let reps: usize = get("--reps").and_then(|v| v.parse().ok()).unwrap_or(5);
-    let iters: u64 = get("-n").and_then(|v| v.parse().ok()).unwrap_or(100_000);
-    let cpus = get("--cpu")
-        .and_then(barewire_bench::cpu_pair)
-        .unwrap_or([0, 1]);
+    let (reps, iters, cpus) = (cli.reps as usize, cli.iters, cli.cpu);
     let (mut direct, mut drivers) = (Vec::new(), Vec::new());
     for r in 0..reps {
         // Alternate which goes first, so drift over the session hits both alike.

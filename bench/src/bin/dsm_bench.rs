@@ -15,6 +15,8 @@
 //! INCR with one client (p50), GET with 50 clients (requests/s).
 
 use std::process::{Command, Stdio};
+
+use clap::Parser;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -25,22 +27,45 @@ use barewire_bench::reps::{self, histogram, latency, on_path, spinning_runtime, 
 
 type Wide = [u64; 8];
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dsm-bench",
+    about = "Distributed shared memory against raw RDMA READ and against redis"
+)]
+struct Cli {
+    /// Reps, interleaved (each runs every barewire measurement, then redis's).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Operations per latency figure.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// The CPUs of rank 0 (and redis-benchmark) and rank 1 (and redis-server).
+    #[arg(long, value_name = "A,B", value_parser = barewire_bench::cpu_pair_arg, default_value = "0,1")]
+    cpus: [usize; 2],
+    /// Leave redis out.
+    #[arg(long)]
+    no_redis: bool,
+    /// Rank 1, which this program starts itself: CPU and the leader's address.
+    #[arg(long, num_args = 2, value_names = ["CPU", "LEAD"], hide = true)]
+    serve: Option<Vec<String>>,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--serve") {
-        let cpu: usize = args[1].parse().unwrap();
-        let lead: std::net::SocketAddr = args[2].parse().unwrap();
+    let cli = Cli::parse();
+    if let Some([cpu, lead]) = cli.serve.as_deref() {
+        let cpu: usize = cpu.parse().expect("--serve CPU");
+        let lead: std::net::SocketAddr = lead.parse().expect("--serve LEAD");
         barewire_bench::unpin(); // started from a thread pinned to the other CPU
         spinning_runtime(cpu).block_on(serve(lead));
         return;
     }
-    let reps: usize = barewire_bench::flag(&args, "--reps").map_or(5, |v| v.parse().unwrap());
-    let iters: u64 = barewire_bench::flag(&args, "--iters").map_or(20_000, |v| v.parse().unwrap());
-    let cpus = barewire_bench::flag(&args, "--cpus")
-        .map_or(Some([0, 1]), barewire_bench::cpu_pair)
-        .expect("--cpus A,B");
-    let redis = !args.iter().any(|a| a == "--no-redis");
-    let rows = spinning_runtime(cpus[0]).block_on(lead(reps, iters, cpus, redis));
+    let rows = spinning_runtime(cli.cpus[0]).block_on(lead(
+        cli.reps as usize,
+        cli.iters,
+        cli.cpus,
+        !cli.no_redis,
+    ));
     report(&rows);
 }
 

@@ -3,9 +3,11 @@
 //! registered on the client, so the figure excludes registered user memory; the server
 //! registers one 1 MiB region before it is measured.
 //!
-//!     softrdma-qpmem [N]
+//!     softrdma-qpmem [N]   (--help says more)
 
 use std::io::{BufRead, BufReader, Write};
+
+use clap::Parser;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -44,10 +46,25 @@ fn rt() -> Runtime {
         .unwrap()
 }
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "softrdma-qpmem",
+    about = "Resident memory per connected soft-provider queue pair, on both sides"
+)]
+struct Cli {
+    /// Queue pairs to connect.
+    #[arg(default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    n: u64,
+    /// The listening side this program starts itself.
+    #[arg(long, hide = true)]
+    server: bool,
+}
+
 fn main() {
     raise_nofile();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--server") {
+    let cli = Cli::parse();
+    if cli.server {
         rt().block_on(async {
             let pd = Device::new().alloc_pd();
             let mut mem = vec![0u8; 1 << 20];
@@ -71,7 +88,7 @@ fn main() {
         });
         return;
     }
-    let n: usize = args.first().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let n = cli.n as usize;
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg("--server")
         .stdout(Stdio::piped())

@@ -103,3 +103,36 @@ fn dsm_bench_runs_and_refuses_bad_input() {
     assert!(ok, "{out}");
     assert!(out.contains("fetch_add"), "{out}");
 }
+
+#[test]
+fn actor_bench_runs_and_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_actor-bench");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(ok, "{help}");
+    for word in ["nodedown", "soak", "--no-erlang", "--msgs"] {
+        assert!(help.contains(word), "{word} in {help}");
+    }
+    let (ok, e) = run(bin, &["nodedown", "--rounds", "0"]);
+    assert!(!ok && e.contains("--rounds"), "{e}");
+    let (ok, e) = run(bin, &["soak", "--reps", "3"]);
+    assert!(!ok && e.contains("--reps"), "{e}");
+    let (ok, out) = run(
+        bin,
+        &[
+            "--reps",
+            "1",
+            "--iters",
+            "200",
+            "--msgs",
+            "2000",
+            "--no-erlang",
+            "--no-ractor",
+        ],
+    );
+    assert!(ok, "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("| remote ask p50 / Channel round trip p50 |"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains('x') && !row.contains("n/a"), "{row}");
+}

@@ -31,6 +31,8 @@ use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
+
 use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
 use barewire::engine::time;
 use barewire::{ChannelOptions, Mesh, Node};
@@ -57,38 +59,79 @@ impl Actor for Count {
 
 const CHANNEL: ChannelOptions = ChannelOptions::new(1024, 8);
 
+/// The command line: the comparison (no subcommand), or `nodedown`, or `soak`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "actor-bench",
+    about = "Distributed actors against a raw Channel, Erlang/OTP and ractor; node-down times",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    /// Reps, interleaved.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Round trips per latency figure.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Messages per throughput figure.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..))]
+    msgs: u64,
+    /// The CPUs of rank 0 and rank 1 (and of each peer's two nodes).
+    #[arg(long, value_name = "A,B", value_parser = barewire_bench::cpu_pair_arg, default_value = "0,1")]
+    cpus: [usize; 2],
+    /// Leave Erlang/OTP out.
+    #[arg(long)]
+    no_erlang: bool,
+    /// Leave ractor out.
+    #[arg(long)]
+    no_ractor: bool,
+    /// Rank 1, which this program starts itself: CPU and the leader's address.
+    #[arg(long, num_args = 2, value_names = ["CPU", "LEAD"], hide = true)]
+    serve: Option<Vec<String>>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Time to declare a killed or stopped member down.
+    Nodedown {
+        /// Rounds (kill and stop alternate).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
+    },
+    /// Three members under CPU hogs; every DOWN is a false node-down.
+    Soak {
+        /// How long.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+        minutes: u64,
+        /// SWIM membership instead of the default node-down settings.
+        #[arg(long)]
+        swim: bool,
+    },
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("--serve") => {
-            let cpu: usize = args[1].parse().unwrap();
-            let lead: std::net::SocketAddr = args[2].parse().unwrap();
-            barewire_bench::unpin();
-            spinning_runtime(cpu).block_on(serve(lead));
-        }
-        Some("soak") => {
-            let minutes =
-                barewire_bench::flag(&args, "--minutes").map_or(10, |v| v.parse().unwrap());
-            soak(minutes, args.iter().any(|a| a == "--swim"));
-        }
-        Some("nodedown") => {
-            let rounds = barewire_bench::flag(&args, "--rounds").map_or(20, |v| v.parse().unwrap());
-            nodedown(rounds);
-        }
-        _ => {
-            let n =
-                |k: &str, d: u64| barewire_bench::flag(&args, k).map_or(d, |v| v.parse().unwrap());
-            let (reps, iters, msgs) = (
-                n("--reps", 5) as usize,
-                n("--iters", 20_000),
-                n("--msgs", 200_000),
+    let cli = Cli::parse();
+    if let Some([cpu, lead]) = cli.serve.as_deref() {
+        let cpu: usize = cpu.parse().expect("--serve CPU");
+        let lead: std::net::SocketAddr = lead.parse().expect("--serve LEAD");
+        barewire_bench::unpin();
+        spinning_runtime(cpu).block_on(serve(lead));
+        return;
+    }
+    match cli.sub {
+        Some(Sub::Soak { minutes, swim }) => soak(minutes, swim),
+        Some(Sub::Nodedown { rounds }) => nodedown(rounds as usize),
+        None => {
+            let rows = lead(
+                cli.reps as usize,
+                cli.iters,
+                cli.msgs,
+                cli.cpus,
+                !cli.no_erlang,
+                !cli.no_ractor,
             );
-            let cpus = barewire_bench::flag(&args, "--cpus")
-                .map_or(Some([0, 1]), barewire_bench::cpu_pair)
-                .expect("--cpus A,B");
-            let erlang = !args.iter().any(|a| a == "--no-erlang");
-            let ractor = !args.iter().any(|a| a == "--no-ractor");
-            let rows = lead(reps, iters, msgs, cpus, erlang, ractor);
             report(&rows);
         }
     }

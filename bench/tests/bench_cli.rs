@@ -136,3 +136,27 @@ fn actor_bench_runs_and_refuses_bad_input() {
         .unwrap_or_else(|| panic!("{out}"));
     assert!(row.contains('x') && !row.contains("n/a"), "{row}");
 }
+
+#[test]
+fn cluster_bench_runs_and_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_cluster-bench");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(ok, "{help}");
+    for word in ["work", "start", "detect"] {
+        assert!(help.contains(word), "{word} in {help}");
+    }
+    assert!(
+        !help.contains("--serve") && !help.contains("--noop"),
+        "{help}"
+    );
+    let (ok, e) = run(bin, &["start", "--procs", "1"]);
+    assert!(!ok && e.contains("--procs"), "{e}");
+    let (ok, e) = run(bin, &["work", "--cpus", "0"]);
+    assert!(!ok && e.contains("two CPU numbers"), "{e}");
+    let (ok, out) = run(
+        bin,
+        &["work", "--reps", "1", "--iters", "100", "--batch", "50"],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("submit_work"), "{out}");
+}

@@ -4,6 +4,7 @@
 //! cluster-bench work [--reps 5] [--iters 5000] [--batch 2000] [--cpus 0,1]
 //! cluster-bench start [--procs 8] [--reps 5]
 //! cluster-bench detect [--rounds 20]
+//! cluster-bench --help
 //! ```
 //!
 //! `work`: this process (rank 0, first CPU) and a copy of it (rank 1, second CPU), both
@@ -29,6 +30,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, Subcommand};
+
 use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
 use barewire::cluster::{Cluster, ClusterOptions, Launch, Resources, Task, Workflow};
 use barewire::{Mesh, Node};
@@ -43,31 +46,86 @@ impl Actor for Echo {
     }
 }
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "cluster-bench", about = "The cluster layer's figures")]
+struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    /// Rank 1 of `work`, which this program starts itself: CPU and the leader's address.
+    #[arg(long, num_args = 2, value_names = ["CPU", "LEAD"], hide = true)]
+    serve: Option<Vec<String>>,
+    /// One member of `start`, which this program starts itself.
+    #[arg(long, hide = true)]
+    start_member: bool,
+    /// `start`'s floor: a process that exits at once.
+    #[arg(long, hide = true)]
+    noop: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Remote ask, submit_work of one task, and time per task of a batch (the default).
+    Work {
+        /// Reps, interleaved.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        reps: u64,
+        /// Round trips per latency figure.
+        #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+        iters: u64,
+        /// Tasks in the batch workflow.
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: u64,
+        /// The CPUs of rank 0 and rank 1.
+        #[arg(long, value_name = "A,B", value_parser = barewire_bench::cpu_pair_arg, default_value = "0,1")]
+        cpus: [usize; 2],
+    },
+    /// Time for --procs processes to start a cluster and mesh.
+    Start {
+        /// Processes.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(2..=256))]
+        procs: u64,
+        /// Reps.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        reps: u64,
+    },
+    /// Time until a killed or stopped member is declared down.
+    Detect {
+        /// Rounds (kill and stop alternate).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        rounds: u64,
+    },
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let n = |k: &str, d: u64| barewire_bench::flag(&args, k).map_or(d, |v| v.parse().unwrap());
-    match args.first().map(String::as_str) {
-        Some("--serve") => {
-            let cpu: usize = args[1].parse().unwrap();
-            let lead: std::net::SocketAddr = args[2].parse().unwrap();
-            barewire_bench::unpin();
-            spinning_runtime(cpu).block_on(serve(lead));
-        }
-        Some("--start-member") => start_member(),
-        Some("--noop") => {}
-        Some("start") => start(n("--procs", 8) as usize, n("--reps", 5) as usize),
-        Some("detect") => detect(n("--rounds", 20) as usize),
-        _ => {
-            let cpus = barewire_bench::flag(&args, "--cpus")
-                .map_or(Some([0, 1]), barewire_bench::cpu_pair)
-                .expect("--cpus A,B");
-            work(
-                n("--reps", 5) as usize,
-                n("--iters", 5000),
-                n("--batch", 2000),
-                cpus,
-            );
-        }
+    let cli = Cli::parse();
+    if let Some([cpu, lead]) = cli.serve.as_deref() {
+        let cpu: usize = cpu.parse().expect("--serve CPU");
+        let lead: std::net::SocketAddr = lead.parse().expect("--serve LEAD");
+        barewire_bench::unpin();
+        spinning_runtime(cpu).block_on(serve(lead));
+        return;
+    }
+    if cli.start_member {
+        return start_member();
+    }
+    if cli.noop {
+        return;
+    }
+    match cli.sub.unwrap_or(Sub::Work {
+        reps: 5,
+        iters: 5000,
+        batch: 2000,
+        cpus: [0, 1],
+    }) {
+        Sub::Start { procs, reps } => start(procs as usize, reps as usize),
+        Sub::Detect { rounds } => detect(rounds as usize),
+        Sub::Work {
+            reps,
+            iters,
+            batch,
+            cpus,
+        } => work(reps as usize, iters, batch, cpus),
     }
 }
 

@@ -160,3 +160,19 @@ fn cluster_bench_runs_and_refuses_bad_input() {
     assert!(ok, "{out}");
     assert!(out.contains("submit_work"), "{out}");
 }
+
+#[test]
+fn matmul_bench_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_matmul-bench");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(
+        ok && help.contains("--sizes") && help.contains("--plot-only"),
+        "{help}"
+    );
+    let (ok, e) = run(bin, &["--types", "f16"]);
+    assert!(!ok && e.contains("f32") && e.contains("f64"), "{e}");
+    let (ok, e) = run(bin, &["--sizes", "2048,x"]);
+    assert!(!ok && e.contains("--sizes"), "{e}");
+    let (ok, e) = run(bin, &["--plot-only"]);
+    assert!(!ok && e.contains("--plots"), "{e}");
+}

@@ -31,29 +31,44 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use barewire_bench::reps::{self, median, Row};
+use clap::Parser;
 use plotters::prelude::*;
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "matmul-bench",
+    about = "The distributed matrix multiply beside ScaLAPACK p?gemm over Open MPI"
+)]
+struct Cli {
+    /// Matrix sizes n.
+    #[arg(long, value_delimiter = ',', default_value = "2048,4096",
+          value_parser = clap::value_parser!(u64).range(64..=65536))]
+    sizes: Vec<u64>,
+    /// Process counts p.
+    #[arg(long, value_delimiter = ',', default_value = "1,2",
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    procs: Vec<u64>,
+    /// Element types.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f64", value_parser = ["f32", "f64"])]
+    types: Vec<String>,
+    /// Reps.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Where the last rep of each barewire run leaves its timeline PNG.
+    #[arg(long, value_name = "DIR")]
+    plots: Option<PathBuf>,
+    /// Only draw the PNGs of the timelines already in --plots DIR.
+    #[arg(long, requires = "plots")]
+    plot_only: bool,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let list = |k: &str, d: &str| -> Vec<String> {
-        barewire_bench::flag(&args, k)
-            .unwrap_or(d)
-            .split(',')
-            .map(String::from)
-            .collect()
-    };
-    let sizes: Vec<usize> = list("--sizes", "2048,4096")
-        .iter()
-        .map(|v| v.parse().expect("--sizes N,N"))
-        .collect();
-    let procs: Vec<usize> = list("--procs", "1,2")
-        .iter()
-        .map(|v| v.parse().expect("--procs P,P"))
-        .collect();
-    let types = list("--types", "f32,f64");
-    let reps: usize = barewire_bench::flag(&args, "--reps").map_or(3, |v| v.parse().unwrap());
-    let plots = barewire_bench::flag(&args, "--plots").map(PathBuf::from);
-    if let (Some(d), true) = (&plots, args.iter().any(|a| a == "--plot-only")) {
+    let cli = Cli::parse();
+    let sizes: Vec<usize> = cli.sizes.iter().map(|&n| n as usize).collect();
+    let procs: Vec<usize> = cli.procs.iter().map(|&p| p as usize).collect();
+    let (types, reps, plots) = (cli.types, cli.reps as usize, cli.plots);
+    if let (Some(d), true) = (&plots, cli.plot_only) {
         barewire_bench::perf::plot::load_font().expect("a font");
         draw_all(d);
         return;

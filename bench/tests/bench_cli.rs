@@ -176,3 +176,22 @@ fn matmul_bench_refuses_bad_input() {
     let (ok, e) = run(bin, &["--plot-only"]);
     assert!(!ok && e.contains("--plots"), "{e}");
 }
+
+#[test]
+fn soak_refuses_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_barewire-soak");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(
+        ok && help.contains("--fault-every-ms") && help.contains("--break"),
+        "{help}"
+    );
+    let (ok, e) = run(bin, &["--break", "nothing"]);
+    assert!(
+        !ok && e.contains("lost-write") && e.contains("actor-double"),
+        "{e}"
+    );
+    let (ok, e) = run(bin, &["--net", "wifi"]);
+    assert!(!ok && e.contains("netns") && e.contains("loopback"), "{e}");
+    let (ok, e) = run(bin, &["--seconds", "0"]);
+    assert!(!ok && e.contains("--seconds"), "{e}");
+}

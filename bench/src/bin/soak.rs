@@ -72,6 +72,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
+
 /// A link cut is checked to be a partition from this long after it began (what was past the
 /// link when it went down, at most a channel ring of 256 messages, may still arrive) ...
 const CUT_SETTLE: Duration = Duration::from_millis(500);
@@ -119,26 +121,64 @@ fn mix(s: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "barewire-soak",
+    about = "Three processes, channels, one-sided writes, DSM and actors under random faults"
+)]
+struct Cli {
+    /// How long to run.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: u64,
+    /// The seed of the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Mean time between faults.
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(1..))]
+    fault_every_ms: u64,
+    /// Where the workers talk: two network namespaces joined by a veth pair (link cuts
+    /// possible; needs root), plain loopback, or namespaces where they can be made.
+    #[arg(long, value_enum, default_value = "netns")]
+    net: NetName,
+    /// Run a deliberately broken worker (each check must catch its own).
+    #[arg(long = "break", value_enum, value_name = "WHAT")]
+    broken: Option<BreakName>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum NetName {
+    Netns,
+    Loopback,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BreakName {
+    Dup,
+    LostWrite,
+    Leak,
+    ResumeZero,
+    FakeCut,
+    DsmNoLock,
+    ActorDouble,
+}
+
 fn main() {
+    // The supervisor starts its workers as `worker RANK INC RESUME LISTEN-ADDR NEXT-ADDR
+    // [NETNS]`: an internal protocol of positional values, read by `worker::main`.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("worker") {
         worker::main(&args[1..]);
         return;
     }
-    let flag = |k: &str, d: u64| -> u64 {
-        barewire_bench::flag(&args, k).map_or(d, |v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{k} takes a number, got {v:?}"))
-        })
-    };
-    let seconds = flag("--seconds", 120);
-    let seed = flag("--seed", 1);
-    let every = flag("--fault-every-ms", 4000);
-    let net = match barewire_bench::flag(&args, "--net").unwrap_or("netns") {
-        "loopback" => Net::loopback(),
-        want @ ("netns" | "auto") => match Net::namespaces() {
+    let cli = Cli::parse();
+    let (seconds, seed, every) = (cli.seconds, cli.seed, cli.fault_every_ms);
+    let net = match cli.net {
+        NetName::Loopback => Net::loopback(),
+        want => match Net::namespaces() {
             Ok(net) => net,
-            Err(e) if want == "auto" => {
+            Err(e) if want == NetName::Auto => {
                 println!("soak: no network namespaces ({e}); on loopback, without link cuts");
                 Net::loopback()
             }
@@ -150,27 +190,15 @@ fn main() {
                 std::process::exit(2);
             }
         },
-        other => {
-            eprintln!("barewire-soak: --net takes netns, loopback or auto, not {other:?}");
-            std::process::exit(2);
-        }
     };
-    if let Some(b) = barewire_bench::flag(&args, "--break") {
-        assert!(
-            [
-                "dup",
-                "lost-write",
-                "leak",
-                "resume-zero",
-                "fake-cut",
-                "dsm-no-lock",
-                "actor-double"
-            ]
-            .contains(&b),
-            "--break dup, lost-write, leak, resume-zero, fake-cut, dsm-no-lock or actor-double"
-        );
+    if let Some(b) = cli.broken {
+        let b = b
+            .to_possible_value()
+            .expect("every variant has a name")
+            .get_name()
+            .to_string();
         // Read by the workers this process starts.
-        std::env::set_var("BAREWIRE_SOAK_BREAK", b);
+        std::env::set_var("BAREWIRE_SOAK_BREAK", &b);
     }
     let status = supervise(&net, seconds, seed, every);
     drop(net);

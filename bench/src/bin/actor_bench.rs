@@ -36,7 +36,10 @@ use clap::{Parser, Subcommand};
 use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
 use barewire::engine::time;
 use barewire::{ChannelOptions, Mesh, Node};
-use barewire_bench::reps::{self, latency, on_path, spinning_runtime, Row};
+use barewire_bench::perf::compare::client_server;
+use barewire_bench::perf::peers::erlang::{parse_erlang, Erlang};
+use barewire_bench::perf::peers::{Params, Peer};
+use barewire_bench::reps::{self, latency, spinning_runtime, Row};
 
 struct Echo;
 impl Actor for Echo {
@@ -227,7 +230,19 @@ fn lead(
     erlang: bool,
     ractor: bool,
 ) -> Vec<Row> {
-    let erl = if erlang { Erlang::start(cpus) } else { None };
+    // Erlang/OTP (bench/src/perf/peers/erlang.rs): one client run per rep measures both the
+    // call round trip and the remote sends.
+    let erl = if erlang {
+        Erlang::prepare(msgs).or_else(|| {
+            eprintln!("actor-bench: Erlang rows skipped");
+            None
+        })
+    } else {
+        None
+    };
+    let erl_run = erl
+        .as_ref()
+        .map(|e| e.runs(&Params { iters, secs: 0 }).remove(0));
     let rac = if ractor { Ractor::start(cpus) } else { None };
     let mut rows = Row::named(&[
         ("remote ask round trip p50", "us"),
@@ -242,10 +257,15 @@ fn lead(
     for rep in 0..reps {
         let r = spinning_runtime(cpus[0]).block_on(barewire_rep(iters, msgs, cpus));
         Row::push_rep(&mut rows, &r);
-        if let Some(e) = &erl {
-            if let Some((call, send)) = e.run(iters, msgs) {
-                rows[4].reps.push((call, 0.0));
-                rows[5].reps.push((send / 1e3, 0.0));
+        if let Some(run) = &erl_run {
+            let server: Vec<&str> = run.server.iter().map(String::as_str).collect();
+            let client: Vec<&str> = run.client.iter().map(String::as_str).collect();
+            match client_server(cpus, &[], &server, &client).map(|o| parse_erlang(&o)) {
+                Ok(Some((call, send))) => {
+                    rows[4].reps.push((call, 0.0));
+                    rows[5].reps.push((send / 1e3, 0.0));
+                }
+                other => eprintln!("actor-bench: the Erlang run gave no figures: {other:?}"),
             }
         }
         if let Some(r) = &rac {
@@ -266,118 +286,6 @@ fn count_backlog() -> bool {
         n.set(n.get() + 1);
         n.get() % 256 == 0
     })
-}
-
-/// Two Erlang nodes on loopback, pinned like barewire's: `bwsrv` runs a gen_server
-/// (`bw_echo`), `bwcli` measures.
-struct Erlang {
-    dir: std::path::PathBuf,
-    server: std::process::Child,
-    cpus: [usize; 2],
-}
-
-const BW_ECHO: &str = r#"-module(bw_echo).
--behaviour(gen_server).
--export([start/0, init/1, handle_call/3, handle_cast/2, handle_info/2, bench/3, sink/1]).
-start() -> gen_server:start({local, bw_echo}, ?MODULE, [], []),
-           register(bw_sink, spawn(fun() -> sink(0) end)).
-init([]) -> {ok, 0}.
-handle_call(N, _From, S) -> {reply, N, S}.
-handle_cast(_, S) -> {noreply, S}.
-handle_info(_, S) -> {noreply, S}.
-sink(N) -> receive {count, From} -> From ! {count, N}, sink(0); _ -> sink(N + 1) end.
-bench(Node, Iters, Msgs) ->
-    true = net_kernel:connect_node(Node),
-    [gen_server:call({bw_echo, Node}, I) || I <- lists:seq(1, Iters div 10)],
-    Ts = [begin T0 = erlang:monotonic_time(nanosecond),
-                I = gen_server:call({bw_echo, Node}, I),
-                erlang:monotonic_time(nanosecond) - T0 end || I <- lists:seq(1, Iters)],
-    P50 = lists:nth(Iters div 2, lists:sort(Ts)),
-    T1 = erlang:monotonic_time(nanosecond),
-    [{bw_sink, Node} ! x || _ <- lists:seq(1, Msgs)],
-    {bw_sink, Node} ! {count, self()},
-    receive {count, Msgs} -> ok end,
-    T2 = erlang:monotonic_time(nanosecond),
-    io:format("RESULT ~p ~p~n", [P50 / 1000, Msgs * 1.0e9 / (T2 - T1)]).
-"#;
-
-impl Erlang {
-    fn start(cpus: [usize; 2]) -> Option<Erlang> {
-        if !on_path("erl") || !on_path("erlc") {
-            eprintln!("actor-bench: erl/erlc not found (apt-get install erlang-nox erlang-dev); Erlang rows skipped");
-            return None;
-        }
-        let dir = std::env::temp_dir().join(format!("actor-bench-erl-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).ok()?;
-        std::fs::write(dir.join("bw_echo.erl"), BW_ECHO).ok()?;
-        let st = Command::new("erlc")
-            .arg("bw_echo.erl")
-            .current_dir(&dir)
-            .status()
-            .ok()?;
-        if !st.success() {
-            eprintln!("actor-bench: erlc failed; Erlang rows skipped");
-            return None;
-        }
-        let server = Command::new("taskset")
-            .args([
-                "-c",
-                &cpus[1].to_string(),
-                "erl",
-                "-noshell",
-                "-sname",
-                "bwsrv",
-                "-setcookie",
-                "bwbench",
-            ])
-            .args(["-eval", "bw_echo:start()"])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .ok()?;
-        std::thread::sleep(Duration::from_secs(2));
-        Some(Erlang { dir, server, cpus })
-    }
-
-    /// (call p50 in us, sends per second)
-    fn run(&self, iters: u64, msgs: u64) -> Option<(f64, f64)> {
-        let host =
-            String::from_utf8(Command::new("hostname").arg("-s").output().ok()?.stdout).ok()?;
-        let eval = format!(
-            "bw_echo:bench('bwsrv@{}', {iters}, {msgs}), init:stop()",
-            host.trim()
-        );
-        let out = Command::new("taskset")
-            .args([
-                "-c",
-                &self.cpus[0].to_string(),
-                "erl",
-                "-noshell",
-                "-sname",
-                "bwcli",
-                "-setcookie",
-                "bwbench",
-            ])
-            .args(["-eval", &eval])
-            .current_dir(&self.dir)
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().find(|l| l.starts_with("RESULT "))?;
-        let mut f = line
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse::<f64>().ok());
-        Some((f.next()?, f.next()?))
-    }
-}
-
-impl Drop for Erlang {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// ractor + ractor_cluster (bench/peers/ractor-peer, built here on first use): the same echo

@@ -14,8 +14,6 @@
 //! redis: Debian's `redis-server` on the second CPU, `redis-benchmark` on the first, GET and
 //! INCR with one client (p50), GET with 50 clients (requests/s).
 
-use std::process::{Command, Stdio};
-
 use clap::Parser;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -23,6 +21,7 @@ use std::time::{Duration, Instant};
 use barewire::dsm::{SharedArray, SharedOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Align, Mesh, Node};
+use barewire_bench::perf::peers::{self, redis::Redis, Params, Peer};
 use barewire_bench::reps::{self, histogram, latency, on_path, spinning_runtime, Row};
 
 type Wide = [u64; 8];
@@ -134,13 +133,14 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         ("redis INCR p50, 1 client", "us"),
         ("redis GET, 50 clients", "k ops/s"),
     ]);
-    let server = if !redis {
+    // redis (bench/src/perf/peers/redis.rs): GET and INCR p50 with one client, GET with 50.
+    let redis_runs = if !redis {
         None
     } else if !on_path("redis-server") || !on_path("redis-benchmark") {
         eprintln!("dsm-bench: redis-server or redis-benchmark not found (apt-get install redis-server redis-tools); redis rows skipped");
         None
     } else {
-        Some(Redis::start(cpus[1]).expect("redis-server starts"))
+        Some(Redis.runs(&Params { iters, secs: 0 }))
     };
     for rep in 0..reps {
         let o = objs.clone();
@@ -210,12 +210,11 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
         );
         put(7, (read_throughput(&o).await, 0.0));
         put(8, contended(&o).await);
-        if let Some(s) = &server {
-            let one = s.bench(cpus[0], 1, iters, "get,incr");
-            put(9, (one[0].1, 0.0));
-            put(10, (one[1].1, 0.0));
-            let many = s.bench(cpus[0], 50, 200_000, "get");
-            put(11, (many[0].0 / 1e3, 0.0));
+        for (i, run) in redis_runs.iter().flatten().enumerate() {
+            match peers::measure(cpus, &[], run) {
+                Ok(v) => put(9 + i, (v, 0.0)),
+                Err(e) => eprintln!("dsm-bench: redis {e}"),
+            }
         }
         eprintln!("rep {} of {reps} done", rep + 1);
     }
@@ -270,73 +269,6 @@ async fn contended(o: &Rc<Objects>) -> (f64, f64) {
         8_000.0 / secs / 1e3,
         all.value_at_quantile(0.99) as f64 / 1e3,
     )
-}
-
-struct Redis {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Redis {
-    fn start(cpu: usize) -> std::io::Result<Redis> {
-        let port = 16_379 + (std::process::id() % 1000) as u16;
-        let child = Command::new("taskset")
-            .args([
-                "-c",
-                &cpu.to_string(),
-                "redis-server",
-                "--port",
-                &port.to_string(),
-            ])
-            .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .spawn()?;
-        std::thread::sleep(Duration::from_millis(300));
-        Ok(Redis { child, port })
-    }
-
-    /// redis-benchmark's CSV: per test (requests/s, p50 in us).
-    fn bench(&self, cpu: usize, clients: u32, n: u64, tests: &str) -> Vec<(f64, f64)> {
-        let out = Command::new("taskset")
-            .args([
-                "-c",
-                &cpu.to_string(),
-                "redis-benchmark",
-                "-p",
-                &self.port.to_string(),
-            ])
-            .args([
-                "-c",
-                &clients.to_string(),
-                "-n",
-                &n.to_string(),
-                "-t",
-                tests,
-                "--csv",
-            ])
-            .output()
-            .expect("redis-benchmark");
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .skip(1)
-            .filter_map(|l| {
-                let f: Vec<f64> = l
-                    .split(',')
-                    .skip(1)
-                    .filter_map(|x| x.trim_matches('"').parse().ok())
-                    .collect();
-                // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...
-                (f.len() >= 4).then(|| (f[0], f[3] * 1e3))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn report(rows: &[Row]) {

@@ -21,6 +21,8 @@ pub enum Unit {
     Micros,
     /// MiB/s (higher is better).
     MibPerSec,
+    /// Thousands per second: operations, messages (higher is better).
+    KPerSec,
 }
 
 /// One figure from one tool.
@@ -116,7 +118,7 @@ pub fn median(v: &mut [f64]) -> f64 {
 
 /// Runs a server and a client of a peer tool, each pinned and bounded by `timeout`; returns the
 /// client's output.
-fn client_server(
+pub fn client_server(
     cpus: [usize; 2],
     env: &[(&str, &str)],
     server: &[&str],

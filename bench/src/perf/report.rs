@@ -21,6 +21,7 @@ pub fn table(c: &Comparison) -> String {
         let fmt_v = |v: f64, u: Unit| match u {
             Unit::Micros => format!("{v:.2} µs"),
             Unit::MibPerSec => format!("{v:.0} MiB/s"),
+            Unit::KPerSec => format!("{v:.1} k/s"),
         };
         let fmt = |f: &Figure| fmt_v(f.value, f.unit);
         let _ = writeln!(

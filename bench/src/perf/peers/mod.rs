@@ -8,6 +8,9 @@ mod qperf;
 mod sockperf;
 mod ucx;
 
+pub mod erlang;
+pub mod redis;
+
 pub use libfabric::parse_fi_pingpong;
 pub use qperf::parse_qperf;
 pub use sockperf::parse_sockperf;
@@ -88,6 +91,21 @@ pub fn all() -> Vec<Box<dyn Peer>> {
         Box::new(qperf::Qperf),
         Box::new(sockperf::Sockperf),
     ]
+}
+
+/// Runs `run` once (its server on the second CPU, its client on the first) and reads its
+/// figure: how the benchmarks other than `compare` use a peer.
+pub fn measure(cpus: [usize; 2], env: &[(&str, &str)], run: &PeerRun) -> Result<f64, String> {
+    let server: Vec<&str> = run.server.iter().map(String::as_str).collect();
+    let client: Vec<&str> = run.client.iter().map(String::as_str).collect();
+    let out = crate::perf::compare::client_server(cpus, env, &server, &client)?;
+    (run.parse)(&out).map(|(v, _)| v).ok_or_else(|| {
+        format!(
+            "{}: no figure in its output: {}",
+            run.label,
+            out.lines().last().unwrap_or("")
+        )
+    })
 }
 
 /// `argv` as owned strings.

@@ -29,7 +29,12 @@
 //! which runs right after that submission in the same pass.
 //!
 //! All queue pairs' operations of one pass therefore go out in one `io_uring_enter`, and a
-//! loaded core makes one such call per pass (`CoreStats::submit_calls`).
+//! loaded core makes one such call per pass (`CoreStats::submit_calls`). The exception is the
+//! core with few queue pairs (polling mode), where latency matters more than batching: there a
+//! task's post, and what received bytes produce (a Read Response, an atomic's answer, an
+//! acknowledgement), go out at once in an `io_uring_enter` of their own rather than waiting
+//! for the next pass; nothing else runs between building those operations and submitting
+//! them, so the same rule holds.
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;

@@ -195,3 +195,24 @@ fn soak_refuses_bad_input() {
     let (ok, e) = run(bin, &["--seconds", "0"]);
     assert!(!ok && e.contains("--seconds"), "{e}");
 }
+
+#[test]
+fn task_mem_help_and_a_stray_argument() {
+    let bin = env!("CARGO_BIN_EXE_task-mem");
+    let (ok, help) = run(bin, &["--help"]);
+    assert!(ok && help.contains("Heap bytes per spawned task"), "{help}");
+    let (ok, e) = run(bin, &["--tasks", "5"]);
+    assert!(!ok && e.contains("--tasks"), "{e}");
+}
+
+#[test]
+fn soak_worker_arguments_are_checked() {
+    let bin = env!("CARGO_BIN_EXE_barewire-soak");
+    let (ok, e) = run(bin, &["worker", "0", "1"]);
+    assert!(!ok && e.contains("<RESUME>"), "{e}");
+    let (ok, e) = run(
+        bin,
+        &["worker", "0", "1", "0", "not-an-address", "127.0.0.1:1"],
+    );
+    assert!(!ok && e.contains("<LISTEN>"), "{e}");
+}

@@ -72,7 +72,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 
 /// A link cut is checked to be a partition from this long after it began (what was past the
 /// link when it went down, at most a channel ring of 256 messages, may still arrive) ...
@@ -144,6 +144,15 @@ struct Cli {
     /// Run a deliberately broken worker (each check must catch its own).
     #[arg(long = "break", value_enum, value_name = "WHAT")]
     broken: Option<BreakName>,
+    #[command(subcommand)]
+    sub: Option<Sub>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// One worker, as the supervisor starts it.
+    #[command(hide = true)]
+    Worker(worker::Args),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -165,14 +174,11 @@ enum BreakName {
 }
 
 fn main() {
-    // The supervisor starts its workers as `worker RANK INC RESUME LISTEN-ADDR NEXT-ADDR
-    // [NETNS]`: an internal protocol of positional values, read by `worker::main`.
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("worker") {
-        worker::main(&args[1..]);
+    let cli = Cli::parse();
+    if let Some(Sub::Worker(args)) = cli.sub {
+        worker::main(args);
         return;
     }
-    let cli = Cli::parse();
     let (seconds, seed, every) = (cli.seconds, cli.seed, cli.fault_every_ms);
     let net = match cli.net {
         NetName::Loopback => Net::loopback(),
@@ -987,15 +993,28 @@ mod worker {
 
     const OPTS: ChannelOptions = ChannelOptions::new(256, 16);
 
-    pub fn main(args: &[String]) {
-        const USAGE: &str = "worker RANK INC RESUME LISTEN-ADDR NEXT-ADDR [NETNS]";
-        if let Some(ns) = args.get(5) {
+    /// A worker's command line (`worker RANK INC RESUME LISTEN-ADDR NEXT-ADDR [NETNS]`).
+    #[derive(Debug, clap::Args)]
+    pub struct Args {
+        /// Its place in the ring.
+        rank: usize,
+        /// Its incarnation (restarts count up).
+        inc: u64,
+        /// Where the stream it serves resumes.
+        resume: u64,
+        /// Where it listens.
+        listen: std::net::SocketAddr,
+        /// The next worker's address.
+        next: std::net::SocketAddr,
+        /// The network namespace to enter first.
+        netns: Option<String>,
+    }
+
+    pub fn main(a: Args) {
+        if let Some(ns) = &a.netns {
             enter_netns(ns);
         }
-        let n = |i: usize| -> u64 { args[i].parse().expect(USAGE) };
-        let (rank, inc, resume) = (n(0) as usize, n(1), n(2));
-        let addr = |i: usize| -> std::net::SocketAddr { args[i].parse().expect(USAGE) };
-        let (listen, to) = (addr(3), addr(4));
+        let (rank, inc, resume, listen, to) = (a.rank, a.inc, a.resume, a.listen, a.next);
         let resume = if broken("resume-zero") { 0 } else { resume };
         std::thread::spawn(|| {
             for line in std::io::stdin().lock().lines() {

@@ -87,6 +87,18 @@ pub fn flag<'a>(args: &'a [String], key: &str) -> Option<&'a str> {
     args.get(i + 1).map(String::as_str)
 }
 
+/// The hidden `--serve CPU LEAD` of the benchmarks whose rank 1 is a copy of themselves
+/// (started by [`lead_pair`]): runs `serve(lead)` on a spinning runtime pinned to CPU.
+pub fn serve_rank1<F: std::future::Future<Output = ()>>(
+    args: &[String],
+    serve: impl FnOnce(std::net::SocketAddr) -> F,
+) {
+    let cpu: usize = args[0].parse().expect("--serve CPU");
+    let lead: std::net::SocketAddr = args[1].parse().expect("--serve LEAD");
+    unpin(); // started from a thread pinned to the other CPU
+    reps::spinning_runtime(cpu).block_on(serve(lead));
+}
+
 /// clap's value parser for `--cpu A,B`: two CPU numbers, or an error that says so.
 pub fn cpu_pair_arg(v: &str) -> Result<[usize; 2], String> {
     cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))

@@ -1,5 +1,7 @@
 //! The bench binaries' command lines (clap): generated help, and errors that say what is wrong
-//! and what is allowed. (barewire-perf's own are in `perf_cli.rs`.)
+//! and what is allowed. (barewire-perf's own are in `perf_cli.rs`.) Short real runs only of
+//! the benchmarks with no failure detector in them: on a loaded two-core CI machine, a
+//! membership timeout could fire and fail a run for a reason that is not its command line.
 
 use std::process::Command;
 
@@ -90,7 +92,7 @@ fn softrdma_qpmem_runs_and_refuses_bad_input() {
 }
 
 #[test]
-fn dsm_bench_runs_and_refuses_bad_input() {
+fn dsm_bench_refuses_bad_input() {
     let bin = env!("CARGO_BIN_EXE_dsm-bench");
     let (ok, help) = run(bin, &["--help"]);
     assert!(
@@ -99,13 +101,10 @@ fn dsm_bench_runs_and_refuses_bad_input() {
     );
     let (ok, e) = run(bin, &["--cpus", "0;1"]);
     assert!(!ok && e.contains("two CPU numbers"), "{e}");
-    let (ok, out) = run(bin, &["--reps", "1", "--iters", "200", "--no-redis"]);
-    assert!(ok, "{out}");
-    assert!(out.contains("fetch_add"), "{out}");
 }
 
 #[test]
-fn actor_bench_runs_and_refuses_bad_input() {
+fn actor_bench_refuses_bad_input() {
     let bin = env!("CARGO_BIN_EXE_actor-bench");
     let (ok, help) = run(bin, &["--help"]);
     assert!(ok, "{help}");
@@ -138,7 +137,7 @@ fn actor_bench_runs_and_refuses_bad_input() {
 }
 
 #[test]
-fn cluster_bench_runs_and_refuses_bad_input() {
+fn cluster_bench_refuses_bad_input() {
     let bin = env!("CARGO_BIN_EXE_cluster-bench");
     let (ok, help) = run(bin, &["--help"]);
     assert!(ok, "{help}");
@@ -153,12 +152,6 @@ fn cluster_bench_runs_and_refuses_bad_input() {
     assert!(!ok && e.contains("--procs"), "{e}");
     let (ok, e) = run(bin, &["work", "--cpus", "0"]);
     assert!(!ok && e.contains("two CPU numbers"), "{e}");
-    let (ok, out) = run(
-        bin,
-        &["work", "--reps", "1", "--iters", "100", "--batch", "50"],
-    );
-    assert!(ok, "{out}");
-    assert!(out.contains("submit_work"), "{out}");
 }
 
 #[test]

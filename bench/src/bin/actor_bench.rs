@@ -116,12 +116,8 @@ enum Sub {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some([cpu, lead]) = cli.serve.as_deref() {
-        let cpu: usize = cpu.parse().expect("--serve CPU");
-        let lead: std::net::SocketAddr = lead.parse().expect("--serve LEAD");
-        barewire_bench::unpin();
-        spinning_runtime(cpu).block_on(serve(lead));
-        return;
+    if let Some(args) = cli.serve.as_deref() {
+        return barewire_bench::serve_rank1(args, serve);
     }
     match cli.sub {
         Some(Sub::Soak { minutes, swim }) => soak(minutes, swim),

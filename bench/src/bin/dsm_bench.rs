@@ -52,12 +52,8 @@ struct Cli {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some([cpu, lead]) = cli.serve.as_deref() {
-        let cpu: usize = cpu.parse().expect("--serve CPU");
-        let lead: std::net::SocketAddr = lead.parse().expect("--serve LEAD");
-        barewire_bench::unpin(); // started from a thread pinned to the other CPU
-        spinning_runtime(cpu).block_on(serve(lead));
-        return;
+    if let Some(args) = cli.serve.as_deref() {
+        return barewire_bench::serve_rank1(args, serve);
     }
     let rows = spinning_runtime(cli.cpus[0]).block_on(lead(
         cli.reps as usize,

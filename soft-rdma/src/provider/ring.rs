@@ -457,13 +457,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 i.stream.rx_advance(res as usize);
                 moved = true;
             } else if res == -libc::EAGAIN {
-                let e = opcode::PollAdd::new(
-                    types::Fd(i.fd.as_raw_fd()),
-                    (libc::POLLIN | libc::POLLRDHUP) as u32,
-                )
-                .build();
-                // SAFETY: a poll names no memory.
-                unsafe { r.raw.push(e, token(i, Kind::PollIn)) };
+                push_poll(i, r, (libc::POLLIN | libc::POLLRDHUP) as u32, Kind::PollIn);
                 i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Polling;
             } else {
                 fail(i);
@@ -520,10 +514,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 i.stream.tx_advance(res as usize);
                 moved = true;
             } else if res == -libc::EAGAIN {
-                let e =
-                    opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), libc::POLLOUT as u32).build();
-                // SAFETY: a poll names no memory.
-                unsafe { r.raw.push(e, token(i, Kind::PollOut)) };
+                push_poll(i, r, libc::POLLOUT as u32, Kind::PollOut);
                 i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
             } else {
                 fail(i);
@@ -537,6 +528,13 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
     i.moved |= moved;
     after(i);
     moved
+}
+
+/// Waits for the socket to be ready for `events` (a one-shot poll, completing as `kind`).
+fn push_poll(i: &QpInner, r: &Ring, events: u32, kind: Kind) {
+    let e = opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), events).build();
+    // SAFETY: a poll names no memory.
+    unsafe { r.raw.push(e, token(i, kind)) };
 }
 
 /// After bytes moved either way: hang up once a Terminate went out (or came in) and nothing

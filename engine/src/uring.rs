@@ -105,6 +105,18 @@ impl RawQueue {
         });
     }
 
+    /// Submits everything queued on the core's ring now (one `io_uring_enter`), instead of at
+    /// the pass's submission, and reaps what completed. For a latency-sensitive operation
+    /// pushed outside `prepare_submit`; the same rule holds (a `MSG_DONTWAIT` operation is
+    /// done when this returns, so what it names need only live until then).
+    pub fn submit(&self) {
+        try_with_core(|c| {
+            if let Driver::Uring(u) = &c.driver {
+                u.poll(&c.stats);
+            }
+        });
+    }
+
     /// Moves the completions reaped so far into `out` (appended, in arrival order).
     pub fn drain(&self, out: &mut Vec<Completion>) {
         try_with_core(|c| {

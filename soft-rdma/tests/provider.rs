@@ -586,3 +586,61 @@ fn a_loaded_core_makes_at_most_one_ring_call_per_pass() {
         assert!(dst.iter().all(|&x| x == 5));
     });
 }
+
+/// Sends posted one after another and a disconnect at once: each message arrives exactly once
+/// and whole, then the close. (A send that left on the wire but was not yet applied to the
+/// stream would be sent again by the disconnect's flush: the peer would then read a second
+/// copy of its bytes as a new frame.)
+#[test]
+fn posts_then_an_immediate_disconnect_deliver_each_message_once() {
+    const N: usize = 3;
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, true).await;
+        let mut src = vec![0u8; 64 * N];
+        for (k, c) in src.chunks_mut(64).enumerate() {
+            c.fill(k as u8 + 1);
+        }
+        let mut dst = vec![0u8; 64 * (N + 1)];
+        let amr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+        let bmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE);
+        for k in 0..=N {
+            qb.post_recv(RecvWr {
+                wr_id: k as u64,
+                sges: vec![sge(&bmr, 64 * k, 64)],
+            })
+            .unwrap();
+        }
+        for k in 0..N {
+            qa.post_send(SendWr {
+                wr_id: k as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![sge(&amr, 64 * k, 64)],
+                signaled: false,
+                fence: false,
+            })
+            .unwrap();
+        }
+        qa.disconnect();
+        for k in 0..N {
+            let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (k as u64, WcStatus::Success, 64)
+            );
+        }
+        // The spare receive is flushed by the close, not filled by a repeated frame.
+        let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+        assert_eq!(wc.wr_id, N as u64);
+        assert_ne!(wc.status, WcStatus::Success, "{wc:?}");
+        assert!(qb.last_terminate().is_none(), "{:?}", qb.last_terminate());
+        drop((amr, bmr));
+        assert!(dst[..64 * N]
+            .chunks(64)
+            .enumerate()
+            .all(|(k, c)| c.iter().all(|&x| x == k as u8 + 1)));
+    });
+}

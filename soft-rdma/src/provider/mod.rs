@@ -776,8 +776,11 @@ impl QueuePair {
         let mut i = self.inner.borrow_mut();
         i.stream.post_send(wr)?;
         if i.ring.is_some() {
-            // Out with the core's next submission, which comes as soon as this task yields.
-            ring::queue(&mut i);
+            // Out now on a core with few queue pairs, else with the core's next submission,
+            // which comes as soon as this task yields.
+            if !ring::post_now(&mut i) {
+                ring::queue(&mut i);
+            }
             mark_active(&mut i);
         } else {
             service(&mut i, false);

@@ -72,7 +72,9 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
 /// probes) for the whole transfer. True if bytes went out; closes the queue pair on a socket
 /// error.
 pub(super) fn flush(i: &mut QpInner) -> bool {
-    if i.closed {
+    // A ring send outstanding has taken bytes the stream still counts as queued: sending from
+    // the stream now would send them twice. (It completes at the ring's next poll.)
+    if i.closed || super::ring::send_outstanding(i) {
         return false;
     }
     let fd = i.fd.as_raw_fd();

@@ -29,7 +29,13 @@
 //! which runs right after that submission in the same pass.
 //!
 //! All queue pairs' operations of one pass therefore go out in one `io_uring_enter`, and a
-//! loaded core makes one such call per pass (`CoreStats::submit_calls`).
+//! loaded core makes one such call per pass (`CoreStats::submit_calls`). The exception is the
+//! core with few queue pairs (polling mode), where latency matters more than batching: there a
+//! task's post, and what received bytes produce (a Read Response, an atomic's answer, an
+//! acknowledgement), go out at once in an `io_uring_enter` of their own rather than waiting
+//! for the next pass. Nothing else runs between building those operations and submitting
+//! them, and their completions are applied to the streams before the call returns, so no
+//! stream ever has bytes on the wire that it still counts as queued.
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
@@ -41,6 +47,7 @@ use barewire_engine::Poller;
 
 use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER};
 use super::*;
+use crate::stream::Stream;
 
 /// A payload at least this long still to come for one placement is received straight into its
 /// region; shorter ones are copied out of the provided buffers they arrived in. Switching costs
@@ -66,6 +73,8 @@ pub(super) struct Ring {
     /// Queue pairs whose polled receive found nothing: polled again next pass, or given their
     /// multishot receive if the core goes to sleep first.
     polling: RefCell<Vec<usize>>,
+    /// Completions reaped by an immediate send (see `post_now`) for the next `poll`.
+    backlog: RefCell<Vec<Completion>>,
 }
 
 impl Ring {
@@ -91,6 +100,7 @@ impl Ring {
             bufs,
             pending: RefCell::new(Vec::new()),
             polling: RefCell::new(Vec::new()),
+            backlog: RefCell::new(Vec::new()),
         })
     }
 }
@@ -243,6 +253,130 @@ fn arm_multishot(fd: types::Fd, token: u64, ops: &mut RingOps, r: &Ring) {
     ops.rx = RxOp::Multi;
 }
 
+/// Queues the gather send of what the stream has queued, if no send is outstanding. True if
+/// it queued one.
+fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r: &Ring) -> bool {
+    if ops.tx == TxOp::Idle && stream.wants_tx() {
+        let mut slices = [std::io::IoSlice::new(&[]); 64];
+        let count = stream.tx_iovecs(&mut slices);
+        if count > 0 {
+            for (v, s) in ops.iov.iter_mut().zip(&slices[..count]) {
+                v.iov_base = s.as_ptr() as *mut libc::c_void;
+                v.iov_len = s.len();
+            }
+            ops.msg.msg_iov = ops.iov.as_mut_ptr();
+            ops.msg.msg_iovlen = count;
+            let e = opcode::SendMsg::new(fd, &*ops.msg)
+                .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
+                .build();
+            // SAFETY: the gather list lives in `ops` (boxed) and names chunks the stream
+            // just checked; with MSG_DONTWAIT the kernel reads them inside this pass's
+            // submission, which follows `prepare_submit` with nothing in between.
+            unsafe { r.raw.push(e, send) };
+            ops.tx = TxOp::Sending;
+            return true;
+        }
+        // Zero slices: a Read Response's source is gone and the stream stopped; the poll
+        // after this submission closes the connection.
+    }
+    false
+}
+
+/// On a core with few queue pairs (where latency matters more than batching: see
+/// `polling_mode`), sends what `keys` have queued at once, through the ring, in one
+/// `io_uring_enter` of its own, instead of at the next pass: a Read Response, an atomic's
+/// answer or an acknowledgement then leaves as soon as its request is processed, and a
+/// task's post before the task yields. With more queue pairs everything waits for the pass
+/// and shares its one submission. Nothing runs between the pushes and this submission.
+fn send_now(p: &Provider, r: &Ring, keys: &[usize]) {
+    let mut any = false;
+    for &key in keys {
+        let Some(qp) = p.get(key) else { continue };
+        let mut guard = qp.borrow_mut();
+        let i = &mut *guard;
+        if i.closed {
+            continue;
+        }
+        let (fd, send) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::Send));
+        let QpInner { stream, ring, .. } = i;
+        if let Some(ops) = ring.as_mut() {
+            any |= arm_send(fd, send, stream, ops, r);
+        }
+    }
+    if any {
+        r.raw.submit();
+        // The sends are done (MSG_DONTWAIT, inside that call): apply them now, before any
+        // task runs, so no stream ever has bytes on the wire that it still counts as queued.
+        let mut now = std::mem::take(&mut *r.backlog.borrow_mut());
+        r.raw.drain(&mut now);
+        for c in now {
+            complete(c, r, p);
+        }
+    }
+}
+
+/// A task posted on `i`: on a core in polling mode, out now (see `send_now`).
+pub(super) fn post_now(i: &mut QpInner) -> bool {
+    if i.closed {
+        return false;
+    }
+    PROVIDER.with(|p| {
+        if !polling_mode(p) {
+            return false;
+        }
+        let ring = p.ring.borrow();
+        let Some(r) = ring.as_ref() else {
+            return false;
+        };
+        let (fd, send) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::Send));
+        let QpInner { stream, ring, .. } = i;
+        let Some(ops) = ring.as_mut() else {
+            return false;
+        };
+        let sent = arm_send(fd, send, stream, ops, r);
+        if sent {
+            r.raw.submit();
+            // Apply this send's completion before returning (the task may disconnect next,
+            // and must not send these bytes again); the rest wait for the poll.
+            let mut backlog = r.backlog.borrow_mut();
+            r.raw.drain(&mut backlog);
+            if let Some(at) = backlog.iter().position(|c| c.token == send) {
+                let c = backlog.remove(at);
+                drop(backlog);
+                sent_done(i, r, c.result);
+                after(i);
+            }
+        }
+        sent
+    })
+}
+
+/// A send's completion: `res` bytes went out (or why none did).
+fn sent_done(i: &mut QpInner, r: &Ring, res: i32) -> bool {
+    let ops = i.ring.as_mut().expect("a ring queue pair");
+    ops.tx = TxOp::Idle;
+    if res > 0 {
+        i.stream.tx_advance(res as usize);
+        i.moved = true;
+        true
+    } else if res == -libc::EAGAIN {
+        push_poll(i, r, libc::POLLOUT as u32, Kind::PollOut);
+        i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
+        false
+    } else {
+        if !i.closed {
+            close(i, WcStatus::RetryExcErr);
+        }
+        false
+    }
+}
+
+/// True while a send of this queue pair is outstanding on the ring (its bytes are, or may be,
+/// on the wire already): nothing else may send from the stream meanwhile.
+pub(super) fn send_outstanding(i: &QpInner) -> bool {
+    i.ring.as_ref().is_some_and(|o| o.tx != TxOp::Idle)
+}
+
 /// Queues the operations one queue pair needs now.
 fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     let fd = types::Fd(i.fd.as_raw_fd());
@@ -262,28 +396,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     if *closed {
         return;
     }
-    if ops.tx == TxOp::Idle && stream.wants_tx() {
-        let mut slices = [std::io::IoSlice::new(&[]); 64];
-        let count = stream.tx_iovecs(&mut slices);
-        if count > 0 {
-            for (v, s) in ops.iov.iter_mut().zip(&slices[..count]) {
-                v.iov_base = s.as_ptr() as *mut libc::c_void;
-                v.iov_len = s.len();
-            }
-            ops.msg.msg_iov = ops.iov.as_mut_ptr();
-            ops.msg.msg_iovlen = count;
-            let e = opcode::SendMsg::new(fd, &*ops.msg)
-                .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
-                .build();
-            // SAFETY: the gather list lives in `ops` (boxed) and names chunks the stream
-            // just checked; with MSG_DONTWAIT the kernel reads them inside this pass's
-            // submission, which follows `prepare_submit` with nothing in between.
-            unsafe { r.raw.push(e, send) };
-            ops.tx = TxOp::Sending;
-        }
-        // Zero slices: a Read Response's source is gone and the stream stopped; the poll
-        // after this submission closes the connection.
-    }
+    arm_send(fd, send, stream, ops, r);
     if ops.rx == RxOp::Idle {
         match stream.rx_buffer() {
             Some((dst, want)) if want >= DIRECT_SWITCH => {
@@ -441,19 +554,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
         Some(Kind::PollIn) => {
             i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Idle;
         }
-        Some(Kind::Send) => {
-            let ops = i.ring.as_mut().expect("a ring queue pair");
-            ops.tx = TxOp::Idle;
-            if res > 0 {
-                i.stream.tx_advance(res as usize);
-                moved = true;
-            } else if res == -libc::EAGAIN {
-                push_poll(i, r, libc::POLLOUT as u32, Kind::PollOut);
-                i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
-            } else {
-                fail(i);
-            }
-        }
+        Some(Kind::Send) => moved |= sent_done(i, r, res),
         Some(Kind::PollOut) => {
             i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Idle;
         }
@@ -530,9 +631,16 @@ impl Poller for RingPoller {
                 let Some(r) = ring.as_ref() else {
                     return false;
                 };
+                self.completions.append(&mut r.backlog.borrow_mut());
                 r.raw.drain(&mut self.completions);
                 for c in self.completions.drain(..) {
                     moved |= complete(c, r, p);
+                }
+                if polling_mode(p) && moved {
+                    // What the bytes just received produced (responses, acknowledgements)
+                    // goes out now; the rest of each queue pair's needs wait for the pass.
+                    let keys = r.pending.borrow().clone();
+                    send_now(p, r, &keys);
                 }
             }
             moved |= sweep_active(
@@ -558,7 +666,7 @@ impl Poller for RingPoller {
             p.ring
                 .borrow()
                 .as_ref()
-                .is_some_and(|r| !r.pending.borrow().is_empty())
+                .is_some_and(|r| !r.pending.borrow().is_empty() || !r.backlog.borrow().is_empty())
         })
     }
 
@@ -596,7 +704,7 @@ impl RingPoller {
         p.ring
             .borrow()
             .as_ref()
-            .is_some_and(|r| !r.pending.borrow().is_empty())
+            .is_some_and(|r| !r.pending.borrow().is_empty() || !r.backlog.borrow().is_empty())
     }
 }
 

@@ -644,3 +644,26 @@ fn posts_then_an_immediate_disconnect_deliver_each_message_once() {
             .all(|(k, c)| c.iter().all(|&x| x == k as u8 + 1)));
     });
 }
+
+/// A queue pair used after its runtime's `block_on` returned (a handle dropped late, as a
+/// channel's receiver returning its credits does) does not panic: the post waits in the
+/// stream, as it would on a core that is gone.
+#[test]
+fn a_post_outside_the_runtime_does_not_panic() {
+    let (a, b) = (end(), end());
+    let mut src = vec![1u8; 64];
+    let amr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+    let (qa, qb) = rt().block_on(async { pair(&a, &b, false).await });
+    qa.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        },
+        sges: vec![sge(&amr, 0, 64)],
+        signaled: false,
+        fence: false,
+    })
+    .unwrap();
+    drop((qa, qb, amr));
+}

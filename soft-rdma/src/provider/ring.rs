@@ -317,11 +317,13 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize]) {
 
 /// A task posted on `i`: on a core in polling mode, out now (see `send_now`).
 pub(super) fn post_now(i: &mut QpInner) -> bool {
-    if i.closed {
+    // Outside the runtime (a handle dropped after `block_on` returned) there is no ring to
+    // submit on: the post waits in the stream, as any other.
+    if i.closed || !barewire_engine::in_runtime() {
         return false;
     }
     PROVIDER.with(|p| {
-        if !polling_mode(p) {
+        if !polling_mode(p) || p.core.get() != barewire_engine::core_token() {
             return false;
         }
         let ring = p.ring.borrow();

@@ -595,6 +595,8 @@ fn after(i: &mut QpInner) {
 /// their completions after it.
 pub(super) struct RingPoller {
     completions: Vec<Completion>,
+    /// Scratch: the queue pairs an immediate send looks at (kept, so no pass allocates).
+    keys: Vec<usize>,
     last_timeout_check: Instant,
     gone: Vec<usize>,
 }
@@ -603,6 +605,7 @@ impl RingPoller {
     pub(super) fn new() -> RingPoller {
         RingPoller {
             completions: Vec::with_capacity(64),
+            keys: Vec::new(),
             last_timeout_check: Instant::now(),
             gone: Vec::new(),
         }
@@ -641,8 +644,9 @@ impl Poller for RingPoller {
                 if polling_mode(p) && moved {
                     // What the bytes just received produced (responses, acknowledgements)
                     // goes out now; the rest of each queue pair's needs wait for the pass.
-                    let keys = r.pending.borrow().clone();
-                    send_now(p, r, &keys);
+                    self.keys.clear();
+                    self.keys.extend_from_slice(&r.pending.borrow());
+                    send_now(p, r, &self.keys);
                 }
             }
             moved |= sweep_active(

@@ -27,6 +27,11 @@ pub enum Error {
     /// io_uring was asked for explicitly and cannot be set up.
     #[error("io_uring is unavailable ({0}); use Reactor::Auto or BAREWIRE_REACTOR=epoll to fall back to epoll")]
     IoUringUnavailable(io::Error),
+    /// SQPOLL was asked for (`Builder::sqpoll`, `BAREWIRE_SQPOLL`) and the kernel refused it.
+    #[error(
+        "io_uring with SQPOLL is unavailable ({0}); drop Builder::sqpoll or unset BAREWIRE_SQPOLL"
+    )]
+    SqPollUnavailable(io::Error),
     /// Registering memory would exceed the locked-memory limit.
     #[error(
         "registering {needed} bytes of memory exceeds RLIMIT_MEMLOCK ({limit} bytes); raise it \

@@ -41,6 +41,7 @@ pub struct Builder {
     reactor: Reactor,
     budget: usize,
     mesh_capacity: usize,
+    sqpoll: Option<Duration>,
 }
 
 impl Default for Builder {
@@ -53,6 +54,7 @@ impl Default for Builder {
             reactor: Reactor::Auto,
             budget: 64,
             mesh_capacity: 1024,
+            sqpoll: None,
         }
     }
 }
@@ -105,6 +107,37 @@ impl Builder {
     /// Which reactor to use (default `Auto`).
     pub fn reactor(mut self, r: Reactor) -> Self {
         self.reactor = r;
+        self
+    }
+
+    /// Submission-queue polling (`IORING_SETUP_SQPOLL`): a kernel thread per core reads the
+    /// submission queue, so a busy core submits without a system call; the thread sleeps after
+    /// `idle` without submissions, and the next submission wakes it (one `io_uring_enter`).
+    ///
+    /// The cost is CPU: each core's kernel thread spins for as long as the core keeps
+    /// submitting, and `idle` after, so a busy core uses two CPUs' time. Worth it where a core
+    /// is busy and a CPU is spare beside it; on a machine with as many busy threads as CPUs it
+    /// competes with them. Operations that name memory must then keep it alive until their
+    /// completion (the engine's own do; [`crate::uring::RawQueue::completes_in_submit`] says
+    /// whether raw ones may rely on the submitting call). `BAREWIRE_SQPOLL` sets it from the
+    /// environment where the program does not: `on` (an idle time of 10 ms) or the idle time in
+    /// milliseconds; `off`, `0` or empty leave it off. Needs the io_uring reactor: the build
+    /// fails with [`Error::SqPollUnavailable`] where the kernel refuses it, and with
+    /// [`Error::InvalidConfig`] under the epoll reactor.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// let rt = barewire_engine::Runtime::builder()
+    ///     .sqpoll(Duration::from_millis(10))
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(matches!(
+    ///     rt.reactor(),
+    ///     barewire_engine::ReactorKind::IoUring(barewire_engine::UringFlags::SqPoll)
+    /// ));
+    /// ```
+    pub fn sqpoll(mut self, idle: Duration) -> Self {
+        self.sqpoll = Some(idle);
         self
     }
 
@@ -174,6 +207,31 @@ impl Builder {
         }
     }
 
+    /// The SQPOLL idle time asked for, by the builder or else by `BAREWIRE_SQPOLL`.
+    fn sqpoll_choice(&self, reactor: Reactor) -> Result<Option<Duration>, Error> {
+        let idle = match self.sqpoll {
+            Some(d) => Some(d),
+            None => match std::env::var("BAREWIRE_SQPOLL").ok().as_deref() {
+                None | Some("") | Some("off") | Some("0") => None,
+                Some("on") => Some(Duration::from_millis(10)),
+                Some(ms) => match ms.parse::<u64>() {
+                    Ok(ms) => Some(Duration::from_millis(ms)),
+                    Err(_) => {
+                        return Err(Error::InvalidConfig(format!(
+                            "BAREWIRE_SQPOLL={ms}: expected on, off or an idle time in milliseconds"
+                        )))
+                    }
+                },
+            },
+        };
+        if idle.is_some() && reactor == Reactor::Epoll {
+            return Err(Error::InvalidConfig(
+                "SQPOLL needs the io_uring reactor, and epoll was asked for".into(),
+            ));
+        }
+        Ok(idle)
+    }
+
     /// Builds the runtime: the calling thread becomes core 0, and one thread is started (and
     /// pinned) for each other core.
     pub fn build(self) -> Result<Runtime, Error> {
@@ -184,6 +242,7 @@ impl Builder {
         }
         let cpus = self.resolve_cores()?;
         let reactor = self.reactor_choice()?;
+        let sqpoll = self.sqpoll_choice(reactor)?;
         let n = cpus.len();
         let shared: Vec<Arc<CoreShared>> = (0..n)
             .map(CoreShared::new)
@@ -194,6 +253,10 @@ impl Builder {
             budget: b.budget,
             idle_spin: b.idle_spin,
         };
+        let ring = RingConfig {
+            entries: self.ring_entries,
+            sqpoll,
+        };
 
         let mut threads = Vec::with_capacity(n.saturating_sub(1));
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), Error>>();
@@ -202,13 +265,12 @@ impl Builder {
             let peers = shared.clone();
             let core_mesh = mesh.take(i, peers);
             let cpu = cpus[i];
-            let entries = self.ring_entries;
             let config = cfg(&self);
             let tx = ready_tx.clone();
             let t = thread::Builder::new()
                 .name(format!("barewire-core-{i}"))
                 .spawn(move || {
-                    let core = match make_core(sh, cpu, reactor, entries, core_mesh, config) {
+                    let core = match make_core(sh, cpu, reactor, ring, core_mesh, config) {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = tx.send(Err(e));
@@ -228,7 +290,7 @@ impl Builder {
             shared[0].clone(),
             cpus[0],
             reactor,
-            self.ring_entries,
+            ring,
             mesh.take(0, shared.clone()),
             cfg(&self),
         );
@@ -268,11 +330,18 @@ impl Builder {
     }
 }
 
+/// How each core's ring is set up.
+#[derive(Debug, Clone, Copy)]
+struct RingConfig {
+    entries: u32,
+    sqpoll: Option<Duration>,
+}
+
 fn make_core(
     shared: Arc<CoreShared>,
     cpu: Option<usize>,
     reactor: Reactor,
-    entries: u32,
+    ring: RingConfig,
     mesh: crate::mesh::Mesh,
     config: CoreConfig,
 ) -> Result<Core, Error> {
@@ -286,10 +355,13 @@ fn make_core(
         Reactor::Epoll => {
             Driver::Epoll(Epoll::new(wake_fd).map_err(|e| Error::io("epoll setup", e))?)
         }
-        Reactor::IoUring => {
-            Driver::Uring(Uring::new(entries, wake_fd).map_err(Error::IoUringUnavailable)?)
-        }
-        Reactor::Auto => match Uring::new(entries, wake_fd) {
+        _ if ring.sqpoll.is_some() => Driver::Uring(
+            Uring::new(ring.entries, wake_fd, ring.sqpoll).map_err(Error::SqPollUnavailable)?,
+        ),
+        Reactor::IoUring => Driver::Uring(
+            Uring::new(ring.entries, wake_fd, None).map_err(Error::IoUringUnavailable)?,
+        ),
+        Reactor::Auto => match Uring::new(ring.entries, wake_fd, None) {
             Ok(u) => Driver::Uring(u),
             Err(e) => {
                 static WARN: Once = Once::new();

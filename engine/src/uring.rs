@@ -6,7 +6,10 @@
 //! takes them in bulk with [`RawQueue::drain`]. Pushed from [`Poller::prepare_submit`], they go
 //! out in the same `io_uring_enter` as everything else the pass submits, and a send or receive
 //! flagged `MSG_DONTWAIT` is then done (its CQE posted) by the time that call returns: the
-//! kernel touches the memory it names only inside the call, while nothing else runs.
+//! kernel touches the memory it names only inside the call, while nothing else runs. Not so
+//! under SQPOLL (`Builder::sqpoll`): a kernel thread reads the entries whenever it gets to them,
+//! so there every operation must own what it names until its completion; ask
+//! [`RawQueue::completes_in_submit`].
 //!
 //! ```
 //! use barewire_engine::uring::{opcode, types, RawQueue};
@@ -74,6 +77,16 @@ impl RawQueue {
         })
     }
 
+    /// True if an operation that completes without waiting (a `MSG_DONTWAIT` send or receive)
+    /// is done by the time the submission that carries it returns, so the memory it names need
+    /// only live until then. False under SQPOLL, where a kernel thread submits on its own time.
+    pub fn completes_in_submit(&self) -> bool {
+        with_core(|c| match &c.driver {
+            Driver::Uring(u) => u.flags != crate::UringFlags::SqPoll,
+            Driver::Epoll(_) => true,
+        })
+    }
+
     fn user_data(&self, token: u64) -> u64 {
         assert!(token < 1 << RAW_TOKEN_BITS, "raw token over 48 bits");
         RAW_BIT | (self.index as u64) << RAW_TOKEN_BITS | token
@@ -84,7 +97,8 @@ impl RawQueue {
     /// # Safety
     /// Every pointer in `entry` must stay valid for as long as the kernel may use it: until its
     /// last completion, or, for an operation that completes inside the submitting call (a
-    /// `MSG_DONTWAIT` send or receive pushed from `prepare_submit`), until that call.
+    /// `MSG_DONTWAIT` send or receive pushed from `prepare_submit`, where
+    /// [`RawQueue::completes_in_submit`] holds), until that call.
     pub unsafe fn push(&self, entry: squeue::Entry, token: u64) {
         let entry = entry.user_data(self.user_data(token));
         with_core(|c| match &c.driver {

@@ -9,6 +9,11 @@
 //!   tells us through `IORING_SQ_TASKRUN` when such work waits, so an idle pass costs no syscall.
 //! - `IORING_SETUP_COOP_TASKRUN` (5.19): the fallback that also avoids interrupting IPIs.
 //!
+//! With SQPOLL asked for (`Builder::sqpoll`), the ring is set up with `IORING_SETUP_SQPOLL`
+//! (plus SINGLE_ISSUER where accepted; the kernel refuses the task-run flags beside it): a
+//! kernel thread reads the submission queue, and a submission makes a system call only when
+//! that thread has gone to sleep (`IORING_SQ_NEED_WAKEUP`).
+//!
 //! See io_uring_setup(2) and io_uring_enter(2).
 
 use std::any::Any;
@@ -42,6 +47,8 @@ pub enum UringFlags {
     CoopTaskrun,
     /// No optional flags.
     Plain,
+    /// SQPOLL (with SINGLE_ISSUER where the kernel accepts it): a kernel thread submits.
+    SqPoll,
 }
 
 pub(crate) struct Uring {
@@ -61,9 +68,18 @@ pub(crate) struct Uring {
 }
 
 impl Uring {
-    pub(crate) fn new(entries: u32, wake_fd: RawFd) -> io::Result<Uring> {
+    /// A ring of `entries` submission slots; with `sqpoll`, a submission-polling one whose
+    /// kernel thread sleeps after that idle time (at least 1 ms).
+    pub(crate) fn new(entries: u32, wake_fd: RawFd, sqpoll: Option<Duration>) -> io::Result<Uring> {
         type Apply = fn(&mut io_uring::Builder);
-        let attempts: [(UringFlags, Apply); 3] = [
+        let idle_ms = sqpoll.map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32);
+        let sqpoll_attempts: [(UringFlags, Apply); 2] = [
+            (UringFlags::SqPoll, |b| {
+                b.setup_single_issuer();
+            }),
+            (UringFlags::SqPoll, |_| {}),
+        ];
+        let plain_attempts: [(UringFlags, Apply); 3] = [
             (UringFlags::DeferTaskrun, |b| {
                 b.setup_single_issuer()
                     .setup_defer_taskrun()
@@ -76,10 +92,18 @@ impl Uring {
             }),
             (UringFlags::Plain, |_| {}),
         ];
+        let attempts: &[(UringFlags, Apply)] = if sqpoll.is_some() {
+            &sqpoll_attempts
+        } else {
+            &plain_attempts
+        };
         let mut last_err = None;
-        for (flags, apply) in attempts {
+        for &(flags, apply) in attempts {
             let mut builder = IoUring::builder();
             apply(&mut builder);
+            if sqpoll.is_some() {
+                builder.setup_sqpoll(idle_ms);
+            }
             builder.setup_cqsize(entries.saturating_mul(4));
             match builder.build(entries) {
                 Ok(ring) => {
@@ -234,7 +258,12 @@ impl Uring {
                 stats
                     .ops_submitted
                     .set(stats.ops_submitted.get() + pending as u64);
-                self.enters.set(self.enters.get() + 1);
+                // Under SQPOLL the kernel thread takes the entries by itself: `submit` enters
+                // the kernel only to wake it (or to flush an overflowed completion queue).
+                let enters = self.flags != UringFlags::SqPoll
+                    || ring.submission().need_wakeup()
+                    || ring.submission().cq_overflow();
+                self.enters.set(self.enters.get() + enters as u64);
                 match ring.submit() {
                     Ok(_) => {}
                     Err(e)

@@ -16,6 +16,10 @@ echo "== cargo test --workspace (epoll reactor)"
 BAREWIRE_REACTOR=epoll cargo test --workspace --all-targets
 BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
+echo "== the soft provider and the facade's channels and actors under SQPOLL (sends from copies; the whole workspace passes under it too, but takes long on two cores)"
+BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire-soft-rdma --all-targets
+BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire --test typed_api --test actor_remote --test peer_death --test dsm
+
 echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak.rs)"
 cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"
 

@@ -119,6 +119,7 @@ fn without_io_uring_the_epoll_reactor_takes_over_with_one_warning() {
         ])
         .env(CHILD, "1")
         .env_remove("BAREWIRE_REACTOR")
+        .env_remove("BAREWIRE_SQPOLL")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

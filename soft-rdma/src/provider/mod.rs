@@ -26,6 +26,7 @@
 
 mod progress;
 mod ring;
+mod sqpoll;
 
 use std::cell::RefCell;
 use std::io;
@@ -682,6 +683,10 @@ impl Drop for QpInner {
             progress::flush(self);
             // An armed receive holds the socket open: cancel it so the socket really closes.
             ring::cancel_armed(self);
+        }
+        if self.ring.is_some() {
+            // Under SQPOLL its wire sends what it still holds and goes after its operations.
+            ring::detach(self);
         }
         // Have the poller free the slot; the fd leaves the epoll set as it closes.
         let key = self.key;

@@ -27,8 +27,11 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
                 }
             }
         }
-        // SAFETY: shutting down our own socket.
-        unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        // Under SQPOLL the socket shuts down once the copies the stream handed over are sent.
+        if !super::ring::hang_up(i) {
+            // SAFETY: shutting down our own socket.
+            unsafe { libc::shutdown(i.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        }
         super::ring::cancel_armed(i);
     }
     mark_active(i);
@@ -76,6 +79,9 @@ pub(super) fn flush(i: &mut QpInner) -> bool {
     // the stream now would send them twice. (It completes at the ring's next poll.)
     if i.closed || super::ring::send_outstanding(i) {
         return false;
+    }
+    if let Some(moved) = super::ring::flush_copy(i) {
+        return moved;
     }
     let fd = i.fd.as_raw_fd();
     let mut moved = false;
@@ -257,6 +263,8 @@ impl Provider {
     pub(super) fn bind_to_current_core(&self) {
         let token = barewire_engine::core_token();
         if self.core.replace(token) != token {
+            // The earlier core's ring went with it: its queue pairs close without it.
+            self.ring.take();
             for qp in self
                 .qps
                 .take()
@@ -273,7 +281,6 @@ impl Provider {
             self.registered.set(false);
             self.timer_armed.set(false);
             self.irq_armed.set(false);
-            self.ring.take();
         }
     }
 
@@ -298,6 +305,10 @@ impl Provider {
             }
             let mut i = qp.inner.borrow_mut();
             i.ring = Some(super::ring::RingOps::new());
+            if !super::ring::attach(&mut i) {
+                close(&mut i, WcStatus::RetryExcErr);
+                return;
+            }
             super::ring::queue(&mut i);
             return;
         }

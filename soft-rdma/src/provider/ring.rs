@@ -36,6 +36,9 @@
 //! for the next pass. Nothing else runs between building those operations and submitting
 //! them, and their completions are applied to the streams before the call returns, so no
 //! stream ever has bytes on the wire that it still counts as queued.
+//!
+//! Under SQPOLL none of that holds (a kernel thread submits on its own time): there the queue
+//! pairs send from copies and receive into provided buffers only (`sqpoll.rs`).
 
 use std::cell::RefCell;
 use std::os::fd::AsRawFd;
@@ -46,6 +49,7 @@ use barewire_engine::uring::{buffer_id, opcode, squeue, types, Completion, RawQu
 use barewire_engine::Poller;
 
 use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER};
+use super::sqpoll::Wires;
 use super::*;
 use crate::stream::Stream;
 
@@ -75,6 +79,10 @@ pub(super) struct Ring {
     polling: RefCell<Vec<usize>>,
     /// Completions reaped by an immediate send (see `post_now`) for the next `poll`.
     backlog: RefCell<Vec<Completion>>,
+    /// The ring is SQPOLL: sends go from copies, receives into provided buffers only, through
+    /// the queue pairs' wires (`sqpoll.rs`).
+    pub(super) copy: bool,
+    pub(super) wires: RefCell<Wires>,
 }
 
 impl Ring {
@@ -96,11 +104,13 @@ impl Ring {
             }
         };
         Some(Ring {
-            raw,
             bufs,
             pending: RefCell::new(Vec::new()),
             polling: RefCell::new(Vec::new()),
             backlog: RefCell::new(Vec::new()),
+            copy: !raw.completes_in_submit(),
+            wires: RefCell::new(Wires::default()),
+            raw,
         })
     }
 }
@@ -200,6 +210,11 @@ fn token(i: &QpInner, kind: Kind) -> u64 {
     (i.key as u64 & 0xFF_FFFF) << 24 | (i.qp as u64 & 0xF_FFFF) << 4 | kind as u64
 }
 
+/// The queue pair part of its tokens (what names its wire under SQPOLL).
+fn conn_id(i: &QpInner) -> u64 {
+    token(i, Kind::RecvMulti) & !0xF
+}
+
 fn untoken(t: u64) -> (usize, u32, Option<Kind>) {
     (
         (t >> 24) as usize,
@@ -240,9 +255,85 @@ pub(super) fn cancel_armed(i: &QpInner) {
     });
 }
 
-/// True while the core has so few queue pairs that it polls their receives each pass.
+/// True while the core has so few queue pairs that it polls their receives each pass (never
+/// under SQPOLL, where a receive is not done within the submission).
 fn polling_mode(p: &Provider) -> bool {
-    p.live() <= DIRECT_POLL_MAX
+    p.live() <= DIRECT_POLL_MAX && !p.ring.borrow().as_ref().is_some_and(|r| r.copy)
+}
+
+/// A queue pair joins a ring core: under SQPOLL it gets its wire. False if it could not (no
+/// descriptor left for the duplicate); the caller closes it.
+pub(super) fn attach(i: &mut QpInner) -> bool {
+    PROVIDER.with(|p| match p.ring.borrow().as_ref() {
+        Some(r) if r.copy => match r.wires.borrow_mut().open(conn_id(i), &i.fd) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("barewire-soft-rdma: no descriptor for a queue pair's wire ({e})");
+                false
+            }
+        },
+        _ => true,
+    })
+}
+
+/// Under SQPOLL, copies what the stream has queued to its wire and starts the send if none is
+/// in flight; `None` on other cores. (The raw-syscall path never sends on such a queue pair:
+/// the kernel thread's send and ours would race.)
+pub(super) fn flush_copy(i: &mut QpInner) -> Option<bool> {
+    i.ring.as_ref()?;
+    PROVIDER
+        .try_with(|p| {
+            let ring = p.ring.borrow();
+            let r = ring.as_ref().filter(|r| r.copy)?;
+            Some(copy_out(i, r))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Copies the stream's queued bytes to the wire and starts a send. True if bytes were taken.
+/// Outside the runtime (a handle dropped after `block_on` returned) there is no ring to send
+/// on: the bytes stay in the stream.
+fn copy_out(i: &mut QpInner, r: &Ring) -> bool {
+    if !barewire_engine::in_runtime() {
+        return false;
+    }
+    let (id, send) = (conn_id(i), token(i, Kind::Send));
+    let before = i.stream.tx_sent();
+    let mut wires = r.wires.borrow_mut();
+    wires.take(id, &mut i.stream);
+    wires.kick(id, r, send);
+    i.stream.tx_sent() != before
+}
+
+/// Under SQPOLL, the queue pair closed: its socket shuts down once its copies went out (the
+/// caller shuts it down itself otherwise: false).
+pub(super) fn hang_up(i: &mut QpInner) -> bool {
+    PROVIDER
+        .try_with(|p| {
+            let ring = p.ring.borrow();
+            let Some(r) = ring.as_ref().filter(|r| r.copy) else {
+                return false;
+            };
+            copy_out(i, r);
+            r.wires.borrow_mut().hang_up(conn_id(i));
+            true
+        })
+        .unwrap_or(false)
+}
+
+/// Under SQPOLL, the queue pair is being dropped: what it queued goes out from its wire, which
+/// outlives it until its operations are done.
+pub(super) fn detach(i: &mut QpInner) {
+    let _ = PROVIDER.try_with(|p| {
+        let ring = p.ring.borrow();
+        if let Some(r) = ring.as_ref().filter(|r| r.copy) {
+            if !i.closed {
+                copy_out(i, r);
+            }
+            r.wires.borrow_mut().detach(conn_id(i));
+        }
+    });
 }
 
 /// Arms the multishot receive (`token`) of a queue pair with no receive outstanding.
@@ -323,7 +414,15 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
         return false;
     }
     PROVIDER.with(|p| {
-        if !polling_mode(p) || p.core.get() != barewire_engine::core_token() {
+        if p.core.get() != barewire_engine::core_token() {
+            return false;
+        }
+        if let Some(r) = p.ring.borrow().as_ref().filter(|r| r.copy) {
+            // The kernel thread picks the send up without a system call of ours.
+            copy_out(i, r);
+            return true;
+        }
+        if !polling_mode(p) {
             return false;
         }
         let ring = p.ring.borrow();
@@ -379,8 +478,31 @@ pub(super) fn send_outstanding(i: &QpInner) -> bool {
     i.ring.as_ref().is_some_and(|o| o.tx != TxOp::Idle)
 }
 
+/// Under SQPOLL: what a queue pair needs now. Sends go from copies; the receive is always the
+/// multishot into provided buffers, on the wire's descriptor.
+fn arm_copy(i: &mut QpInner, r: &Ring) {
+    let ops = i.ring.as_mut().expect("a ring queue pair");
+    ops.queued = false;
+    if i.closed {
+        return;
+    }
+    copy_out(i, r);
+    let (id, multi) = (conn_id(i), token(i, Kind::RecvMulti));
+    let ops = i.ring.as_mut().expect("a ring queue pair");
+    if ops.rx == RxOp::Idle && i.stream.rx_buffer().is_some() {
+        let mut wires = r.wires.borrow_mut();
+        if let Some(fd) = wires.fd(id) {
+            arm_multishot(fd, multi, ops, r);
+            wires.pushed(id);
+        }
+    }
+}
+
 /// Queues the operations one queue pair needs now.
 fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
+    if r.copy {
+        return arm_copy(i, r);
+    }
     let fd = types::Fd(i.fd.as_raw_fd());
     let send = token(i, Kind::Send);
     let direct = token(i, Kind::RecvDirect);
@@ -449,6 +571,29 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
     let (key, qpn, kind) = untoken(c.token);
     let bid = buffer_id(c.flags);
     let qp = p.get(key).filter(|qp| qp.borrow().qp & 0xF_FFFF == qpn);
+    if r.copy {
+        let id = c.token & !0xF;
+        match kind {
+            Some(Kind::Send) => {
+                let whole = r.wires.borrow_mut().sent(id, c.result, r, c.token);
+                if let Some(qp) = qp {
+                    let mut guard = qp.borrow_mut();
+                    let i = &mut *guard;
+                    if !whole {
+                        if !i.closed {
+                            close(i, WcStatus::RetryExcErr);
+                        }
+                    } else {
+                        i.moved = true;
+                        after(i);
+                    }
+                }
+                return whole;
+            }
+            Some(Kind::RecvMulti) if c.flags & CQE_F_MORE == 0 => r.wires.borrow_mut().finished(id),
+            _ => {}
+        }
+    }
     let Some(qp) = qp else {
         if let Some(bid) = bid {
             r.bufs.give_back(bid);
@@ -488,6 +633,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 // Its last completion (stopped, cancelled, or out of buffers): rearm.
                 ops.rx = RxOp::Idle;
             } else if ops.rx == RxOp::Multi
+                && !r.copy
                 && (polling_mode(p)
                     || i.stream
                         .rx_buffer()
@@ -704,6 +850,32 @@ impl Poller for RingPoller {
         })
     }
 }
+
+impl Drop for RingPoller {
+    /// The core is shutting down: under SQPOLL, copies the queue pairs handed over (their
+    /// requests completed) may still wait for the kernel thread; they go out before the ring
+    /// does, within a bound, as the raw-syscall path's last sends do when a queue pair drops.
+    fn drop(&mut self) {
+        let _ = PROVIDER.try_with(|p| {
+            let ring = p.ring.borrow();
+            let Some(r) = ring.as_ref().filter(|r| r.copy) else {
+                return;
+            };
+            let deadline = Instant::now() + SHUTDOWN_DRAIN;
+            while r.wires.borrow().sending() && Instant::now() < deadline {
+                r.raw.submit();
+                r.raw.drain(&mut self.completions);
+                for c in self.completions.drain(..) {
+                    complete(c, r, p);
+                }
+                std::thread::yield_now();
+            }
+        });
+    }
+}
+
+/// How long a core's shutdown waits for its queue pairs' last copies to be sent (SQPOLL).
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(1);
 
 impl RingPoller {
     fn pure_poll_inner(&self, p: &Provider) -> bool {

@@ -386,6 +386,11 @@ impl Stream {
         self.push(Chunk::Inline(b, (end + n) as u8));
     }
 
+    /// Bytes handed to the transport so far.
+    pub fn tx_sent(&self) -> u64 {
+        self.tx_sent
+    }
+
     /// True if bytes wait to be sent.
     pub fn wants_tx(&self) -> bool {
         !self.tx.is_empty()

@@ -707,7 +707,7 @@ fn under_sqpoll_every_verb_works_without_a_system_call_per_message() {
             })
             .unwrap()
         };
-        let a_ptr = amr.addr() as *mut u8;
+        let a_ptr = amr.addr();
         let before = barewire_engine::stats();
         for round in 0..ROUNDS {
             // SAFETY: the region's memory, written while no operation uses it.

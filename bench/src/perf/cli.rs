@@ -130,6 +130,11 @@ pub struct RunArgs {
     pub driver: String,
     /// The engine's reactor (`--reactor io_uring|epoll|auto`), as `BAREWIRE_REACTOR` takes it.
     pub reactor: Reactor,
+    /// SQPOLL with this idle time in milliseconds (`--sqpoll MS`); `None`: as
+    /// `BAREWIRE_SQPOLL` says (off when unset).
+    pub sqpoll: Option<u64>,
+    /// How long an idle core polls before it sleeps (`--idle-spin-us`, default 1000).
+    pub idle_spin_us: u64,
     /// Queue pairs (connections) a bandwidth test spreads its requests over (`--qps`), each
     /// with `tx_depth` in flight.
     pub qps: u16,
@@ -290,6 +295,13 @@ struct RunOpts {
         default_value = "auto"
     )]
     reactor: ReactorName,
+    /// io_uring submission polling with this idle time (ms): a kernel thread per core submits,
+    /// so a busy core makes no system call per message, at the cost of a second CPU per core.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    sqpoll: Option<u64>,
+    /// How long an idle core keeps polling before it sleeps, in microseconds.
+    #[arg(long, value_name = "US", default_value_t = 1000)]
+    idle_spin_us: u64,
     /// Ask for MPA CRC32c (off by default, as Linux siw).
     #[arg(long)]
     crc: bool,
@@ -425,6 +437,8 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             ReactorName::IoUring => Reactor::IoUring,
             ReactorName::Epoll => Reactor::Epoll,
         },
+        sqpoll: o.sqpoll,
+        idle_spin_us: o.idle_spin_us,
         json: o.json,
         loopback: o.loopback,
         crc: o.crc,
@@ -520,6 +534,10 @@ mod tests {
     fn queue_pairs_and_reactor() {
         let r = run("write_bw --qps 64 -s 4096 --reactor epoll --loopback");
         assert_eq!((r.qps, r.reactor), (64, Reactor::Epoll));
+        assert_eq!((r.sqpoll, r.idle_spin_us), (None, 1000));
+        let r = run("read_lat --sqpoll 10 --idle-spin-us 0");
+        assert_eq!((r.sqpoll, r.idle_spin_us), (Some(10), 0));
+        assert!(p("read_lat --sqpoll 0").is_err(), "an idle time of 0 ms is refused");
         assert_eq!(run("read_bw --reactor io_uring").reactor, Reactor::IoUring);
         assert_eq!(run("write_bw").qps, 1);
         let e = p("write_lat --qps 4").unwrap_err();

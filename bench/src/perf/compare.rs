@@ -236,6 +236,8 @@ impl Runner<'_> {
             cpus: Some(self.a.cpus.to_vec()),
             driver: "soft".into(),
             reactor: v.reactor,
+            sqpoll: None,
+            idle_spin_us: 1000,
             qps: v.qps,
             json: true,
             loopback: true,

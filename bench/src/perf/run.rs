@@ -87,10 +87,13 @@ fn open_device(name: &str) -> Result<Device, String> {
     Device::open(&cfg).map_err(|e| format!("--driver {name}: {e}"))
 }
 
-fn runtime(cpu: Option<usize>, reactor: super::cli::Reactor) -> Result<Runtime, String> {
-    let b = Runtime::builder()
-        .idle_spin(Duration::from_millis(1))
-        .reactor(reactor);
+fn runtime(cpu: Option<usize>, args: &RunArgs) -> Result<Runtime, String> {
+    let mut b = Runtime::builder()
+        .idle_spin(Duration::from_micros(args.idle_spin_us))
+        .reactor(args.reactor);
+    if let Some(ms) = args.sqpoll {
+        b = b.sqpoll(Duration::from_millis(ms));
+    }
     let b = match cpu {
         Some(c) => b.core_ids(&[c]),
         None => b.cores(1).pin(false),
@@ -291,7 +294,7 @@ async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
 
 fn server(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
-    runtime(cpu, args.reactor)?.block_on(async {
+    runtime(cpu, args)?.block_on(async {
         let dev = open_device(&args.driver)?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
@@ -417,7 +420,7 @@ async fn serve(
 
 fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
     let cpu = args.cpus.as_ref().map(|c| c[0]);
-    runtime(cpu, args.reactor)?.block_on(async {
+    runtime(cpu, args)?.block_on(async {
         let dev = open_device(&args.driver)?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let max = *args.sizes.iter().max().unwrap();
@@ -757,7 +760,11 @@ fn loopback(args: &RunArgs) -> Result<Outcome, String> {
     let mut cmd = Process::new(exe);
     cmd.arg(args.test.name())
         .args(["--announce", "-p", "0", "--driver", &args.driver])
-        .args(["--reactor", super::cli::reactor_name(args.reactor)]);
+        .args(["--reactor", super::cli::reactor_name(args.reactor)])
+        .args(["--idle-spin-us", &args.idle_spin_us.to_string()]);
+    if let Some(ms) = args.sqpoll {
+        cmd.args(["--sqpoll", &ms.to_string()]);
+    }
     if args.crc {
         cmd.arg("--crc");
     }

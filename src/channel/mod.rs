@@ -55,7 +55,7 @@ pub struct ChannelOptions {
     pub capacity: u32,
     /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
     /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512
-    /// bytes let a burst go out as runs of up to 64 messages per WRITE.
+    /// bytes let a burst go out as runs of up to 64 KiB per WRITE.
     pub max_message: usize,
     /// Receive this side's direction as verbs does everywhere, announced: every run carries
     /// immediate data that completes a receive, even where the provider places data on this
@@ -94,8 +94,15 @@ fn credit_step(capacity: u32) -> u64 {
     (capacity as u64 / 4).max(1)
 }
 
-/// Most messages one WRITE carries.
-const MAX_RUN: u64 = 64;
+/// Bytes one run (one WRITE) may cover: a burst coalesces up to this, or up to the ring's free
+/// space and its end, whichever comes first. 64 KiB, what a buffered TCP writer hands the
+/// kernel at once (RESULTS, 2026-12-01 seventh session, has the runs-of-64 comparison).
+const RUN_BYTES: usize = 64 * 1024;
+
+/// Most messages one WRITE carries, for slots of `slot` bytes.
+fn max_run(slot: usize) -> u64 {
+    (RUN_BYTES / slot.max(1)).max(1) as u64
+}
 
 /// Runs of several messages are written only when slots are at most this large; with larger
 /// slots each message goes as its own WRITE (a run would carry every slot's unused tail).
@@ -226,9 +233,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
         st.seq.set(seq + 1);
         let wrapped = head + 1 == st.capacity as usize;
         st.head.set(if wrapped { 0 } else { head + 1 });
-        // A run ends at the ring's end (a WRITE covers contiguous slots), at MAX_RUN, or at
+        // A run ends at the ring's end (a WRITE covers contiguous slots), at RUN_BYTES, or at
         // once when slots are large (a run would carry each slot's unused tail).
-        if wrapped || seq + 1 - st.posted.get() >= MAX_RUN || st.slot > COALESCE_MAX_SLOT {
+        if wrapped || seq + 1 - st.posted.get() >= max_run(st.slot) || st.slot > COALESCE_MAX_SLOT {
             // Batched: a sender in a burst posts many of these before it yields, and they
             // leave together in one system call.
             Some(st.post_run_with(true))

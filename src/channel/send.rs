@@ -19,7 +19,7 @@ use crate::error::Result;
 /// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (on verbs
 /// with one immediate announcing how many messages it carries) when the task that sent them
 /// yields (the flush poller runs before the core polls the network again), when it reaches
-/// `MAX_RUN` messages or the end of the ring, or on `flush`. A burst of small messages
+/// `RUN_BYTES` (64 KiB) or the end of the ring, or on `flush`. A burst of small messages
 /// therefore costs one work request and one wire message per run, not per message; a lone
 /// message goes out as soon as its sender waits for anything. (Runs need small slots: with a
 /// `max_message` over ~500 bytes each message is its own WRITE.)

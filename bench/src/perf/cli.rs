@@ -537,7 +537,10 @@ mod tests {
         assert_eq!((r.sqpoll, r.idle_spin_us), (None, 1000));
         let r = run("read_lat --sqpoll 10 --idle-spin-us 0");
         assert_eq!((r.sqpoll, r.idle_spin_us), (Some(10), 0));
-        assert!(p("read_lat --sqpoll 0").is_err(), "an idle time of 0 ms is refused");
+        assert!(
+            p("read_lat --sqpoll 0").is_err(),
+            "an idle time of 0 ms is refused"
+        );
         assert_eq!(run("read_bw --reactor io_uring").reactor, Reactor::IoUring);
         assert_eq!(run("write_bw").qps, 1);
         let e = p("write_lat --qps 4").unwrap_err();

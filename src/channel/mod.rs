@@ -96,7 +96,7 @@ fn credit_step(capacity: u32) -> u64 {
 
 /// Bytes one run (one WRITE) may cover: a burst coalesces up to this, or up to the ring's free
 /// space and its end, whichever comes first. 64 KiB, what a buffered TCP writer hands the
-/// kernel at once (RESULTS, 2026-12-01 seventh session, has the runs-of-64 comparison).
+/// kernel at once (RESULTS, "2026-12-01 (seventh session)", has the runs-of-64 comparison).
 const RUN_BYTES: usize = 64 * 1024;
 
 /// Most messages one WRITE carries, for slots of `slot` bytes.

@@ -800,3 +800,67 @@ fn under_sqpoll_every_verb_works_without_a_system_call_per_message() {
         drop((amr, bmr));
     });
 }
+
+/// Under SQPOLL a queue pair dropped right after posting (no disconnect, its sends completed
+/// but perhaps not yet read by the kernel thread) still delivers what it posted: its wire owns
+/// the copies and a duplicate of the socket until the sends complete, then closes. The peer gets
+/// every message, whole and in order, then sees the connection end.
+#[test]
+fn under_sqpoll_a_dropped_queue_pair_still_delivers_what_it_posted() {
+    const N: usize = 8;
+    let rt = barewire_engine::Runtime::builder()
+        .cores(1)
+        .sleeping()
+        .reactor(barewire_engine::Reactor::IoUring)
+        .sqpoll(Duration::from_millis(20))
+        .build()
+        .expect("this kernel runs io_uring, so it must accept SQPOLL");
+    rt.block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, true).await;
+        let mut src = vec![0u8; 4096 * N];
+        for (k, c) in src.chunks_mut(4096).enumerate() {
+            c.fill(k as u8 + 1);
+        }
+        let mut dst = vec![0u8; 4096 * (N + 1)];
+        let amr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+        let bmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE);
+        for k in 0..=N {
+            qb.post_recv(RecvWr {
+                wr_id: k as u64,
+                sges: vec![sge(&bmr, 4096 * k, 4096)],
+            })
+            .unwrap();
+        }
+        for k in 0..N {
+            qa.post_send(SendWr {
+                wr_id: k as u64,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: vec![sge(&amr, 4096 * k, 4096)],
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        }
+        drop(qa);
+        for k in 0..N {
+            let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.byte_len),
+                (k as u64, WcStatus::Success, 4096)
+            );
+        }
+        // Then the close: the spare receive is flushed, not filled.
+        let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
+        assert_eq!(wc.wr_id, N as u64);
+        assert_ne!(wc.status, WcStatus::Success, "{wc:?}");
+        drop((amr, bmr));
+        assert!(dst[..4096 * N]
+            .chunks(4096)
+            .enumerate()
+            .all(|(k, c)| c.iter().all(|&x| x == k as u8 + 1)));
+    });
+}

@@ -37,6 +37,8 @@ pub(super) struct Wire {
     sent: usize,
     /// Bytes copied after it, sent when it completes.
     next: Vec<u8>,
+    /// The last sent copy's allocation, for the next one.
+    spare: Vec<u8>,
     /// Shut the socket down once everything copied has gone.
     hangup: bool,
     /// It was shut down.
@@ -108,6 +110,7 @@ impl Wires {
                 sending: None,
                 sent: 0,
                 next: Vec::new(),
+                spare: Vec::new(),
                 hangup: false,
                 shut: false,
                 detached: false,
@@ -167,7 +170,8 @@ impl Wires {
         if w.sending.is_some() || w.next.is_empty() {
             return false;
         }
-        w.sending = Some(std::mem::take(&mut w.next));
+        let spare = std::mem::take(&mut w.spare);
+        w.sending = Some(std::mem::replace(&mut w.next, spare));
         w.sent = 0;
         w.push_send(r, token);
         true
@@ -188,7 +192,10 @@ impl Wires {
                 w.push_send(r, token);
                 return true;
             }
-            w.sending = None;
+            if let Some(mut done) = w.sending.take() {
+                done.clear();
+                w.spare = done;
+            }
             self.kick(id, r, token);
         } else {
             w.sending = None;

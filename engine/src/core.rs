@@ -17,20 +17,16 @@ use crate::driver::Driver;
 use crate::mesh::Mesh;
 use crate::poller::Poller;
 use crate::stats::{bump, Stats};
-use crate::task::raw::{Header, RawJoin, RawTask, CANCELLED, COMPLETE};
+use crate::task::raw::{Header, RawJoin, RawTask, RemoteRef, CANCELLED, COMPLETE};
 use crate::task::{JoinError, JoinHandle};
 use crate::time::Timers;
 use crate::wake::{Doorbell, WakeState};
 
 /// What other threads hand a core.
 pub(crate) enum InboxItem {
-    /// A task of this core woken from another thread.
-    Task(RawTask),
+    /// A task of this core woken from another thread (the entry holds a remote reference).
+    Task(RemoteRef),
 }
-
-// SAFETY: a RawTask only ever travels to its owner core, which is the only thread that touches
-// anything but its atomic state.
-unsafe impl Send for InboxItem {}
 
 /// The core's doorbell: an eventfd the reactor keeps a read (io_uring) or interest (epoll) on.
 pub(crate) struct EventFd(pub(crate) OwnedFd);
@@ -141,25 +137,6 @@ pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     Some(f(unsafe { &*ptr }))
 }
 
-/// Puts a woken task on its owner's queue: the local run queue on the owner's thread, the
-/// owner's inbox otherwise.
-pub(crate) fn schedule_task(task: RawTask) {
-    let owner = &task.header().owner;
-    let queued_locally = try_with_core(|c| {
-        if Arc::ptr_eq(&c.shared, owner) {
-            c.run_queue.borrow_mut().push_back(task.clone());
-            true
-        } else {
-            false
-        }
-    })
-    .unwrap_or(false);
-    if !queued_locally {
-        let owner = task.header().owner.clone();
-        owner.wake.push(InboxItem::Task(task));
-    }
-}
-
 /// Spawns a `!Send` future on the current core.
 ///
 /// ```
@@ -259,6 +236,11 @@ impl Core {
         }
     }
 
+    /// Queues a woken task of this core (see `task::raw::schedule`).
+    pub(crate) fn push_task(&self, task: RawTask) {
+        self.run_queue.borrow_mut().push_back(task);
+    }
+
     pub(crate) fn register_poller(&self, p: Box<dyn Poller>) {
         self.pollers.borrow_mut().push(p);
     }
@@ -324,8 +306,11 @@ impl Core {
         self.shared.wake.drain_into(&mut items);
         let any = !items.is_empty();
         for item in items.drain(..) {
-            let InboxItem::Task(t) = item;
-            self.run_queue.borrow_mut().push_back(t);
+            let InboxItem::Task(r) = item;
+            // SAFETY: this is the task's owner thread (only its owner's inbox holds it).
+            if let Some(t) = unsafe { r.take() } {
+                self.run_queue.borrow_mut().push_back(t);
+            }
         }
         *self.inbox_spare.borrow_mut() = items;
         any

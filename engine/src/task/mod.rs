@@ -1,6 +1,7 @@
 //! Tasks: spawning, joining, cancelling.
 
 pub(crate) mod raw;
+mod refs;
 mod remote;
 
 use std::fmt;

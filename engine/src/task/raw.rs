@@ -1,12 +1,15 @@
 //! The task cell: one heap block per task holding a small header and the future (later its
 //! output).
 //!
-//! Only the reference count and the `SCHEDULED` bit are touched from other threads (a `Waker`
-//! is `Send + Sync`, so any thread may clone, drop or wake it). Everything else in the cell —
-//! the future, the output, the join waker, the links of the per-core task list — is touched
-//! only by the owning core's thread. Because the future and output are always dropped on the
-//! owner (on completion, on cancel, by the `JoinHandle`, or at core shutdown), a last reference
-//! released on a foreign thread only frees memory, never runs a `!Send` destructor there.
+//! The header's state is split (see `refs.rs`): flags and the references held on the owner
+//! thread live in a plain word that only the owner touches, so spawning, running, completing and
+//! joining a task on its own core costs no atomic read-modify-write; the references held by
+//! wakers (a `Waker` is `Send + Sync`, so any thread may clone, drop or wake it) and by inbox
+//! entries are atomic. Everything else in the cell — the future, the output, the join waker,
+//! the links of the per-core task list — is touched only by the owning core's thread. Because
+//! the future and output are always dropped on the owner (on completion, on cancel, by the
+//! `JoinHandle`, or at core shutdown), a last reference released on a foreign thread only frees
+//! memory, never runs a `!Send` destructor there.
 
 use std::any::Any;
 use std::cell::{Cell as StdCell, UnsafeCell};
@@ -15,25 +18,16 @@ use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
+use super::refs::Refs;
+pub(crate) use super::refs::{CANCELLED, COMPLETE, JOIN_INTEREST, SCHEDULED};
 use crate::core::CoreShared;
 use crate::task::JoinError;
 
-/// Queued on a run queue or an inbox and not yet polled.
-pub(crate) const SCHEDULED: usize = 1 << 0;
-/// The future has finished (output stored or dropped); it is never polled again.
-pub(crate) const COMPLETE: usize = 1 << 1;
-/// `JoinHandle::cancel` was called.
-pub(crate) const CANCELLED: usize = 1 << 2;
-/// A `JoinHandle` still exists, so the output must be kept.
-pub(crate) const JOIN_INTEREST: usize = 1 << 3;
-const REF_ONE: usize = 1 << 4;
-
 pub(crate) struct Header {
-    state: AtomicUsize,
+    refs: Refs,
     vtable: &'static Vtable,
     pub(crate) owner: Arc<CoreShared>,
     // Owner thread only.
@@ -72,9 +66,42 @@ pub fn task_overhead_bytes<F: Future>() -> usize {
         - std::mem::size_of::<F>().max(std::mem::size_of::<F::Output>())
 }
 
-/// An owned reference to a task.
+/// A reference to a task held on its owner thread (the task list, a run-queue entry, the
+/// `JoinHandle`): counted without atomics, so it must never leave that thread.
 pub(crate) struct RawTask {
     ptr: NonNull<Header>,
+}
+
+/// A reference to a task held by an inbox entry: counted atomically, so any thread may hold and
+/// drop it; only the owner looks inside.
+pub(crate) struct RemoteRef {
+    ptr: NonNull<Header>,
+}
+
+// SAFETY: a RemoteRef touches only the atomic half of the header from wherever it is dropped;
+// it reaches the task's cell otherwise only on the owner thread (`Core::drain_inbox`).
+unsafe impl Send for RemoteRef {}
+
+impl RemoteRef {
+    /// The owner took this entry: clears `QUEUED` and returns a run-queue reference if the
+    /// task is to run (neither scheduled already nor complete).
+    ///
+    /// # Safety
+    /// Called on the task's owner thread.
+    pub(crate) unsafe fn take(self) -> Option<RawTask> {
+        // SAFETY: we hold a reference, so the cell is alive.
+        let header = unsafe { self.ptr.as_ref() };
+        header.refs.unqueue();
+        // SAFETY: forwarded contract.
+        unsafe { RawTask::schedule_local(self.ptr) }
+    }
+}
+
+impl Drop for RemoteRef {
+    fn drop(&mut self) {
+        // SAFETY: we own one remote reference to a live task.
+        unsafe { remote_dec(self.ptr) }
+    }
 }
 
 impl RawTask {
@@ -86,7 +113,7 @@ impl RawTask {
     ) -> NonNull<Header> {
         let cell = Box::new(TaskCell {
             header: Header {
-                state: AtomicUsize::new(SCHEDULED | JOIN_INTEREST | (3 * REF_ONE)),
+                refs: Refs::new(SCHEDULED | JOIN_INTEREST, 3),
                 vtable: vtable::<F>(),
                 owner,
                 prev: StdCell::new(None),
@@ -111,13 +138,25 @@ impl RawTask {
         unsafe { self.ptr.as_ref() }
     }
 
-    pub(crate) fn state(&self) -> usize {
-        self.header().state.load(Ordering::Acquire)
+    /// Clears `SCHEDULED` before a poll, so a wake during the poll queues the task again.
+    /// Returns the flags before.
+    pub(crate) fn clear_scheduled(&self) -> u32 {
+        self.header().refs.clear(SCHEDULED)
     }
 
-    /// Clears `SCHEDULED` before a poll, so a wake during the poll queues the task again.
-    pub(crate) fn clear_scheduled(&self) -> usize {
-        self.header().state.fetch_and(!SCHEDULED, Ordering::AcqRel)
+    /// A wake on the owner thread: marks the task scheduled and returns the run-queue reference,
+    /// unless it is scheduled already or complete.
+    ///
+    /// # Safety
+    /// `ptr` is a live task (the caller holds a reference) and this is its owner thread.
+    pub(crate) unsafe fn schedule_local(ptr: NonNull<Header>) -> Option<RawTask> {
+        // SAFETY: the caller holds a reference.
+        let refs = unsafe { &ptr.as_ref().refs };
+        if refs.set(SCHEDULED) & (SCHEDULED | COMPLETE) != 0 {
+            return None;
+        }
+        refs.local_inc();
+        Some(RawTask { ptr })
     }
 
     /// Polls the future. Owner thread only. True when it finished.
@@ -136,7 +175,7 @@ impl RawTask {
     /// Marks the task complete, drops an output nobody will read, and wakes the joiner.
     /// Owner thread only.
     pub(crate) fn complete(&self) {
-        let prev = self.header().state.fetch_or(COMPLETE, Ordering::AcqRel);
+        let prev = self.header().refs.set(COMPLETE);
         if prev & JOIN_INTEREST == 0 {
             // SAFETY: owner thread, and no JoinHandle can read the output any more.
             unsafe { (self.header().vtable.drop_stage)(self.ptr) };
@@ -147,56 +186,61 @@ impl RawTask {
             w.wake();
         }
     }
-
-    fn ref_inc(header: &Header) {
-        let prev = header.state.fetch_add(REF_ONE, Ordering::Relaxed);
-        if prev > usize::MAX / 2 {
-            std::process::abort();
-        }
-    }
-}
-
-impl Clone for RawTask {
-    fn clone(&self) -> Self {
-        RawTask::ref_inc(self.header());
-        RawTask { ptr: self.ptr }
-    }
 }
 
 impl Drop for RawTask {
     fn drop(&mut self) {
-        // SAFETY: we own one reference.
-        unsafe { ref_dec(self.ptr) }
+        // SAFETY: a RawTask lives on its owner thread (it is !Send) and owns one local
+        // reference.
+        if unsafe { self.ptr.as_ref() }.refs.local_dec() {
+            // SAFETY: that was the last reference of either kind.
+            unsafe { dealloc_task(self.ptr) }
+        }
     }
 }
 
 /// # Safety
-/// The caller gives up one reference to a live task.
-unsafe fn ref_dec(ptr: NonNull<Header>) {
+/// The caller gives up one remote reference to a live task.
+unsafe fn remote_dec(ptr: NonNull<Header>) {
     // SAFETY: the caller owns a reference, so the header is alive.
-    let header = unsafe { ptr.as_ref() };
-    let prev = header.state.fetch_sub(REF_ONE, Ordering::AcqRel);
-    if prev & !(REF_ONE - 1) == REF_ONE {
-        // SAFETY: that was the last reference. The stage no longer needs dropping on the owner:
-        // every path that ends a task's life on its core (completion, abort, JoinHandle drop,
-        // core shutdown) left it Consumed or with a Send-safe output... see drop_stage below.
-        unsafe { (header.vtable.dealloc)(ptr) }
+    if unsafe { ptr.as_ref() }.refs.remote_dec() {
+        // SAFETY: that was the last reference of either kind.
+        unsafe { dealloc_task(ptr) }
     }
 }
 
-/// Schedules the task on its owner: the local run queue when woken on the owner's thread,
-/// otherwise the owner's inbox (which wakes it if it sleeps).
+/// # Safety
+/// No reference to the task is left.
+unsafe fn dealloc_task(ptr: NonNull<Header>) {
+    // SAFETY: the stage no longer needs dropping on the owner: every path that ends a task's
+    // life on its core (completion, abort, JoinHandle drop, core shutdown) left it Consumed or
+    // with an output its JoinHandle already dropped; see `dealloc`.
+    unsafe { (ptr.as_ref().vtable.dealloc)(ptr) }
+}
+
+/// Schedules the task on its owner: the local run queue when woken on the owner's core, else
+/// the owner's inbox (which wakes it if it sleeps), at most one entry at a time.
 fn schedule(ptr: NonNull<Header>) {
-    // SAFETY: the caller (a waker) holds a reference.
+    // SAFETY: the caller (a waker or the JoinHandle) holds a reference.
     let header = unsafe { ptr.as_ref() };
-    let prev = header.state.fetch_or(SCHEDULED, Ordering::AcqRel);
-    if prev & (SCHEDULED | COMPLETE) != 0 {
-        return;
+    let on_owner = crate::core::try_with_core(|c| {
+        if !Arc::ptr_eq(&c.shared, &header.owner) {
+            return false;
+        }
+        // SAFETY: this thread runs the owner core.
+        if let Some(task) = unsafe { RawTask::schedule_local(ptr) } {
+            c.push_task(task);
+        }
+        true
+    })
+    .unwrap_or(false);
+    if !on_owner && header.refs.queue_remote() {
+        // `queue_remote` took the entry's reference.
+        header
+            .owner
+            .wake
+            .push(crate::core::InboxItem::Task(RemoteRef { ptr }));
     }
-    RawTask::ref_inc(header);
-    // SAFETY: we just took the reference handed over here.
-    let task = unsafe { RawTask::from_raw(ptr) };
-    crate::core::schedule_task(task);
 }
 
 fn vtable<F: Future + 'static>() -> &'static Vtable {
@@ -280,10 +324,11 @@ unsafe fn dealloc<F: Future + 'static>(ptr: NonNull<Header>) {
 static WAKER_VTABLE: RawWakerVTable =
     RawWakerVTable::new(waker_clone, waker_wake, waker_wake_by_ref, waker_drop);
 
+// A waker owns a remote reference (the one `poll` lends out owns none).
 unsafe fn waker_clone(data: *const ()) -> RawWaker {
     // SAFETY: data is a live task header (the waker holds or borrows a reference).
     let header = unsafe { &*(data as *const Header) };
-    RawTask::ref_inc(header);
+    header.refs.remote_inc();
     RawWaker::new(data, &WAKER_VTABLE)
 }
 
@@ -292,7 +337,7 @@ unsafe fn waker_wake(data: *const ()) {
     let ptr = unsafe { NonNull::new_unchecked(data as *mut Header) };
     schedule(ptr);
     // SAFETY: wake consumes the waker's reference.
-    unsafe { ref_dec(ptr) };
+    unsafe { remote_dec(ptr) };
 }
 
 unsafe fn waker_wake_by_ref(data: *const ()) {
@@ -302,7 +347,7 @@ unsafe fn waker_wake_by_ref(data: *const ()) {
 
 unsafe fn waker_drop(data: *const ()) {
     // SAFETY: dropping the waker releases its reference.
-    unsafe { ref_dec(NonNull::new_unchecked(data as *mut Header)) }
+    unsafe { remote_dec(NonNull::new_unchecked(data as *mut Header)) }
 }
 
 /// The local side of a `JoinHandle`: one reference plus typed access to the output.
@@ -324,7 +369,7 @@ impl RawJoin {
     /// `T` is the task's output type; called on the owner thread.
     pub(crate) unsafe fn poll_join<T>(&self, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {
         let header = self.task.header();
-        if header.state.load(Ordering::Acquire) & COMPLETE != 0 {
+        if header.refs.flags() & COMPLETE != 0 {
             let mut out: Option<Result<T, JoinError>> = None;
             // SAFETY: T is the output type (caller's contract); owner thread.
             unsafe { (header.vtable.take_output)(self.task.ptr, &mut out as *mut _ as *mut ()) };
@@ -340,12 +385,12 @@ impl RawJoin {
     }
 
     pub(crate) fn is_finished(&self) -> bool {
-        self.task.state() & COMPLETE != 0
+        self.task.header().refs.flags() & COMPLETE != 0
     }
 
     pub(crate) fn cancel(&self) {
         let header = self.task.header();
-        let prev = header.state.fetch_or(CANCELLED, Ordering::AcqRel);
+        let prev = header.refs.set(CANCELLED);
         if prev & COMPLETE == 0 {
             schedule(self.task.ptr);
         }
@@ -355,7 +400,7 @@ impl RawJoin {
 impl Drop for RawJoin {
     fn drop(&mut self) {
         let header = self.task.header();
-        let prev = header.state.fetch_and(!JOIN_INTEREST, Ordering::AcqRel);
+        let prev = header.refs.clear(JOIN_INTEREST);
         if prev & COMPLETE != 0 {
             // SAFETY: JoinHandles are !Send, so this is the owner thread; the output (if still
             // there) has no other reader.

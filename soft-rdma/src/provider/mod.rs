@@ -586,6 +586,10 @@ impl Listener {
 
     /// Accepts one peer: the next complete MPA Request, answered now. A peer asking for
     /// markers gets a Reply with R set and is refused.
+    ///
+    /// Not cancel-safe: a future dropped after it took a peer's Request (while the Reply is
+    /// being written) drops that connection. Run `accept` in a task of its own (and cancel the
+    /// task between connections) rather than under a short timeout.
     pub async fn accept(
         &self,
         pd: &ProtectionDomain,

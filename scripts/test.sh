@@ -18,7 +18,7 @@ BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 
 echo "== the soft provider and the facade's channels and actors under SQPOLL (sends from copies; the whole workspace passes under it too, but takes long on two cores)"
 # (tests/listener.rs is left out here: under SQPOLL on two busy CPUs its flood test's pending
-# handshakes piled up past its 16 MiB memory bound in CI, 60 MiB; here it stays at +0.2 MiB.)
+# handshakes piled up past its 16 MiB memory bound in CI, 60 MiB; on an idle machine +0.2 MiB.)
 BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire-soft-rdma --lib --test provider --test roundtrip --test faults --test stream --test fuzz_corpus
 BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire --test typed_api --test actor_remote --test peer_death --test dsm
 

@@ -329,10 +329,21 @@ struct Arrived {
     from: std::net::IpAddr,
 }
 
+/// A peer whose Request was accepted and whose Reply has gone out: what `accept` starts the
+/// queue pair from.
+struct Answered {
+    stream: TcpStream,
+    private_data: Vec<u8>,
+    from: std::net::IpAddr,
+    neg: Negotiated,
+}
+
 /// The listener's state shared with its acceptor and handshake tasks.
 struct Intake {
     opts: ConnectOptions,
     ready: RefCell<std::collections::VecDeque<Arrived>>,
+    /// Replies sent by tasks that `accept` started, for the next `accept` to start.
+    answered: RefCell<std::collections::VecDeque<Answered>>,
     waiter: RefCell<Option<std::task::Waker>>,
     /// Handshakes in progress, oldest first: (id, source address, task).
     pending: RefCell<
@@ -556,6 +567,7 @@ impl Listener {
         let shared = Rc::new(Intake {
             opts: opts.clone(),
             ready: RefCell::new(Default::default()),
+            answered: RefCell::new(Default::default()),
             waiter: RefCell::new(None),
             pending: RefCell::new(Default::default()),
             next_id: std::cell::Cell::new(0),
@@ -587,53 +599,81 @@ impl Listener {
     /// Accepts one peer: the next complete MPA Request, answered now. A peer asking for
     /// markers gets a Reply with R set and is refused.
     ///
-    /// Not cancel-safe: a future dropped after it took a peer's Request (while the Reply is
-    /// being written) drops that connection. Run `accept` in a task of its own (and cancel the
-    /// task between connections) rather than under a short timeout.
+    /// Cancel-safe: the Reply to an accepted Request is written by a task of its own, so a
+    /// future dropped meanwhile (under a timeout, say) loses nothing; the connection goes to the
+    /// next `accept`, which starts its queue pair with its own protection domain and queues.
     pub async fn accept(
         &self,
         pd: &ProtectionDomain,
         scq: &CompletionQueue,
         rcq: &CompletionQueue,
     ) -> Result<(QueuePair, Vec<u8>), CmError> {
-        let Arrived {
-            stream,
-            request,
-            from,
-        } = std::future::poll_fn(|cx| {
-            if let Some(a) = self.shared.ready.borrow_mut().pop_front() {
-                return std::task::Poll::Ready(Ok(a));
-            }
-            if let Some(e) = self.shared.failed.borrow().as_ref() {
-                return std::task::Poll::Ready(Err(io::Error::new(e.kind(), e.to_string())));
-            }
-            *self.shared.waiter.borrow_mut() = Some(cx.waker().clone());
-            std::task::Poll::Pending
-        })
-        .await?;
-        let f = request.frame(MpaKind::Request);
-        match negotiate(&self.opts.mpa, &f) {
-            Ok(neg) => {
-                write_frame(
-                    &stream,
-                    &our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision),
-                )
-                .await?;
-                let qp = QueuePair::start(stream.into_fd(), pd, scq, rcq, &self.opts, neg);
-                qp.inner.borrow_mut().admission = Some(self.shared.admit(from));
-                Ok((qp, request.private_data))
-            }
-            Err(reason) => {
-                let rev = self.opts.mpa.revision.min(request.revision);
-                write_frame(
-                    &stream,
-                    &our_frame(MpaKind::Reply, &self.opts, false, true, rev),
-                )
-                .await?;
-                Err(CmError::Rejected {
-                    reason,
-                    private_data: request.private_data,
-                })
+        enum Next {
+            Answered(Answered),
+            Arrived(Arrived),
+        }
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                if let Some(a) = self.shared.answered.borrow_mut().pop_front() {
+                    return std::task::Poll::Ready(Ok(Next::Answered(a)));
+                }
+                if let Some(a) = self.shared.ready.borrow_mut().pop_front() {
+                    return std::task::Poll::Ready(Ok(Next::Arrived(a)));
+                }
+                if let Some(e) = self.shared.failed.borrow().as_ref() {
+                    return std::task::Poll::Ready(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+                *self.shared.waiter.borrow_mut() = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            })
+            .await?;
+            let Arrived {
+                stream,
+                request,
+                from,
+            } = match next {
+                Next::Answered(a) => {
+                    let qp = QueuePair::start(a.stream.into_fd(), pd, scq, rcq, &self.opts, a.neg);
+                    qp.inner.borrow_mut().admission = Some(self.shared.admit(a.from));
+                    return Ok((qp, a.private_data));
+                }
+                Next::Arrived(a) => a,
+            };
+            let f = request.frame(MpaKind::Request);
+            match negotiate(&self.opts.mpa, &f) {
+                Ok(neg) => {
+                    let reply = our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision);
+                    let mut buf = vec![0u8; reply.encoded_len()];
+                    let n = reply.encode(&mut buf)?;
+                    buf.truncate(n);
+                    let shared = self.shared.clone();
+                    barewire_engine::spawn_local(async move {
+                        // A peer gone before its Reply is simply not accepted.
+                        if stream.write_all(buf).await.0.is_ok() {
+                            shared.answered.borrow_mut().push_back(Answered {
+                                stream,
+                                private_data: request.private_data,
+                                from,
+                                neg,
+                            });
+                            shared.wake();
+                        }
+                    });
+                }
+                Err(reason) => {
+                    // Refused: if this future is dropped meanwhile, only the refusal's report
+                    // is lost.
+                    let rev = self.opts.mpa.revision.min(request.revision);
+                    write_frame(
+                        &stream,
+                        &our_frame(MpaKind::Reply, &self.opts, false, true, rev),
+                    )
+                    .await?;
+                    return Err(CmError::Rejected {
+                        reason,
+                        private_data: request.private_data,
+                    });
+                }
             }
         }
     }

@@ -1010,3 +1010,65 @@ fn send_queue_completions_come_in_posting_order() {
         );
     }
 }
+
+/// A close (`enter_error`) while an asynchronous send has taken several chunks keeps those
+/// chunks, so the send's completion settles exactly the bytes it sent and the peer receives
+/// whole FPDUs; what no send had taken is flushed. (Before, the close kept only a started front
+/// chunk, and the completion advanced past the queue: a panic in the io_uring path, seen in
+/// the soak.)
+#[test]
+fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let src = Guarded::new(&a, 5000, Access::LOCAL_WRITE, 0x5A);
+    let dst = Guarded::new(&b, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    for k in 0..3u64 {
+        a.stream
+            .post_send(SendWr {
+                wr_id: k,
+                op: SendOp::Write {
+                    remote_addr: dst.addr() + 2000 * k,
+                    rkey: dst.stag(),
+                },
+                sges: vec![src.sge(0, 1500)],
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+    }
+    // An asynchronous send takes what the first two Writes queued (several FPDUs each).
+    let all: Vec<u8> = {
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let n = a.stream.tx_iovecs(&mut iov);
+        iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
+    };
+    let taken = all.len() * 2 / 3;
+    a.stream.tx_take(taken);
+    a.stream.enter_error(WcStatus::WrFlushErr);
+    // Its completion: all of it went.
+    a.stream.tx_settle(taken);
+    // What it took reaches the peer as whole FPDUs (the rest of a started one follows).
+    let rest: Vec<u8> = {
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let n = a.stream.tx_iovecs(&mut iov);
+        iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
+    };
+    a.stream.tx_advance(rest.len());
+    let mut wire = all[..taken].to_vec();
+    wire.extend_from_slice(&rest);
+    assert_eq!(
+        b.stream.rx_feed(&wire),
+        wire.len(),
+        "the peer took every byte"
+    );
+    assert_eq!(
+        b.stream.state(),
+        QpState::Rts,
+        "no framing error at the peer"
+    );
+    assert!(
+        dst.data()[..1500].iter().all(|&x| x == 0x5A),
+        "the first Write landed"
+    );
+    assert!(dst.guards_intact());
+    assert!(!a.stream.wants_tx());
+}

@@ -351,9 +351,11 @@ fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r:
         let mut slices = [std::io::IoSlice::new(&[]); 64];
         let count = stream.tx_iovecs(&mut slices);
         if count > 0 {
+            let mut taken = 0;
             for (v, s) in ops.iov.iter_mut().zip(&slices[..count]) {
                 v.iov_base = s.as_ptr() as *mut libc::c_void;
                 v.iov_len = s.len();
+                taken += s.len();
             }
             ops.msg.msg_iov = ops.iov.as_mut_ptr();
             ops.msg.msg_iovlen = count;
@@ -365,6 +367,8 @@ fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r:
             // submission, which follows `prepare_submit` with nothing in between.
             unsafe { r.raw.push(e, send) };
             ops.tx = TxOp::Sending;
+            // Until its completion is applied, a close keeps the chunks this send took.
+            stream.tx_take(taken);
             return true;
         }
         // Zero slices: a Read Response's source is gone and the stream stopped; the poll
@@ -456,8 +460,8 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
 fn sent_done(i: &mut QpInner, r: &Ring, res: i32) -> bool {
     let ops = i.ring.as_mut().expect("a ring queue pair");
     ops.tx = TxOp::Idle;
+    i.stream.tx_settle(res.max(0) as usize);
     if res > 0 {
-        i.stream.tx_advance(res as usize);
         i.moved = true;
         true
     } else if res == -libc::EAGAIN {

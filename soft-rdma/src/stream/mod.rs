@@ -342,6 +342,9 @@ pub struct Stream {
     // Transmit.
     tx: VecDeque<Chunk>,
     tx_front_off: usize,
+    /// Bytes from the front that an asynchronous send has taken and not yet reported
+    /// (`tx_take`): `enter_error` keeps the chunks holding them.
+    tx_taken: usize,
     tx_queued: u64,
     tx_sent: u64,
     marks: VecDeque<TxMark>,
@@ -394,6 +397,7 @@ impl Stream {
             rcq,
             tx: VecDeque::new(),
             tx_front_off: 0,
+            tx_taken: 0,
             tx_queued: 0,
             tx_sent: 0,
             marks: VecDeque::new(),
@@ -638,8 +642,20 @@ impl Stream {
         }
         // Drop what the socket has not started: a started chunk must finish (or the peer's
         // stream is cut mid-FPDU), and a Terminate, the last chunk queued, still goes out,
-        // promptly. (A Terminate that is itself the started chunk stays where it is.)
-        let started = (self.tx_front_off > 0) as usize;
+        // promptly. (A Terminate that is itself the started chunk stays where it is.) Chunks an
+        // asynchronous send has taken count as started: their bytes are, or will be, on the
+        // wire, and its completion advances over them.
+        let held = self.tx_front_off + self.tx_taken;
+        let mut start = 0;
+        let started = self
+            .tx
+            .iter()
+            .take_while(|c| {
+                let s = start;
+                start += c.len();
+                s < held
+            })
+            .count();
         let terminate = if self.terminate_sent && self.tx.len() > started {
             self.tx.pop_back()
         } else {

@@ -203,11 +203,15 @@ fn our_frame<'a>(
     }
 }
 
-async fn write_frame(s: &TcpStream, f: &MpaFrame<'_>) -> Result<(), CmError> {
+fn encode_frame(f: &MpaFrame<'_>) -> Result<Vec<u8>, CmError> {
     let mut buf = vec![0u8; f.encoded_len()];
     let n = f.encode(&mut buf)?;
     buf.truncate(n);
-    s.write_all(buf).await.0?;
+    Ok(buf)
+}
+
+async fn write_frame(s: &TcpStream, f: &MpaFrame<'_>) -> Result<(), CmError> {
+    s.write_all(encode_frame(f)?).await.0?;
     Ok(())
 }
 
@@ -642,10 +646,13 @@ impl Listener {
             let f = request.frame(MpaKind::Request);
             match negotiate(&self.opts.mpa, &f) {
                 Ok(neg) => {
-                    let reply = our_frame(MpaKind::Reply, &self.opts, neg.crc, false, neg.revision);
-                    let mut buf = vec![0u8; reply.encoded_len()];
-                    let n = reply.encode(&mut buf)?;
-                    buf.truncate(n);
+                    let buf = encode_frame(&our_frame(
+                        MpaKind::Reply,
+                        &self.opts,
+                        neg.crc,
+                        false,
+                        neg.revision,
+                    ))?;
                     let shared = self.shared.clone();
                     barewire_engine::spawn_local(async move {
                         // A peer gone before its Reply is simply not accepted.

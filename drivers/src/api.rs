@@ -12,6 +12,7 @@ pub use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
 pub use barewire_soft_rdma::verbs::{Access, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 use barewire_soft_rdma::wire::MpaSettings;
 
+use crate::shm;
 use crate::transport::{Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
 use crate::verbs::{cm, rc};
 
@@ -34,6 +35,7 @@ pub struct Device {
 
 enum DeviceBackend {
     Soft(soft::verbs::Device),
+    Shm(shm::Device),
     Verbs(Rc<rc::Context>),
 }
 
@@ -43,6 +45,8 @@ impl Device {
         let chosen = cfg.select()?;
         let backend = if chosen.transport == Transport::Soft {
             DeviceBackend::Soft(soft::verbs::Device::new())
+        } else if chosen.transport == Transport::Shm {
+            DeviceBackend::Shm(shm::Device::new())
         } else {
             DeviceBackend::Verbs(rc::Context::open(&chosen.device)?)
         };
@@ -92,6 +96,7 @@ impl Device {
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, DriverError> {
         Ok(match &self.backend {
             DeviceBackend::Soft(d) => ProtectionDomain::Soft(d.alloc_pd()),
+            DeviceBackend::Shm(d) => ProtectionDomain::Shm(d.alloc_pd()),
             DeviceBackend::Verbs(c) => ProtectionDomain::Verbs(rc::Pd::new(c)?),
         })
     }
@@ -99,7 +104,7 @@ impl Device {
     /// Creates a completion queue of `depth` entries, polled by the current core.
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
         Ok(match &self.backend {
-            DeviceBackend::Soft(_) => {
+            DeviceBackend::Soft(_) | DeviceBackend::Shm(_) => {
                 CompletionQueue::Soft(soft::verbs::CompletionQueue::new(depth))
             }
             DeviceBackend::Verbs(c) => CompletionQueue::Verbs(rc::Cq::new(c, depth)?),
@@ -113,6 +118,9 @@ pub enum ProtectionDomain {
     Soft(soft::verbs::ProtectionDomain),
     /// rdma-core's.
     Verbs(Rc<rc::Pd>),
+    /// The shared-memory backend's.
+    #[allow(private_interfaces)]
+    Shm(shm::Pd),
 }
 
 impl ProtectionDomain {
@@ -136,6 +144,10 @@ impl ProtectionDomain {
                 // SAFETY: the caller's promise, passed on.
                 unsafe { pd.register(addr, len, access) }.map(MemoryRegion::Verbs)
             }
+            ProtectionDomain::Shm(pd) => {
+                // SAFETY: the caller's promise, passed on.
+                unsafe { pd.register(addr, len, access) }.map(MemoryRegion::Shm)
+            }
         }
     }
 }
@@ -146,6 +158,9 @@ pub enum MemoryRegion {
     Soft(soft::verbs::MemoryRegion),
     /// rdma-core's.
     Verbs(rc::Mr),
+    /// The shared-memory backend's.
+    #[allow(private_interfaces)]
+    Shm(shm::Mr),
 }
 
 impl MemoryRegion {
@@ -154,6 +169,7 @@ impl MemoryRegion {
         match self {
             MemoryRegion::Soft(m) => m.addr(),
             MemoryRegion::Verbs(m) => m.addr(),
+            MemoryRegion::Shm(m) => m.addr(),
         }
     }
 
@@ -162,6 +178,7 @@ impl MemoryRegion {
         match self {
             MemoryRegion::Soft(m) => m.len(),
             MemoryRegion::Verbs(m) => m.len(),
+            MemoryRegion::Shm(m) => m.len(),
         }
     }
 
@@ -175,6 +192,7 @@ impl MemoryRegion {
         match self {
             MemoryRegion::Soft(m) => m.stag(),
             MemoryRegion::Verbs(m) => m.lkey(),
+            MemoryRegion::Shm(m) => m.stag(),
         }
     }
 
@@ -183,6 +201,7 @@ impl MemoryRegion {
         match self {
             MemoryRegion::Soft(m) => m.stag(),
             MemoryRegion::Verbs(m) => m.rkey(),
+            MemoryRegion::Shm(m) => m.stag(),
         }
     }
 
@@ -191,6 +210,7 @@ impl MemoryRegion {
         match self {
             MemoryRegion::Soft(m) => m.access(),
             MemoryRegion::Verbs(m) => m.access(),
+            MemoryRegion::Shm(m) => m.access(),
         }
     }
 
@@ -217,6 +237,10 @@ impl MemoryRegion {
                 Ok(())
             }
             MemoryRegion::Verbs(m) => m.remote_only_through_windows(),
+            MemoryRegion::Shm(m) => {
+                m.remote_only_through_windows();
+                Ok(())
+            }
         }
     }
 
@@ -240,16 +264,11 @@ impl MemoryRegion {
                 let w = m.bind_window(q, access)?;
                 (w.rkey(), WindowInner::Verbs(w))
             }
-            (MemoryRegion::Verbs(_), QueuePair::Soft(_)) => {
-                return Err(DriverError::Unsupported(
-                    "a verbs region cannot be bound to a software queue pair".into(),
-                ))
+            (MemoryRegion::Shm(m), QueuePair::Shm(q)) => {
+                let w = m.bind_window(q, access)?;
+                (w.stag(), WindowInner::Shm(w))
             }
-            (MemoryRegion::Soft(_), QueuePair::Verbs(_)) => {
-                return Err(DriverError::Unsupported(
-                    "a software region cannot be bound to a verbs queue pair".into(),
-                ))
-            }
+            _ => return Err(mismatch()),
         };
         Ok(Window {
             desc: RegionDescriptor {
@@ -281,6 +300,7 @@ pub struct Window {
 enum WindowInner {
     Soft(soft::verbs::Window),
     Verbs(rc::Mw),
+    Shm(shm::Window),
 }
 
 impl Window {
@@ -294,6 +314,7 @@ impl Window {
         match &self.inner {
             WindowInner::Soft(w) => w.is_live(),
             WindowInner::Verbs(w) => w.is_live(),
+            WindowInner::Shm(w) => w.is_live(),
         }
     }
 }
@@ -426,6 +447,9 @@ pub enum QueuePair {
     Soft(soft::provider::QueuePair),
     /// rdma-core's.
     Verbs(Rc<cm::Qp>),
+    /// The shared-memory backend's.
+    #[allow(private_interfaces)]
+    Shm(shm::Qp),
 }
 
 /// Connects to a listening peer; returns the queue pair and the peer's private data.
@@ -466,6 +490,13 @@ pub async fn connect(
                 cm::Qp::connect(addr, pd, s, r, &opts.verbs(), &opts.initial_recvs).await?;
             Ok((QueuePair::Verbs(qp), data))
         }
+        (ProtectionDomain::Shm(pd), CompletionQueue::Soft(s), CompletionQueue::Soft(r)) => {
+            let (qp, data) = shm::connect(addr, pd, s, r, &opts.private_data, opts.timeout).await?;
+            for wr in &opts.initial_recvs {
+                qp.post_recv(wr.clone())?;
+            }
+            Ok((QueuePair::Shm(qp), data))
+        }
         _ => Err(mismatch()),
     }
 }
@@ -487,6 +518,7 @@ impl QueuePair {
                 .post_send(wr)
                 .map_err(|e| DriverError::Post(e.to_string())),
             QueuePair::Verbs(q) => q.post_send(&wr),
+            QueuePair::Shm(q) => q.post_send(wr),
         }
     }
 
@@ -499,6 +531,7 @@ impl QueuePair {
                 .post_send_batched(wr)
                 .map_err(|e| DriverError::Post(e.to_string())),
             QueuePair::Verbs(q) => q.post_send(&wr),
+            QueuePair::Shm(q) => q.post_send(wr),
         }
     }
 
@@ -509,6 +542,7 @@ impl QueuePair {
                 .post_recv(wr)
                 .map_err(|e| DriverError::Post(e.to_string())),
             QueuePair::Verbs(q) => q.post_recv(&wr),
+            QueuePair::Shm(q) => q.post_recv(wr),
         }
     }
 
@@ -517,6 +551,7 @@ impl QueuePair {
         match self {
             QueuePair::Soft(q) => q.disconnect(),
             QueuePair::Verbs(q) => q.disconnect(),
+            QueuePair::Shm(q) => q.disconnect(),
         }
     }
 
@@ -525,6 +560,7 @@ impl QueuePair {
         match self {
             QueuePair::Soft(q) => q.state(),
             QueuePair::Verbs(q) => q.state(),
+            QueuePair::Shm(q) => q.state(),
         }
     }
 
@@ -533,6 +569,7 @@ impl QueuePair {
         match self {
             QueuePair::Soft(q) => q.qp_num(),
             QueuePair::Verbs(q) => q.qp_num(),
+            QueuePair::Shm(q) => q.qp_num(),
         }
     }
 }
@@ -543,6 +580,9 @@ pub enum Listener {
     Soft(soft::provider::Listener),
     /// librdmacm's.
     Verbs(cm::Listener),
+    /// The shared-memory backend's.
+    #[allow(private_interfaces)]
+    Shm(shm::Listener),
 }
 
 impl Listener {
@@ -557,6 +597,9 @@ impl Listener {
                 Listener::Soft(soft::provider::Listener::bind(addr, opts.soft()).map_err(cm_error)?)
             }
             DeviceBackend::Verbs(_) => Listener::Verbs(cm::Listener::bind(addr, opts.verbs())?),
+            DeviceBackend::Shm(_) => {
+                Listener::Shm(shm::Listener::bind(addr, &opts.private_data, opts.timeout)?)
+            }
         })
     }
 
@@ -565,6 +608,7 @@ impl Listener {
         match self {
             Listener::Soft(l) => l.local_addr().map(|a| a.port()).unwrap_or(0),
             Listener::Verbs(l) => l.port(),
+            Listener::Shm(l) => l.port(),
         }
     }
 
@@ -609,6 +653,18 @@ impl Listener {
             ) => {
                 let (qp, data) = l.accept(pd, s, r, &recvs).await?;
                 Ok((QueuePair::Verbs(qp), data))
+            }
+            (
+                Listener::Shm(l),
+                ProtectionDomain::Shm(pd),
+                CompletionQueue::Soft(s),
+                CompletionQueue::Soft(r),
+            ) => {
+                let (qp, data) = l.accept(pd, s, r).await?;
+                for wr in recvs {
+                    qp.post_recv(wr)?;
+                }
+                Ok((QueuePair::Shm(qp), data))
             }
             _ => Err(mismatch()),
         }

@@ -25,6 +25,7 @@
 
 mod api;
 mod ops;
+mod shm;
 mod transport;
 mod verbs;
 

@@ -38,6 +38,8 @@ enum Memory {
     /// allocation writes every byte first: seconds of page faults for a few GiB, during which
     /// the core answers nobody).
     Mapped(usize),
+    /// A sealed memfd, which the shm backend can grant to a peer process on this host.
+    Shared(std::sync::Arc<crate::shm::MemFile>),
 }
 
 /// Buffers at least this large (and aligned to at most a page) are mapped, not allocated.
@@ -67,7 +69,15 @@ impl Buffer {
             std::alloc::Layout::from_size_align(len.max(1), align.max(1)).map_err(|e| {
                 DriverError::Unsupported(format!("buffer of {len} B aligned {align}: {e}"))
             })?;
-        let (ptr, memory) = if len >= MAP_AT && align <= 4096 {
+        let (ptr, memory) = if matches!(pd, ProtectionDomain::Shm(_)) {
+            if align > crate::shm::page() {
+                return Err(DriverError::Unsupported(format!(
+                    "shm buffers are page-aligned; {align} was asked"
+                )));
+            }
+            let f = crate::shm::MemFile::create(len)?;
+            (f.ptr(), Memory::Shared(f))
+        } else if len >= MAP_AT && align <= 4096 {
             let p = barewire_engine::map_anonymous(len).map_err(|e| {
                 DriverError::Unsupported(format!("mapping a buffer of {len} B: {e}"))
             })?;
@@ -186,6 +196,11 @@ impl Memory {
             Memory::Mapped(len) => unsafe {
                 libc::munmap(ptr as *mut libc::c_void, *len);
             },
+            // The mapping goes with the last reference; the pages go now.
+            Memory::Shared(f) => {
+                let _ = ptr;
+                f.release();
+            }
         }
     }
 }

@@ -18,6 +18,8 @@ pub enum Transport {
     IWarp,
     /// barewire's software provider (iWARP over TCP through the engine).
     Soft,
+    /// Shared memory with a peer process on the same host (see the `shm` module docs).
+    Shm,
     /// The first usable verbs device, otherwise `Soft`.
     Auto,
 }
@@ -61,7 +63,7 @@ impl Transport {
                 gid_index: 0,
                 crc: true,
             },
-            Transport::Soft | Transport::Auto => TransportDefaults {
+            Transport::Soft | Transport::Shm | Transport::Auto => TransportDefaults {
                 mtu: 16 * 1024,
                 queue_depth: 256,
                 max_message: 1 << 30,
@@ -81,6 +83,7 @@ impl fmt::Display for Transport {
             Transport::RoCEv2 => "roce2",
             Transport::IWarp => "iwarp",
             Transport::Soft => "soft",
+            Transport::Shm => "shm",
             Transport::Auto => "auto",
         })
     }
@@ -92,6 +95,7 @@ impl FromStr for Transport {
         Ok(match s.to_ascii_lowercase().as_str() {
             "auto" | "" => Transport::Auto,
             "soft" => Transport::Soft,
+            "shm" => Transport::Shm,
             "ib" | "infiniband" => Transport::InfiniBand,
             "roce" | "rocev1" => Transport::RoCEv1,
             "roce2" | "rocev2" => Transport::RoCEv2,
@@ -123,7 +127,7 @@ pub struct TransportDefaults {
 /// What the application asked for, from code or from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverConfig {
-    /// The transport (`BAREWIRE_DRIVER`: soft, verbs, ib, roce, roce2, iwarp, auto).
+    /// The transport (`BAREWIRE_DRIVER`: soft, shm, verbs, ib, roce, roce2, iwarp, auto).
     pub transport: Transport,
     /// Only a hardware (verbs) device will do: `BAREWIRE_DRIVER=verbs`, which takes the first
     /// verbs device of any transport and never falls back to the software provider.
@@ -292,7 +296,7 @@ impl DriverConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DriverError {
     /// A transport name nobody knows.
-    #[error("unknown transport {0:?}: use soft, verbs, ib, roce, roce2, iwarp or auto")]
+    #[error("unknown transport {0:?}: use soft, shm, verbs, ib, roce, roce2, iwarp or auto")]
     UnknownTransport(String),
     /// The requested transport has no device here.
     #[error(
@@ -395,6 +399,13 @@ pub(crate) fn select_from(
     };
     if transport == Transport::Soft {
         return Ok(soft());
+    }
+    if transport == Transport::Shm {
+        return Ok(Chosen {
+            transport: Transport::Shm,
+            device: "shm".into(),
+            defaults: Transport::Shm.defaults(),
+        });
     }
     let named = |d: &&DeviceInfo| device.map_or(true, |n| d.name == n);
     if let Some(name) = device {

@@ -1,6 +1,6 @@
 //! The conformance suite, written once against barewire-drivers' API and run on whichever
-//! backend `BAREWIRE_DRIVER` selects: `soft` (the default here, and always in CI) or `verbs`
-//! where a device exists (hardware, rxe, siw). Without a device, the verbs run prints a skip
+//! backend `BAREWIRE_DRIVER` selects: `soft` (the default here, and always in CI), `shm` (also
+//! in CI) or `verbs` where a device exists (hardware, rxe, siw). Without a device, the verbs run prints a skip
 //! with the reason instead of failing.
 //!
 //! The peer is `barewire-peer serve` in its own process, on the same backend: every verb with
@@ -297,6 +297,7 @@ fn protection_violations_complete_with_their_statuses_and_touch_nothing() {
                 Err(DriverError::Completion { status, .. }) => assert!(
                     status == WcStatus::RemAccessErr
                         || (driver != "soft"
+                            && driver != "shm"
                             && matches!(status, WcStatus::RemOpErr | WcStatus::RemInvReqErr)),
                     "{what}: {status:?}"
                 ),
@@ -466,61 +467,101 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
     });
 }
 
-/// Posts a READ to a peer that was just signalled, and returns its status and how long the
-/// failure took.
-fn outstanding_read_after(sig: i32) -> Option<(WcStatus, Duration)> {
+/// What READs posted after the peer was signalled came to.
+#[derive(Debug)]
+enum AfterSignal {
+    /// One failed with this status, this long after the signal.
+    Failed(WcStatus, Duration),
+    /// Every READ for the whole bound returned the peer's bytes: its memory is served without
+    /// its CPU (shm mappings, a NIC).
+    Served,
+}
+
+/// Signals the peer with `sig`, then posts a 1 MiB READ of its region again and again until
+/// one fails or the backend's bound has passed. A READ that hangs fails the test.
+fn reads_after(sig: i32) -> Option<AfterSignal> {
     let driver = backend()?;
     let peer = Peer::start(&driver);
     Some(rt().block_on(async {
         let s = side(&driver);
         let (ep, r0, _) = open(&s, &peer).await;
-        let buf = Buffer::new(&s.pd, 1 << 20, 64, Access::LOCAL_WRITE).unwrap();
-        ep.read(&buf, 0, 4096, Remote::at(r0, 0)).await.unwrap();
+        let buf = Buffer::new(&s.pd, 2 << 20, 64, Access::LOCAL_WRITE).unwrap();
+        let mark = pattern(4096, 5);
+        buf.write_at(0, &mark);
+        ep.write(&buf, 0, 4096, Remote::at(r0, 0)).await.unwrap();
         peer.signal(sig);
         let t = Instant::now();
-        let r = barewire_engine::time::timeout(
-            Duration::from_secs(60),
-            ep.read(&buf, 0, 1 << 20, Remote::at(r0, 0)),
-        )
-        .await
-        .expect("the read completes instead of hanging");
-        match r {
-            Err(DriverError::Completion { status, .. }) => (status, t.elapsed()),
-            other => panic!("expected an error completion, got {other:?}"),
+        while t.elapsed() < bound() {
+            let r = barewire_engine::time::timeout(
+                Duration::from_secs(60),
+                ep.read(&buf, 1 << 20, 1 << 20, Remote::at(r0, 0)),
+            )
+            .await
+            .expect("the read completes instead of hanging");
+            match r {
+                Err(DriverError::Completion { status, .. }) => {
+                    return AfterSignal::Failed(status, t.elapsed())
+                }
+                Ok(_) => {
+                    let mut back = vec![0u8; 4096];
+                    buf.read_at(1 << 20, &mut back);
+                    assert_eq!(back, mark, "a READ that succeeds returns the peer's bytes");
+                }
+                other => panic!("expected a completion, got {other:?}"),
+            }
+            barewire_engine::time::sleep(Duration::from_millis(5)).await;
         }
+        AfterSignal::Served
     }))
 }
 
-/// How long a backend may take to notice a dead peer: the software provider's timeout is 1 s;
-/// hardware RC retries (timeout and retry count) take longer.
+/// How long a backend may take to notice a dead peer: the software provider's timeout is 1 s
+/// and shm sees the hang-up of the peer's socket; hardware RC retries (timeout and retry
+/// count) take longer.
 fn bound() -> Duration {
     match DriverConfig::from_env().ok().and_then(|c| c.select().ok()) {
-        Some(c) if c.transport != Transport::Soft => Duration::from_secs(30),
+        Some(c) if !matches!(c.transport, Transport::Soft | Transport::Shm) => {
+            Duration::from_secs(30)
+        }
         _ => Duration::from_secs(3),
     }
 }
 
-/// The peer, signalled with `sig` while a READ is outstanding, makes the READ fail with a
-/// transport or flush error within the backend's bound.
-fn peer_failure_is_reported_in_time(sig: i32) {
-    let Some((status, took)) = outstanding_read_after(sig) else {
-        return;
-    };
-    assert!(
-        matches!(status, WcStatus::RetryExcErr | WcStatus::WrFlushErr),
-        "{status:?}"
-    );
-    assert!(took < bound(), "took {took:?}");
+fn is_transport_failure(status: WcStatus) -> bool {
+    matches!(status, WcStatus::RetryExcErr | WcStatus::WrFlushErr)
 }
 
+/// A killed peer makes READs fail with a transport or flush error within the backend's bound,
+/// on every backend.
 #[test]
 fn a_killed_peer_fails_outstanding_work_within_the_bound() {
-    peer_failure_is_reported_in_time(libc::SIGKILL);
+    match reads_after(libc::SIGKILL) {
+        None => {}
+        Some(AfterSignal::Failed(status, took)) => {
+            assert!(is_transport_failure(status), "{status:?}");
+            assert!(took < bound(), "took {took:?}");
+        }
+        Some(AfterSignal::Served) => panic!("a killed peer's memory was still served"),
+    }
 }
 
+/// A stopped peer: the software provider, whose target side runs on the peer's CPU, fails the
+/// READ within its bound. Where the peer's memory is served without its CPU (shm, a NIC), the
+/// READs keep returning its bytes, and none hangs.
 #[test]
 fn a_stopped_peer_fails_outstanding_work_within_the_bound() {
-    peer_failure_is_reported_in_time(libc::SIGSTOP);
+    let driver = std::env::var("BAREWIRE_DRIVER").unwrap_or_else(|_| "soft".into());
+    match reads_after(libc::SIGSTOP) {
+        None => {}
+        Some(AfterSignal::Failed(status, took)) => {
+            assert!(is_transport_failure(status), "{status:?}");
+            assert!(took < bound(), "took {took:?}");
+        }
+        Some(AfterSignal::Served) => assert!(
+            driver != "soft",
+            "the software provider served a stopped peer's memory"
+        ),
+    }
 }
 
 #[test]

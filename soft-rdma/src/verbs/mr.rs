@@ -292,6 +292,23 @@ impl Device {
         Ok(to as usize as *mut u8)
     }
 
+    /// The region or window `stag` names for remote access by queue pair `qp` of domain `pd`:
+    /// its first address, length and rights. A backend that lets a peer map the memory
+    /// itself (shm) asks this before it grants the mapping, and the peer then checks each
+    /// access against what it was granted.
+    pub fn lookup(&self, stag: Stag, pd: u32, qp: u32) -> Result<(u64, u64, Access), Violation> {
+        let t = self.inner.tables.borrow();
+        let e = t.live.get(&stag.0).ok_or(Violation::InvalidStag)?;
+        if e.pd != pd || e.qp.is_some_and(|q| q != qp) {
+            return Err(Violation::NotAssociated);
+        }
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        if e.access.0 & remote.0 == 0 {
+            return Err(Violation::AccessRights);
+        }
+        Ok((e.addr as u64, e.len as u64, e.access))
+    }
+
     /// Checks a local scatter/gather element: `lkey` must be live in domain `pd`, cover
     /// `[addr, addr+len)`, and grant LOCAL_WRITE when the operation writes into it.
     pub fn check_local(

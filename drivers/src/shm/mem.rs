@@ -1,0 +1,259 @@
+//! Memory that can be shared with a peer process: memfd-backed allocations, the process-wide
+//! table that finds the allocation holding a registered range, and a peer's mapping of a
+//! grant.
+//!
+//! Every allocation is sealed against shrinking and growing before it is mapped
+//! (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`), and a receiver maps only sealed files, within
+//! their size. A mapping of a sealed file can never lose its pages, so no access through it
+//! can raise SIGBUS, whatever the owner does later: a stale mapping reads the last bytes the
+//! owner left (or zeros, once the owner punched them out when freeing) and writes into pages
+//! the owner no longer uses.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::transport::DriverError;
+
+fn os_error(call: &str) -> DriverError {
+    DriverError::Verbs {
+        call: call.into(),
+        error: std::io::Error::last_os_error().to_string(),
+    }
+}
+
+/// The page size.
+pub(crate) fn page() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+const SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// One memfd-backed allocation, mapped read-write in this process.
+pub(crate) struct MemFile {
+    fd: OwnedFd,
+    /// A read-only descriptor of the same file, for read-only grants (made on first use).
+    read_only: OnceLock<OwnedFd>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is to a shared mapping owned by this value; the table that holds these
+// only reads `ptr`/`len` (plain values) and hands out descriptors, from any thread.
+unsafe impl Send for MemFile {}
+// SAFETY: as above; nothing mutates through a shared reference except the OnceLock.
+unsafe impl Sync for MemFile {}
+
+/// Allocations by start address, for `find`.
+fn table() -> &'static Mutex<BTreeMap<usize, Arc<MemFile>>> {
+    static T: OnceLock<Mutex<BTreeMap<usize, Arc<MemFile>>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+impl MemFile {
+    /// Creates, seals and maps a zeroed file of at least `len` bytes (whole pages), and lists
+    /// it so that registrations inside it can be granted to peers.
+    pub(crate) fn create(len: usize) -> Result<Arc<MemFile>, DriverError> {
+        let f = MemFile::create_unlisted(len)?;
+        table().lock().unwrap().insert(f.ptr as usize, f.clone());
+        Ok(f)
+    }
+
+    /// As `create`, for memory no registration may name (a queue pair's ring).
+    pub(crate) fn create_unlisted(len: usize) -> Result<Arc<MemFile>, DriverError> {
+        let len = len.max(1).div_ceil(page()) * page();
+        // SAFETY: a constant NUL-terminated name; the result is checked.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"barewire-shm".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if raw < 0 {
+            return Err(os_error("memfd_create"));
+        }
+        // SAFETY: a descriptor we just created and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain calls on our own descriptor.
+        unsafe {
+            if libc::ftruncate(raw, len as libc::off_t) != 0 {
+                return Err(os_error("ftruncate(memfd)"));
+            }
+            if libc::fcntl(raw, libc::F_ADD_SEALS, SEALS) != 0 {
+                return Err(os_error("fcntl(F_ADD_SEALS)"));
+            }
+        }
+        let ptr = map(raw, 0, len, true)?;
+        Ok(Arc::new(MemFile {
+            fd,
+            read_only: OnceLock::new(),
+            ptr,
+            len,
+        }))
+    }
+
+    /// First byte of this process's mapping.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Unlists the allocation and punches its pages out, so a peer's stale mapping reads zeros
+    /// from then on; the mapping here goes when the last reference does.
+    pub(crate) fn release(self: &Arc<MemFile>) {
+        table().lock().unwrap().remove(&(self.ptr as usize));
+        // SAFETY: our own descriptor; punching keeps the size (the seals allow it).
+        unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.len as libc::off_t,
+            );
+        }
+    }
+
+    /// The descriptor to send for a grant: read-write, or a read-only reopening of the file.
+    pub(crate) fn descriptor(&self, writable: bool) -> Result<RawFd, DriverError> {
+        if writable {
+            return Ok(self.fd.as_raw_fd());
+        }
+        if let Some(fd) = self.read_only.get() {
+            return Ok(fd.as_raw_fd());
+        }
+        let path = format!("/proc/self/fd/{}\0", self.fd.as_raw_fd());
+        // SAFETY: a NUL-terminated path; the result is checked.
+        let raw = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        if raw < 0 {
+            return Err(os_error("reopening a memfd read-only"));
+        }
+        // SAFETY: a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(self.read_only.get_or_init(|| fd).as_raw_fd())
+    }
+}
+
+impl Drop for MemFile {
+    fn drop(&mut self) {
+        // SAFETY: the whole mapping made in `create`; nothing refers to it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The allocation holding `[addr, addr+len)` and the range's offset in it, if barewire
+/// allocated that memory.
+pub(crate) fn find(addr: usize, len: usize) -> Option<(Arc<MemFile>, usize)> {
+    let t = table().lock().unwrap();
+    let (&start, f) = t.range(..=addr).next_back()?;
+    let end = addr.checked_add(len)?;
+    (end <= start + f.len).then(|| (f.clone(), addr - start))
+}
+
+/// Maps `len` bytes of `fd` from `offset` (page-aligned), shared.
+fn map(fd: RawFd, offset: usize, len: usize, writable: bool) -> Result<*mut u8, DriverError> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a fresh mapping chosen by the kernel; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd,
+            offset as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(os_error("mmap(shared memory)"));
+    }
+    Ok(p.cast())
+}
+
+/// A peer's region as mapped here: `len` bytes that the peer addresses from `base`.
+pub(crate) struct Mapping {
+    map: *mut u8,
+    map_len: usize,
+    /// Where the region starts inside the mapping.
+    ptr: *mut u8,
+    /// The peer's address of the region's first byte (what its descriptor names).
+    pub(crate) base: u64,
+    pub(crate) len: u64,
+    /// The rights granted (the mapping is writable if either of the last two is).
+    pub(crate) readable: bool,
+    pub(crate) writable: bool,
+    pub(crate) atomic: bool,
+}
+
+impl Mapping {
+    /// Maps the `len` bytes at `offset` of the file `fd` that a peer granted. Refuses a file
+    /// that is not sealed against shrinking, or too short: a mapping of either could fault.
+    pub(crate) fn new(
+        fd: &OwnedFd,
+        offset: u64,
+        len: u64,
+        base: u64,
+        writable: bool,
+    ) -> Result<Mapping, DriverError> {
+        let raw = fd.as_raw_fd();
+        // SAFETY: a descriptor we own.
+        let seals = unsafe { libc::fcntl(raw, libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(DriverError::Unsupported(
+                "a peer granted memory that is not sealed against shrinking".into(),
+            ));
+        }
+        // SAFETY: a zeroed stat for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(raw, &mut st) } != 0 {
+            return Err(os_error("fstat(granted memory)"));
+        }
+        let end = offset.checked_add(len);
+        if end.map_or(true, |e| e > st.st_size as u64) || base.checked_add(len).is_none() {
+            return Err(DriverError::Unsupported(
+                "a peer granted a range outside its memory".into(),
+            ));
+        }
+        let pg = page() as u64;
+        let start = offset / pg * pg;
+        let map_len = ((offset + len - start).max(1)).div_ceil(pg) * pg;
+        let map = map(raw, start as usize, map_len as usize, writable)?;
+        Ok(Mapping {
+            map,
+            map_len: map_len as usize,
+            // SAFETY: within the mapping just made.
+            ptr: unsafe { map.add((offset - start) as usize) },
+            base,
+            len,
+            readable: true,
+            writable,
+            atomic: writable,
+        })
+    }
+
+    /// Where the peer's address `to` (with `len` bytes after it) is mapped here, if the whole
+    /// range lies in the region.
+    pub(crate) fn at(&self, to: u64, len: u64) -> Option<*mut u8> {
+        let off = to.checked_sub(self.base)?;
+        (off.checked_add(len)? <= self.len).then(|| {
+            // SAFETY: within the region, which lies within the mapping.
+            unsafe { self.ptr.add(off as usize) }
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; operations copy synchronously, so none is using it.
+        unsafe { libc::munmap(self.map.cast(), self.map_len) };
+    }
+}

@@ -1,0 +1,260 @@
+//! `shm`: the backend for peers on the same host, at memory speed.
+//!
+//! Two processes on one machine talk through memory they both map, as UCX's and libfabric's
+//! shared-memory transports do:
+//!
+//! - **Memory.** Buffers barewire allocates on a shm protection domain ([`crate::Buffer`]) are
+//!   sealed memfds. A region with remote rights must lie inside one; registering remote rights
+//!   on other memory is refused with a clear error (the choice between refusing and
+//!   cross-memory attach: refusing keeps every remote access a plain load, store or CPU atomic
+//!   on a mapping, and a region that cannot be mapped could not serve atomics anyway).
+//! - **Grants.** A peer that names a region's key for the first time asks the owner over the
+//!   queue pair's control socket (an abstract Unix socket, so only within one network
+//!   namespace). The owner checks the key as the soft provider checks a tagged access (live,
+//!   same protection domain, bound to this queue pair if it is a window, some remote right)
+//!   and sends the memfd with SCM_RIGHTS: read-only (a read-only reopening of the file) when
+//!   the key grants no remote write or atomic, so the peer's mapping is read-only too. The
+//!   peer then checks every access against the granted bounds and rights itself, and answers
+//!   a violation as the soft provider does: a remote access error, and the queue pair goes to
+//!   ERROR.
+//! - **Operations.** WRITE and READ are copies into and out of the mapping, made by the
+//!   initiator's CPU when it posts them; atomics are CPU atomics on the mapped word, so they
+//!   are atomic with the owner's own atomics. Sends, the notices of Writes with immediate data
+//!   and revocations go through a ring in the receiver's memory, in posting order; the
+//!   receiver's poller delivers them to its posted receives. Every completion goes through the
+//!   same completion queues as on the other backends, in posting order.
+//! - **Revocation.** Dropping a region or a window, or invalidating a key, pushes a revocation
+//!   into the ring of every queue pair it was granted over, in order with the owner's later
+//!   Sends: a peer that has received anything the owner sent after the revocation no longer
+//!   maps the memory, and asks again (and is refused) if it names the key. A freed buffer's
+//!   pages are punched out of its file, so a mapping kept by a peer that ignores revocations
+//!   reads zeros and writes into pages nobody uses. The files are sealed against shrinking, so
+//!   no mapping can ever fault (SIGBUS), whatever the owner does.
+//! - **Trust.** Only processes of the same user may connect (SO_PEERCRED): such a process could
+//!   read this one's memory through /proc anyway, so a grant gives it no new power; bounds
+//!   and rights are enforced at byte granularity by the peer's driver, and the pages around a
+//!   region in the same buffer are reachable by a process that bypasses it.
+//! - **Faults.** A peer that dies closes its control socket: the queue pair delivers what the
+//!   peer had already sent, then goes to ERROR and flushes everything outstanding. A stopped
+//!   peer's memory stays readable and writable, as a NIC serves a stopped process; its ring
+//!   fills and Sends wait.
+
+mod mem;
+mod qp;
+mod ring;
+mod sock;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+
+use barewire_soft_rdma as soft;
+use soft::verbs::{Access, Stag};
+
+pub(crate) use mem::{page, MemFile};
+pub(crate) use qp::{connect, Listener, Qp};
+
+use crate::transport::DriverError;
+
+/// The shm device of one core: the key tables (the soft provider's: the same checks) and
+/// which queue pairs each key was granted over.
+#[derive(Clone)]
+pub(crate) struct Device {
+    tables: soft::verbs::Device,
+    grants: Rc<RefCell<Grants>>,
+}
+
+#[derive(Default)]
+struct Grants {
+    /// A key → the queue pairs that were sent its memory.
+    over: HashMap<u32, Vec<Weak<qp::QpInner>>>,
+    /// A region's key → the windows bound in it.
+    windows: HashMap<u32, Vec<u32>>,
+}
+
+impl Device {
+    pub(crate) fn new() -> Device {
+        Device {
+            tables: soft::verbs::Device::new(),
+            grants: Rc::default(),
+        }
+    }
+
+    pub(crate) fn alloc_pd(&self) -> Pd {
+        Pd {
+            pd: self.tables.alloc_pd(),
+            dev: self.clone(),
+        }
+    }
+
+    fn granted(&self, stag: u32, qp: &Rc<qp::QpInner>) {
+        self.grants
+            .borrow_mut()
+            .over
+            .entry(stag)
+            .or_default()
+            .push(Rc::downgrade(qp));
+    }
+
+    /// Tells every queue pair that was granted `stag` (and, for a region, its windows) that
+    /// the grant is gone.
+    fn revoke(&self, stag: u32) {
+        let (qps, windows) = {
+            let mut g = self.grants.borrow_mut();
+            (
+                g.over.remove(&stag).unwrap_or_default(),
+                g.windows.remove(&stag).unwrap_or_default(),
+            )
+        };
+        for q in qps.iter().filter_map(Weak::upgrade) {
+            q.revoke(stag);
+        }
+        for w in windows {
+            self.revoke(w);
+        }
+    }
+}
+
+/// A shm protection domain.
+pub(crate) struct Pd {
+    pd: soft::verbs::ProtectionDomain,
+    dev: Device,
+}
+
+impl Pd {
+    /// Registers `len` bytes at `addr`. Remote rights need memory barewire allocated on a shm
+    /// domain (see the module docs).
+    ///
+    /// # Safety
+    /// As `ProtectionDomain::register`.
+    pub(crate) unsafe fn register(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr, DriverError> {
+        let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
+        let file = mem::find(addr as usize, len).map(|(f, _)| f);
+        if file.is_none() && access_any(access, remote) {
+            return Err(DriverError::Unsupported(format!(
+                "shm: {len} bytes at {addr:p} are not inside a buffer barewire allocated, so no \
+                 peer process can map them; allocate remotely accessible memory with \
+                 Buffer::new on this protection domain (or use BAREWIRE_DRIVER=soft)"
+            )));
+        }
+        // SAFETY: the caller's promise, passed on.
+        let mr = unsafe { self.pd.register(addr, len, access) }
+            .map_err(|e| DriverError::Unsupported(format!("register: {e:?}")))?;
+        Ok(Mr {
+            mr,
+            _file: file,
+            dev: self.dev.clone(),
+        })
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.pd.id()
+    }
+}
+
+fn access_any(a: Access, of: Access) -> bool {
+    [
+        Access::LOCAL_WRITE,
+        Access::REMOTE_WRITE,
+        Access::REMOTE_READ,
+        Access::REMOTE_ATOMIC,
+    ]
+    .into_iter()
+    .any(|r| of.contains(r) && a.contains(r))
+}
+
+/// A shm memory region. Dropping it revokes every grant of its key.
+pub(crate) struct Mr {
+    mr: soft::verbs::MemoryRegion,
+    /// Keeps the mapping of the file it lies in while it is registered.
+    _file: Option<Arc<MemFile>>,
+    dev: Device,
+}
+
+impl Mr {
+    pub(crate) fn addr(&self) -> *mut u8 {
+        self.mr.addr()
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.mr.len()
+    }
+    pub(crate) fn stag(&self) -> Stag {
+        self.mr.stag()
+    }
+    pub(crate) fn access(&self) -> Access {
+        self.mr.access()
+    }
+
+    /// Its key stops serving remote access (already granted mappings are revoked).
+    pub(crate) fn remote_only_through_windows(&self) {
+        self.mr.remote_only_through_windows();
+        self.dev.revoke(self.mr.stag().0);
+    }
+
+    pub(crate) fn bind_window(&self, qp: &Qp, access: Access) -> Result<Window, DriverError> {
+        let w = self
+            .mr
+            .bind_window(qp.qp_num(), access)
+            .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
+        self.dev
+            .grants
+            .borrow_mut()
+            .windows
+            .entry(self.mr.stag().0)
+            .or_default()
+            .push(w.stag().0);
+        Ok(Window {
+            w,
+            dev: self.dev.clone(),
+        })
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.dev.revoke(self.mr.stag().0);
+    }
+}
+
+/// A window bound for one shm queue pair. Dropping it revokes its grant.
+pub(crate) struct Window {
+    w: soft::verbs::Window,
+    dev: Device,
+}
+
+impl Window {
+    pub(crate) fn stag(&self) -> Stag {
+        self.w.stag()
+    }
+    pub(crate) fn is_live(&self) -> bool {
+        self.w.is_live()
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        self.dev.revoke(self.w.stag().0);
+    }
+}
+
+/// This host's boot and this process's network namespace: a peer with both the same shares
+/// this machine's memory.
+pub(crate) fn identity() -> ([u8; 36], u64) {
+    let mut boot = [0u8; 36];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let s = s.trim().as_bytes();
+        let n = s.len().min(36);
+        boot[..n].copy_from_slice(&s[..n]);
+    }
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0);
+    (boot, netns)
+}

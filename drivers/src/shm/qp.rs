@@ -1,0 +1,1207 @@
+//! Queue pairs, their setup, and the per-core poller that delivers incoming Sends.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use barewire_engine::{poll_readable, spawn_local, JoinHandle, Poller};
+use barewire_soft_rdma as soft;
+use soft::stream::{RecvWr, SendOp, SendWr, Sge};
+use soft::verbs::{Access, CompletionQueue, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
+
+use super::mem::Mapping;
+use super::ring::{self, Reader, Ring, Writer};
+use super::{sock, Device, Pd};
+use crate::transport::DriverError;
+
+/// Each direction's ring.
+const RING: usize = 1 << 20;
+/// The largest private data a side sends at setup.
+const MAX_PRIVATE: usize = 1024;
+/// Setup messages' fixed part.
+const HELLO: usize = 64;
+const MAGIC: [u8; 6] = *b"bwshm1";
+
+// Control message kinds.
+const M_HELLO: u8 = 1;
+const M_ACCEPT: u8 = 2;
+const M_REJECT: u8 = 3;
+const M_ASK: u8 = 4;
+const M_GRANT: u8 = 5;
+const M_REFUSE: u8 = 6;
+
+// Rights as a grant carries them.
+const G_READ: u8 = 1;
+const G_WRITE: u8 = 2;
+const G_ATOMIC: u8 = 4;
+
+fn next_qp_num() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn connect_error(what: impl std::fmt::Display) -> DriverError {
+    DriverError::Connect(format!("shm: {what}"))
+}
+
+/// What a peer was granted of one key.
+enum Grant {
+    /// Asked; the answer has not come.
+    Asked,
+    Mapped(Mapping),
+    Refused,
+}
+
+/// One send-queue entry.
+enum Work {
+    Op {
+        wr: SendWr,
+        /// Bytes of a Send already in the ring.
+        sent: usize,
+    },
+    /// Tell the peer a key it was granted is gone.
+    Revoke(u32),
+}
+
+/// How far one entry got.
+enum Step {
+    /// Finished; its completion (if any) is to be delivered.
+    Done(Option<WorkCompletion>),
+    /// It waits (for ring room or a grant); later entries wait behind it.
+    Wait,
+}
+
+pub(crate) struct QpInner {
+    num: u32,
+    pd: Pd,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    sock: OwnedFd,
+    /// The peer core's wake-up eventfd.
+    peer_wake: OwnedFd,
+    state: Cell<QpState>,
+    tx: RefCell<Tx>,
+    rx: RefCell<Rx>,
+    grants: RefCell<HashMap<u32, Grant>>,
+    task: RefCell<Option<JoinHandle<()>>>,
+}
+
+struct Tx {
+    w: Writer,
+    queue: VecDeque<Work>,
+}
+
+struct Rx {
+    r: Reader,
+    recvs: VecDeque<RecvWr>,
+    /// Bytes of the current Send placed in the front receive.
+    placed: usize,
+    /// The current Send could not be placed in the front receive (too long: a length error;
+    /// its region gone: a protection error): the rest is dropped, and the receive completes
+    /// with that status.
+    error: Option<WcStatus>,
+}
+
+/// A connected shm queue pair (a handle; it disconnects when the last goes).
+#[derive(Clone)]
+pub(crate) struct Qp(Rc<Owner>);
+
+struct Owner(Rc<QpInner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.disconnect();
+    }
+}
+
+impl Qp {
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.0 .0.num
+    }
+    pub(crate) fn state(&self) -> QpState {
+        self.0 .0.state.get()
+    }
+    pub(crate) fn disconnect(&self) {
+        self.0 .0.disconnect()
+    }
+    pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
+        self.0 .0.post_send(wr)
+    }
+    pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
+        self.0 .0.post_recv(wr)
+    }
+}
+
+impl QpInner {
+    fn dev(&self) -> &Device {
+        &self.pd.dev
+    }
+
+    fn complete(&self, cq: &CompletionQueue, wc: WorkCompletion) {
+        if !cq.push(wc) {
+            // An overflowed completion queue, as verbs' IBV_EVENT_CQ_ERR: the queue pair can
+            // no longer report, so it stops.
+            self.fail(WcStatus::GeneralErr);
+        }
+    }
+
+    fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num: self.num,
+        }
+    }
+
+    fn post_send(self: &Rc<Self>, wr: SendWr) -> Result<(), DriverError> {
+        if let SendOp::Send {
+            invalidate: Some(_),
+            ..
+        } = wr.op
+        {
+            return Err(DriverError::Unsupported(
+                "shm: Send with Invalidate is not carried yet".into(),
+            ));
+        }
+        if self.state.get() != QpState::Rts {
+            // As verbs: a request posted on a queue pair in ERROR completes with a flush.
+            let op = opcode_of(&wr.op);
+            self.complete(&self.scq, self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
+            return Ok(());
+        }
+        self.tx
+            .borrow_mut()
+            .queue
+            .push_back(Work::Op { wr, sent: 0 });
+        self.progress();
+        Ok(())
+    }
+
+    fn post_recv(self: &Rc<Self>, wr: RecvWr) -> Result<(), DriverError> {
+        if self.state.get() != QpState::Rts {
+            self.complete(
+                &self.rcq,
+                self.wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0),
+            );
+            return Ok(());
+        }
+        // Checked now, as the soft provider checks at post time.
+        for s in &wr.sges {
+            self.local(s, true).map_err(|_| {
+                DriverError::Post(format!("receive SGE {s:?} outside a local region"))
+            })?;
+        }
+        self.rx.borrow_mut().recvs.push_back(wr);
+        self.deliver();
+        Ok(())
+    }
+
+    /// Where a local SGE's bytes are, if its key covers them with the rights needed.
+    fn local(&self, s: &Sge, write: bool) -> Result<*mut u8, WcStatus> {
+        self.pd
+            .dev
+            .tables
+            .check_local(s.lkey, self.pd.id(), s.addr, s.len as u64, write)
+            .map_err(|_| WcStatus::LocProtErr)
+    }
+
+    /// Runs the send queue from its front until an entry waits or the queue is empty.
+    fn progress(self: &Rc<Self>) {
+        loop {
+            if self.state.get() != QpState::Rts {
+                return;
+            }
+            let step = {
+                let mut tx = self.tx.borrow_mut();
+                let tx = &mut *tx;
+                let Some(front) = tx.queue.front_mut() else {
+                    return;
+                };
+                match front {
+                    Work::Revoke(stag) => {
+                        if push_record(&mut tx.w, ring::REVOKE, 0, 0, 0, *stag, |_| {}) {
+                            self.wake_peer_if(&tx.w);
+                            Ok(Step::Done(None))
+                        } else {
+                            Ok(Step::Wait)
+                        }
+                    }
+                    Work::Op { wr, sent } => self.execute(&mut tx.w, wr, sent),
+                }
+            };
+            match step {
+                Ok(Step::Wait) => return,
+                Ok(Step::Done(wc)) => {
+                    self.tx.borrow_mut().queue.pop_front();
+                    if let Some(wc) = wc {
+                        self.complete(&self.scq, wc);
+                    }
+                }
+                Err((wr_id, opcode, status)) => {
+                    self.tx.borrow_mut().queue.pop_front();
+                    self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
+                    self.fail(WcStatus::WrFlushErr);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn wake_peer_if(&self, w: &Writer) {
+        if w.reader_asleep() {
+            sock::poke(self.peer_wake.as_raw_fd());
+        }
+    }
+
+    /// The mapping of the peer's key `rkey`, asking for it on first use. `Ok(None)`: wait.
+    fn mapping(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
+        let mut g = self.grants.borrow_mut();
+        match g.get(&rkey.0) {
+            Some(Grant::Mapped(m)) => Ok(Some(m as *const Mapping)),
+            Some(Grant::Asked) => Ok(None),
+            Some(Grant::Refused) => Err(WcStatus::RemAccessErr),
+            None => {
+                let mut msg = [0u8; 8];
+                msg[0] = M_ASK;
+                msg[4..8].copy_from_slice(&rkey.0.to_le_bytes());
+                if sock::send(self.sock.as_raw_fd(), &msg, &[]).is_err() {
+                    return Err(WcStatus::RetryExcErr);
+                }
+                g.insert(rkey.0, Grant::Asked);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs one work request, or says it must wait. Errors carry what to complete it with.
+    fn execute(
+        &self,
+        w: &mut Writer,
+        wr: &SendWr,
+        sent: &mut usize,
+    ) -> Result<Step, (u64, WcOpcode, WcStatus)> {
+        let opcode = opcode_of(&wr.op);
+        let fail = |s: WcStatus| (wr.wr_id, opcode, s);
+        let done = |len: usize| {
+            Ok(Step::Done(wr.signaled.then(|| {
+                self.wc(wr.wr_id, WcStatus::Success, opcode, len as u32)
+            })))
+        };
+        let total: usize = wr.sges.iter().map(|s| s.len as usize).sum();
+        match wr.op {
+            SendOp::Send {
+                solicited,
+                invalidate,
+            } => {
+                debug_assert!(invalidate.is_none(), "refused at post time");
+                let flags_base = if solicited { ring::SOLICITED } else { 0 };
+                for s in &wr.sges {
+                    self.local(s, false).map_err(fail)?;
+                }
+                loop {
+                    let n = (total - *sent).min(w.max_fragment());
+                    let last = *sent + n == total;
+                    let flags = flags_base | if last { ring::LAST } else { 0 };
+                    let from = *sent;
+                    let ok = push_record(w, ring::SEND, flags, n, n as u32, 0, |dst| {
+                        self.gather(&wr.sges, from, dst, n);
+                    });
+                    if !ok {
+                        return Ok(Step::Wait);
+                    }
+                    self.wake_peer_if(w);
+                    *sent += n;
+                    if last {
+                        return done(total);
+                    }
+                }
+            }
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => {
+                let Some(m) = self.mapping(rkey).map_err(fail)? else {
+                    return Ok(Step::Wait);
+                };
+                // SAFETY: grants are removed only by this queue pair's own code, never while
+                // an operation runs (operations are synchronous).
+                let m = unsafe { &*m };
+                if let SendOp::WriteWithImm { .. } = wr.op {
+                    if *sent == usize::MAX {
+                        // The data went in an earlier pass; only the notice waits for room.
+                    } else {
+                        self.write_remote(m, &wr.sges, remote_addr, total)
+                            .map_err(fail)?;
+                        *sent = usize::MAX;
+                    }
+                    let imm = match wr.op {
+                        SendOp::WriteWithImm { imm, .. } => imm,
+                        _ => unreachable!(),
+                    };
+                    if !push_record(w, ring::IMM, ring::LAST, 0, total as u32, imm, |_| {}) {
+                        return Ok(Step::Wait);
+                    }
+                    self.wake_peer_if(w);
+                } else {
+                    self.write_remote(m, &wr.sges, remote_addr, total)
+                        .map_err(fail)?;
+                }
+                done(total)
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                let Some(m) = self.mapping(rkey).map_err(fail)? else {
+                    return Ok(Step::Wait);
+                };
+                // SAFETY: as for Write.
+                let m = unsafe { &*m };
+                if !m.readable {
+                    return Err(fail(WcStatus::RemAccessErr));
+                }
+                let src = m
+                    .at(remote_addr, total as u64)
+                    .ok_or(fail(WcStatus::RemAccessErr))?;
+                let mut off = 0;
+                for s in &wr.sges {
+                    let dst = self.local(s, true).map_err(fail)?;
+                    // SAFETY: src covers `total` bytes of the mapping (checked), dst the SGE's
+                    // bytes of a local region (checked); plain copies of shared memory.
+                    unsafe { std::ptr::copy(src.add(off), dst, s.len as usize) };
+                    off += s.len as usize;
+                }
+                done(total)
+            }
+            SendOp::FetchAdd {
+                remote_addr, rkey, ..
+            }
+            | SendOp::CmpSwap {
+                remote_addr, rkey, ..
+            }
+            | SendOp::Swap {
+                remote_addr, rkey, ..
+            } => {
+                let Some(m) = self.mapping(rkey).map_err(fail)? else {
+                    return Ok(Step::Wait);
+                };
+                // SAFETY: as for Write.
+                let m = unsafe { &*m };
+                if wr.sges.len() != 1 || wr.sges[0].len != 8 {
+                    return Err(fail(WcStatus::LocLenErr));
+                }
+                let sink = self.local(&wr.sges[0], true).map_err(fail)?;
+                if !m.atomic || remote_addr % 8 != 0 {
+                    return Err(fail(WcStatus::RemAccessErr));
+                }
+                let p = m.at(remote_addr, 8).ok_or(fail(WcStatus::RemAccessErr))?;
+                // SAFETY: an 8-byte aligned word inside a writable shared mapping (checked);
+                // AtomicU64 has u64's layout.
+                let word = unsafe { AtomicU64::from_ptr(p as *mut u64) };
+                let old = match wr.op {
+                    SendOp::FetchAdd { add, .. } => word.fetch_add(add, Ordering::SeqCst),
+                    SendOp::CmpSwap { compare, swap, .. } => {
+                        match word.compare_exchange(
+                            compare,
+                            swap,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        ) {
+                            Ok(v) | Err(v) => v,
+                        }
+                    }
+                    SendOp::Swap { swap, .. } => word.swap(swap, Ordering::SeqCst),
+                    _ => unreachable!(),
+                };
+                // SAFETY: the local sink's 8 bytes (checked); possibly unaligned.
+                unsafe { std::ptr::write_unaligned(sink as *mut u64, old) };
+                done(8)
+            }
+            SendOp::LocalInvalidate { stag } => {
+                self.pd
+                    .dev
+                    .tables
+                    .invalidate(stag, self.pd.id())
+                    .map_err(|_| fail(WcStatus::LocProtErr))?;
+                self.dev().revoke(stag.0);
+                done(0)
+            }
+        }
+    }
+
+    /// Copies `n` bytes starting `from` bytes into the SGEs' concatenation to `dst`.
+    fn gather(&self, sges: &[Sge], mut from: usize, mut dst: *mut u8, mut n: usize) {
+        for s in sges {
+            if n == 0 {
+                return;
+            }
+            let len = s.len as usize;
+            if from >= len {
+                from -= len;
+                continue;
+            }
+            let take = (len - from).min(n);
+            let src = self.local(s, false).expect("checked when the Send started");
+            // SAFETY: within the SGE (checked) and within the ring record being filled.
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add(from), dst, take);
+                dst = dst.add(take);
+            }
+            n -= take;
+            from = 0;
+        }
+    }
+
+    fn write_remote(
+        &self,
+        m: &Mapping,
+        sges: &[Sge],
+        to: u64,
+        total: usize,
+    ) -> Result<(), WcStatus> {
+        if !m.writable {
+            return Err(WcStatus::RemAccessErr);
+        }
+        let dst = m.at(to, total as u64).ok_or(WcStatus::RemAccessErr)?;
+        let mut off = 0;
+        for s in sges {
+            let src = self.local(s, false)?;
+            // SAFETY: dst covers `total` bytes of a writable mapping (checked), src the SGE
+            // (checked); plain copies of shared memory.
+            unsafe { std::ptr::copy(src, dst.add(off), s.len as usize) };
+            off += s.len as usize;
+        }
+        Ok(())
+    }
+
+    /// Delivers what the peer put in the ring to the posted receives, in order. Returns
+    /// whether anything was consumed.
+    fn deliver(self: &Rc<Self>) -> bool {
+        let mut any = false;
+        loop {
+            let (wc, wake) = match self.take_one() {
+                Ok(Some(x)) => x,
+                Ok(None) => return any,
+                Err(ring::Corrupt(why)) => {
+                    eprintln!(
+                        "barewire shm: queue pair {}: {why}; disconnecting",
+                        self.num
+                    );
+                    self.fail(WcStatus::RetryExcErr);
+                    return any;
+                }
+            };
+            any = true;
+            if wake {
+                sock::poke(self.peer_wake.as_raw_fd());
+            }
+            if let Some(wc) = wc {
+                let overflowed = wc.status != WcStatus::Success;
+                self.complete(&self.rcq, wc);
+                if overflowed {
+                    // As verbs: a receive too small for the Send is a local length error, and
+                    // the queue pair goes to ERROR.
+                    self.fail(WcStatus::WrFlushErr);
+                    return any;
+                }
+            }
+        }
+    }
+
+    /// Consumes the next record if it can be delivered now: the completion it finishes (if
+    /// any), and whether the writer waits to be woken. `None`: nothing to deliver now.
+    #[allow(clippy::type_complexity)]
+    fn take_one(&self) -> Result<Option<(Option<WorkCompletion>, bool)>, ring::Corrupt> {
+        let mut guard = self.rx.borrow_mut();
+        let rx = &mut *guard;
+        let Some((rec, body)) = rx.r.peek()? else {
+            return Ok(None);
+        };
+        let mut wc = None;
+        match rec.kind {
+            ring::REVOKE => {
+                self.grants.borrow_mut().remove(&rec.value);
+            }
+            ring::IMM => {
+                let Some(r) = rx.recvs.pop_front() else {
+                    return Ok(None); // waits for a receive
+                };
+                let mut c = self.wc(
+                    r.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    rec.len,
+                );
+                c.imm = Some(rec.value);
+                c.solicited = rec.flags & ring::SOLICITED != 0;
+                wc = Some(c);
+            }
+            _ => {
+                // A Send fragment into the front receive.
+                let Some(r) = rx.recvs.front() else {
+                    return Ok(None);
+                };
+                let n = rec.len as usize;
+                if rx.error.is_none() {
+                    let room: usize = r.sges.iter().map(|s| s.len as usize).sum();
+                    if rx.placed + n > room {
+                        rx.error = Some(WcStatus::LocLenErr);
+                    } else if self.scatter(&r.sges, rx.placed, body, n).is_err() {
+                        rx.error = Some(WcStatus::LocProtErr);
+                    }
+                }
+                rx.placed += n;
+                if rec.flags & ring::LAST != 0 {
+                    let r = rx.recvs.pop_front().expect("front checked");
+                    let status = rx.error.take().unwrap_or(WcStatus::Success);
+                    let mut c = self.wc(r.wr_id, status, WcOpcode::Recv, rx.placed as u32);
+                    c.solicited = rec.flags & ring::SOLICITED != 0;
+                    wc = Some(c);
+                    rx.placed = 0;
+                }
+            }
+        }
+        let wake = rx.r.consume(&rec);
+        Ok(Some((wc, wake)))
+    }
+
+    /// Copies `n` bytes from `src` into the SGEs' concatenation, `skip` bytes in (which fits:
+    /// the caller checked). Fails if an SGE's region is gone.
+    fn scatter(
+        &self,
+        sges: &[Sge],
+        mut skip: usize,
+        mut src: *const u8,
+        mut n: usize,
+    ) -> Result<(), WcStatus> {
+        for s in sges {
+            if n == 0 {
+                break;
+            }
+            let len = s.len as usize;
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let take = (len - skip).min(n);
+            let dst = self.local(s, true)?;
+            // SAFETY: within the receive's SGE (checked just now) and the record's payload
+            // (checked by peek).
+            unsafe {
+                std::ptr::copy_nonoverlapping(src, dst.add(skip), take);
+                src = src.add(take);
+            }
+            n -= take;
+            skip = 0;
+        }
+        Ok(())
+    }
+
+    /// Queues a revocation of `stag` for the peer, in order with what was posted before.
+    pub(super) fn revoke(self: &Rc<Self>, stag: u32) {
+        if self.state.get() == QpState::Rts {
+            self.tx.borrow_mut().queue.push_back(Work::Revoke(stag));
+            self.progress();
+        }
+    }
+
+    /// Moves to ERROR: what the peer already put in the ring is delivered first (nothing it
+    /// was told was sent is lost), then everything outstanding completes with a flush.
+    fn fail(&self, _why: WcStatus) {
+        if self.state.get() == QpState::Error {
+            return;
+        }
+        self.state.set(QpState::Error);
+        // SAFETY: shutdown(2) on our own socket: the peer sees the hang-up.
+        unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(t) = self.task.borrow_mut().take() {
+            t.cancel();
+        }
+        let queued: Vec<Work> = self.tx.borrow_mut().queue.drain(..).collect();
+        for w in queued {
+            if let Work::Op { wr, .. } = w {
+                let op = opcode_of(&wr.op);
+                self.scq
+                    .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
+            }
+        }
+        let recvs: Vec<RecvWr> = self.rx.borrow_mut().recvs.drain(..).collect();
+        for r in recvs {
+            self.rcq
+                .push(self.wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
+        }
+        self.grants.borrow_mut().clear();
+    }
+
+    fn disconnect(&self) {
+        self.fail(WcStatus::WrFlushErr);
+    }
+
+    /// Handles one control message from the peer.
+    fn control(self: &Rc<Self>, msg: &[u8], mut fds: Vec<OwnedFd>) -> Result<(), String> {
+        let kind = *msg.first().ok_or("an empty control message")?;
+        let stag = msg
+            .get(4..8)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .ok_or("a short control message")?;
+        match kind {
+            M_ASK => self.answer(stag),
+            M_GRANT => {
+                if msg.len() < 36 || fds.len() != 1 {
+                    return Err("a malformed grant".into());
+                }
+                let base = u64::from_le_bytes(msg[8..16].try_into().unwrap());
+                let len = u64::from_le_bytes(msg[16..24].try_into().unwrap());
+                let offset = u64::from_le_bytes(msg[24..32].try_into().unwrap());
+                let rights = msg[32];
+                if !matches!(self.grants.borrow().get(&stag), Some(Grant::Asked)) {
+                    return Err("a grant nobody asked for".into());
+                }
+                let writable = rights & (G_WRITE | G_ATOMIC) != 0;
+                let fd = fds.pop().expect("one");
+                let g = match Mapping::new(&fd, offset, len, base, writable) {
+                    Ok(mut m) => {
+                        m.readable = rights & G_READ != 0;
+                        m.writable = rights & G_WRITE != 0;
+                        m.atomic = rights & G_ATOMIC != 0;
+                        Grant::Mapped(m)
+                    }
+                    Err(e) => {
+                        eprintln!("barewire shm: a grant could not be mapped: {e}");
+                        Grant::Refused
+                    }
+                };
+                self.grants.borrow_mut().insert(stag, g);
+                self.progress();
+                Ok(())
+            }
+            M_REFUSE => {
+                if !matches!(self.grants.borrow().get(&stag), Some(Grant::Asked)) {
+                    return Err("a refusal nobody asked for".into());
+                }
+                self.grants.borrow_mut().insert(stag, Grant::Refused);
+                self.progress();
+                Ok(())
+            }
+            _ => Err(format!("unknown control message {kind}")),
+        }
+    }
+
+    /// Answers a peer's request for key `stag`: the memory, or a refusal.
+    fn answer(self: &Rc<Self>, stag: u32) -> Result<(), String> {
+        let grant = self
+            .pd
+            .dev
+            .tables
+            .lookup(Stag(stag), self.pd.id(), self.num)
+            .ok()
+            .and_then(|(addr, len, access)| {
+                let (file, offset) = super::mem::find(addr as usize, len as usize)?;
+                let mut rights = 0;
+                if access.contains(Access::REMOTE_READ) {
+                    rights |= G_READ;
+                }
+                if access.contains(Access::REMOTE_WRITE) {
+                    rights |= G_WRITE;
+                }
+                if access.contains(Access::REMOTE_ATOMIC) {
+                    rights |= G_ATOMIC;
+                }
+                let fd = file.descriptor(rights & (G_WRITE | G_ATOMIC) != 0).ok()?;
+                Some((addr, len, offset, rights, fd, file))
+            });
+        let sent = match grant {
+            Some((addr, len, offset, rights, fd, _file)) => {
+                let mut m = [0u8; 36];
+                m[0] = M_GRANT;
+                m[4..8].copy_from_slice(&stag.to_le_bytes());
+                m[8..16].copy_from_slice(&addr.to_le_bytes());
+                m[16..24].copy_from_slice(&len.to_le_bytes());
+                m[24..32].copy_from_slice(&(offset as u64).to_le_bytes());
+                m[32] = rights;
+                let r = sock::send(self.sock.as_raw_fd(), &m, &[fd]);
+                if r.is_ok() {
+                    self.dev().granted(stag, self);
+                }
+                r
+            }
+            None => {
+                let mut m = [0u8; 8];
+                m[0] = M_REFUSE;
+                m[4..8].copy_from_slice(&stag.to_le_bytes());
+                sock::send(self.sock.as_raw_fd(), &m, &[])
+            }
+        };
+        sent.map_err(|e| format!("answering a grant request: {e}"))
+    }
+}
+
+fn push_record(
+    w: &mut Writer,
+    kind: u8,
+    flags: u8,
+    body: usize,
+    len: u32,
+    value: u32,
+    fill: impl FnOnce(*mut u8),
+) -> bool {
+    w.push(kind, flags, body, len, value, fill)
+}
+
+fn opcode_of(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send { .. } => WcOpcode::Send,
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
+        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
+    }
+}
+
+/// Reads the queue pair's control socket until the peer hangs up (or the queue pair ends).
+async fn serve_control(qp: Weak<QpInner>, fd: RawFd) {
+    let mut buf = [0u8; 256];
+    loop {
+        let Some(q) = qp.upgrade() else { return };
+        match sock::recv(fd, &mut buf) {
+            Ok(Some(r)) if r.len > 0 => {
+                if let Err(why) = q.control(&buf[..r.len], r.fds) {
+                    eprintln!("barewire shm: queue pair {}: {why}; disconnecting", q.num);
+                    q.task.borrow_mut().take();
+                    q.fail(WcStatus::RetryExcErr);
+                    return;
+                }
+            }
+            Ok(None) => {
+                drop(q);
+                let _ = poll_readable(fd).await;
+            }
+            // The peer hung up or the socket broke: the peer is gone.
+            _ => {
+                q.task.borrow_mut().take();
+                q.deliver();
+                q.fail(WcStatus::RetryExcErr);
+                return;
+            }
+        }
+    }
+}
+
+// ---- setup ----------------------------------------------------------------------------------
+
+/// What one side says at setup.
+struct Hello {
+    kind: u8,
+    qp_num: u32,
+    ring_cap: u32,
+    netns: u64,
+    boot: [u8; 36],
+    private: Vec<u8>,
+}
+
+impl Hello {
+    fn ours(kind: u8, qp_num: u32, private: &[u8]) -> Hello {
+        let (boot, netns) = super::identity();
+        Hello {
+            kind,
+            qp_num,
+            ring_cap: RING as u32,
+            netns,
+            boot,
+            private: private.to_vec(),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; HELLO];
+        b[0] = self.kind;
+        b[2..8].copy_from_slice(&MAGIC);
+        b[8..12].copy_from_slice(&self.qp_num.to_le_bytes());
+        b[12..16].copy_from_slice(&self.ring_cap.to_le_bytes());
+        b[16..24].copy_from_slice(&self.netns.to_le_bytes());
+        b[24..60].copy_from_slice(&self.boot);
+        b.extend_from_slice(&self.private);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Hello, String> {
+        if b.len() < HELLO || b[2..8] != MAGIC {
+            return Err("the peer does not speak barewire's shm setup".into());
+        }
+        if b.len() - HELLO > MAX_PRIVATE {
+            return Err("the peer's private data is too long".into());
+        }
+        Ok(Hello {
+            kind: b[0],
+            qp_num: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            ring_cap: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            netns: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            boot: b[24..60].try_into().unwrap(),
+            private: b[HELLO..].to_vec(),
+        })
+    }
+
+    /// Checks that the peer shares this host and namespace.
+    fn check(&self) -> Result<(), String> {
+        let (boot, netns) = super::identity();
+        if self.boot != boot || self.netns != netns {
+            return Err("the peer is not on this host and network namespace".into());
+        }
+        let cap = self.ring_cap as usize;
+        if !cap.is_power_of_two() || !(ring::MIN_CAP..=ring::MAX_CAP).contains(&cap) {
+            return Err(format!("the peer offers a ring of {cap} bytes"));
+        }
+        Ok(())
+    }
+}
+
+/// This core's wake-up eventfd, its waiter, and its queue pairs.
+struct CoreShm {
+    core: Cell<u64>,
+    wake: RefCell<Option<Rc<OwnedFd>>>,
+    qps: RefCell<Vec<Weak<QpInner>>>,
+    registered: Cell<bool>,
+    waiter: RefCell<Option<JoinHandle<()>>>,
+}
+
+thread_local! {
+    static CORE: CoreShm = const {
+        CoreShm {
+            core: Cell::new(0),
+            wake: RefCell::new(None),
+            qps: RefCell::new(Vec::new()),
+            registered: Cell::new(false),
+            waiter: RefCell::new(None),
+        }
+    };
+}
+
+/// This core's wake-up eventfd (made, and the poller registered, on first use).
+fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
+    CORE.with(|c| {
+        let token = barewire_engine::core_token();
+        if c.core.replace(token) != token {
+            c.qps.borrow_mut().clear();
+            c.registered.set(false);
+            *c.wake.borrow_mut() = None;
+            c.waiter.borrow_mut().take();
+        }
+        if c.wake.borrow().is_none() {
+            let fd = sock::eventfd().map_err(|e| connect_error(format!("eventfd: {e}")))?;
+            *c.wake.borrow_mut() = Some(Rc::new(fd));
+        }
+        if !c.registered.replace(true) {
+            barewire_engine::register_poller(Box::new(ShmPoller { live: Vec::new() }));
+        }
+        Ok(c.wake.borrow().clone().expect("made above"))
+    })
+}
+
+/// Exchanges setup messages on a connected socket and builds the queue pair.
+#[allow(clippy::too_many_arguments)]
+async fn establish(
+    fd: OwnedFd,
+    kind: u8,
+    pd: &Pd,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    private: &[u8],
+    deadline: Instant,
+) -> Result<(Qp, Vec<u8>), DriverError> {
+    // Only processes of this user: see the module docs.
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    match sock::peer_uid(&fd) {
+        Ok(uid) if uid == me => {}
+        Ok(uid) => {
+            return Err(connect_error(format!(
+                "the peer runs as user {uid}, not {me}; shm connects only processes of one user"
+            )))
+        }
+        Err(e) => return Err(connect_error(format!("SO_PEERCRED: {e}"))),
+    }
+    let wake = core_wake()?;
+    let ring = Ring::create(RING)?;
+    let ring_fd = ring
+        .file()
+        .expect("our own")
+        .descriptor(true)
+        .map_err(|e| connect_error(e.to_string()))?;
+    let num = next_qp_num();
+    let ours = Hello::ours(kind, num, private).encode();
+    let mut buf = vec![0u8; HELLO + MAX_PRIVATE + 1];
+    let raw = fd.as_raw_fd();
+    let send = |msg: &[u8]| {
+        sock::send(raw, msg, &[ring_fd, wake.as_raw_fd()])
+            .map_err(|e| connect_error(format!("sending setup: {e}")))
+    };
+    if kind == M_HELLO {
+        send(&ours)?;
+    }
+    let got = sock::recv_by(raw, &mut buf, deadline)
+        .await
+        .map_err(|e| connect_error(format!("waiting for the peer's setup: {e}")))?;
+    if got.len == 0 {
+        return Err(connect_error("the peer hung up during setup"));
+    }
+    if buf[0] == M_REJECT {
+        return Err(DriverError::Rejected {
+            private_data: buf[1..got.len].to_vec(),
+        });
+    }
+    let peer = Hello::decode(&buf[..got.len]).map_err(connect_error)?;
+    let want = if kind == M_HELLO { M_ACCEPT } else { M_HELLO };
+    let checked = if peer.kind != want {
+        Err("an unexpected setup message".to_string())
+    } else if got.fds.len() != 2 {
+        Err("the peer sent no ring".to_string())
+    } else {
+        peer.check()
+    };
+    if let Err(why) = checked {
+        if kind == M_ACCEPT {
+            let mut r = vec![M_REJECT];
+            r.extend_from_slice(why.as_bytes());
+            let _ = sock::send(raw, &r, &[]);
+        }
+        return Err(connect_error(why));
+    }
+    let mut fds = got.fds;
+    let peer_wake = fds.pop().expect("two");
+    let peer_ring = fds.pop().expect("two");
+    let cap = peer.ring_cap as usize;
+    let map = Mapping::new(&peer_ring, 0, (ring::HEADER + cap) as u64, 0, true)
+        .map_err(|e| connect_error(format!("mapping the peer's ring: {e}")))?;
+    if kind == M_ACCEPT {
+        send(&ours)?;
+    }
+    let inner = Rc::new(QpInner {
+        num,
+        pd: Pd {
+            pd: pd.pd.clone_handle(),
+            dev: pd.dev.clone(),
+        },
+        scq: scq.clone(),
+        rcq: rcq.clone(),
+        sock: fd,
+        peer_wake,
+        state: Cell::new(QpState::Rts),
+        tx: RefCell::new(Tx {
+            w: Writer::new(Ring::from_mapping(map, cap)),
+            queue: VecDeque::new(),
+        }),
+        rx: RefCell::new(Rx {
+            r: Reader::new(ring),
+            recvs: VecDeque::new(),
+            placed: 0,
+            error: None,
+        }),
+        grants: RefCell::new(HashMap::new()),
+        task: RefCell::new(None),
+    });
+    let task = spawn_local(serve_control(Rc::downgrade(&inner), raw));
+    *inner.task.borrow_mut() = Some(task);
+    CORE.with(|c| c.qps.borrow_mut().push(Rc::downgrade(&inner)));
+    Ok((Qp(Rc::new(Owner(inner))), peer.private))
+}
+
+/// Connects to the shm listener of `addr`'s port on this host.
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    pd: &Pd,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    private: &[u8],
+    timeout: Duration,
+) -> Result<(Qp, Vec<u8>), DriverError> {
+    if private.len() > MAX_PRIVATE {
+        return Err(connect_error(format!(
+            "{} bytes of private data (at most {MAX_PRIVATE})",
+            private.len()
+        )));
+    }
+    if !is_local(addr) {
+        return Err(connect_error(format!(
+            "{} is not an address of this host; shm reaches only peers on this host \
+             (BAREWIRE_DRIVER=soft reaches any)",
+            addr.ip()
+        )));
+    }
+    let deadline = Instant::now() + timeout;
+    let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
+    loop {
+        match sock::connect(&fd, addr.port()) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                barewire_engine::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(connect_error(format!(
+                    "no shm listener on port {} of this host (connection refused)",
+                    addr.port()
+                )))
+            }
+            Err(e) => {
+                return Err(connect_error(format!(
+                    "connecting to port {}: {e}",
+                    addr.port()
+                )))
+            }
+        }
+    }
+    establish(fd, M_HELLO, pd, scq, rcq, private, deadline).await
+}
+
+/// True if `addr`'s IP is one of this host's (in this network namespace).
+fn is_local(addr: SocketAddr) -> bool {
+    let ip = addr.ip();
+    ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
+/// number is this listener's in the namespace, and `port 0` picks a free one.
+pub(crate) struct Listener {
+    fd: OwnedFd,
+    _tcp: std::net::TcpListener,
+    port: u16,
+    private: Vec<u8>,
+    timeout: Duration,
+}
+
+impl Listener {
+    pub(crate) fn bind(
+        addr: SocketAddr,
+        private: &[u8],
+        timeout: Duration,
+    ) -> Result<Listener, DriverError> {
+        if private.len() > MAX_PRIVATE {
+            return Err(connect_error(format!(
+                "{} bytes of private data (at most {MAX_PRIVATE})",
+                private.len()
+            )));
+        }
+        let tcp = std::net::TcpListener::bind(addr)
+            .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
+        let port = tcp
+            .local_addr()
+            .map_err(|e| connect_error(e.to_string()))?
+            .port();
+        let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
+        sock::listen(&fd, port).map_err(|e| {
+            connect_error(format!(
+                "listening on the shm name of port {port}: {e} (another shm listener has it)"
+            ))
+        })?;
+        Ok(Listener {
+            fd,
+            _tcp: tcp,
+            port,
+            private: private.to_vec(),
+            timeout,
+        })
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Accepts one peer: its queue pair and private data. A peer that fails setup is an
+    /// error (the next call accepts the next peer).
+    pub(crate) async fn accept(
+        &self,
+        pd: &Pd,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+    ) -> Result<(Qp, Vec<u8>), DriverError> {
+        let conn = loop {
+            match sock::accept(&self.fd) {
+                Ok(Some(c)) => break c,
+                Ok(None) => {
+                    let _ = poll_readable(self.fd.as_raw_fd()).await;
+                }
+                Err(e) => return Err(connect_error(format!("accept: {e}"))),
+            }
+        };
+        let deadline = Instant::now() + self.timeout;
+        establish(conn, M_ACCEPT, pd, scq, rcq, &self.private, deadline).await
+    }
+}
+
+// ---- the per-core poller ----------------------------------------------------------------------
+
+/// Delivers incoming records to posted receives and resumes send queues that waited for ring
+/// room, on every pass; before the core sleeps, marks each inbound ring "reader asleep" so a
+/// writer wakes the core through its eventfd.
+struct ShmPoller {
+    live: Vec<Rc<QpInner>>,
+}
+
+impl ShmPoller {
+    fn each(&mut self, mut f: impl FnMut(&Rc<QpInner>)) {
+        CORE.with(|c| {
+            let mut qps = c.qps.borrow_mut();
+            qps.retain(|w| w.upgrade().is_some_and(|q| q.state.get() == QpState::Rts));
+            self.live.extend(qps.iter().filter_map(Weak::upgrade));
+        });
+        for q in self.live.drain(..) {
+            f(&q);
+        }
+    }
+}
+
+impl Poller for ShmPoller {
+    fn poll(&mut self) -> bool {
+        let mut any = false;
+        self.each(|q| {
+            any |= q.deliver();
+            let waiting = !q.tx.borrow().queue.is_empty();
+            if waiting {
+                q.progress();
+                any |= q.tx.borrow().queue.is_empty();
+            }
+        });
+        any
+    }
+
+    fn pure_poll(&mut self) -> bool {
+        let mut any = false;
+        self.each(|q| any |= q.rx.borrow().r.has_data());
+        any
+    }
+
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        let mut ready = true;
+        self.each(|q| {
+            if !q.rx.borrow().r.sleep() {
+                ready = false;
+            }
+        });
+        CORE.with(|c| {
+            let idle = c
+                .waiter
+                .borrow()
+                .as_ref()
+                .map_or(true, JoinHandle::is_finished);
+            let wake = c.wake.borrow().clone();
+            if let (true, Some(wake)) = (idle, wake) {
+                *c.waiter.borrow_mut() = Some(spawn_local(async move {
+                    let _ = poll_readable(wake.as_raw_fd()).await;
+                    sock::drain(wake.as_raw_fd());
+                }));
+                ready = false; // let the task submit its poll before the core sleeps
+            }
+        });
+        ready
+    }
+
+    fn exit_interrupt_mode(&mut self) {
+        self.each(|q| q.rx.borrow().r.wake());
+    }
+}

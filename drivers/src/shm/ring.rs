@@ -1,0 +1,374 @@
+//! The shared message ring of one direction of a queue pair: Sends, the notices of Writes with
+//! immediate data, and revocations travel through it in posting order. The receiver creates it
+//! (a sealed memfd) and hands it to the writer at connection setup; both map it.
+//!
+//! Layout: a header of three cache lines (the writer's tail, the reader's head, and two flags:
+//! "reader asleep", "writer waits for room"), then `cap` bytes of records. A record is a 16-byte
+//! header and its payload padded to 16 bytes; one that would not fit before the end is
+//! preceded by a padding record to the end. Positions count bytes forever (u64), so
+//! `tail - head` is the fill.
+//!
+//! The writer may be hostile: the reader keeps its own head, checks every header it reads
+//! (kind, length, that the record lies within what the tail published) and treats anything
+//! else as a protocol error that ends the connection. Payload bytes are only copied.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::mem::MemFile;
+
+/// Header bytes before the records.
+pub(crate) const HEADER: usize = 256;
+const TAIL: usize = 0;
+const HEAD: usize = 64;
+const READER_ASLEEP: usize = 128;
+const WRITER_WAITS: usize = 132;
+const REC: usize = 16;
+
+/// Record kinds.
+pub(crate) const SEND: u8 = 1;
+pub(crate) const IMM: u8 = 2;
+pub(crate) const REVOKE: u8 = 3;
+const PAD: u8 = 4;
+
+/// Record flags.
+pub(crate) const LAST: u8 = 1;
+pub(crate) const SOLICITED: u8 = 2;
+
+/// Smallest and largest ring the reader may offer.
+pub(crate) const MIN_CAP: usize = 64 << 10;
+pub(crate) const MAX_CAP: usize = 64 << 20;
+
+/// One record's header as the reader sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Record {
+    pub kind: u8,
+    pub flags: u8,
+    /// Payload bytes (a Send fragment), or the Write's length (IMM).
+    pub len: u32,
+    /// Immediate data (IMM), or the STag (REVOKE).
+    pub value: u32,
+}
+
+fn pad16(n: usize) -> usize {
+    n.div_ceil(REC) * REC
+}
+
+/// A mapped ring: the header words and the record area.
+pub(crate) struct Ring {
+    base: *mut u8,
+    cap: usize,
+    /// Keeps the mapping (the receiver's own file, or the writer's mapping of it).
+    _keep: Keep,
+}
+
+pub(crate) enum Keep {
+    File(Arc<MemFile>),
+    /// Held for its Drop (the unmapping).
+    Mapping(#[allow(dead_code)] super::mem::Mapping),
+}
+
+impl Ring {
+    /// A new ring of `cap` bytes (a power of two within the limits), owned by the reader.
+    pub(crate) fn create(cap: usize) -> Result<Ring, crate::DriverError> {
+        debug_assert!(cap.is_power_of_two() && (MIN_CAP..=MAX_CAP).contains(&cap));
+        let f = MemFile::create_unlisted(HEADER + cap)?;
+        Ok(Ring {
+            base: f.ptr(),
+            cap,
+            _keep: Keep::File(f),
+        })
+    }
+
+    /// The writer's view of a ring the reader sent.
+    pub(crate) fn from_mapping(m: super::mem::Mapping, cap: usize) -> Ring {
+        Ring {
+            base: m.at(0, (HEADER + cap) as u64).expect("mapped whole"),
+            cap,
+            _keep: Keep::Mapping(m),
+        }
+    }
+
+    /// The reader's file, to send to the writer.
+    pub(crate) fn file(&self) -> Option<&Arc<MemFile>> {
+        match &self._keep {
+            Keep::File(f) => Some(f),
+            Keep::Mapping(_) => None,
+        }
+    }
+
+    fn word(&self, at: usize) -> &AtomicU64 {
+        // SAFETY: an aligned word of the header, inside the mapping this ring keeps.
+        unsafe { &*(self.base.add(at) as *const AtomicU64) }
+    }
+
+    fn flag(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: as `word`.
+        unsafe { &*(self.base.add(at) as *const AtomicU32) }
+    }
+
+    fn data(&self, pos: u64) -> *mut u8 {
+        // SAFETY: pos modulo cap lies in the record area.
+        unsafe { self.base.add(HEADER + (pos as usize & (self.cap - 1))) }
+    }
+
+    /// The largest Send fragment one record carries.
+    pub(crate) fn max_fragment(&self) -> usize {
+        self.cap / 4
+    }
+}
+
+/// The writer's side.
+pub(crate) struct Writer {
+    ring: Ring,
+    tail: u64,
+    /// The reader's head as last seen.
+    head: u64,
+}
+
+impl Writer {
+    pub(crate) fn new(ring: Ring) -> Writer {
+        Writer {
+            ring,
+            tail: 0,
+            head: 0,
+        }
+    }
+
+    pub(crate) fn max_fragment(&self) -> usize {
+        self.ring.max_fragment()
+    }
+
+    /// Room for a record of `payload` bytes now (re-reading the reader's head if needed).
+    fn room(&mut self, payload: usize) -> Option<u64> {
+        let need = REC + pad16(payload);
+        let at = self.tail as usize & (self.ring.cap - 1);
+        let total = if at + need > self.ring.cap {
+            need + (self.ring.cap - at)
+        } else {
+            need
+        };
+        let fits = |head: u64, tail: u64| (self.ring.cap as u64 - (tail - head)) >= total as u64;
+        if !fits(self.head, self.tail) {
+            // The reader may be hostile: a head outside [its old value, tail] is taken as no
+            // progress.
+            let h = self.ring.word(HEAD).load(Ordering::Acquire);
+            if h >= self.head && h <= self.tail {
+                self.head = h;
+            }
+            if !fits(self.head, self.tail) {
+                return None;
+            }
+        }
+        if at + need > self.ring.cap {
+            self.write_header(self.tail, PAD, 0, (self.ring.cap - at - REC) as u32, 0);
+            self.tail += (self.ring.cap - at) as u64;
+        }
+        Some(self.tail)
+    }
+
+    fn write_header(&self, pos: u64, kind: u8, flags: u8, len: u32, value: u32) {
+        let mut h = [0u8; REC];
+        h[0..4].copy_from_slice(&len.to_le_bytes());
+        h[4] = kind;
+        h[5] = flags;
+        h[8..12].copy_from_slice(&value.to_le_bytes());
+        // SAFETY: a free record slot in the mapped area (room checked), owned by the writer
+        // until the tail is published.
+        unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.ring.data(pos), REC) }
+    }
+
+    /// Appends a record with `body` payload bytes (written by `fill` at the given pointer)
+    /// and header fields `len` and `value`, or returns false when the ring has no room (after
+    /// asking the reader to wake us once it frees some).
+    pub(crate) fn push(
+        &mut self,
+        kind: u8,
+        flags: u8,
+        body: usize,
+        len: u32,
+        value: u32,
+        fill: impl FnOnce(*mut u8),
+    ) -> bool {
+        debug_assert!(body <= self.max_fragment());
+        let Some(pos) = self.room(body).or_else(|| {
+            // Ask to be woken when the reader frees room, then look once more (the reader may
+            // have moved between our look and the flag).
+            self.ring.flag(WRITER_WAITS).store(1, Ordering::SeqCst);
+            self.room(body)
+        }) else {
+            return false;
+        };
+        self.write_header(pos, kind, flags, len, value);
+        if body > 0 {
+            fill(self.ring.data(pos + REC as u64));
+        }
+        self.tail = pos + (REC + pad16(body)) as u64;
+        self.ring.word(TAIL).store(self.tail, Ordering::Release);
+        true
+    }
+
+    /// True when the reader said it sleeps (after a publish: the caller then wakes it).
+    pub(crate) fn reader_asleep(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.ring.flag(READER_ASLEEP).load(Ordering::Relaxed) != 0
+    }
+}
+
+/// Why a ring could not be read.
+#[derive(Debug)]
+pub(crate) struct Corrupt(pub &'static str);
+
+/// The reader's side.
+pub(crate) struct Reader {
+    ring: Ring,
+    head: u64,
+}
+
+impl Reader {
+    pub(crate) fn new(ring: Ring) -> Reader {
+        Reader { ring, head: 0 }
+    }
+
+    fn tail(&self) -> Result<u64, Corrupt> {
+        let t = self.ring.word(TAIL).load(Ordering::Acquire);
+        if t < self.head || t - self.head > self.ring.cap as u64 {
+            return Err(Corrupt("the writer's tail is outside the ring"));
+        }
+        Ok(t)
+    }
+
+    /// True if a record is waiting.
+    pub(crate) fn has_data(&self) -> bool {
+        self.ring.word(TAIL).load(Ordering::Acquire) != self.head
+    }
+
+    /// The next record (padding skipped), with a pointer to its payload, without consuming it.
+    pub(crate) fn peek(&mut self) -> Result<Option<(Record, *const u8)>, Corrupt> {
+        loop {
+            let tail = self.tail()?;
+            if tail == self.head {
+                return Ok(None);
+            }
+            let at = self.head as usize & (self.ring.cap - 1);
+            if self.ring.cap - at < REC || tail - self.head < REC as u64 {
+                return Err(Corrupt("a record header crosses the end"));
+            }
+            let mut h = [0u8; REC];
+            // SAFETY: a published record header inside the area.
+            unsafe { std::ptr::copy_nonoverlapping(self.ring.data(self.head), h.as_mut_ptr(), REC) }
+            let rec = Record {
+                len: u32::from_le_bytes(h[0..4].try_into().unwrap()),
+                kind: h[4],
+                flags: h[5],
+                value: u32::from_le_bytes(h[8..12].try_into().unwrap()),
+            };
+            let body = match rec.kind {
+                PAD => {
+                    if rec.len as usize != self.ring.cap - at - REC {
+                        return Err(Corrupt("padding that does not reach the end"));
+                    }
+                    self.head += (self.ring.cap - at) as u64;
+                    continue;
+                }
+                SEND => rec.len as usize,
+                IMM | REVOKE => 0,
+                _ => return Err(Corrupt("an unknown record kind")),
+            };
+            if body > self.ring.max_fragment()
+                || at + REC + pad16(body) > self.ring.cap
+                || (REC + pad16(body)) as u64 > tail - self.head
+            {
+                return Err(Corrupt("a record longer than what was published"));
+            }
+            return Ok(Some((rec, self.ring.data(self.head + REC as u64))));
+        }
+    }
+
+    /// Consumes the record `peek` returned. Returns true if the writer waits for room (the
+    /// caller then wakes it).
+    pub(crate) fn consume(&mut self, rec: &Record) -> bool {
+        let body = if rec.kind == SEND {
+            rec.len as usize
+        } else {
+            0
+        };
+        self.head += (REC + pad16(body)) as u64;
+        self.ring.word(HEAD).store(self.head, Ordering::Release);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.ring.flag(WRITER_WAITS).load(Ordering::Relaxed) != 0
+            && self.ring.flag(WRITER_WAITS).swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Says the reader is about to sleep; false if a record is already waiting (then it must
+    /// not).
+    pub(crate) fn sleep(&self) -> bool {
+        self.ring.flag(READER_ASLEEP).store(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        !self.has_data()
+    }
+
+    /// The reader is awake again.
+    pub(crate) fn wake(&self) {
+        self.ring.flag(READER_ASLEEP).store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cap: usize) -> (Writer, Reader) {
+        let r = Ring::create(cap).unwrap();
+        let w = Ring {
+            base: r.base,
+            cap,
+            _keep: Keep::File(r.file().unwrap().clone()),
+        };
+        (Writer::new(w), Reader::new(r))
+    }
+
+    #[test]
+    fn records_come_out_in_order_across_the_wrap_and_a_full_ring_refuses() {
+        let (mut w, mut r) = pair(MIN_CAP);
+        let mut sent = 0u32;
+        let mut got = 0u32;
+        for round in 0..2000usize {
+            let len = (round * 7919) % w.max_fragment();
+            while !w.push(SEND, LAST, len, len as u32, sent, |p| {
+                // SAFETY: the record's payload area of `len` bytes.
+                unsafe { std::ptr::write_bytes(p, sent as u8, len) }
+            }) {
+                // Full: drain one and retry.
+                let (rec, body) = r.peek().unwrap().expect("full means something is there");
+                assert_eq!(rec.value, got);
+                let mut b = vec![0u8; rec.len as usize];
+                // SAFETY: the record's payload.
+                unsafe { std::ptr::copy_nonoverlapping(body, b.as_mut_ptr(), b.len()) };
+                assert!(b.iter().all(|&x| x == got as u8));
+                r.consume(&rec);
+                got += 1;
+            }
+            sent += 1;
+        }
+        while let Some((rec, _)) = r.peek().unwrap() {
+            assert_eq!(rec.value, got);
+            r.consume(&rec);
+            got += 1;
+        }
+        assert_eq!(got, sent);
+    }
+
+    #[test]
+    fn a_forged_header_is_a_protocol_error_not_a_read_out_of_bounds() {
+        let (mut w, mut r) = pair(MIN_CAP);
+        assert!(w.push(SEND, LAST, 16, 16, 0, |_| {}));
+        // The writer rewrites the published header with a length past the tail.
+        w.write_header(0, SEND, LAST, 40_000, 0);
+        assert!(r.peek().is_err());
+        // A tail beyond the ring.
+        let (_, mut r) = pair(MIN_CAP);
+        r.ring.word(TAIL).store(u64::MAX, Ordering::Release);
+        assert!(r.peek().is_err());
+    }
+}

@@ -31,6 +31,10 @@ cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(da
 echo "== distributed shared memory: linearizability of multi-process histories, with faults (release: the checker is slow unoptimized)"
 cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 
+echo "== drivers conformance on shm (same-host shared memory), both reactors"
+BAREWIRE_REACTOR=io_uring BAREWIRE_DRIVER=shm cargo test -p barewire-drivers --test conformance
+BAREWIRE_REACTOR=epoll BAREWIRE_DRIVER=shm cargo test -p barewire-drivers --test conformance
+
 echo "== drivers conformance on verbs (runs where an RDMA device exists; otherwise each test prints SKIP and why)"
 BAREWIRE_DRIVER=verbs cargo test -p barewire-drivers --test conformance -- --nocapture
 BAREWIRE_DRIVER=verbs cargo test -p barewire --test dsm --test dsm_faults -- --nocapture

@@ -368,6 +368,39 @@ fn a_window_serves_only_its_own_connection() {
     });
 }
 
+/// A region the peer deregistered is out of reach, even for a connection that used it before
+/// (on shm: that already holds a mapping of it), and the access fails as any bad key does.
+#[test]
+fn a_deregistered_region_is_no_longer_reachable() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
+        let (ep, _, _) = open(&s, &peer).await;
+        let r = RegionDescriptor::from_bytes(&ask(&ep, &buf, b"?region").await).unwrap();
+        ep.read(&buf, 0, 4096, Remote::at(r, 0)).await.unwrap();
+        let mut back = vec![0u8; 4096];
+        buf.read_at(0, &mut back);
+        assert!(back.iter().all(|&b| b == 0x3c), "the fresh region's bytes");
+        buf.write_at(0, &[0x44; 64]);
+        ep.write(&buf, 0, 64, Remote::at(r, 0)).await.unwrap();
+        assert_eq!(ask(&ep, &buf, b"?drop").await, b"dropped");
+        buf.write_at(0, &[0x55; 64]);
+        match ep.write(&buf, 0, 64, Remote::at(r, 0)).await {
+            Err(DriverError::Completion { status, .. }) => assert!(
+                status == WcStatus::RemAccessErr
+                    || (driver == "verbs"
+                        && matches!(status, WcStatus::RemOpErr | WcStatus::RemInvReqErr)),
+                "{status:?}"
+            ),
+            got => {
+                panic!("a write to a deregistered region: expected an access error, got {got:?}")
+            }
+        }
+    });
+}
+
 #[test]
 fn a_local_sge_outside_its_region_fails_locally() {
     let Some(driver) = backend() else { return };

@@ -101,29 +101,29 @@ fn runtime(cpu: Option<usize>, args: &RunArgs) -> Result<Runtime, String> {
     b.build().map_err(|e| format!("runtime: {e}"))
 }
 
-/// The registered buffer: control area, receive area, send area; 8-byte aligned.
+/// The registered buffer: control area, receive area, send area; 8-byte aligned. Allocated by
+/// the drivers (so on shm it is memory a peer process can map).
 struct Buffer {
-    _mem: Vec<u64>,
-    mr: MemoryRegion,
+    mem: std::rc::Rc<barewire_drivers::Buffer>,
     max: usize,
 }
 
 impl Buffer {
     fn new(pd: &ProtectionDomain, max: usize) -> Result<Buffer, String> {
         let len = CTRL + 2 * max;
-        let mut mem = vec![0u64; len.div_ceil(8)];
         let all = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
             | Access::REMOTE_ATOMIC;
-        // SAFETY: the Vec's heap block does not move while `mem` lives in the Buffer, and the
-        // region (dropped with it) is deregistered no later than the memory is freed.
-        let mr = unsafe { pd.register(mem.as_mut_ptr() as *mut u8, len, all) }
-            .map_err(|e| format!("register: {e:?}"))?;
-        Ok(Buffer { _mem: mem, mr, max })
+        let mem = barewire_drivers::Buffer::new(pd, len, 4096, all)
+            .map_err(|e| format!("register: {e}"))?;
+        Ok(Buffer { mem, max })
+    }
+    fn mr(&self) -> &MemoryRegion {
+        self.mem.region()
     }
     fn at(&self, off: usize) -> u64 {
-        self.mr.addr() as u64 + off as u64
+        self.mr().addr() as u64 + off as u64
     }
     fn recv_area(&self) -> u64 {
         self.at(CTRL)
@@ -135,7 +135,7 @@ impl Buffer {
         vec![Sge {
             addr,
             len: len as u32,
-            lkey: self.mr.lkey(),
+            lkey: self.mr().lkey(),
         }]
     }
     fn read_u64(&self, off: usize) -> u64 {
@@ -298,7 +298,7 @@ fn server(args: &RunArgs) -> Result<(), String> {
         let dev = open_device(&args.driver)?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
-        let desc = buf.mr.descriptor();
+        let desc = buf.mr().descriptor();
         let l = Listener::bind(
             &dev,
             SocketAddr::from(([0, 0, 0, 0], args.port)),
@@ -427,7 +427,7 @@ fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
         let buf = Buffer::new(&pd, max)?;
         let plan = Plan::of(args);
         let (scq, rcq) = cqs(&dev)?;
-        let opts = options(&dev, args.crc, plan.encode(&buf.mr.descriptor()));
+        let opts = options(&dev, args.crc, plan.encode(&buf.mr().descriptor()));
         let (qp, data) = connect(addr, &pd, &scq, &rcq, &opts)
             .await
             .map_err(|e| format!("connect to {addr}: {e}"))?;

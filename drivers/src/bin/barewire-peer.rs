@@ -13,8 +13,10 @@
 //! between two guard areas that no peer may reach; and region 1, 4 KiB, remote read only,
 //! filled with 0x5a. Each connection keeps receives posted and answers each Send:
 //! `?guards` gets `guards ok` or `guards BAD`; `?window` binds a window over region 0 for
-//! this connection alone and gets its descriptor (20 bytes), or `no window: <why>`; anything
-//! else is echoed back; a Write with immediate gets `imm <value> <bytes>`.
+//! this connection alone and gets its descriptor (20 bytes), or `no window: <why>`;
+//! `?region` registers a fresh 4 KiB region with every remote right, filled with 0x3c, and gets
+//! its descriptor; `?drop` deregisters (and frees) the regions `?region` made and gets
+//! `dropped`; anything else is echoed back; a Write with immediate gets `imm <value> <bytes>`.
 
 use std::io::Write;
 use std::rc::Rc;
@@ -116,6 +118,8 @@ async fn answer(
 ) -> Result<(), DriverError> {
     // Windows bound for this connection: they live as long as it does.
     let mut windows = Vec::new();
+    // Regions made by `?region`, until `?drop`.
+    let mut fresh = Vec::new();
     let rx = Buffer::new(pd, MSG * RECVS, 64, Access::LOCAL_WRITE)?;
     let tx = Buffer::new(pd, MSG, 64, Access::LOCAL_WRITE)?;
     let mut pending: std::collections::VecDeque<_> = (0..RECVS)
@@ -138,6 +142,19 @@ async fn answer(
                 }
                 Err(e) => format!("no window: {e}").into_bytes(),
             }
+        } else if msg == b"?region" {
+            let all = Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC;
+            let b = Buffer::new(pd, 4096, 64, all)?;
+            b.write_at(0, &[0x3c; 4096]);
+            let d = b.descriptor().to_bytes().to_vec();
+            fresh.push(b);
+            d
+        } else if msg == b"?drop" {
+            fresh.clear();
+            b"dropped".to_vec()
         } else if msg == b"?guards" {
             let mut g = vec![0u8; GUARD];
             let mut ok = true;

@@ -257,3 +257,56 @@ impl Drop for Mapping {
         unsafe { libc::munmap(self.map.cast(), self.map_len) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dup(fd: RawFd) -> OwnedFd {
+        // SAFETY: dup of a live descriptor; the copy is owned by the result.
+        unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) }
+    }
+
+    #[test]
+    fn a_read_only_grant_cannot_be_mapped_writable_and_its_mapping_sees_the_owners_bytes() {
+        let f = MemFile::create(8192).unwrap();
+        // SAFETY: our own fresh mapping.
+        unsafe { std::ptr::write_bytes(f.ptr(), 0x7e, 8192) };
+        let ro = dup(f.descriptor(false).unwrap());
+        assert!(
+            Mapping::new(&ro, 4096, 4096, 0x1000, true).is_err(),
+            "a read-only file maps read-only only"
+        );
+        let m = Mapping::new(&ro, 4096, 4096, 0x1000, false).unwrap();
+        let p = m.at(0x1000, 4096).unwrap();
+        // SAFETY: inside the mapping.
+        assert_eq!(unsafe { *p.add(100) }, 0x7e);
+        assert!(m.at(0x1000, 4097).is_none() && m.at(0xfff, 1).is_none());
+        // A grant past the file's end is refused, not mapped (it would fault).
+        let rw = dup(f.descriptor(true).unwrap());
+        assert!(Mapping::new(&rw, 4096, 8192, 0, true).is_err());
+        // Memory that is not sealed is refused.
+        // SAFETY: a plain memfd of our own, unsealed.
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: as above.
+        let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sizing our own memfd.
+        unsafe { libc::ftruncate(raw, 4096) };
+        assert!(Mapping::new(&unsealed, 0, 4096, 0, false).is_err());
+    }
+
+    #[test]
+    fn a_released_file_reads_as_zeros_through_a_kept_mapping() {
+        let f = MemFile::create(4096).unwrap();
+        // SAFETY: our own fresh mapping.
+        unsafe { std::ptr::write_bytes(f.ptr(), 0x5a, 4096) };
+        let fd = dup(f.descriptor(true).unwrap());
+        let m = Mapping::new(&fd, 0, 4096, 0, true).unwrap();
+        assert!(find(f.ptr() as usize, 16).is_some());
+        f.release();
+        assert!(find(f.ptr() as usize, 16).is_none(), "unlisted");
+        drop(f);
+        // SAFETY: the kept mapping is still valid (the file is sealed against shrinking).
+        assert_eq!(unsafe { *m.at(0, 1).unwrap() }, 0);
+    }
+}

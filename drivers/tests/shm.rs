@@ -1,0 +1,258 @@
+//! The shm backend's own behaviour, beyond the conformance suite (which also runs on it): Sends
+//! larger than the ring, receives posted late, cores that sleep, memory it cannot share, and
+//! the errors it gives for peers it cannot reach.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use barewire_drivers::{
+    connect, Access, Buffer, ConnectOptions, Device, DriverConfig, DriverError, Endpoint, Listener,
+    Remote, WcOpcode, WcStatus,
+};
+use barewire_test_support::rt;
+
+fn shm() -> Device {
+    Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap()
+}
+
+const ALL: Access = Access::LOCAL_WRITE;
+
+/// Runs `serve` on a listener in a thread of its own (a sleeping core), and returns its port
+/// and the thread.
+fn server<F, Fut>(serve: F) -> (u16, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(Listener, Device) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let dev = shm();
+            let l = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default())
+                .unwrap();
+            tx.send(l.port()).unwrap();
+            serve(l, dev).await;
+        })
+    });
+    (rx.recv().unwrap(), t)
+}
+
+async fn client(port: u16) -> (Endpoint, Device, barewire_drivers::ProtectionDomain) {
+    let dev = shm();
+    let pd = dev.alloc_pd().unwrap();
+    let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
+    let (qp, _) = connect(
+        ([127, 0, 0, 1], port).into(),
+        &pd,
+        &scq,
+        &rcq,
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    (Endpoint::new(qp, scq, rcq), dev, pd)
+}
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 11) as u8)
+        .collect()
+}
+
+/// A 3 MiB Send (three times the ring) arrives whole, in order with the small Sends around it,
+/// into receives the server posts only after the Sends were posted; the receiving core sleeps
+/// between them and is woken by the ring's writer.
+#[test]
+fn sends_larger_than_the_ring_and_late_receives_arrive_whole_and_in_order() {
+    const BIG: usize = 3 << 20;
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&pd, 8 << 20, 4096, ALL).unwrap();
+        // The client's Sends are posted by now (it waits for nothing); the receives come late.
+        barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        let mut sizes = Vec::new();
+        for (i, at) in [0usize, 4 << 20, 4096].into_iter().enumerate() {
+            let wc = ep.recv(&buf, at, if i == 1 { 4 << 20 } else { 4096 }).await;
+            let wc = wc.unwrap();
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            sizes.push(wc.byte_len as usize);
+        }
+        assert_eq!(sizes, [5, BIG, 7]);
+        let mut got = vec![0u8; BIG];
+        buf.read_at(4 << 20, &mut got);
+        assert!(got == pattern(BIG, 3), "the big Send's bytes");
+        let mut small = [0u8; 7];
+        buf.read_at(4096, &mut small);
+        assert_eq!(&small, b"goodbye");
+        // Answer, so the client knows the check ran.
+        buf.write_at(0, b"ok");
+        ep.send(&buf, 0, 2).await.unwrap();
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 8 << 20, 4096, ALL).unwrap();
+        buf.write_at(0, b"hello");
+        buf.write_at(4096, &pattern(BIG, 3));
+        buf.write_at(4 << 20, b"goodbye");
+        let reply = ep.recv(&buf, 6 << 20, 64);
+        let a = ep.send(&buf, 0, 5);
+        let b = ep.send(&buf, 4096, BIG);
+        let c = ep.send(&buf, 4 << 20, 7);
+        a.await.unwrap();
+        b.await.unwrap();
+        c.await.unwrap();
+        let wc = barewire_engine::time::timeout(Duration::from_secs(10), reply)
+            .await
+            .expect("the server answers")
+            .unwrap();
+        assert_eq!(wc.byte_len, 2);
+    });
+    t.join().unwrap();
+}
+
+/// A Write with immediate data wakes a receiver whose core sleeps, and its data is in place
+/// when the receive completes; a receive too small for a Send fails with a length error.
+#[test]
+fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_error() {
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let region = Buffer::new(&pd, 65536, 4096, all).unwrap();
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        // Tell the client where to write.
+        msg.write_at(0, &region.descriptor().to_bytes());
+        let imm = ep.recv(&msg, 1024, 16);
+        ep.send(&msg, 0, 20).await.unwrap();
+        let wc = imm.await.unwrap();
+        assert_eq!(
+            (wc.opcode, wc.imm, wc.byte_len),
+            (WcOpcode::RecvRdmaWithImm, Some(77), 40_000)
+        );
+        let mut got = vec![0u8; 40_000];
+        region.read_at(1000, &mut got);
+        assert!(
+            got == pattern(40_000, 9),
+            "the data is in place with the notice"
+        );
+        // A 16-byte receive for a 100-byte Send.
+        let short = ep.recv(&msg, 2048, 16).await;
+        match short {
+            Err(DriverError::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::LocLenErr)
+            }
+            other => panic!("expected a length error, got {other:?}"),
+        }
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 65536, 4096, ALL).unwrap();
+        let d = ep.recv(&buf, 0, 64).await.unwrap();
+        assert_eq!(d.byte_len, 20);
+        let mut b = [0u8; 20];
+        buf.read_at(0, &mut b);
+        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        // Let the server's core go to sleep first.
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
+        buf.write_at(4096, &pattern(40_000, 9));
+        ep.write_with_imm(&buf, 4096, 40_000, Remote::at(region, 1000), 77)
+            .await
+            .unwrap();
+        barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        ep.send(&buf, 4096, 100).await.unwrap();
+    });
+    t.join().unwrap();
+}
+
+/// Remote rights on memory barewire did not allocate are refused with a message that says
+/// what to do; local-only registrations of it are fine.
+#[test]
+fn raw_memory_with_remote_rights_is_refused_with_a_clear_error() {
+    let dev = shm();
+    let pd = dev.alloc_pd().unwrap();
+    let mut mem = vec![0u8; 4096];
+    // SAFETY: `mem` outlives both registrations (they are dropped first).
+    let local = unsafe { pd.register(mem.as_mut_ptr(), 4096, Access::LOCAL_WRITE) };
+    assert!(local.is_ok());
+    drop(local);
+    // SAFETY: as above.
+    let remote = unsafe {
+        pd.register(
+            mem.as_mut_ptr(),
+            4096,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+    };
+    let msg = remote.err().expect("refused").to_string();
+    assert!(
+        msg.contains("Buffer::new") && msg.contains("BAREWIRE_DRIVER=soft"),
+        "{msg}"
+    );
+}
+
+/// Connecting where no shm listener is, or to an address of another host, says so.
+#[test]
+fn unreachable_peers_are_clear_errors() {
+    rt().block_on(async {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        // A port with nothing on it (bound and released just now).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let opts = ConnectOptions::default();
+        let e = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+            .await
+            .err()
+            .expect("nobody listens");
+        assert!(e.to_string().contains("no shm listener"), "{e}");
+        // TEST-NET-1 (RFC 5737): never an address of this host.
+        let e = connect(([192, 0, 2, 1], 7000).into(), &pd, &scq, &rcq, &opts)
+            .await
+            .err()
+            .expect("not this host");
+        assert!(e.to_string().contains("not an address of this host"), "{e}");
+    });
+}
+
+/// Everything a queue pair posted completes when the peer goes: here the peer's queue pair is
+/// dropped while our receives wait, and they flush; later posts flush too.
+#[test]
+fn a_peer_that_goes_away_flushes_what_waits() {
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        barewire_engine::time::sleep(Duration::from_millis(50)).await;
+        drop(qp);
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        let r = barewire_engine::time::timeout(Duration::from_secs(5), ep.recv(&buf, 0, 64))
+            .await
+            .expect("flushed, not hung");
+        match r {
+            Err(DriverError::Completion { status, .. }) => assert!(
+                matches!(status, WcStatus::WrFlushErr | WcStatus::RetryExcErr),
+                "{status:?}"
+            ),
+            other => panic!("expected a flush, got {other:?}"),
+        }
+        match ep.send(&buf, 0, 8).await {
+            Err(DriverError::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::WrFlushErr)
+            }
+            other => panic!("expected a flush, got {other:?}"),
+        }
+    });
+    t.join().unwrap();
+}

@@ -256,3 +256,60 @@ fn a_peer_that_goes_away_flushes_what_waits() {
     });
     t.join().unwrap();
 }
+
+/// A local invalidate of a key the peer holds a mapping of revokes it, in order with the
+/// owner's later Sends: once the peer has the Send, the key is refused.
+#[test]
+fn a_local_invalidate_revokes_the_peers_mapping_before_later_sends() {
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let region = Buffer::new(&pd, 4096, 4096, all).unwrap();
+        region.write_at(0, &[0x61; 4096]);
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        msg.write_at(0, &region.descriptor().to_bytes());
+        let go = ep.recv(&msg, 1024, 16);
+        ep.send(&msg, 0, 20).await.unwrap();
+        go.await.unwrap(); // the client read the region
+        let stag = region.descriptor().rkey;
+        ep.execute(
+            barewire_drivers::SendOp::LocalInvalidate { stag },
+            vec![],
+            vec![],
+            false,
+        )
+        .await
+        .unwrap();
+        ep.send(&msg, 0, 4).await.unwrap();
+        // Stay until the client is done.
+        let _ = ep.recv(&msg, 2048, 16).await;
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 65536, 4096, ALL).unwrap();
+        let d = ep.recv(&buf, 0, 64).await.unwrap();
+        assert_eq!(d.byte_len, 20);
+        let mut b = [0u8; 20];
+        buf.read_at(0, &mut b);
+        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        ep.read(&buf, 4096, 4096, Remote::at(region, 0))
+            .await
+            .unwrap();
+        let mut back = [0u8; 4096];
+        buf.read_at(4096, &mut back);
+        assert!(back.iter().all(|&x| x == 0x61));
+        let after = ep.recv(&buf, 0, 64);
+        ep.send(&buf, 100, 1).await.unwrap();
+        after.await.unwrap();
+        match ep.read(&buf, 4096, 8, Remote::at(region, 0)).await {
+            Err(DriverError::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr)
+            }
+            other => panic!("an invalidated key still served: {other:?}"),
+        }
+    });
+    t.join().unwrap();
+}

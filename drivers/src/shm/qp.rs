@@ -1,7 +1,7 @@
 //! Queue pairs, their setup, and the per-core poller that delivers incoming Sends.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::rc::{Rc, Weak};
@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use barewire_engine::{poll_readable, spawn_local, JoinHandle, Poller};
 use barewire_soft_rdma as soft;
 use soft::stream::{RecvWr, SendOp, SendWr, Sge};
-use soft::verbs::{Access, CompletionQueue, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
+use soft::verbs::{
+    Access, CompletionQueue, QpState, Stag, StagMap, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use super::mem::Mapping;
 use super::ring::{self, Reader, Ring, Writer};
@@ -86,7 +88,9 @@ pub(crate) struct QpInner {
     state: Cell<QpState>,
     tx: RefCell<Tx>,
     rx: RefCell<Rx>,
-    grants: RefCell<HashMap<u32, Grant>>,
+    grants: RefCell<StagMap<Grant>>,
+    /// Keys a local invalidate killed, whose grants are revoked once the send queue is free.
+    invalidated: RefCell<Vec<u32>>,
     task: RefCell<Option<JoinHandle<()>>>,
 }
 
@@ -178,12 +182,47 @@ impl QpInner {
             self.complete(&self.scq, self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
             return Ok(());
         }
-        self.tx
-            .borrow_mut()
-            .queue
-            .push_back(Work::Op { wr, sent: 0 });
-        self.progress();
+        let idle = self.tx.borrow().queue.is_empty();
+        if !idle {
+            self.tx
+                .borrow_mut()
+                .queue
+                .push_back(Work::Op { wr, sent: 0 });
+            self.progress();
+            return Ok(());
+        }
+        // Nothing ahead of it: run it now, without queueing it.
+        let mut sent = 0;
+        let step = {
+            let mut tx = self.tx.borrow_mut();
+            self.execute(&mut tx.w, &wr, &mut sent)
+        };
+        self.revoke_invalidated();
+        match step {
+            Ok(Step::Done(wc)) => {
+                if let Some(wc) = wc {
+                    self.complete(&self.scq, wc);
+                }
+            }
+            Ok(Step::Wait) => self.tx.borrow_mut().queue.push_back(Work::Op { wr, sent }),
+            Err((wr_id, opcode, status)) => {
+                self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
+                self.fail(WcStatus::WrFlushErr);
+            }
+        }
         Ok(())
+    }
+
+    /// Revokes the grants of keys a local invalidate just killed (outside the send queue's
+    /// borrow: the revocation may go into this queue pair's own ring).
+    fn revoke_invalidated(&self) {
+        if self.invalidated.borrow().is_empty() {
+            return;
+        }
+        let keys: Vec<u32> = self.invalidated.borrow_mut().drain(..).collect();
+        for k in keys {
+            self.dev().revoke(k);
+        }
     }
 
     fn post_recv(self: &Rc<Self>, wr: RecvWr) -> Result<(), DriverError> {
@@ -228,7 +267,7 @@ impl QpInner {
                 };
                 match front {
                     Work::Revoke(stag) => {
-                        if push_record(&mut tx.w, ring::REVOKE, 0, 0, 0, *stag, |_| {}) {
+                        if tx.w.push(ring::REVOKE, 0, 0, 0, *stag, |_| {}) {
                             self.wake_peer_if(&tx.w);
                             Ok(Step::Done(None))
                         } else {
@@ -238,6 +277,7 @@ impl QpInner {
                     Work::Op { wr, sent } => self.execute(&mut tx.w, wr, sent),
                 }
             };
+            self.revoke_invalidated();
             match step {
                 Ok(Step::Wait) => return,
                 Ok(Step::Done(wc)) => {
@@ -312,7 +352,7 @@ impl QpInner {
                     let last = *sent + n == total;
                     let flags = flags_base | if last { ring::LAST } else { 0 };
                     let from = *sent;
-                    let ok = push_record(w, ring::SEND, flags, n, n as u32, 0, |dst| {
+                    let ok = w.push(ring::SEND, flags, n, n as u32, 0, |dst| {
                         self.gather(&wr.sges, from, dst, n);
                     });
                     if !ok {
@@ -347,7 +387,7 @@ impl QpInner {
                         SendOp::WriteWithImm { imm, .. } => imm,
                         _ => unreachable!(),
                     };
-                    if !push_record(w, ring::IMM, ring::LAST, 0, total as u32, imm, |_| {}) {
+                    if !w.push(ring::IMM, ring::LAST, 0, total as u32, imm, |_| {}) {
                         return Ok(Step::Wait);
                     }
                     self.wake_peer_if(w);
@@ -429,7 +469,7 @@ impl QpInner {
                     .tables
                     .invalidate(stag, self.pd.id())
                     .map_err(|_| fail(WcStatus::LocProtErr))?;
-                self.dev().revoke(stag.0);
+                self.invalidated.borrow_mut().push(stag.0);
                 done(0)
             }
         }
@@ -742,18 +782,6 @@ impl QpInner {
     }
 }
 
-fn push_record(
-    w: &mut Writer,
-    kind: u8,
-    flags: u8,
-    body: usize,
-    len: u32,
-    value: u32,
-    fill: impl FnOnce(*mut u8),
-) -> bool {
-    w.push(kind, flags, body, len, value, fill)
-}
-
 fn opcode_of(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send { .. } => WcOpcode::Send,
@@ -1003,7 +1031,8 @@ async fn establish(
             placed: 0,
             error: None,
         }),
-        grants: RefCell::new(HashMap::new()),
+        grants: RefCell::new(StagMap::default()),
+        invalidated: RefCell::new(Vec::new()),
         task: RefCell::new(None),
     });
     let task = spawn_local(serve_control(Rc::downgrade(&inner), raw));

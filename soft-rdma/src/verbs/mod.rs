@@ -11,5 +11,7 @@ mod mr;
 mod qp;
 
 pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
-pub use mr::{Access, Device, MemoryRegion, ProtectionDomain, Stag, Violation, Window};
+pub use mr::{
+    Access, Device, MemoryRegion, ProtectionDomain, Stag, StagHasher, StagMap, Violation, Window,
+};
 pub use qp::{QpState, QpTransitionError};

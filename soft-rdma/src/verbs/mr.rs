@@ -126,12 +126,12 @@ struct Entry {
 /// [`MemoryRegion::remote_only_through_windows`]) grants no remote access under its own STag.
 const NO_QP: u32 = u32::MAX;
 
-/// Hashes an STag for the region table. STags come from a CSPRNG, so their bits are already
+/// Hashes an STag for a key table. STags come from a CSPRNG, so their bits are already
 /// uniform and a keyed hash (std's SipHash) would only add cost to every access check; a
 /// multiply spreads them into the high bits the table also uses. A peer only looks STags up,
 /// so it cannot crowd the table.
 #[derive(Default)]
-struct StagHasher(u64);
+pub struct StagHasher(u64);
 
 impl std::hash::Hasher for StagHasher {
     fn finish(&self) -> u64 {
@@ -149,7 +149,8 @@ impl std::hash::Hasher for StagHasher {
     }
 }
 
-type StagMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<StagHasher>>;
+/// A table keyed by STag, hashed with [`StagHasher`].
+pub type StagMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<StagHasher>>;
 
 #[derive(Default)]
 struct Tables {

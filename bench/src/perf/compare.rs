@@ -157,6 +157,8 @@ pub fn client_server(
 struct Variant {
     reactor: super::cli::Reactor,
     qps: u16,
+    /// The driver (`--driver`).
+    driver: &'static str,
     /// Also run it with CRC on (the `crc_on` column).
     crc_too: bool,
 }
@@ -165,6 +167,7 @@ impl Variant {
     const DEFAULT: Variant = Variant {
         reactor: super::cli::Reactor::Auto,
         qps: 1,
+        driver: "soft",
         crc_too: true,
     };
 
@@ -172,13 +175,25 @@ impl Variant {
         Variant {
             reactor,
             qps,
+            driver: "soft",
             crc_too: false,
         }
     }
 
+    /// On the shm backend (no CRC column: there is no wire).
+    const SHM: Variant = Variant {
+        reactor: super::cli::Reactor::Auto,
+        qps: 1,
+        driver: "shm",
+        crc_too: false,
+    };
+
     /// What the tool's name says about it.
     fn suffix(&self) -> String {
         let mut s = String::new();
+        if self.driver != "soft" {
+            s += &format!(" --driver {}", self.driver);
+        }
         if self.qps > 1 {
             s += &format!(" --qps {}", self.qps);
         }
@@ -234,7 +249,7 @@ impl Runner<'_> {
             tx_depth: 128,
             duration: test.is_bw().then_some(self.a.secs),
             cpus: Some(self.a.cpus.to_vec()),
-            driver: "soft".into(),
+            driver: v.driver.into(),
             reactor: v.reactor,
             sqpoll: None,
             idle_spin_us: 1000,
@@ -527,6 +542,45 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
     let uring = many(&mut r, Reactor::Auto);
     let epoll = many(&mut r, Reactor::Epoll);
     r.pair(&uring, epoll);
+    // The shm backend: same-host peers through shared memory, set beside UCX's shared-memory
+    // transports below, and its 1 MiB WRITE beside a plain memcpy on one core.
+    let shm: Vec<(Ours, Option<Figure>)> = vec![
+        (
+            Ours::ShmWriteLat,
+            r.ours_on(Test::WriteLat, 8, fa, "p50, RTT/2", p50, Variant::SHM),
+        ),
+        (
+            Ours::ShmReadLat,
+            r.ours_on(Test::ReadLat, 8, fa, "p50, RTT", p50, Variant::SHM),
+        ),
+        (
+            Ours::ShmFetchAddLat,
+            r.ours_on(
+                Test::AtomicLat,
+                8,
+                fa,
+                "fetch-add p50, RTT",
+                p50,
+                Variant::SHM,
+            ),
+        ),
+        (
+            Ours::ShmWriteBw1M,
+            r.ours_on(
+                Test::WriteBw,
+                1 << 20,
+                fa,
+                "1 MiB average",
+                bw,
+                Variant::SHM,
+            ),
+        ),
+    ];
+    if let Some((_, w)) = shm.iter().find(|(k, _)| *k == Ours::ShmWriteBw1M) {
+        let copy = memcpy_figure(a.cpus[0], a.secs);
+        r.pair(w, Some(copy));
+    }
+    let ours: Vec<(Ours, Option<Figure>)> = ours.into_iter().chain(shm).collect();
     let params = Params {
         iters: a.iters,
         secs: a.secs.ceil() as u64,
@@ -549,6 +603,48 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         }
     }
     r.cmp
+}
+
+/// `memcpy` of one 1 MiB buffer into another on one pinned CPU for `secs`, as `write_bw`
+/// writes the same source to the same destination again and again: what a WRITE through
+/// shared memory can at best reach, one core copying every byte.
+fn memcpy_figure(cpu: usize, secs: f64) -> Figure {
+    let value = std::thread::scope(|s| {
+        s.spawn(|| {
+            let _ = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+            memcpy_mib_per_sec(1 << 20, Duration::from_secs_f64(secs.max(0.2)))
+        })
+        .join()
+        .unwrap_or(0.0)
+    });
+    Figure {
+        tool: "memcpy".into(),
+        what: "1 MiB, one core".into(),
+        value,
+        unit: Unit::MibPerSec,
+        command: format!(
+            "memcpy of a 1 MiB buffer into another on CPU {cpu} for {secs} s (in barewire-perf)"
+        ),
+        percentiles: Vec::new(),
+        tail: None,
+        crc_on: None,
+    }
+}
+
+/// Copies one `block`-byte buffer into another again and again for `how_long`; MiB/s.
+pub fn memcpy_mib_per_sec(block: usize, how_long: Duration) -> f64 {
+    let src = vec![0x5au8; block];
+    let mut dst = vec![0u8; block];
+    let t = std::time::Instant::now();
+    let mut bytes = 0u64;
+    while t.elapsed() < how_long {
+        for _ in 0..16 {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            bytes += block as u64;
+        }
+    }
+    bytes as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64()
 }
 
 #[cfg(test)]

@@ -285,6 +285,46 @@ fn post_recv(qp: &QueuePair, wr_id: u64, sges: Vec<Sge>) -> Result<(), String> {
         .map_err(|e| format!("post_recv: {e:?}"))
 }
 
+/// A cycle counter, as perftest's `get_cycles` and UCX's perftest use: the TSC on x86-64 (where
+/// a read costs a few nanoseconds; `clock_gettime` costs about 20 here, a large part of a
+/// shared-memory operation), the monotonic clock in nanoseconds elsewhere. Converted to time by
+/// a calibration against the monotonic clock.
+struct Cycles {
+    ns_per_tick: f64,
+}
+
+impl Cycles {
+    fn now() -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: RDTSC has no preconditions and every x86-64 CPU has it.
+        unsafe {
+            core::arch::x86_64::_rdtsc()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+            START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+        }
+    }
+
+    /// Measures the counter's rate against the monotonic clock over 20 ms.
+    fn calibrate() -> Cycles {
+        let (i0, c0) = (Instant::now(), Cycles::now());
+        while i0.elapsed() < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let (i1, c1) = (Instant::now(), Cycles::now());
+        let ticks = c1.wrapping_sub(c0).max(1);
+        Cycles {
+            ns_per_tick: (i1 - i0).as_nanos() as f64 / ticks as f64,
+        }
+    }
+
+    fn ns(&self, ticks: u64) -> u64 {
+        (ticks as f64 * self.ns_per_tick) as u64
+    }
+}
+
 /// Waits, yielding to the provider, until the byte at `addr` is `v`.
 async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
     while buf.byte(addr) != v {
@@ -571,9 +611,10 @@ impl Client<'_> {
         let remote_recv = self.remote.addr + CTRL as u64;
         let rkey = self.remote.rkey;
         let mut progress = Progress::new(a.iters, "iterations", a.quiet);
-        // One clock read per iteration, as perftest takes one cycle count per iteration and
-        // reports the differences: an iteration's time runs from the end of the one before.
-        let mut t = Instant::now();
+        // One cycle count per iteration, as perftest takes (get_cycles) and reports the
+        // differences: an iteration's time runs from the end of the one before.
+        let clock = Cycles::calibrate();
+        let mut t = Cycles::now();
         for i in 0..warm + a.iters {
             match a.test {
                 Test::WriteLat => {
@@ -630,9 +671,9 @@ impl Client<'_> {
                 }
                 _ => unreachable!("bandwidth test in the latency loop"),
             }
-            let now = Instant::now();
+            let now = Cycles::now();
             if i >= warm {
-                let ns = (now - t).as_nanos() as u64;
+                let ns = clock.ns(now.wrapping_sub(t));
                 let ns = if a.test.is_ping_pong() { ns / 2 } else { ns };
                 h.record(ns.max(1)).map_err(|e| e.to_string())?;
                 if (i - warm) % 4096 == 0 {

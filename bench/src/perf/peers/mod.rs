@@ -37,6 +37,14 @@ pub enum Ours {
     WriteBw64K,
     /// 64 KiB `read_bw` average.
     ReadBw64K,
+    /// 8 B `write_lat` p50 on shm.
+    ShmWriteLat,
+    /// 8 B `read_lat` p50 on shm.
+    ShmReadLat,
+    /// `atomic_lat` fetch-add p50 on shm.
+    ShmFetchAddLat,
+    /// 1 MiB `write_bw` average on shm.
+    ShmWriteBw1M,
 }
 
 /// What a peer's output gives: its figure and any latency percentiles, (percentile, µs).
@@ -88,6 +96,7 @@ pub fn all() -> Vec<Box<dyn Peer>> {
     vec![
         Box::new(libfabric::FiPingpong),
         Box::new(ucx::UcxPerftest),
+        Box::new(ucx::UcxShm),
         Box::new(qperf::Qperf),
         Box::new(sockperf::Sockperf),
     ]

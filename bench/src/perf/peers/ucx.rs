@@ -27,6 +27,40 @@ fn bandwidth(out: &str) -> Parsed {
     parse_ucx(out).map(|(_, _, bw)| (bw, vec![]))
 }
 
+/// One `ucx_perftest` run: `test` with messages of `size` bytes, named `test` + `label`.
+fn run(
+    p: &Params,
+    test: &str,
+    label: &str,
+    size: &str,
+    what: &'static str,
+    unit: Unit,
+    pairs: &'static [Ours],
+) -> PeerRun {
+    PeerRun {
+        label: format!("{test}{label}"),
+        what,
+        unit,
+        server: argv(&["ucx_perftest"]),
+        client: argv(&[
+            "ucx_perftest",
+            "127.0.0.1",
+            "-t",
+            test,
+            "-s",
+            size,
+            "-n",
+            &p.iters.to_string(),
+        ]),
+        parse: if unit == Unit::Micros {
+            latency
+        } else {
+            bandwidth
+        },
+        pairs,
+    }
+}
+
 impl Peer for UcxPerftest {
     fn tool(&self) -> &'static str {
         "ucx_perftest"
@@ -38,29 +72,7 @@ impl Peer for UcxPerftest {
         &[("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")]
     }
     fn runs(&self, p: &Params) -> Vec<PeerRun> {
-        let n = p.iters.to_string();
-        let run = |test: &str, size: &str, what, unit, pairs| PeerRun {
-            label: test.to_string(),
-            what,
-            unit,
-            server: argv(&["ucx_perftest"]),
-            client: argv(&[
-                "ucx_perftest",
-                "127.0.0.1",
-                "-t",
-                test,
-                "-s",
-                size,
-                "-n",
-                &n,
-            ]),
-            parse: if unit == Unit::Micros {
-                latency
-            } else {
-                bandwidth
-            },
-            pairs,
-        };
+        let run = |test, size, what, unit, pairs| run(p, test, "", size, what, unit, pairs);
         vec![
             run(
                 "ucp_put_lat",
@@ -97,6 +109,51 @@ impl Peer for UcxPerftest {
                 "64 KiB",
                 Unit::MibPerSec,
                 &[Ours::WriteBw64K, Ours::ReadBw64K],
+            ),
+        ]
+    }
+}
+
+/// `ucx_perftest` over UCX's shared-memory transports (`UCX_TLS=posix,sysv,cma,self`), beside
+/// barewire's shm backend.
+pub struct UcxShm;
+
+impl Peer for UcxShm {
+    fn tool(&self) -> &'static str {
+        "ucx_perftest"
+    }
+    fn package(&self) -> &'static str {
+        "ucx-utils"
+    }
+    fn env(&self) -> &'static [(&'static str, &'static str)] {
+        &[("UCX_TLS", "posix,sysv,cma,self")]
+    }
+    fn runs(&self, p: &Params) -> Vec<PeerRun> {
+        let run = |test, size, what, unit, pairs| {
+            run(p, test, " (shared memory)", size, what, unit, pairs)
+        };
+        vec![
+            run(
+                "ucp_put_lat",
+                "8",
+                "8 B p50",
+                Unit::Micros,
+                &[Ours::ShmWriteLat],
+            ),
+            run("ucp_get", "8", "8 B p50", Unit::Micros, &[Ours::ShmReadLat]),
+            run(
+                "ucp_fadd",
+                "8",
+                "8 B p50",
+                Unit::Micros,
+                &[Ours::ShmFetchAddLat],
+            ),
+            run(
+                "ucp_put_bw",
+                "1048576",
+                "1 MiB",
+                Unit::MibPerSec,
+                &[Ours::ShmWriteBw1M],
             ),
         ]
     }

@@ -6,10 +6,11 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
+pub use barewire_rdma_types::{
+    Access, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag, WcOpcode, WcStatus,
+    WorkCompletion,
+};
 use barewire_soft_rdma as soft;
-pub use barewire_soft_rdma::provider::RegionDescriptor;
-pub use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
-pub use barewire_soft_rdma::verbs::{Access, QpState, Stag, WcOpcode, WcStatus, WorkCompletion};
 use barewire_soft_rdma::wire::MpaSettings;
 
 use crate::shm;

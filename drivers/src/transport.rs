@@ -342,7 +342,7 @@ pub enum DriverError {
     #[error("work request {wr_id} completed with {status:?}")]
     Completion {
         /// The status.
-        status: barewire_soft_rdma::verbs::WcStatus,
+        status: barewire_rdma_types::WcStatus,
         /// The work request.
         wr_id: u64,
     },

@@ -49,19 +49,20 @@ use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
-use barewire_soft_rdma as soft;
-use soft::verbs::{Access, Stag};
+use barewire_rdma_types as keys;
+use keys::{Access, Stag};
 
 pub(crate) use mem::{page, MemFile};
 pub(crate) use qp::{connect, Listener, Qp};
 
 use crate::transport::DriverError;
 
-/// The shm device of one core: the key tables (the soft provider's: the same checks) and
+/// The shm device of one core: the key tables (barewire-rdma-types', as the soft provider's:
+/// the same checks) and
 /// which queue pairs each key was granted over.
 #[derive(Clone)]
 pub(crate) struct Device {
-    tables: soft::verbs::Device,
+    tables: keys::Device,
     grants: Rc<RefCell<Grants>>,
 }
 
@@ -76,7 +77,7 @@ struct Grants {
 impl Device {
     pub(crate) fn new() -> Device {
         Device {
-            tables: soft::verbs::Device::new(),
+            tables: keys::Device::new(),
             grants: Rc::default(),
         }
     }
@@ -118,7 +119,7 @@ impl Device {
 
 /// A shm protection domain.
 pub(crate) struct Pd {
-    pd: soft::verbs::ProtectionDomain,
+    pd: keys::ProtectionDomain,
     dev: Device,
 }
 
@@ -171,7 +172,7 @@ fn access_any(a: Access, of: Access) -> bool {
 
 /// A shm memory region. Dropping it revokes every grant of its key.
 pub(crate) struct Mr {
-    mr: soft::verbs::MemoryRegion,
+    mr: keys::MemoryRegion,
     /// Keeps the mapping of the file it lies in while it is registered.
     _file: Option<Arc<MemFile>>,
     dev: Device,
@@ -224,7 +225,7 @@ impl Drop for Mr {
 
 /// A window bound for one shm queue pair. Dropping it revokes its grant.
 pub(crate) struct Window {
-    w: soft::verbs::Window,
+    w: keys::Window,
     dev: Device,
 }
 

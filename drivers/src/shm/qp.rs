@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use barewire_engine::{poll_readable, spawn_local, JoinHandle, Poller};
-use barewire_soft_rdma as soft;
-use soft::stream::{RecvWr, SendOp, SendWr, Sge};
-use soft::verbs::{
-    Access, CompletionQueue, QpState, Stag, StagMap, WcOpcode, WcStatus, WorkCompletion,
+use barewire_rdma_types::{
+    Access, CompletionQueue, QpState, RecvWr, SendOp, SendWr, Sge, Stag, StagMap, WcOpcode,
+    WcStatus, WorkCompletion,
 };
 
 use super::mem::Mapping;
@@ -178,7 +177,7 @@ impl QpInner {
         }
         if self.state.get() != QpState::Rts {
             // As verbs: a request posted on a queue pair in ERROR completes with a flush.
-            let op = opcode_of(&wr.op);
+            let op = wr.op.opcode();
             self.complete(&self.scq, self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
             return Ok(());
         }
@@ -329,7 +328,7 @@ impl QpInner {
         wr: &SendWr,
         sent: &mut usize,
     ) -> Result<Step, (u64, WcOpcode, WcStatus)> {
-        let opcode = opcode_of(&wr.op);
+        let opcode = wr.op.opcode();
         let fail = |s: WcStatus| (wr.wr_id, opcode, s);
         let done = |len: usize| {
             Ok(Step::Done(wr.signaled.then(|| {
@@ -666,7 +665,7 @@ impl QpInner {
         let queued: Vec<Work> = self.tx.borrow_mut().queue.drain(..).collect();
         for w in queued {
             if let Work::Op { wr, .. } = w {
-                let op = opcode_of(&wr.op);
+                let op = wr.op.opcode();
                 self.scq
                     .push(self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
             }
@@ -779,17 +778,6 @@ impl QpInner {
             }
         };
         sent.map_err(|e| format!("answering a grant request: {e}"))
-    }
-}
-
-fn opcode_of(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send { .. } => WcOpcode::Send,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
-        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
     }
 }
 

@@ -10,8 +10,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use barewire_engine::{poll_readable, spawn_local, JoinHandle};
-use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
-use barewire_soft_rdma::verbs::{QpState, Stag};
+use barewire_rdma_types::{QpState, RecvWr, SendOp, SendWr, Sge, Stag};
 use rdma_sys as sys;
 
 use super::rc::{last_os_error, os_error, set_nonblocking, Cq, Pd, MAX_SGE};

@@ -12,7 +12,7 @@ use std::os::fd::RawFd;
 use std::rc::{Rc, Weak};
 
 use barewire_engine::{poll_readable, spawn_local, JoinHandle, Poller};
-use barewire_soft_rdma::verbs::{
+use barewire_rdma_types::{
     Access, CompletionQueue as Queue, Stag, WcOpcode, WcStatus, WorkCompletion,
 };
 use rdma_sys as sys;

@@ -32,7 +32,8 @@ use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use crate::verbs::{
-    Access, CompletionQueue, Device, QpState, Stag, Violation, WcOpcode, WcStatus, WorkCompletion,
+    Access, CompletionQueue, Device, QpState, Stag, Violation, ViolationTerm, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 use crate::wire::{
     fpdu_trailer_after, qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader,
@@ -41,113 +42,7 @@ use crate::wire::{
     FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 
-/// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sge {
-    /// Start address.
-    pub addr: u64,
-    /// Length.
-    pub len: u32,
-    /// The local region's STag.
-    pub lkey: Stag,
-}
-
-/// What a send work request does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SendOp {
-    /// A Send into the peer's next posted receive; `invalidate` names a peer STag to invalidate.
-    Send {
-        /// Ask for a solicited event at the receiver.
-        solicited: bool,
-        /// Send with Invalidate.
-        invalidate: Option<Stag>,
-    },
-    /// An RDMA Write to `remote_addr` in the peer's region `rkey`.
-    Write {
-        /// Target address.
-        remote_addr: u64,
-        /// Target region.
-        rkey: Stag,
-    },
-    /// An RDMA Read from `remote_addr` in the peer's region `rkey` into the (single) local SGE.
-    Read {
-        /// Source address.
-        remote_addr: u64,
-        /// Source region.
-        rkey: Stag,
-    },
-    /// An RDMA Write followed by RFC 7306 Immediate Data: the peer's next receive completes
-    /// with `imm` (as `RecvRdmaWithImm`) once the written data is in place.
-    WriteWithImm {
-        /// Target address.
-        remote_addr: u64,
-        /// Target region.
-        rkey: Stag,
-        /// Delivered in the receiver's completion.
-        imm: u32,
-    },
-    /// Adds `add` to the 8-byte word at `remote_addr`; the original value lands in the single
-    /// 8-byte local SGE.
-    FetchAdd {
-        /// Target word (8-byte aligned).
-        remote_addr: u64,
-        /// Target region (needs REMOTE_ATOMIC).
-        rkey: Stag,
-        /// Addend.
-        add: u64,
-    },
-    /// Replaces the word with `swap` if it equals `compare`; the original lands locally.
-    CmpSwap {
-        /// Target word (8-byte aligned).
-        remote_addr: u64,
-        /// Target region (needs REMOTE_ATOMIC).
-        rkey: Stag,
-        /// Expected value.
-        compare: u64,
-        /// New value.
-        swap: u64,
-    },
-    /// Invalidates one of this side's own STags (ibv_post_send(3) `IBV_WR_LOCAL_INV`), in
-    /// order with the requests before it: later remote accesses with it fail.
-    LocalInvalidate {
-        /// The STag to invalidate.
-        stag: Stag,
-    },
-    /// Replaces the word with `swap` unconditionally; the original lands locally.
-    Swap {
-        /// Target word (8-byte aligned).
-        remote_addr: u64,
-        /// Target region (needs REMOTE_ATOMIC).
-        rkey: Stag,
-        /// New value.
-        swap: u64,
-    },
-}
-
-/// A send work request (`struct ibv_send_wr`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendWr {
-    /// Returned in the completion.
-    pub wr_id: u64,
-    /// What to do.
-    pub op: SendOp,
-    /// Local memory: the payload of a Send/Write, the sink of a Read.
-    pub sges: Vec<Sge>,
-    /// Produce a completion on success (errors always complete).
-    pub signaled: bool,
-    /// `IBV_SEND_FENCE`: start only after every earlier RDMA Read and atomic has completed
-    /// (so this request sees their effects, e.g. a Send that announces data just read).
-    pub fence: bool,
-}
-
-/// A receive work request (`struct ibv_recv_wr`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecvWr {
-    /// Returned in the completion.
-    pub wr_id: u64,
-    /// Where an incoming Send lands, in order.
-    pub sges: Vec<Sge>,
-}
+pub use barewire_rdma_types::{RecvWr, SendOp, SendWr, Sge};
 
 /// Negotiated parameters of the stream.
 #[derive(Debug, Clone, Copy)]
@@ -527,13 +422,7 @@ impl Stream {
     /// Posts a send work request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         if self.state == QpState::Error {
-            self.complete(
-                &self.scq,
-                wr.wr_id,
-                WcStatus::WrFlushErr,
-                opcode_of(&wr.op),
-                0,
-            );
+            self.complete(&self.scq, wr.wr_id, WcStatus::WrFlushErr, wr.op.opcode(), 0);
             return Ok(());
         }
         if !self.state.can_post_send() {
@@ -551,7 +440,7 @@ impl Stream {
 
     /// Whether the request will occupy an ORD slot: Reads, atomics, and acknowledged requests.
     fn takes_ord(&self, wr: &SendWr) -> bool {
-        wr.op.needs_ord()
+        wr.op.returns_data()
             || (self.cfg.remote_completion
                 && wr.signaled
                 && matches!(
@@ -634,7 +523,7 @@ impl Stream {
             }
         }
         for wr in std::mem::take(&mut self.blocked) {
-            let wc = self.wc(wr.wr_id, WcStatus::WrFlushErr, opcode_of(&wr.op), 0);
+            let wc = self.wc(wr.wr_id, WcStatus::WrFlushErr, wr.op.opcode(), 0);
             self.scq.push(wc);
         }
         for wr in std::mem::take(&mut self.rq) {
@@ -665,30 +554,5 @@ impl Stream {
         self.tx.extend(terminate);
         self.tx_queued = self.tx_sent + self.tx.iter().map(|c| c.len() as u64).sum::<u64>()
             - self.tx_front_off as u64;
-    }
-}
-
-fn opcode_of(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send { .. } => WcOpcode::Send,
-        SendOp::Write { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::CmpSwap { .. } | SendOp::Swap { .. } => WcOpcode::CompSwap,
-        SendOp::LocalInvalidate { .. } => WcOpcode::LocalInv,
-    }
-}
-
-impl SendOp {
-    /// Reads and atomics take an ORD slot and write into local memory.
-    fn needs_ord(&self) -> bool {
-        matches!(
-            self,
-            SendOp::Read { .. }
-                | SendOp::FetchAdd { .. }
-                | SendOp::CmpSwap { .. }
-                | SendOp::Swap { .. }
-        )
     }
 }

@@ -42,7 +42,7 @@ impl Stream {
             }
             return;
         }
-        let write_local = wr.op.needs_ord();
+        let write_local = wr.op.returns_data();
         let mut total: u64 = 0;
         for s in &wr.sges {
             match self
@@ -50,14 +50,12 @@ impl Stream {
                 .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, write_local)
             {
                 Ok(p) => extents.push((p as *const u8, s.len as usize)),
-                Err(_) => {
-                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocProtErr, opcode_of(&wr.op))
-                }
+                Err(_) => return self.sq_fail(seq, wr.wr_id, WcStatus::LocProtErr, wr.op.opcode()),
             }
             total += s.len as u64;
         }
         if total > u32::MAX as u64 {
-            return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
+            return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, wr.op.opcode());
         }
         match wr.op {
             SendOp::LocalInvalidate { .. } => unreachable!("handled above"),
@@ -137,7 +135,7 @@ impl Stream {
                 remote_addr, rkey, ..
             } => {
                 let ([_], [(sink_ptr, 8)]) = (&wr.sges[..], &extents[..]) else {
-                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, opcode_of(&wr.op));
+                    return self.sq_fail(seq, wr.wr_id, WcStatus::LocLenErr, wr.op.opcode());
                 };
                 let (op, data, compare) = match wr.op {
                     SendOp::FetchAdd { add, .. } => (AtomicOp::FetchAdd, add, 0),
@@ -165,8 +163,8 @@ impl Stream {
                     wr_id: wr.wr_id,
                     len: 8,
                     signaled: wr.signaled,
-                    atomic: Some((self.atomic_id, *sink_ptr as *mut u8, opcode_of(&wr.op))),
-                    opcode: opcode_of(&wr.op),
+                    atomic: Some((self.atomic_id, *sink_ptr as *mut u8, wr.op.opcode())),
+                    opcode: wr.op.opcode(),
                     sink: (0, 0, 0),
                     placed: 0,
                 });
@@ -190,13 +188,13 @@ impl Stream {
                 len: total as u32,
                 signaled: true,
                 atomic: None,
-                opcode: opcode_of(&wr.op),
+                opcode: wr.op.opcode(),
                 sink: (0, 0, 0),
                 placed: 0,
             });
             return;
         }
-        let wc = self.wc(wr.wr_id, WcStatus::Success, opcode_of(&wr.op), total as u32);
+        let wc = self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), total as u32);
         self.marks.push_back(TxMark {
             until: self.tx_queued,
             sq: Some((seq, wc, wr.signaled)),

@@ -27,8 +27,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
-use crate::wire::{DdpTaggedErrorCode, RdmapErrorCode, RdmapErrorType, TermCode};
-
 /// Access rights of a memory region (ibv_reg_mr(3)'s `IBV_ACCESS_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Access(u8);
@@ -78,36 +76,6 @@ pub enum Violation {
     /// Offset plus length overflows 64 bits.
     #[error("tagged offset wraps")]
     ToWrap,
-}
-
-impl Violation {
-    /// The Terminate code for this violation on a tagged DDP segment (an RDMA WRITE or READ
-    /// Response placing data): DDP layer codes where RFC 5041 has one, RDMAP's otherwise.
-    pub fn tagged_term(self) -> TermCode {
-        match self {
-            Violation::InvalidStag => TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag),
-            Violation::BaseBounds => TermCode::ddp_tagged(DdpTaggedErrorCode::BaseBounds),
-            Violation::NotAssociated => TermCode::ddp_tagged(DdpTaggedErrorCode::StagNotAssociated),
-            Violation::ToWrap => TermCode::ddp_tagged(DdpTaggedErrorCode::ToWrap),
-            Violation::AccessRights => TermCode::rdmap(
-                RdmapErrorType::RemoteProtection,
-                RdmapErrorCode::AccessRights,
-            ),
-        }
-    }
-
-    /// The Terminate code for this violation on an RDMAP request naming a source region (READ
-    /// Request, atomics): RDMAP remote protection errors (RFC 5040 §7.2).
-    pub fn rdmap_term(self) -> TermCode {
-        let code = match self {
-            Violation::InvalidStag => RdmapErrorCode::InvalidStag,
-            Violation::BaseBounds => RdmapErrorCode::BaseBounds,
-            Violation::AccessRights => RdmapErrorCode::AccessRights,
-            Violation::NotAssociated => RdmapErrorCode::StagNotAssociated,
-            Violation::ToWrap => RdmapErrorCode::ToWrap,
-        };
-        TermCode::rdmap(RdmapErrorType::RemoteProtection, code)
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -192,7 +160,7 @@ struct DeviceInner {
 /// The soft RDMA device of one core.
 ///
 /// ```
-/// use barewire_soft_rdma::verbs::*;
+/// use barewire_rdma_types::*;
 /// let dev = Device::new();
 /// let pd = dev.alloc_pd();
 /// let mut buf = vec![0u8; 4096];
@@ -488,7 +456,7 @@ impl MemoryRegion {
     /// region, whichever goes first.
     ///
     /// ```
-    /// use barewire_soft_rdma::verbs::*;
+    /// use barewire_rdma_types::*;
     /// let dev = Device::new();
     /// let pd = dev.alloc_pd();
     /// let mut buf = vec![0u8; 64];
@@ -746,20 +714,5 @@ mod tests {
         // SAFETY: the buffer outlives the attempt.
         let r = unsafe { pd.register(buf.as_mut_ptr(), 8, Access::REMOTE_WRITE) };
         assert_eq!(r.err(), Some(Violation::AccessRights));
-    }
-
-    #[test]
-    fn violations_map_to_the_rfc_terminate_codes() {
-        assert_eq!(
-            Violation::InvalidStag.tagged_term(),
-            TermCode::ddp_tagged(DdpTaggedErrorCode::InvalidStag)
-        );
-        assert_eq!(
-            Violation::AccessRights.rdmap_term(),
-            TermCode::rdmap(
-                RdmapErrorType::RemoteProtection,
-                RdmapErrorCode::AccessRights
-            )
-        );
     }
 }

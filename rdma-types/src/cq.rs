@@ -75,7 +75,7 @@ impl WorkCompletion {
     /// A placeholder, to fill an array that [`CompletionQueue::poll`] then writes into.
     ///
     /// ```
-    /// use barewire_soft_rdma::verbs::{CompletionQueue, WorkCompletion};
+    /// use barewire_rdma_types::{CompletionQueue, WorkCompletion};
     /// let cq = CompletionQueue::new(8);
     /// let mut wcs = [WorkCompletion::BLANK; 8];
     /// assert_eq!(cq.poll(&mut wcs), 0);

@@ -1,6 +1,6 @@
 //! The one API: device, protection domain, memory region, completion queue, queue pair, work
-//! requests and completions, and connection setup, each an enum over the two backends so the
-//! hot path is a `match`, never a virtual call.
+//! requests and completions, and connection setup. Each object holds its backend's object
+//! behind the traits of [`crate::backend`], which verbs, soft and shm implement.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -10,14 +10,11 @@ pub use barewire_rdma_types::{
     Access, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag, WcOpcode, WcStatus,
     WorkCompletion,
 };
-use barewire_soft_rdma as soft;
-use barewire_soft_rdma::wire::MpaSettings;
 
-use crate::shm;
+use crate::backend::{DeviceOps, ListenerOps, MrOps, PdOps, QpOps, WindowOps};
 use crate::transport::{Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
-use crate::verbs::{cm, rc};
 
-/// An opened RDMA device: a verbs device, or the software provider.
+/// An opened RDMA device: a verbs device, the software provider, or shared memory.
 ///
 /// ```
 /// use barewire_drivers::{Device, DriverConfig};
@@ -30,26 +27,18 @@ use crate::verbs::{cm, rc};
 /// # let _ = (pd, cq);
 /// ```
 pub struct Device {
-    backend: DeviceBackend,
+    backend: Box<dyn DeviceOps>,
     chosen: Chosen,
-}
-
-enum DeviceBackend {
-    Soft(soft::verbs::Device),
-    Shm(shm::Device),
-    Verbs(Rc<rc::Context>),
 }
 
 impl Device {
     /// Opens what `cfg` selects (see [`DriverConfig::select`]).
     pub fn open(cfg: &DriverConfig) -> Result<Device, DriverError> {
         let chosen = cfg.select()?;
-        let backend = if chosen.transport == Transport::Soft {
-            DeviceBackend::Soft(soft::verbs::Device::new())
-        } else if chosen.transport == Transport::Shm {
-            DeviceBackend::Shm(shm::Device::new())
-        } else {
-            DeviceBackend::Verbs(rc::Context::open(&chosen.device)?)
+        let backend: Box<dyn DeviceOps> = match chosen.transport {
+            Transport::Soft => Box::new(crate::soft::Device::new()),
+            Transport::Shm => Box::new(crate::shm::Device::new()),
+            _ => Box::new(crate::verbs::backend::Device::open(&chosen.device)?),
         };
         Ok(Device { backend, chosen })
     }
@@ -64,7 +53,7 @@ impl Device {
         self.chosen.transport
     }
 
-    /// The device name (`soft` for the software provider).
+    /// The device name (`soft` for the software provider, `shm` for shared memory).
     pub fn name(&self) -> &str {
         &self.chosen.device
     }
@@ -95,37 +84,27 @@ impl Device {
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain, DriverError> {
-        Ok(match &self.backend {
-            DeviceBackend::Soft(d) => ProtectionDomain::Soft(d.alloc_pd()),
-            DeviceBackend::Shm(d) => ProtectionDomain::Shm(d.alloc_pd()),
-            DeviceBackend::Verbs(c) => ProtectionDomain::Verbs(rc::Pd::new(c)?),
+        Ok(ProtectionDomain {
+            ops: self.backend.alloc_pd()?,
         })
     }
 
     /// Creates a completion queue of `depth` entries, polled by the current core.
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
-        Ok(match &self.backend {
-            DeviceBackend::Soft(_) | DeviceBackend::Shm(_) => {
-                CompletionQueue::Soft(soft::verbs::CompletionQueue::new(depth))
-            }
-            DeviceBackend::Verbs(c) => CompletionQueue::Verbs(rc::Cq::new(c, depth)?),
-        })
+        self.backend.create_cq(depth)
     }
 }
 
 /// A protection domain.
-pub enum ProtectionDomain {
-    /// The software provider's.
-    Soft(soft::verbs::ProtectionDomain),
-    /// rdma-core's.
-    Verbs(Rc<rc::Pd>),
-    /// The shared-memory backend's.
-    #[allow(private_interfaces)]
-    Shm(shm::Pd),
+pub struct ProtectionDomain {
+    pub(crate) ops: Box<dyn PdOps>,
 }
 
 impl ProtectionDomain {
     /// Registers `len` bytes at `addr` with `access` rights.
+    ///
+    /// On shm, remote rights need memory a [`crate::Buffer`] of this domain holds (a peer
+    /// process maps it); other memory is refused with an error that says so.
     ///
     /// # Safety
     /// The memory must stay valid (not freed, not moved) while the region lives: a peer or a
@@ -136,51 +115,26 @@ impl ProtectionDomain {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, DriverError> {
-        match self {
-            // SAFETY: the caller's promise, passed on.
-            ProtectionDomain::Soft(pd) => unsafe { pd.register(addr, len, access) }
-                .map(MemoryRegion::Soft)
-                .map_err(|e| DriverError::Unsupported(format!("register: {e:?}"))),
-            ProtectionDomain::Verbs(pd) => {
-                // SAFETY: the caller's promise, passed on.
-                unsafe { pd.register(addr, len, access) }.map(MemoryRegion::Verbs)
-            }
-            ProtectionDomain::Shm(pd) => {
-                // SAFETY: the caller's promise, passed on.
-                unsafe { pd.register(addr, len, access) }.map(MemoryRegion::Shm)
-            }
-        }
+        // SAFETY: the caller's promise, passed on.
+        let ops = unsafe { self.ops.register(addr, len, access) }?;
+        Ok(MemoryRegion { ops })
     }
 }
 
 /// A registered memory region.
-pub enum MemoryRegion {
-    /// The software provider's.
-    Soft(soft::verbs::MemoryRegion),
-    /// rdma-core's.
-    Verbs(rc::Mr),
-    /// The shared-memory backend's.
-    #[allow(private_interfaces)]
-    Shm(shm::Mr),
+pub struct MemoryRegion {
+    ops: Box<dyn MrOps>,
 }
 
 impl MemoryRegion {
     /// First byte.
     pub fn addr(&self) -> *mut u8 {
-        match self {
-            MemoryRegion::Soft(m) => m.addr(),
-            MemoryRegion::Verbs(m) => m.addr(),
-            MemoryRegion::Shm(m) => m.addr(),
-        }
+        self.ops.addr()
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        match self {
-            MemoryRegion::Soft(m) => m.len(),
-            MemoryRegion::Verbs(m) => m.len(),
-            MemoryRegion::Shm(m) => m.len(),
-        }
+        self.ops.len()
     }
 
     /// True for a zero-length region.
@@ -190,29 +144,17 @@ impl MemoryRegion {
 
     /// The key local SGEs name it by.
     pub fn lkey(&self) -> Stag {
-        match self {
-            MemoryRegion::Soft(m) => m.stag(),
-            MemoryRegion::Verbs(m) => m.lkey(),
-            MemoryRegion::Shm(m) => m.stag(),
-        }
+        self.ops.lkey()
     }
 
     /// The key a peer names it by.
     pub fn rkey(&self) -> Stag {
-        match self {
-            MemoryRegion::Soft(m) => m.stag(),
-            MemoryRegion::Verbs(m) => m.rkey(),
-            MemoryRegion::Shm(m) => m.stag(),
-        }
+        self.ops.rkey()
     }
 
     /// Its access rights.
     pub fn access(&self) -> Access {
-        match self {
-            MemoryRegion::Soft(m) => m.access(),
-            MemoryRegion::Verbs(m) => m.access(),
-            MemoryRegion::Shm(m) => m.access(),
-        }
+        self.ops.access()
     }
 
     /// What a peer needs to address it.
@@ -232,17 +174,7 @@ impl MemoryRegion {
     /// memory windows (siw, for one) gives [`DriverError::Unsupported`], and the region keeps
     /// its remote rights.
     pub fn remote_only_through_windows(&self) -> Result<(), DriverError> {
-        match self {
-            MemoryRegion::Soft(m) => {
-                m.remote_only_through_windows();
-                Ok(())
-            }
-            MemoryRegion::Verbs(m) => m.remote_only_through_windows(),
-            MemoryRegion::Shm(m) => {
-                m.remote_only_through_windows();
-                Ok(())
-            }
-        }
+        self.ops.remote_only_through_windows()
     }
 
     /// A window over the whole region for `qp` alone, granting `access` (remote rights the
@@ -254,23 +186,7 @@ impl MemoryRegion {
     /// `qp`'s send queue, so it is in force before anything posted on `qp` after it; a device
     /// without them gives [`DriverError::Unsupported`].
     pub fn bind_window(&self, qp: &QueuePair, access: Access) -> Result<Window, DriverError> {
-        let (rkey, inner) = match (self, qp) {
-            (MemoryRegion::Soft(m), QueuePair::Soft(q)) => {
-                let w = m
-                    .bind_window(q.qp_num(), access)
-                    .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
-                (w.stag(), WindowInner::Soft(w))
-            }
-            (MemoryRegion::Verbs(m), QueuePair::Verbs(q)) => {
-                let w = m.bind_window(q, access)?;
-                (w.rkey(), WindowInner::Verbs(w))
-            }
-            (MemoryRegion::Shm(m), QueuePair::Shm(q)) => {
-                let w = m.bind_window(q, access)?;
-                (w.stag(), WindowInner::Shm(w))
-            }
-            _ => return Err(mismatch()),
-        };
+        let (rkey, inner) = self.ops.bind_window(&*qp.ops, access)?;
         Ok(Window {
             desc: RegionDescriptor {
                 rkey,
@@ -295,13 +211,7 @@ impl MemoryRegion {
 /// [`MemoryRegion::bind_window`]). Dropping it invalidates its key.
 pub struct Window {
     desc: RegionDescriptor,
-    inner: WindowInner,
-}
-
-enum WindowInner {
-    Soft(soft::verbs::Window),
-    Verbs(rc::Mw),
-    Shm(shm::Window),
+    inner: Box<dyn WindowOps>,
 }
 
 impl Window {
@@ -312,45 +222,63 @@ impl Window {
 
     /// False once its region was deregistered or it was invalidated.
     pub fn is_live(&self) -> bool {
-        match &self.inner {
-            WindowInner::Soft(w) => w.is_live(),
-            WindowInner::Verbs(w) => w.is_live(),
-            WindowInner::Shm(w) => w.is_live(),
-        }
+        self.inner.is_live()
     }
 }
 
 /// A completion queue. Cloning gives another handle to the same queue.
 #[derive(Clone)]
-pub enum CompletionQueue {
-    /// The software provider's (its poller pushes completions in).
-    Soft(soft::verbs::CompletionQueue),
-    /// rdma-core's (the core's verbs poller moves completions in).
-    Verbs(Rc<rc::Cq>),
+pub struct CompletionQueue {
+    queue: barewire_rdma_types::CompletionQueue,
+    /// The device queue behind it, where there is one (verbs: the core's verbs poller moves
+    /// its completions into `queue`).
+    device: Option<Rc<dyn std::any::Any>>,
 }
 
 impl CompletionQueue {
-    fn queue(&self) -> &soft::verbs::CompletionQueue {
-        match self {
-            CompletionQueue::Soft(q) => q,
-            CompletionQueue::Verbs(c) => c.queue(),
+    /// A queue its backend's poller pushes completions into.
+    pub(crate) fn new(queue: barewire_rdma_types::CompletionQueue) -> CompletionQueue {
+        CompletionQueue {
+            queue,
+            device: None,
         }
+    }
+
+    /// A queue fed from a device queue.
+    pub(crate) fn with_device(
+        queue: barewire_rdma_types::CompletionQueue,
+        device: Rc<dyn std::any::Any>,
+    ) -> CompletionQueue {
+        CompletionQueue {
+            queue,
+            device: Some(device),
+        }
+    }
+
+    /// The queue completions arrive in.
+    pub(crate) fn queue(&self) -> &barewire_rdma_types::CompletionQueue {
+        &self.queue
+    }
+
+    /// The device queue behind it, if any.
+    pub(crate) fn device(&self) -> Option<&Rc<dyn std::any::Any>> {
+        self.device.as_ref()
     }
 
     /// Takes up to `out.len()` completions that have arrived; the number taken.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        self.queue().poll(out)
+        self.queue.poll(out)
     }
 
     /// True if no completion is waiting.
     pub fn is_empty(&self) -> bool {
-        self.queue().is_empty()
+        self.queue.is_empty()
     }
 
     /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
     /// when it sleeps).
     pub async fn next(&self) -> WorkCompletion {
-        self.queue().next().await
+        self.queue.next().await
     }
 }
 
@@ -398,59 +326,11 @@ impl Default for ConnectOptions {
     }
 }
 
-impl ConnectOptions {
-    fn soft(&self) -> soft::provider::ConnectOptions {
-        soft::provider::ConnectOptions {
-            mpa: MpaSettings {
-                crc: self.crc,
-                ird: self.ird_ord as u16,
-                ord: self.ird_ord as u16,
-                ..MpaSettings::default()
-            },
-            private_data: self.private_data.clone(),
-            timeout: self.timeout,
-            mulpdu: self.mulpdu,
-            ..soft::provider::ConnectOptions::default()
-        }
-    }
-
-    fn verbs(&self) -> cm::CmSettings {
-        cm::CmSettings {
-            private_data: self.private_data.clone(),
-            timeout: self.timeout,
-            depth: self.depth,
-            max_inline: self.max_inline,
-            ird: self.ird_ord,
-            ord: self.ird_ord,
-            tos: self.tos,
-        }
-    }
-}
-
-fn cm_error(e: soft::provider::CmError) -> DriverError {
-    match e {
-        soft::provider::CmError::Rejected { private_data, .. } => {
-            DriverError::Rejected { private_data }
-        }
-        e => DriverError::Connect(e.to_string()),
-    }
-}
-
-fn mismatch() -> DriverError {
-    DriverError::Unsupported("objects from two different backends were mixed in one call".into())
-}
-
 /// A connected reliable queue pair. Cloning gives another handle to the same queue pair; it
 /// disconnects when the last handle goes.
 #[derive(Clone)]
-pub enum QueuePair {
-    /// The software provider's.
-    Soft(soft::provider::QueuePair),
-    /// rdma-core's.
-    Verbs(Rc<cm::Qp>),
-    /// The shared-memory backend's.
-    #[allow(private_interfaces)]
-    Shm(shm::Qp),
+pub struct QueuePair {
+    pub(crate) ops: Rc<dyn QpOps>,
 }
 
 /// Connects to a listening peer; returns the queue pair and the peer's private data.
@@ -473,117 +353,59 @@ pub async fn connect(
     rcq: &CompletionQueue,
     opts: &ConnectOptions,
 ) -> Result<(QueuePair, Vec<u8>), DriverError> {
-    match (pd, scq, rcq) {
-        (ProtectionDomain::Soft(pd), CompletionQueue::Soft(s), CompletionQueue::Soft(r)) => {
-            let (qp, data) = soft::provider::connect(addr, pd, s, r, opts.soft())
-                .await
-                .map_err(cm_error)?;
-            // Posted before this task yields, so before the provider reads anything the peer
-            // sent after the handshake.
-            for wr in &opts.initial_recvs {
-                qp.post_recv(wr.clone())
-                    .map_err(|e| DriverError::Post(e.to_string()))?;
-            }
-            Ok((QueuePair::Soft(qp), data))
-        }
-        (ProtectionDomain::Verbs(pd), CompletionQueue::Verbs(s), CompletionQueue::Verbs(r)) => {
-            let (qp, data) =
-                cm::Qp::connect(addr, pd, s, r, &opts.verbs(), &opts.initial_recvs).await?;
-            Ok((QueuePair::Verbs(qp), data))
-        }
-        (ProtectionDomain::Shm(pd), CompletionQueue::Soft(s), CompletionQueue::Soft(r)) => {
-            let (qp, data) = shm::connect(addr, pd, s, r, &opts.private_data, opts.timeout).await?;
-            for wr in &opts.initial_recvs {
-                qp.post_recv(wr.clone())?;
-            }
-            Ok((QueuePair::Shm(qp), data))
-        }
-        _ => Err(mismatch()),
-    }
+    pd.ops.connect(addr, scq, rcq, opts).await
 }
 
 impl QueuePair {
+    pub(crate) fn new(ops: impl QpOps) -> QueuePair {
+        QueuePair { ops: Rc::new(ops) }
+    }
+
     /// True when incoming data is placed by this core's own progress poller (the software
     /// provider), in stream order: a poller registered after the provider's then sees an RDMA
     /// WRITE's bytes in the same pass that delivered them, and the socket that carried them
-    /// wakes a sleeping core. On verbs the NIC places data on its own, with no event unless
-    /// the sender asks for a completion (WRITE with immediate).
+    /// wakes a sleeping core. On verbs the NIC places data on its own, and on shm the peer's
+    /// CPU does, with no event unless the sender asks for a completion (WRITE with immediate).
     pub fn places_on_this_core(&self) -> bool {
-        matches!(self, QueuePair::Soft(_))
+        self.ops.places_on_this_core()
     }
 
     /// Posts a send work request (Send, Write, Read, atomics, local invalidate).
     pub fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
-        match self {
-            QueuePair::Soft(q) => q
-                .post_send(wr)
-                .map_err(|e| DriverError::Post(e.to_string())),
-            QueuePair::Verbs(q) => q.post_send(&wr),
-            QueuePair::Shm(q) => q.post_send(wr),
-        }
+        self.ops.post_send(wr)
     }
 
     /// Posts a send work request to be transmitted with the next progress pass, batched with
     /// others posted before the current task yields (the software provider's one system call
-    /// per burst; on verbs the same as `post_send`, whose doorbell is already cheap).
+    /// per burst; on verbs and shm the same as `post_send`, whose doorbell is already cheap).
     pub fn post_send_batched(&self, wr: SendWr) -> Result<(), DriverError> {
-        match self {
-            QueuePair::Soft(q) => q
-                .post_send_batched(wr)
-                .map_err(|e| DriverError::Post(e.to_string())),
-            QueuePair::Verbs(q) => q.post_send(&wr),
-            QueuePair::Shm(q) => q.post_send(wr),
-        }
+        self.ops.post_send_batched(wr)
     }
 
     /// Posts a receive.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
-        match self {
-            QueuePair::Soft(q) => q
-                .post_recv(wr)
-                .map_err(|e| DriverError::Post(e.to_string())),
-            QueuePair::Verbs(q) => q.post_recv(&wr),
-            QueuePair::Shm(q) => q.post_recv(wr),
-        }
+        self.ops.post_recv(wr)
     }
 
     /// Disconnects: outstanding work completes with `WrFlushErr`.
     pub fn disconnect(&self) {
-        match self {
-            QueuePair::Soft(q) => q.disconnect(),
-            QueuePair::Verbs(q) => q.disconnect(),
-            QueuePair::Shm(q) => q.disconnect(),
-        }
+        self.ops.disconnect()
     }
 
     /// Its state.
     pub fn state(&self) -> QpState {
-        match self {
-            QueuePair::Soft(q) => q.state(),
-            QueuePair::Verbs(q) => q.state(),
-            QueuePair::Shm(q) => q.state(),
-        }
+        self.ops.state()
     }
 
     /// Its number.
     pub fn qp_num(&self) -> u32 {
-        match self {
-            QueuePair::Soft(q) => q.qp_num(),
-            QueuePair::Verbs(q) => q.qp_num(),
-            QueuePair::Shm(q) => q.qp_num(),
-        }
+        self.ops.qp_num()
     }
 }
 
 /// Accepts connections.
-pub enum Listener {
-    /// The software provider's (TCP + MPA).
-    Soft(soft::provider::Listener),
-    /// librdmacm's.
-    Verbs(cm::Listener),
-    /// The shared-memory backend's.
-    #[allow(private_interfaces)]
-    Shm(shm::Listener),
+pub struct Listener {
+    ops: Box<dyn ListenerOps>,
 }
 
 impl Listener {
@@ -593,24 +415,14 @@ impl Listener {
         addr: SocketAddr,
         opts: &ConnectOptions,
     ) -> Result<Listener, DriverError> {
-        Ok(match dev.backend {
-            DeviceBackend::Soft(_) => {
-                Listener::Soft(soft::provider::Listener::bind(addr, opts.soft()).map_err(cm_error)?)
-            }
-            DeviceBackend::Verbs(_) => Listener::Verbs(cm::Listener::bind(addr, opts.verbs())?),
-            DeviceBackend::Shm(_) => {
-                Listener::Shm(shm::Listener::bind(addr, &opts.private_data, opts.timeout)?)
-            }
+        Ok(Listener {
+            ops: dev.backend.listen(addr, opts)?,
         })
     }
 
     /// The bound port.
     pub fn port(&self) -> u16 {
-        match self {
-            Listener::Soft(l) => l.local_addr().map(|a| a.port()).unwrap_or(0),
-            Listener::Verbs(l) => l.port(),
-            Listener::Shm(l) => l.port(),
-        }
+        self.ops.port()
     }
 
     /// Accepts one peer: its queue pair and private data.
@@ -632,42 +444,6 @@ impl Listener {
         rcq: &CompletionQueue,
         recvs: Vec<RecvWr>,
     ) -> Result<(QueuePair, Vec<u8>), DriverError> {
-        match (self, pd, scq, rcq) {
-            (
-                Listener::Soft(l),
-                ProtectionDomain::Soft(pd),
-                CompletionQueue::Soft(s),
-                CompletionQueue::Soft(r),
-            ) => {
-                let (qp, data) = l.accept(pd, s, r).await.map_err(cm_error)?;
-                for wr in recvs {
-                    qp.post_recv(wr)
-                        .map_err(|e| DriverError::Post(e.to_string()))?;
-                }
-                Ok((QueuePair::Soft(qp), data))
-            }
-            (
-                Listener::Verbs(l),
-                ProtectionDomain::Verbs(pd),
-                CompletionQueue::Verbs(s),
-                CompletionQueue::Verbs(r),
-            ) => {
-                let (qp, data) = l.accept(pd, s, r, &recvs).await?;
-                Ok((QueuePair::Verbs(qp), data))
-            }
-            (
-                Listener::Shm(l),
-                ProtectionDomain::Shm(pd),
-                CompletionQueue::Soft(s),
-                CompletionQueue::Soft(r),
-            ) => {
-                let (qp, data) = l.accept(pd, s, r).await?;
-                for wr in recvs {
-                    qp.post_recv(wr)?;
-                }
-                Ok((QueuePair::Shm(qp), data))
-            }
-            _ => Err(mismatch()),
-        }
+        self.ops.accept(&*pd.ops, scq, rcq, recvs).await
     }
 }

@@ -24,8 +24,10 @@
 #![warn(missing_docs)]
 
 mod api;
+mod backend;
 mod ops;
 mod shm;
+mod soft;
 mod transport;
 mod verbs;
 

@@ -38,9 +38,21 @@ enum Memory {
     /// allocation writes every byte first: seconds of page faults for a few GiB, during which
     /// the core answers nobody).
     Mapped(usize),
-    /// A sealed memfd, which the shm backend can grant to a peer process on this host.
-    Shared(std::sync::Arc<crate::shm::MemFile>),
+    /// Memory the protection domain's backend allocated (shm: a sealed memfd it can grant to
+    /// a peer process on this host).
+    Backend(SharedMemory),
 }
+
+/// Memory a backend allocates for its buffers (see `PdOps::allocate`).
+pub(crate) trait BackendMemory {
+    /// The first byte.
+    fn ptr(&self) -> *mut u8;
+    /// Gives the memory up: called once, when the buffer goes (after its region).
+    fn release(&self);
+}
+
+/// A backend's memory for one buffer.
+pub(crate) type SharedMemory = Box<dyn BackendMemory>;
 
 /// Buffers at least this large (and aligned to at most a page) are mapped, not allocated.
 const MAP_AT: usize = 1 << 20;
@@ -69,14 +81,9 @@ impl Buffer {
             std::alloc::Layout::from_size_align(len.max(1), align.max(1)).map_err(|e| {
                 DriverError::Unsupported(format!("buffer of {len} B aligned {align}: {e}"))
             })?;
-        let (ptr, memory) = if matches!(pd, ProtectionDomain::Shm(_)) {
-            if align > crate::shm::page() {
-                return Err(DriverError::Unsupported(format!(
-                    "shm buffers are page-aligned; {align} was asked"
-                )));
-            }
-            let f = crate::shm::MemFile::create(len)?;
-            (f.ptr(), Memory::Shared(f))
+        let (ptr, memory) = if let Some(m) = pd.ops.allocate(len, align) {
+            let m = m?;
+            (m.ptr(), Memory::Backend(m))
         } else if len >= MAP_AT && align <= 4096 {
             let p = barewire_engine::map_anonymous(len).map_err(|e| {
                 DriverError::Unsupported(format!("mapping a buffer of {len} B: {e}"))
@@ -197,9 +204,9 @@ impl Memory {
                 libc::munmap(ptr as *mut libc::c_void, *len);
             },
             // The mapping goes with the last reference; the pages go now.
-            Memory::Shared(f) => {
+            Memory::Backend(m) => {
                 let _ = ptr;
-                f.release();
+                m.release();
             }
         }
     }

@@ -313,3 +313,35 @@ fn a_local_invalidate_revokes_the_peers_mapping_before_later_sends() {
     });
     t.join().unwrap();
 }
+
+/// Objects of two backends mixed in one call are a clear error: here a shm listener asked to
+/// accept into a soft protection domain.
+#[test]
+fn objects_of_two_backends_mixed_in_one_call_are_a_clear_error() {
+    rt().block_on(async {
+        let shm = shm();
+        let soft = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+        let soft_pd = soft.alloc_pd().unwrap();
+        let (scq, rcq) = (shm.create_cq(16).unwrap(), shm.create_cq(16).unwrap());
+        let l =
+            Listener::bind(&shm, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default()).unwrap();
+        let port = l.port();
+        let accepting = barewire_engine::spawn_local(async move {
+            let (scq, rcq) = (scq.clone(), rcq.clone());
+            l.accept(&soft_pd, &scq, &rcq)
+                .await
+                .err()
+                .map(|e| e.to_string())
+        });
+        // A client on shm makes the accept get as far as the domain.
+        let pd = shm.alloc_pd().unwrap();
+        let (s2, r2) = (shm.create_cq(16).unwrap(), shm.create_cq(16).unwrap());
+        let opts = ConnectOptions {
+            timeout: Duration::from_millis(300),
+            ..ConnectOptions::default()
+        };
+        let _ = connect(([127, 0, 0, 1], port).into(), &pd, &s2, &r2, &opts).await;
+        let e = accepting.await.unwrap().expect("refused");
+        assert!(e.contains("two different backends"), "{e}");
+    });
+}

@@ -138,6 +138,15 @@ impl MemFile {
     }
 }
 
+impl crate::ops::BackendMemory for Arc<MemFile> {
+    fn ptr(&self) -> *mut u8 {
+        MemFile::ptr(self)
+    }
+    fn release(&self) {
+        MemFile::release(self)
+    }
+}
+
 impl Drop for MemFile {
     fn drop(&mut self) {
         // SAFETY: the whole mapping made in `create`; nothing refers to it any more.

@@ -52,9 +52,14 @@ use std::sync::Arc;
 use barewire_rdma_types as keys;
 use keys::{Access, Stag};
 
-pub(crate) use mem::{page, MemFile};
-pub(crate) use qp::{connect, Listener, Qp};
+use mem::MemFile;
+use qp::Qp;
 
+use crate::api::{CompletionQueue, ConnectOptions};
+use crate::backend::{
+    ours, Connected, DeviceOps, ListenerOps, LocalBoxFuture, MrOps, PdOps, QpOps, WindowOps,
+};
+use crate::ops::SharedMemory;
 use crate::transport::DriverError;
 
 /// The shm device of one core: the key tables (barewire-rdma-types', as the soft provider's:
@@ -79,13 +84,6 @@ impl Device {
         Device {
             tables: keys::Device::new(),
             grants: Rc::default(),
-        }
-    }
-
-    pub(crate) fn alloc_pd(&self) -> Pd {
-        Pd {
-            pd: self.tables.alloc_pd(),
-            dev: self.clone(),
         }
     }
 
@@ -117,6 +115,31 @@ impl Device {
     }
 }
 
+impl DeviceOps for Device {
+    fn alloc_pd(&self) -> Result<Box<dyn PdOps>, DriverError> {
+        Ok(Box::new(Pd {
+            pd: self.tables.alloc_pd(),
+            dev: self.clone(),
+        }))
+    }
+
+    fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
+        Ok(CompletionQueue::new(keys::CompletionQueue::new(depth)))
+    }
+
+    fn listen(
+        &self,
+        addr: std::net::SocketAddr,
+        opts: &ConnectOptions,
+    ) -> Result<Box<dyn ListenerOps>, DriverError> {
+        Ok(Box::new(qp::Listener::bind(
+            addr,
+            &opts.private_data,
+            opts.timeout,
+        )?))
+    }
+}
+
 /// A shm protection domain.
 pub(crate) struct Pd {
     pd: keys::ProtectionDomain,
@@ -124,17 +147,19 @@ pub(crate) struct Pd {
 }
 
 impl Pd {
-    /// Registers `len` bytes at `addr`. Remote rights need memory barewire allocated on a shm
-    /// domain (see the module docs).
-    ///
-    /// # Safety
-    /// As `ProtectionDomain::register`.
-    pub(crate) unsafe fn register(
+    pub(crate) fn id(&self) -> u32 {
+        self.pd.id()
+    }
+}
+
+impl PdOps for Pd {
+    /// Remote rights need memory barewire allocated on a shm domain (see the module docs).
+    unsafe fn register(
         &self,
         addr: *mut u8,
         len: usize,
         access: Access,
-    ) -> Result<Mr, DriverError> {
+    ) -> Result<Box<dyn MrOps>, DriverError> {
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let file = mem::find(addr as usize, len).map(|(f, _)| f);
         if file.is_none() && access_any(access, remote) {
@@ -147,15 +172,52 @@ impl Pd {
         // SAFETY: the caller's promise, passed on.
         let mr = unsafe { self.pd.register(addr, len, access) }
             .map_err(|e| DriverError::Unsupported(format!("register: {e:?}")))?;
-        Ok(Mr {
+        Ok(Box::new(Mr {
             mr,
             _file: file,
             dev: self.dev.clone(),
+        }))
+    }
+
+    fn connect<'a>(
+        &'a self,
+        addr: std::net::SocketAddr,
+        scq: &'a CompletionQueue,
+        rcq: &'a CompletionQueue,
+        opts: &'a ConnectOptions,
+    ) -> LocalBoxFuture<'a, Connected> {
+        Box::pin(async move {
+            if scq.device().is_some() || rcq.device().is_some() {
+                return Err(crate::backend::mixed());
+            }
+            let (qp, data) = qp::connect(
+                addr,
+                self,
+                scq.queue(),
+                rcq.queue(),
+                &opts.private_data,
+                opts.timeout,
+            )
+            .await?;
+            for wr in &opts.initial_recvs {
+                qp.post_recv(wr.clone())?;
+            }
+            Ok((qp, data))
         })
     }
 
-    pub(crate) fn id(&self) -> u32 {
-        self.pd.id()
+    fn allocate(&self, len: usize, align: usize) -> Option<Result<SharedMemory, DriverError>> {
+        Some(if align > mem::page() {
+            Err(DriverError::Unsupported(format!(
+                "shm buffers are page-aligned; {align} was asked"
+            )))
+        } else {
+            MemFile::create(len).map(|f| Box::new(f) as SharedMemory)
+        })
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -178,27 +240,36 @@ pub(crate) struct Mr {
     dev: Device,
 }
 
-impl Mr {
-    pub(crate) fn addr(&self) -> *mut u8 {
+impl MrOps for Mr {
+    fn addr(&self) -> *mut u8 {
         self.mr.addr()
     }
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.mr.len()
     }
-    pub(crate) fn stag(&self) -> Stag {
+    fn lkey(&self) -> Stag {
         self.mr.stag()
     }
-    pub(crate) fn access(&self) -> Access {
+    fn rkey(&self) -> Stag {
+        self.mr.stag()
+    }
+    fn access(&self) -> Access {
         self.mr.access()
     }
 
     /// Its key stops serving remote access (already granted mappings are revoked).
-    pub(crate) fn remote_only_through_windows(&self) {
+    fn remote_only_through_windows(&self) -> Result<(), DriverError> {
         self.mr.remote_only_through_windows();
         self.dev.revoke(self.mr.stag().0);
+        Ok(())
     }
 
-    pub(crate) fn bind_window(&self, qp: &Qp, access: Access) -> Result<Window, DriverError> {
+    fn bind_window(
+        &self,
+        qp: &dyn QpOps,
+        access: Access,
+    ) -> Result<(Stag, Box<dyn WindowOps>), DriverError> {
+        let qp = ours::<Qp>(qp.as_any())?;
         let w = self
             .mr
             .bind_window(qp.qp_num(), access)
@@ -210,10 +281,13 @@ impl Mr {
             .entry(self.mr.stag().0)
             .or_default()
             .push(w.stag().0);
-        Ok(Window {
-            w,
-            dev: self.dev.clone(),
-        })
+        Ok((
+            w.stag(),
+            Box::new(Window {
+                w,
+                dev: self.dev.clone(),
+            }),
+        ))
     }
 }
 
@@ -229,11 +303,8 @@ pub(crate) struct Window {
     dev: Device,
 }
 
-impl Window {
-    pub(crate) fn stag(&self) -> Stag {
-        self.w.stag()
-    }
-    pub(crate) fn is_live(&self) -> bool {
+impl WindowOps for Window {
+    fn is_live(&self) -> bool {
         self.w.is_live()
     }
 }

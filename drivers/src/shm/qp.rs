@@ -17,6 +17,8 @@ use barewire_rdma_types::{
 use super::mem::Mapping;
 use super::ring::{self, Reader, Ring, Writer};
 use super::{sock, Device, Pd};
+use crate::api::QueuePair;
+use crate::backend::QpOps;
 use crate::transport::DriverError;
 
 /// Each direction's ring.
@@ -109,33 +111,33 @@ struct Rx {
     error: Option<WcStatus>,
 }
 
-/// A connected shm queue pair (a handle; it disconnects when the last goes).
-#[derive(Clone)]
-pub(crate) struct Qp(Rc<Owner>);
+/// A connected shm queue pair; it disconnects when dropped.
+pub(crate) struct Qp(Rc<QpInner>);
 
-struct Owner(Rc<QpInner>);
-
-impl Drop for Owner {
+impl Drop for Qp {
     fn drop(&mut self) {
         self.0.disconnect();
     }
 }
 
-impl Qp {
-    pub(crate) fn qp_num(&self) -> u32 {
-        self.0 .0.num
+impl QpOps for Qp {
+    fn qp_num(&self) -> u32 {
+        self.0.num
     }
-    pub(crate) fn state(&self) -> QpState {
-        self.0 .0.state.get()
+    fn state(&self) -> QpState {
+        self.0.state.get()
     }
-    pub(crate) fn disconnect(&self) {
-        self.0 .0.disconnect()
+    fn disconnect(&self) {
+        self.0.disconnect()
     }
-    pub(crate) fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
-        self.0 .0.post_send(wr)
+    fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
+        self.0.post_send(wr)
     }
-    pub(crate) fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
-        self.0 .0.post_recv(wr)
+    fn post_recv(&self, wr: RecvWr) -> Result<(), DriverError> {
+        self.0.post_recv(wr)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -930,7 +932,7 @@ async fn establish(
     rcq: &CompletionQueue,
     private: &[u8],
     deadline: Instant,
-) -> Result<(Qp, Vec<u8>), DriverError> {
+) -> Result<(QueuePair, Vec<u8>), DriverError> {
     // Only processes of this user: see the module docs.
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
@@ -1026,7 +1028,7 @@ async fn establish(
     let task = spawn_local(serve_control(Rc::downgrade(&inner), raw));
     *inner.task.borrow_mut() = Some(task);
     CORE.with(|c| c.qps.borrow_mut().push(Rc::downgrade(&inner)));
-    Ok((Qp(Rc::new(Owner(inner))), peer.private))
+    Ok((QueuePair::new(Qp(inner)), peer.private))
 }
 
 /// Connects to the shm listener of `addr`'s port on this host.
@@ -1037,7 +1039,7 @@ pub(crate) async fn connect(
     rcq: &CompletionQueue,
     private: &[u8],
     timeout: Duration,
-) -> Result<(Qp, Vec<u8>), DriverError> {
+) -> Result<(QueuePair, Vec<u8>), DriverError> {
     if private.len() > MAX_PRIVATE {
         return Err(connect_error(format!(
             "{} bytes of private data (at most {MAX_PRIVATE})",
@@ -1092,6 +1094,32 @@ pub(crate) struct Listener {
     timeout: Duration,
 }
 
+impl crate::backend::ListenerOps for Listener {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn accept<'a>(
+        &'a self,
+        pd: &'a dyn crate::backend::PdOps,
+        scq: &'a crate::api::CompletionQueue,
+        rcq: &'a crate::api::CompletionQueue,
+        recvs: Vec<RecvWr>,
+    ) -> crate::backend::LocalBoxFuture<'a, crate::backend::Connected> {
+        Box::pin(async move {
+            let pd = crate::backend::ours::<Pd>(pd.as_any())?;
+            if scq.device().is_some() || rcq.device().is_some() {
+                return Err(crate::backend::mixed());
+            }
+            let (qp, data) = self.accept_into(pd, scq.queue(), rcq.queue()).await?;
+            for wr in recvs {
+                qp.post_recv(wr)?;
+            }
+            Ok((qp, data))
+        })
+    }
+}
+
 impl Listener {
     pub(crate) fn bind(
         addr: SocketAddr,
@@ -1125,18 +1153,14 @@ impl Listener {
         })
     }
 
-    pub(crate) fn port(&self) -> u16 {
-        self.port
-    }
-
     /// Accepts one peer: its queue pair and private data. A peer that fails setup is an
     /// error (the next call accepts the next peer).
-    pub(crate) async fn accept(
+    async fn accept_into(
         &self,
         pd: &Pd,
         scq: &CompletionQueue,
         rcq: &CompletionQueue,
-    ) -> Result<(Qp, Vec<u8>), DriverError> {
+    ) -> Result<(QueuePair, Vec<u8>), DriverError> {
         let conn = loop {
             match sock::accept(&self.fd) {
                 Ok(Some(c)) => break c,

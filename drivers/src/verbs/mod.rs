@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 
+pub(crate) mod backend;
 pub(crate) mod cm;
 pub(crate) mod rc;
 

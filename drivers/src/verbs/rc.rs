@@ -109,11 +109,6 @@ impl Context {
             },
         })
     }
-
-    /// The device's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 impl Drop for Context {

@@ -1,9 +1,10 @@
-//! barewire-drivers: one verbs-shaped API over two backends — RDMA hardware through rdma-core
-//! (`verbs`: InfiniBand, RoCE v1/v2, iWARP NICs, and Linux rxe/siw) and barewire's software
-//! provider (`soft`, iWARP over TCP).
+//! barewire-drivers: one verbs-shaped API over three backends — RDMA hardware through rdma-core
+//! (`verbs`: InfiniBand, RoCE v1/v2, iWARP NICs, and Linux rxe/siw), barewire's software
+//! provider (`soft`, iWARP over TCP), and shared memory between processes on one host (`shm`,
+//! see the module `shm`'s docs in the source: memfd grants, CPU atomics, shared rings).
 //!
 //! [`Device`] opens what `BAREWIRE_DRIVER` / [`DriverConfig`] select; its protection domains,
-//! memory regions, completion queues and queue pairs behave the same on both backends, and
+//! memory regions, completion queues and queue pairs behave the same on every backend, and
 //! [`Endpoint`] gives async operations that complete on their own work completion. Transport
 //! selection: `Transport::Auto` takes the first usable verbs device and otherwise the software
 //! provider, and an explicit request for an absent transport is an error that says what to

@@ -36,9 +36,10 @@ impl Device {
     pub fn open(cfg: &DriverConfig) -> Result<Device, DriverError> {
         let chosen = cfg.select()?;
         let backend: Box<dyn DeviceOps> = match chosen.transport {
+            Transport::Soft if chosen.same_host_shm => Box::new(crate::shm::Device::auto()),
             Transport::Soft => Box::new(crate::soft::Device::new()),
             Transport::Shm => Box::new(crate::shm::Device::new()),
-            _ => Box::new(crate::verbs::backend::Device::open(&chosen.device)?),
+            t => Box::new(crate::verbs::backend::Device::open(&chosen.device, t)?),
         };
         Ok(Device { backend, chosen })
     }
@@ -400,6 +401,12 @@ impl QueuePair {
     /// Its number.
     pub fn qp_num(&self) -> u32 {
         self.ops.qp_num()
+    }
+
+    /// The transport it runs over: under `auto`, [`Transport::Shm`] for a peer on this host
+    /// and network namespace, the software provider or the verbs device's transport for others.
+    pub fn transport(&self) -> Transport {
+        self.ops.transport()
     }
 }
 

@@ -117,6 +117,8 @@ pub(crate) trait QpOps: Any {
     fn places_on_this_core(&self) -> bool {
         false
     }
+    /// The transport this queue pair runs over.
+    fn transport(&self) -> crate::Transport;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -136,6 +138,19 @@ pub(crate) trait ListenerOps {
 /// `x` as backend type `T`, or the error for objects of two backends mixed in one call.
 pub(crate) fn ours<T: 'static>(x: &dyn Any) -> Result<&T, DriverError> {
     x.downcast_ref::<T>().ok_or_else(mixed)
+}
+
+/// Runs `a` and `b` together until one finishes: `Ok` with `a`'s output, `Err` with `b`'s.
+/// The other is dropped, so it must be cancel-safe.
+pub(crate) async fn first<A: Future, B: Future>(a: A, b: B) -> Result<A::Output, B::Output> {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(v) = a.as_mut().poll(cx) {
+            return std::task::Poll::Ready(Ok(v));
+        }
+        b.as_mut().poll(cx).map(Err)
+    })
+    .await
 }
 
 /// The error for objects of two backends mixed in one call.

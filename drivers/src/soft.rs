@@ -45,7 +45,7 @@ impl DeviceOps for Device {
 }
 
 /// The provider's connection settings from the drivers' ones.
-fn options(o: &ConnectOptions) -> soft::provider::ConnectOptions {
+pub(crate) fn options(o: &ConnectOptions) -> soft::provider::ConnectOptions {
     soft::provider::ConnectOptions {
         mpa: MpaSettings {
             crc: o.crc,
@@ -82,6 +82,45 @@ fn post_all(qp: &soft::provider::QueuePair, recvs: &[RecvWr]) -> Result<(), Driv
     Ok(())
 }
 
+/// Connects a queue pair of domain `pd` through the software provider (also the shm backend's
+/// way to peers on other hosts, under `auto`).
+pub(crate) async fn connect(
+    pd: &soft::verbs::ProtectionDomain,
+    addr: SocketAddr,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    opts: &ConnectOptions,
+) -> Connected {
+    if scq.device().is_some() || rcq.device().is_some() {
+        return Err(crate::backend::mixed());
+    }
+    let (qp, data) = soft::provider::connect(addr, pd, scq.queue(), rcq.queue(), options(opts))
+        .await
+        .map_err(cm_error)?;
+    post_all(&qp, &opts.initial_recvs)?;
+    Ok((QueuePair::new(Qp(qp)), data))
+}
+
+/// Accepts one peer of the provider's listener `l` into domain `pd` (cancel-safe, as the
+/// provider's accept is).
+pub(crate) async fn accept(
+    l: &soft::provider::Listener,
+    pd: &soft::verbs::ProtectionDomain,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    recvs: &[RecvWr],
+) -> Connected {
+    if scq.device().is_some() || rcq.device().is_some() {
+        return Err(crate::backend::mixed());
+    }
+    let (qp, data) = l
+        .accept(pd, scq.queue(), rcq.queue())
+        .await
+        .map_err(cm_error)?;
+    post_all(&qp, recvs)?;
+    Ok((QueuePair::new(Qp(qp)), data))
+}
+
 struct Pd(soft::verbs::ProtectionDomain);
 
 impl PdOps for Pd {
@@ -104,17 +143,7 @@ impl PdOps for Pd {
         rcq: &'a CompletionQueue,
         opts: &'a ConnectOptions,
     ) -> LocalBoxFuture<'a, Connected> {
-        Box::pin(async move {
-            if scq.device().is_some() || rcq.device().is_some() {
-                return Err(crate::backend::mixed());
-            }
-            let (qp, data) =
-                soft::provider::connect(addr, &self.0, scq.queue(), rcq.queue(), options(opts))
-                    .await
-                    .map_err(cm_error)?;
-            post_all(&qp, &opts.initial_recvs)?;
-            Ok((QueuePair::new(Qp(qp)), data))
-        })
+        Box::pin(connect(&self.0, addr, scq, rcq, opts))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -166,7 +195,8 @@ impl WindowOps for Window {
     }
 }
 
-struct Qp(soft::provider::QueuePair);
+/// A queue pair of the provider's.
+pub(crate) struct Qp(pub(crate) soft::provider::QueuePair);
 
 impl QpOps for Qp {
     fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
@@ -190,6 +220,9 @@ impl QpOps for Qp {
     fn places_on_this_core(&self) -> bool {
         true
     }
+    fn transport(&self) -> crate::Transport {
+        crate::Transport::Soft
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -211,16 +244,7 @@ impl ListenerOps for Listener {
     ) -> LocalBoxFuture<'a, Connected> {
         Box::pin(async move {
             let pd = ours::<Pd>(pd.as_any())?;
-            if scq.device().is_some() || rcq.device().is_some() {
-                return Err(crate::backend::mixed());
-            }
-            let (qp, data) = self
-                .0
-                .accept(&pd.0, scq.queue(), rcq.queue())
-                .await
-                .map_err(cm_error)?;
-            post_all(&qp, &recvs)?;
-            Ok((QueuePair::new(Qp(qp)), data))
+            accept(&self.0, &pd.0, scq, rcq, &recvs).await
         })
     }
 }

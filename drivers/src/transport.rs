@@ -368,6 +368,9 @@ pub struct Chosen {
     pub device: String,
     /// Its defaults.
     pub defaults: TransportDefaults,
+    /// Peers on this host and network namespace go through shared memory (`shm`), the others
+    /// through `transport`: what `auto` chooses when there is no RDMA device.
+    pub same_host_shm: bool,
 }
 
 fn describe(devs: &[DeviceInfo]) -> String {
@@ -381,7 +384,8 @@ fn describe(devs: &[DeviceInfo]) -> String {
 }
 
 /// Chooses the transport and device: `Auto` takes the first usable verbs device (or the named
-/// one) and otherwise the software provider, and says which on stderr; an explicit hardware
+/// one) and otherwise the software provider with shared memory for peers on this host
+/// ([`Chosen::same_host_shm`]), and says which on stderr; an explicit hardware
 /// transport with no matching device is an error, never a silent fallback.
 pub fn select(transport: Transport, device: Option<&str>) -> Result<Chosen, DriverError> {
     select_from(transport, device, &verbs_devices())
@@ -396,6 +400,7 @@ pub(crate) fn select_from(
         transport: Transport::Soft,
         device: "soft".into(),
         defaults: Transport::Soft.defaults(),
+        same_host_shm: false,
     };
     if transport == Transport::Soft {
         return Ok(soft());
@@ -405,6 +410,7 @@ pub(crate) fn select_from(
             transport: Transport::Shm,
             device: "shm".into(),
             defaults: Transport::Shm.defaults(),
+            same_host_shm: false,
         });
     }
     let named = |d: &&DeviceInfo| device.map_or(true, |n| d.name == n);
@@ -435,13 +441,18 @@ pub(crate) fn select_from(
                 transport: d.transport,
                 device: d.name.clone(),
                 defaults: d.transport.defaults(),
+                same_host_shm: false,
             })
         }
         (None, Transport::Auto) => {
             say_once(
-                "barewire: no usable RDMA device; using the software provider (iWARP over TCP)",
+                "barewire: no usable RDMA device; peers on this host through shared memory, \
+                 others through the software provider (iWARP over TCP)",
             );
-            Ok(soft())
+            Ok(Chosen {
+                same_host_shm: true,
+                ..soft()
+            })
         }
         (None, t) => Err(DriverError::NoDevice {
             transport: t.to_string(),

@@ -153,7 +153,7 @@ impl<T: Pod> SharedArray<T> {
                 block * layout.stride as u64,
             ));
         }
-        let words = if node.device().transport() == Transport::Soft {
+        let words = if matches!(node.device().transport(), Transport::Soft | Transport::Shm) {
             Words::Cpu
         } else {
             Words::Rdma(mesh.endpoint(rank).clone(), blocks[rank])

@@ -68,8 +68,8 @@ impl Home {
         assert!(i < self.block.len());
         // SAFETY: the block is registered memory of `len` u64 words, 8-byte aligned
         // (Align::CacheLine), alive as long as `self`; peers change it only by RDMA atomics,
-        // which this provider executes as CPU atomics on this core, so an AtomicU64 view is the
-        // right way to share it.
+        // which the software provider executes as CPU atomics on this core and shm as CPU
+        // atomics on the mapped word, so an AtomicU64 view is the right way to share it.
         unsafe { &*(self.block.as_ptr().add(i) as *const AtomicU64) }
     }
 

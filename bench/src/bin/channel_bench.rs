@@ -41,6 +41,10 @@ struct Cli {
     /// Only barewire's own figures (the channel and the raw WRITE), for quick comparisons.
     #[arg(long)]
     channel_only: bool,
+    /// barewire's driver for the channel and the raw WRITE: soft (the default), or shm for
+    /// two processes on one host through shared memory.
+    #[arg(long, default_value = "soft")]
+    driver: String,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_barewire: Option<Vec<usize>>,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
@@ -57,6 +61,16 @@ fn pings() -> usize {
         .unwrap_or(20_000)
 }
 
+/// The driver barewire's runs use (`--driver`, passed to the server half through the
+/// environment).
+fn driver() -> String {
+    std::env::var("CHANNEL_BENCH_DRIVER").unwrap_or_else(|_| "soft".into())
+}
+
+fn node() -> Node {
+    Node::with_config(&barewire::drivers::DriverConfig::parse(&driver(), None).unwrap()).unwrap()
+}
+
 /// Slots sized for the message (64 B + the 4-byte length), a ring of 1024.
 const OPTS: ChannelOptions = ChannelOptions::new(1024, 64);
 
@@ -71,7 +85,7 @@ fn runtime(cpu: usize) -> barewire::engine::Runtime {
 /// The far side of a barewire run: echo `pings()` messages, then count `n` and acknowledge.
 fn serve_barewire(cpu: usize, n: usize) {
     runtime(cpu).block_on(async move {
-        let node = Node::soft().unwrap();
+        let node = node();
         let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         println!("READY {port}");
         std::io::stdout().flush().unwrap();
@@ -97,7 +111,7 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
     let (port, mut child) = port;
     let r = std::thread::spawn(move || {
         runtime(cpus[0]).block_on(async move {
-            let node = Node::soft().unwrap();
+            let node = node();
             let ep = node
                 .connect(format!("127.0.0.1:{port}").parse().unwrap())
                 .await
@@ -260,6 +274,8 @@ fn raw_write(cpus: [usize; 2]) -> Option<f64> {
             "-n",
             &pings().to_string(),
             "--json",
+            "--driver",
+            &driver(),
         ])
         .args(["--cpu", &format!("{},{}", cpus[0], cpus[1])])
         .output()
@@ -307,6 +323,8 @@ fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
 
 fn main() {
     let cli = Cli::parse();
+    // Before any thread or child starts: the server halves read it.
+    std::env::set_var("CHANNEL_BENCH_DRIVER", &cli.driver);
     // The server halves this program starts itself, pinned to the second CPU.
     if let Some([cpu, n]) = cli.serve_barewire.as_deref() {
         return serve_barewire(*cpu, *n);

@@ -69,6 +69,9 @@ use crate::transport::DriverError;
 pub(crate) struct Device {
     tables: keys::Device,
     grants: Rc<RefCell<Grants>>,
+    /// `auto`: peers that are not on this host (or run the software provider) are connected
+    /// through the software provider, with the same keys.
+    auto: bool,
 }
 
 #[derive(Default)]
@@ -84,6 +87,17 @@ impl Device {
         Device {
             tables: keys::Device::new(),
             grants: Rc::default(),
+            auto: false,
+        }
+    }
+
+    /// What `auto` opens without an RDMA device: shm for peers on this host and network
+    /// namespace, the software provider for the others (same key tables, so a region has one
+    /// key whichever way a peer reaches it).
+    pub(crate) fn auto() -> Device {
+        Device {
+            auto: true,
+            ..Device::new()
         }
     }
 
@@ -132,11 +146,7 @@ impl DeviceOps for Device {
         addr: std::net::SocketAddr,
         opts: &ConnectOptions,
     ) -> Result<Box<dyn ListenerOps>, DriverError> {
-        Ok(Box::new(qp::Listener::bind(
-            addr,
-            &opts.private_data,
-            opts.timeout,
-        )?))
+        Ok(Box::new(qp::Listener::bind(addr, opts, self.auto)?))
     }
 }
 
@@ -162,7 +172,9 @@ impl PdOps for Pd {
     ) -> Result<Box<dyn MrOps>, DriverError> {
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         let file = mem::find(addr as usize, len).map(|(f, _)| f);
-        if file.is_none() && access_any(access, remote) {
+        // Under `auto` such a region still serves peers reached through the software provider;
+        // a shm peer that asks for it is refused (see `QpInner::answer`).
+        if file.is_none() && access_any(access, remote) && !self.dev.auto {
             return Err(DriverError::Unsupported(format!(
                 "shm: {len} bytes at {addr:p} are not inside a buffer barewire allocated, so no \
                  peer process can map them; allocate remotely accessible memory with \
@@ -190,13 +202,26 @@ impl PdOps for Pd {
             if scq.device().is_some() || rcq.device().is_some() {
                 return Err(crate::backend::mixed());
             }
+            let deadline = std::time::Instant::now() + opts.timeout;
+            let fd = match qp::reach(addr, deadline).await? {
+                qp::Reach::Listener(fd) => fd,
+                qp::Reach::NotHere(_) if self.dev.auto => {
+                    return crate::soft::connect(&self.pd, addr, scq, rcq, opts).await
+                }
+                qp::Reach::NotHere(why) => {
+                    return Err(DriverError::Connect(format!(
+                        "shm: {why}; shm reaches only peers on this host and network \
+                         namespace (BAREWIRE_DRIVER=soft or auto reach any)"
+                    )))
+                }
+            };
             let (qp, data) = qp::connect(
-                addr,
+                fd,
                 self,
                 scq.queue(),
                 rcq.queue(),
                 &opts.private_data,
-                opts.timeout,
+                deadline,
             )
             .await?;
             for wr in &opts.initial_recvs {
@@ -269,10 +294,14 @@ impl MrOps for Mr {
         qp: &dyn QpOps,
         access: Access,
     ) -> Result<(Stag, Box<dyn WindowOps>), DriverError> {
-        let qp = ours::<Qp>(qp.as_any())?;
+        // Under `auto` the queue pair may be the software provider's: the same key tables.
+        let num = match qp.as_any().downcast_ref::<crate::soft::Qp>() {
+            Some(soft) if self.dev.auto => soft.0.qp_num(),
+            _ => ours::<Qp>(qp.as_any())?.qp_num(),
+        };
         let w = self
             .mr
-            .bind_window(qp.qp_num(), access)
+            .bind_window(num, access)
             .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
         self.dev
             .grants

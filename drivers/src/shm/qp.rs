@@ -42,9 +42,12 @@ const G_READ: u8 = 1;
 const G_WRITE: u8 = 2;
 const G_ATOMIC: u8 = 4;
 
+/// Queue pair numbers with the top bit set, so they never equal the software provider's (which
+/// count from 1 per core) in the key tables both use under `auto`: a window is bound to one
+/// queue pair by its number.
 fn next_qp_num() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    0x8000_0000 | (NEXT.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff)
 }
 
 fn connect_error(what: impl std::fmt::Display) -> DriverError {
@@ -123,6 +126,9 @@ impl Drop for Qp {
 impl QpOps for Qp {
     fn qp_num(&self) -> u32 {
         self.0.num
+    }
+    fn transport(&self) -> crate::Transport {
+        crate::Transport::Shm
     }
     fn state(&self) -> QpState {
         self.0.state.get()
@@ -743,7 +749,16 @@ impl QpInner {
             .lookup(Stag(stag), self.pd.id(), self.num)
             .ok()
             .and_then(|(addr, len, access)| {
-                let (file, offset) = super::mem::find(addr as usize, len as usize)?;
+                let Some((file, offset)) = super::mem::find(addr as usize, len as usize) else {
+                    // Possible only under `auto`, which lets raw memory be registered for
+                    // peers of the software provider.
+                    eprintln!(
+                        "barewire shm: a peer on this host asked for a region of {len} bytes \
+                         that is not inside a buffer barewire allocated, so it cannot be mapped; \
+                         refused (allocate remotely accessible memory with Buffer::new)"
+                    );
+                    return None;
+                };
                 let mut rights = 0;
                 if access.contains(Access::REMOTE_READ) {
                     rights |= G_READ;
@@ -1031,38 +1046,31 @@ async fn establish(
     Ok((QueuePair::new(Qp(inner)), peer.private))
 }
 
-/// Connects to the shm listener of `addr`'s port on this host.
-pub(crate) async fn connect(
-    addr: SocketAddr,
-    pd: &Pd,
-    scq: &CompletionQueue,
-    rcq: &CompletionQueue,
-    private: &[u8],
-    timeout: Duration,
-) -> Result<(QueuePair, Vec<u8>), DriverError> {
-    if private.len() > MAX_PRIVATE {
-        return Err(connect_error(format!(
-            "{} bytes of private data (at most {MAX_PRIVATE})",
-            private.len()
-        )));
-    }
+/// What trying `addr` over shm found.
+pub(crate) enum Reach {
+    /// A socket connected to the shm listener of `addr`'s port.
+    Listener(OwnedFd),
+    /// No shm listener can be there, and why.
+    NotHere(String),
+}
+
+/// Looks for the shm listener of `addr`'s port on this host (in this network namespace).
+pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, DriverError> {
     if !is_local(addr) {
-        return Err(connect_error(format!(
-            "{} is not an address of this host; shm reaches only peers on this host \
-             (BAREWIRE_DRIVER=soft reaches any)",
+        return Ok(Reach::NotHere(format!(
+            "{} is not an address of this host",
             addr.ip()
         )));
     }
-    let deadline = Instant::now() + timeout;
     let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
     loop {
         match sock::connect(&fd, addr.port()) {
-            Ok(()) => break,
+            Ok(()) => return Ok(Reach::Listener(fd)),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                 barewire_engine::time::sleep(Duration::from_millis(1)).await;
             }
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(connect_error(format!(
+                return Ok(Reach::NotHere(format!(
                     "no shm listener on port {} of this host (connection refused)",
                     addr.port()
                 )))
@@ -1074,6 +1082,23 @@ pub(crate) async fn connect(
                 )))
             }
         }
+    }
+}
+
+/// Sets up a queue pair over a socket [`reach`] connected.
+pub(crate) async fn connect(
+    fd: OwnedFd,
+    pd: &Pd,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+    private: &[u8],
+    deadline: Instant,
+) -> Result<(QueuePair, Vec<u8>), DriverError> {
+    if private.len() > MAX_PRIVATE {
+        return Err(connect_error(format!(
+            "{} bytes of private data (at most {MAX_PRIVATE})",
+            private.len()
+        )));
     }
     establish(fd, M_HELLO, pd, scq, rcq, private, deadline).await
 }
@@ -1088,7 +1113,7 @@ fn is_local(addr: SocketAddr) -> bool {
 /// number is this listener's in the namespace, and `port 0` picks a free one.
 pub(crate) struct Listener {
     fd: OwnedFd,
-    _tcp: std::net::TcpListener,
+    port_of: Port,
     port: u16,
     private: Vec<u8>,
     timeout: Duration,
@@ -1111,7 +1136,38 @@ impl crate::backend::ListenerOps for Listener {
             if scq.device().is_some() || rcq.device().is_some() {
                 return Err(crate::backend::mixed());
             }
-            let (qp, data) = self.accept_into(pd, scq.queue(), rcq.queue()).await?;
+            let conn = loop {
+                if let Some(c) =
+                    sock::accept(&self.fd).map_err(|e| connect_error(format!("accept: {e}")))?
+                {
+                    break c;
+                }
+                let shm_ready = poll_readable(self.fd.as_raw_fd());
+                match &self.port_of {
+                    Port::Reserved(_) => {
+                        let _ = shm_ready.await;
+                    }
+                    // Whichever comes first; both are cancel-safe (a shm connection waits in
+                    // the backlog, the provider's accept keeps what it accepted).
+                    Port::Soft(l) => {
+                        let soft = crate::soft::accept(l, &pd.pd, scq, rcq, &recvs);
+                        if let Ok(r) = crate::backend::first(soft, shm_ready).await {
+                            return r;
+                        }
+                    }
+                }
+            };
+            let deadline = Instant::now() + self.timeout;
+            let (qp, data) = establish(
+                conn,
+                M_ACCEPT,
+                pd,
+                scq.queue(),
+                rcq.queue(),
+                &self.private,
+                deadline,
+            )
+            .await?;
             for wr in recvs {
                 qp.post_recv(wr)?;
             }
@@ -1120,24 +1176,47 @@ impl crate::backend::ListenerOps for Listener {
     }
 }
 
+/// What holds the listener's TCP port.
+enum Port {
+    /// A plain TCP listener, never accepted on: the number is this listener's.
+    Reserved(#[allow(dead_code)] std::net::TcpListener),
+    /// The software provider's listener (`auto`): peers that do not reach the shm name (other
+    /// hosts, other namespaces, explicit `soft`) connect there.
+    Soft(barewire_soft_rdma::provider::Listener),
+}
+
 impl Listener {
+    /// Listens on `addr`: on the shm name of its port, and (`auto`) through the software
+    /// provider on the port itself.
     pub(crate) fn bind(
         addr: SocketAddr,
-        private: &[u8],
-        timeout: Duration,
+        opts: &crate::api::ConnectOptions,
+        auto: bool,
     ) -> Result<Listener, DriverError> {
+        let (private, timeout) = (&opts.private_data, opts.timeout);
         if private.len() > MAX_PRIVATE {
             return Err(connect_error(format!(
                 "{} bytes of private data (at most {MAX_PRIVATE})",
                 private.len()
             )));
         }
-        let tcp = std::net::TcpListener::bind(addr)
-            .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
-        let port = tcp
-            .local_addr()
-            .map_err(|e| connect_error(e.to_string()))?
-            .port();
+        let (port_of, port) = if auto {
+            let l = barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
+                .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
+            let port = l
+                .local_addr()
+                .map_err(|e| connect_error(e.to_string()))?
+                .port();
+            (Port::Soft(l), port)
+        } else {
+            let tcp = std::net::TcpListener::bind(addr)
+                .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
+            let port = tcp
+                .local_addr()
+                .map_err(|e| connect_error(e.to_string()))?
+                .port();
+            (Port::Reserved(tcp), port)
+        };
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
         sock::listen(&fd, port).map_err(|e| {
             connect_error(format!(
@@ -1146,32 +1225,11 @@ impl Listener {
         })?;
         Ok(Listener {
             fd,
-            _tcp: tcp,
+            port_of,
             port,
             private: private.to_vec(),
             timeout,
         })
-    }
-
-    /// Accepts one peer: its queue pair and private data. A peer that fails setup is an
-    /// error (the next call accepts the next peer).
-    async fn accept_into(
-        &self,
-        pd: &Pd,
-        scq: &CompletionQueue,
-        rcq: &CompletionQueue,
-    ) -> Result<(QueuePair, Vec<u8>), DriverError> {
-        let conn = loop {
-            match sock::accept(&self.fd) {
-                Ok(Some(c)) => break c,
-                Ok(None) => {
-                    let _ = poll_readable(self.fd.as_raw_fd()).await;
-                }
-                Err(e) => return Err(connect_error(format!("accept: {e}"))),
-            }
-        };
-        let deadline = Instant::now() + self.timeout;
-        establish(conn, M_ACCEPT, pd, scq, rcq, &self.private, deadline).await
     }
 }
 

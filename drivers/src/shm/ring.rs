@@ -195,6 +195,9 @@ impl Writer {
             // Ask to be woken when the reader frees room, then look once more (the reader may
             // have moved between our look and the flag).
             self.ring.flag(WRITER_WAITS).store(1, Ordering::SeqCst);
+            // Ordered before the head is read again, against the reader's store of the head
+            // and its read of this flag (the reader fences the same way).
+            std::sync::atomic::fence(Ordering::SeqCst);
             self.room(body)
         }) else {
             return false;

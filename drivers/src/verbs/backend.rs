@@ -12,14 +12,14 @@ use crate::backend::{
     device_cq, ours, Connected, DeviceOps, ListenerOps, LocalBoxFuture, MrOps, PdOps, QpOps,
     WindowOps,
 };
-use crate::transport::DriverError;
+use crate::transport::{DriverError, Transport};
 
-/// An opened verbs device.
-pub(crate) struct Device(Rc<rc::Context>);
+/// An opened verbs device and its transport.
+pub(crate) struct Device(Rc<rc::Context>, Transport);
 
 impl Device {
-    pub(crate) fn open(name: &str) -> Result<Device, DriverError> {
-        Ok(Device(rc::Context::open(name)?))
+    pub(crate) fn open(name: &str, transport: Transport) -> Result<Device, DriverError> {
+        Ok(Device(rc::Context::open(name)?, transport))
     }
 }
 
@@ -38,7 +38,7 @@ fn settings(o: &ConnectOptions) -> cm::CmSettings {
 
 impl DeviceOps for Device {
     fn alloc_pd(&self) -> Result<Box<dyn PdOps>, DriverError> {
-        Ok(Box::new(Pd(rc::Pd::new(&self.0)?)))
+        Ok(Box::new(Pd(rc::Pd::new(&self.0)?, self.1)))
     }
 
     fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
@@ -58,7 +58,7 @@ impl DeviceOps for Device {
     }
 }
 
-struct Pd(Rc<rc::Pd>);
+struct Pd(Rc<rc::Pd>, Transport);
 
 impl PdOps for Pd {
     unsafe fn register(
@@ -84,7 +84,7 @@ impl PdOps for Pd {
             let (qp, data) =
                 cm::Qp::connect(addr, &self.0, &s, &r, &settings(opts), &opts.initial_recvs)
                     .await?;
-            Ok((QueuePair::new(Qp(qp)), data))
+            Ok((QueuePair::new(Qp(qp, self.1)), data))
         })
     }
 
@@ -133,7 +133,7 @@ impl WindowOps for Window {
     }
 }
 
-struct Qp(Rc<cm::Qp>);
+struct Qp(Rc<cm::Qp>, Transport);
 
 impl QpOps for Qp {
     fn post_send(&self, wr: SendWr) -> Result<(), DriverError> {
@@ -150,6 +150,9 @@ impl QpOps for Qp {
     }
     fn qp_num(&self) -> u32 {
         self.0.qp_num()
+    }
+    fn transport(&self) -> Transport {
+        self.1
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -174,7 +177,7 @@ impl ListenerOps for Listener {
             let pd = ours::<Pd>(pd.as_any())?;
             let (s, r) = (device_cq::<rc::Cq>(scq)?, device_cq::<rc::Cq>(rcq)?);
             let (qp, data) = self.0.accept(&pd.0, &s, &r, &recvs).await?;
-            Ok((QueuePair::new(Qp(qp)), data))
+            Ok((QueuePair::new(Qp(qp, pd.1)), data))
         })
     }
 }

@@ -1,0 +1,136 @@
+//! What `auto` picks without an RDMA device: shared memory for a peer on this host and network
+//! namespace, the software provider for a peer in another namespace (a veth pair) and for a
+//! peer that asked for `soft` explicitly. Each connection's transport is read back from its
+//! queue pair, and the bytes are checked on both.
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use barewire_drivers::{
+    connect, verbs_devices, Access, Buffer, Device, DriverConfig, Endpoint, RegionDescriptor,
+    Remote, Transport,
+};
+use barewire_test_support::{rt, ReadyChild};
+
+fn auto() -> Device {
+    Device::open(&DriverConfig::parse("auto", None).unwrap()).unwrap()
+}
+
+/// `barewire-peer serve` with `BAREWIRE_DRIVER=driver`, in network namespace `netns` if given.
+fn peer(driver: &str, netns: Option<&str>) -> ReadyChild {
+    let bin = env!("CARGO_BIN_EXE_barewire-peer");
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    c.args(["serve", "0"]).env("BAREWIRE_DRIVER", driver);
+    ReadyChild::spawn(&mut c)
+}
+
+/// Connects with `dev` to the peer at `addr`, checks a WRITE and READ of its region 0, and
+/// returns the transport the queue pair runs over.
+fn transport_to(dev: &Device, addr: SocketAddr) -> Transport {
+    rt().block_on(async {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let (qp, private) = connect(addr, &pd, &scq, &rcq, &dev.connect_options())
+            .await
+            .unwrap();
+        let t = qp.transport();
+        let r0 = RegionDescriptor::from_bytes(&private).unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&pd, 8192, 4096, Access::LOCAL_WRITE).unwrap();
+        buf.write_at(0, b"which way did it go");
+        ep.write(&buf, 0, 19, Remote::at(r0, 0)).await.unwrap();
+        ep.read(&buf, 4096, 19, Remote::at(r0, 0)).await.unwrap();
+        let mut back = [0u8; 19];
+        buf.read_at(4096, &mut back);
+        assert_eq!(&back, b"which way did it go");
+        t
+    })
+}
+
+#[test]
+fn auto_picks_shm_on_this_host_and_soft_elsewhere_or_when_asked() {
+    if !verbs_devices().is_empty() {
+        eprintln!("SKIP: this host has an RDMA device, which auto prefers");
+        return;
+    }
+    let here = peer("auto", None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], here.port()));
+    assert_eq!(transport_to(&auto(), addr), Transport::Shm, "same host");
+    // The same listener serves a peer that asked for the software provider.
+    let soft = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+    assert_eq!(transport_to(&soft, addr), Transport::Soft, "explicit soft");
+    // An explicit soft listener: auto finds no shm name there and uses the provider.
+    let soft_peer = peer("soft", None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], soft_peer.port()));
+    assert_eq!(
+        transport_to(&auto(), addr),
+        Transport::Soft,
+        "soft listener"
+    );
+}
+
+/// A namespace joined to this one by a veth pair (removed on drop).
+struct Netns(String, String);
+
+impl Netns {
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    fn create() -> Option<(Netns, String)> {
+        let id = std::process::id() % 100_000;
+        let (name, veth, inner) = (
+            format!("bwshm{id}"),
+            format!("bwsa{id}"),
+            format!("bwsb{id}"),
+        );
+        let net = id % 200 + 20;
+        let (host, far) = (format!("10.235.{net}.1"), format!("10.235.{net}.2"));
+        let ns = Netns(name.clone(), veth.clone());
+        let exec = |args: &[&str]| {
+            let mut v = vec!["netns", "exec", &name];
+            v.extend_from_slice(args);
+            Netns::ip(&v)
+        };
+        let ok = Netns::ip(&["netns", "add", &name])
+            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
+            && Netns::ip(&["link", "set", &inner, "netns", &name])
+            && Netns::ip(&["addr", "add", &format!("{host}/30"), "dev", &veth])
+            && Netns::ip(&["link", "set", &veth, "up"])
+            && exec(&["ip", "addr", "add", &format!("{far}/30"), "dev", &inner])
+            && exec(&["ip", "link", "set", &inner, "up"])
+            && exec(&["ip", "link", "set", "lo", "up"]);
+        ok.then_some((ns, far))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        Netns::ip(&["link", "del", &self.1]);
+        Netns::ip(&["netns", "del", &self.0]);
+    }
+}
+
+#[test]
+fn auto_uses_the_software_provider_for_a_peer_in_another_network_namespace() {
+    if !verbs_devices().is_empty() {
+        eprintln!("SKIP: this host has an RDMA device, which auto prefers");
+        return;
+    }
+    let (ns, far) = Netns::create().expect("a network namespace (this test needs root)");
+    let there = peer("auto", Some(&ns.0));
+    let addr: SocketAddr = format!("{far}:{}", there.port()).parse().unwrap();
+    assert_eq!(transport_to(&auto(), addr), Transport::Soft);
+    drop(there);
+}

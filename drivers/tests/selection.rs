@@ -33,7 +33,10 @@ fn verbs_without_a_device_is_a_clear_error_and_auto_falls_back_to_soft_and_shm()
     );
     // Asked for explicitly, a transport is that transport alone: never shm behind its back.
     let soft = DriverConfig::parse("soft", None).unwrap().select().unwrap();
-    assert_eq!((soft.transport, soft.same_host_shm), (Transport::Soft, false));
+    assert_eq!(
+        (soft.transport, soft.same_host_shm),
+        (Transport::Soft, false)
+    );
     let shm = DriverConfig::parse("shm", None).unwrap().select().unwrap();
     assert_eq!((shm.transport, shm.same_host_shm), (Transport::Shm, false));
     assert!(DriverConfig::parse("token-ring", None).is_err());

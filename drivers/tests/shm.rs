@@ -345,3 +345,41 @@ fn objects_of_two_backends_mixed_in_one_call_are_a_clear_error() {
         assert!(e.contains("two different backends"), "{e}");
     });
 }
+
+/// Two listeners on one port number and two addresses (the kernel allows it, and hands out
+/// such ports): each has its own shm name, and a client reaches the one it addressed.
+#[test]
+fn listeners_on_one_port_and_two_addresses_are_told_apart() {
+    rt().block_on(async {
+        let dev = shm();
+        let opts = |tag: &[u8]| ConnectOptions {
+            private_data: tag.to_vec(),
+            ..ConnectOptions::default()
+        };
+        let a = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &opts(b"one")).unwrap();
+        let port = a.port();
+        let b = Listener::bind(&dev, ([127, 0, 0, 2], port).into(), &opts(b"two"))
+            .expect("the same port on another address has a name of its own");
+        let serve = |l: Listener| {
+            barewire_engine::spawn_local(async move {
+                let pd = shm().alloc_pd().unwrap();
+                let dev = shm();
+                let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+                let (qp, _) = l.accept(&pd, &s, &r).await.unwrap();
+                barewire_engine::time::sleep(Duration::from_millis(50)).await;
+                drop(qp);
+            })
+        };
+        let (ta, tb) = (serve(a), serve(b));
+        for (ip, want) in [([127, 0, 0, 2], b"two"), ([127, 0, 0, 1], b"one")] {
+            let pd = dev.alloc_pd().unwrap();
+            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let (_, private) = connect((ip, port).into(), &pd, &s, &r, &ConnectOptions::default())
+                .await
+                .unwrap();
+            assert_eq!(&private[..], &want[..]);
+        }
+        ta.await.unwrap();
+        tb.await.unwrap();
+    });
+}

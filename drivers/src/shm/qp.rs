@@ -1062,27 +1062,26 @@ pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, 
             addr.ip()
         )));
     }
-    let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
-    loop {
-        match sock::connect(&fd, addr.port()) {
-            Ok(()) => return Ok(Reach::Listener(fd)),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
-                barewire_engine::time::sleep(Duration::from_millis(1)).await;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Ok(Reach::NotHere(format!(
-                    "no shm listener on port {} of this host (connection refused)",
-                    addr.port()
-                )))
-            }
-            Err(e) => {
-                return Err(connect_error(format!(
-                    "connecting to port {}: {e}",
-                    addr.port()
-                )))
+    // A listener on this very address, else one on every address of the port.
+    let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+    for name in [sock::name(addr), sock::name(wildcard)] {
+        let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
+        loop {
+            match sock::connect(&fd, &name) {
+                Ok(()) => return Ok(Reach::Listener(fd)),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
+                {
+                    barewire_engine::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+                Err(e) => return Err(connect_error(format!("connecting to {name}: {e}"))),
             }
         }
     }
+    Ok(Reach::NotHere(format!(
+        "no shm listener on {addr} (connection refused)"
+    )))
 }
 
 /// Sets up a queue pair over a socket [`reach`] connected.
@@ -1200,27 +1199,23 @@ impl Listener {
                 private.len()
             )));
         }
-        let (port_of, port) = if auto {
+        let (port_of, bound) = if auto {
             let l = barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
                 .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
-            let port = l
-                .local_addr()
-                .map_err(|e| connect_error(e.to_string()))?
-                .port();
-            (Port::Soft(l), port)
+            let bound = l.local_addr().map_err(|e| connect_error(e.to_string()))?;
+            (Port::Soft(l), bound)
         } else {
             let tcp = std::net::TcpListener::bind(addr)
                 .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
-            let port = tcp
-                .local_addr()
-                .map_err(|e| connect_error(e.to_string()))?
-                .port();
-            (Port::Reserved(tcp), port)
+            let bound = tcp.local_addr().map_err(|e| connect_error(e.to_string()))?;
+            (Port::Reserved(tcp), bound)
         };
+        let port = bound.port();
+        let name = sock::name(bound);
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
-        sock::listen(&fd, port).map_err(|e| {
+        sock::listen(&fd, &name).map_err(|e| {
             connect_error(format!(
-                "listening on the shm name of port {port}: {e} (another shm listener has it)"
+                "listening on the shm name {name}: {e} (another shm listener has it)"
             ))
         })?;
         Ok(Listener {

@@ -1,5 +1,6 @@
 //! The queue pair's control socket: an abstract Unix seqpacket socket (scoped to the network
-//! namespace, named after the listener's TCP port), which carries the setup messages and the
+//! namespace, named after the listener's TCP address: `barewire-shm/127.0.0.1:7000`, or
+//! `barewire-shm/*:7000` for a listener on every address), which carries the setup messages and the
 //! memory grants with their descriptors (SCM_RIGHTS), and whose hang-up tells a queue pair
 //! that its peer is gone.
 
@@ -27,12 +28,23 @@ pub(crate) fn seqpacket() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// The abstract address of the shm listener on TCP port `port`.
-fn address(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
+/// The name of the shm listener on TCP address `addr` (port and IP: the kernel gives a port
+/// bound to one IP to another listener on another IP too, so a name of the port alone could
+/// collide); an unspecified IP is `*`.
+pub(crate) fn name(addr: std::net::SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        format!("*:{}", addr.port())
+    } else {
+        addr.to_string()
+    }
+}
+
+/// The abstract address of the shm listener called `name`.
+fn address(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = format!("barewire-shm/{port}");
+    let name = format!("barewire-shm/{name}");
     // sun_path[0] stays 0: the abstract namespace.
     for (i, b) in name.bytes().enumerate() {
         a.sun_path[1 + i] = b as libc::c_char;
@@ -41,9 +53,9 @@ fn address(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
     (a, len as libc::socklen_t)
 }
 
-/// Binds and listens on the abstract name of `port`.
-pub(crate) fn listen(fd: &OwnedFd, port: u16) -> io::Result<()> {
-    let (a, len) = address(port);
+/// Binds and listens on the abstract name `name`.
+pub(crate) fn listen(fd: &OwnedFd, name: &str) -> io::Result<()> {
+    let (a, len) = address(name);
     // SAFETY: a valid address of the given length.
     if unsafe { libc::bind(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
         return Err(io::Error::last_os_error());
@@ -55,9 +67,9 @@ pub(crate) fn listen(fd: &OwnedFd, port: u16) -> io::Result<()> {
     Ok(())
 }
 
-/// Connects to the abstract name of `port` (EAGAIN while the listener's backlog is full).
-pub(crate) fn connect(fd: &OwnedFd, port: u16) -> io::Result<()> {
-    let (a, len) = address(port);
+/// Connects to the abstract name `name` (EAGAIN while the listener's backlog is full).
+pub(crate) fn connect(fd: &OwnedFd, name: &str) -> io::Result<()> {
+    let (a, len) = address(name);
     // SAFETY: a valid address of the given length.
     if unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
         return Err(io::Error::last_os_error());

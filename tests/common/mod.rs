@@ -265,8 +265,22 @@ impl Netns {
     /// namespace-side address).
     pub fn create() -> Option<(Netns, String, String)> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
-        let id = std::process::id() % 10_000 * 10 + n;
+        // A subnet no interface has yet: a namespace left behind by a test run that was killed
+        // (its Drop never ran) keeps its addresses, and a second veth in the same subnet
+        // would break this one's routes.
+        let id = loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = std::process::id() % 10_000 * 10 + n % 10;
+            let subnet = format!("10.234.{}.0/30", id % 200 + 20);
+            let used = Command::new("ip")
+                .args(["-o", "addr", "show", "to", &subnet])
+                .output()
+                .map(|o| !o.stdout.is_empty())
+                .unwrap_or(false);
+            if !used || n >= 200 {
+                break id;
+            }
+        };
         let (name, veth, inner) = (
             format!("bwdsm{id}"),
             format!("bwda{id}"),

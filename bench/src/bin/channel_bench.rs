@@ -323,8 +323,6 @@ fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
 
 fn main() {
     let cli = Cli::parse();
-    // Before any thread or child starts: the server halves read it.
-    std::env::set_var("CHANNEL_BENCH_DRIVER", &cli.driver);
     // The server halves this program starts itself, pinned to the second CPU.
     if let Some([cpu, n]) = cli.serve_barewire.as_deref() {
         return serve_barewire(*cpu, *n);
@@ -335,6 +333,9 @@ fn main() {
     if let Some([cpu, n]) = cli.serve_tokio_framed.as_deref() {
         return serve_tokio_framed(*cpu, *n);
     }
+    // Before any thread or child starts: the server halves read it (they are started with
+    // their own arguments only).
+    std::env::set_var("CHANNEL_BENCH_DRIVER", &cli.driver);
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);

@@ -10,7 +10,7 @@ use barewire_drivers::{
     connect, verbs_devices, Access, Buffer, Device, DriverConfig, Endpoint, RegionDescriptor,
     Remote, Transport,
 };
-use barewire_test_support::{rt, ReadyChild};
+use barewire_test_support::{rt, Netns, ReadyChild};
 
 fn auto() -> Device {
     Device::open(&DriverConfig::parse("auto", None).unwrap()).unwrap()
@@ -76,60 +76,14 @@ fn auto_picks_shm_on_this_host_and_soft_elsewhere_or_when_asked() {
     );
 }
 
-/// A namespace joined to this one by a veth pair (removed on drop).
-struct Netns(String, String);
-
-impl Netns {
-    fn ip(args: &[&str]) -> bool {
-        Command::new("ip")
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    }
-
-    fn create() -> Option<(Netns, String)> {
-        let id = std::process::id() % 100_000;
-        let (name, veth, inner) = (
-            format!("bwshm{id}"),
-            format!("bwsa{id}"),
-            format!("bwsb{id}"),
-        );
-        let net = id % 200 + 20;
-        let (host, far) = (format!("10.235.{net}.1"), format!("10.235.{net}.2"));
-        let ns = Netns(name.clone(), veth.clone());
-        let exec = |args: &[&str]| {
-            let mut v = vec!["netns", "exec", &name];
-            v.extend_from_slice(args);
-            Netns::ip(&v)
-        };
-        let ok = Netns::ip(&["netns", "add", &name])
-            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
-            && Netns::ip(&["link", "set", &inner, "netns", &name])
-            && Netns::ip(&["addr", "add", &format!("{host}/30"), "dev", &veth])
-            && Netns::ip(&["link", "set", &veth, "up"])
-            && exec(&["ip", "addr", "add", &format!("{far}/30"), "dev", &inner])
-            && exec(&["ip", "link", "set", &inner, "up"])
-            && exec(&["ip", "link", "set", "lo", "up"]);
-        ok.then_some((ns, far))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        Netns::ip(&["link", "del", &self.1]);
-        Netns::ip(&["netns", "del", &self.0]);
-    }
-}
-
 #[test]
 fn auto_uses_the_software_provider_for_a_peer_in_another_network_namespace() {
     if !verbs_devices().is_empty() {
         eprintln!("SKIP: this host has an RDMA device, which auto prefers");
         return;
     }
-    let (ns, far) = Netns::create().expect("a network namespace (this test needs root)");
-    let there = peer("auto", Some(&ns.0));
+    let (ns, _, far) = Netns::create_in(235).expect("a network namespace (this test needs root)");
+    let there = peer("auto", Some(&ns.name));
     let addr: SocketAddr = format!("{far}:{}", there.port()).parse().unwrap();
     assert_eq!(transport_to(&auto(), addr), Transport::Soft);
     drop(there);

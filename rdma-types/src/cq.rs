@@ -72,6 +72,27 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
+    /// A completion of `byte_len` bytes with no immediate data, invalidation or solicited
+    /// event (a provider sets those fields after).
+    pub fn new(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        qp_num: u32,
+    ) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm: None,
+            invalidated: None,
+            solicited: false,
+            qp_num,
+        }
+    }
+
     /// A placeholder, to fill an array that [`CompletionQueue::poll`] then writes into.
     ///
     /// ```

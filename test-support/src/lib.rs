@@ -1,5 +1,5 @@
-//! Helpers the workspace's tests share (see the README): the one-core sleeping runtime and
-//! child processes that announce `READY <port>`.
+//! Helpers the workspace's tests share (see the README): the one-core sleeping runtime, child
+//! processes that announce `READY <port>`, and network namespaces joined by a veth pair.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -111,6 +111,83 @@ fn read_ready(child: &mut Child, cmd: &Command) -> (u16, BufReader<ChildStdout>)
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("{cmd:?} said {line:?}, not READY <port>"));
     (port, out)
+}
+
+/// A network namespace joined to this one by a veth pair; removed on drop.
+pub struct Netns {
+    pub name: String,
+    pub veth: String,
+}
+
+impl Netns {
+    pub fn ip(args: &[&str]) -> bool {
+        Command::new("ip")
+            .args(args)
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// A namespace joined to this one by a veth pair: (namespace, host-side address,
+    /// namespace-side address), in a /30 of 10.234.0.0/16.
+    pub fn create() -> Option<(Netns, String, String)> {
+        Netns::create_in(234)
+    }
+
+    /// As `create`, in a /30 of 10.`b`.0.0/16 (tests that may run at the same time as others'
+    /// namespaces take a range of their own).
+    pub fn create_in(b: u8) -> Option<(Netns, String, String)> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        // A subnet no interface has yet: a namespace left behind by a test run that was killed
+        // (its Drop never ran) keeps its addresses, and a second veth in the same subnet
+        // would break this one's routes.
+        let id = loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = std::process::id() % 10_000 * 10 + n % 10;
+            let subnet = format!("10.{b}.{}.0/30", id % 200 + 20);
+            let used = Command::new("ip")
+                .args(["-o", "addr", "show", "to", &subnet])
+                .output()
+                .map(|o| !o.stdout.is_empty())
+                .unwrap_or(false);
+            if !used || n >= 200 {
+                break id;
+            }
+        };
+        let (name, veth, inner) = (
+            format!("bw{b}n{id}"),
+            format!("bw{b}a{id}"),
+            format!("bw{b}b{id}"),
+        );
+        let net = id % 200 + 20;
+        let (host, peer) = (format!("10.{b}.{net}.1"), format!("10.{b}.{net}.2"));
+        let ns = Netns {
+            name: name.clone(),
+            veth: veth.clone(),
+        };
+        let exec = |args: &[&str]| {
+            let mut v = vec!["netns", "exec", &name];
+            v.extend_from_slice(args);
+            Netns::ip(&v)
+        };
+        let ok = Netns::ip(&["netns", "add", &name])
+            && Netns::ip(&["link", "add", &veth, "type", "veth", "peer", "name", &inner])
+            && Netns::ip(&["link", "set", &inner, "netns", &name])
+            && Netns::ip(&["addr", "add", &format!("{host}/30"), "dev", &veth])
+            && Netns::ip(&["link", "set", &veth, "up"])
+            && exec(&["ip", "addr", "add", &format!("{peer}/30"), "dev", &inner])
+            && exec(&["ip", "link", "set", &inner, "up"])
+            && exec(&["ip", "link", "set", "lo", "up"]);
+        ok.then_some((ns, host, peer))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        Netns::ip(&["link", "del", &self.veth]);
+        Netns::ip(&["netns", "del", &self.name]);
+    }
 }
 
 #[cfg(test)]

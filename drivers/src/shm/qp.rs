@@ -161,16 +161,7 @@ impl QpInner {
     }
 
     fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: self.num,
-        }
+        WorkCompletion::new(wr_id, status, opcode, byte_len, self.num)
     }
 
     fn post_send(self: &Rc<Self>, wr: SendWr) -> Result<(), DriverError> {
@@ -360,7 +351,9 @@ impl QpInner {
                     let flags = flags_base | if last { ring::LAST } else { 0 };
                     let from = *sent;
                     let ok = w.push(ring::SEND, flags, n, n as u32, 0, |dst| {
-                        self.gather(&wr.sges, from, dst, n);
+                        // Every SGE was checked above, in this same call.
+                        let copied = self.copy_sges(&wr.sges, from, dst, n, false);
+                        debug_assert!(copied.is_ok());
                     });
                     if !ok {
                         return Ok(Step::Wait);
@@ -482,27 +475,44 @@ impl QpInner {
         }
     }
 
-    /// Copies `n` bytes starting `from` bytes into the SGEs' concatenation to `dst`.
-    fn gather(&self, sges: &[Sge], mut from: usize, mut dst: *mut u8, mut n: usize) {
+    /// Copies `n` bytes between `other` and the SGEs' concatenation, starting `skip` bytes
+    /// into it: into the SGEs (`into_sges`, which then need LOCAL_WRITE) or out of them. Each
+    /// SGE's key is checked as it is reached; fails if one's region is gone.
+    fn copy_sges(
+        &self,
+        sges: &[Sge],
+        mut skip: usize,
+        mut other: *mut u8,
+        mut n: usize,
+        into_sges: bool,
+    ) -> Result<(), WcStatus> {
         for s in sges {
             if n == 0 {
-                return;
+                break;
             }
             let len = s.len as usize;
-            if from >= len {
-                from -= len;
+            if skip >= len {
+                skip -= len;
                 continue;
             }
-            let take = (len - from).min(n);
-            let src = self.local(s, false).expect("checked when the Send started");
-            // SAFETY: within the SGE (checked) and within the ring record being filled.
+            let take = (len - skip).min(n);
+            let at = self.local(s, into_sges)?;
+            // SAFETY: `take` bytes from `skip` lie within the SGE (its key checked just now) and
+            // within `other`, which the caller sized for `n` (a ring record's payload, checked
+            // by the ring's writer or reader).
             unsafe {
-                std::ptr::copy_nonoverlapping(src.add(from), dst, take);
-                dst = dst.add(take);
+                let (from, to) = if into_sges {
+                    (other as *const u8, at.add(skip))
+                } else {
+                    (at.add(skip) as *const u8, other)
+                };
+                std::ptr::copy_nonoverlapping(from, to, take);
+                other = other.add(take);
             }
             n -= take;
-            from = 0;
+            skip = 0;
         }
+        Ok(())
     }
 
     fn write_remote(
@@ -599,7 +609,10 @@ impl QpInner {
                     let room: usize = r.sges.iter().map(|s| s.len as usize).sum();
                     if rx.placed + n > room {
                         rx.error = Some(WcStatus::LocLenErr);
-                    } else if self.scatter(&r.sges, rx.placed, body, n).is_err() {
+                    } else if self
+                        .copy_sges(&r.sges, rx.placed, body as *mut u8, n, true)
+                        .is_err()
+                    {
                         rx.error = Some(WcStatus::LocProtErr);
                     }
                 }
@@ -616,38 +629,6 @@ impl QpInner {
         }
         let wake = rx.r.consume(&rec);
         Ok(Some((wc, wake)))
-    }
-
-    /// Copies `n` bytes from `src` into the SGEs' concatenation, `skip` bytes in (which fits:
-    /// the caller checked). Fails if an SGE's region is gone.
-    fn scatter(
-        &self,
-        sges: &[Sge],
-        mut skip: usize,
-        mut src: *const u8,
-        mut n: usize,
-    ) -> Result<(), WcStatus> {
-        for s in sges {
-            if n == 0 {
-                break;
-            }
-            let len = s.len as usize;
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let take = (len - skip).min(n);
-            let dst = self.local(s, true)?;
-            // SAFETY: within the receive's SGE (checked just now) and the record's payload
-            // (checked by peek).
-            unsafe {
-                std::ptr::copy_nonoverlapping(src, dst.add(skip), take);
-                src = src.add(take);
-            }
-            n -= take;
-            skip = 0;
-        }
-        Ok(())
     }
 
     /// Queues a revocation of `stag` for the peer, in order with what was posted before.

@@ -378,16 +378,7 @@ impl Stream {
     }
 
     fn wc(&self, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> WorkCompletion {
-        WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            byte_len,
-            imm: None,
-            invalidated: None,
-            solicited: false,
-            qp_num: self.cfg.qp_num,
-        }
+        WorkCompletion::new(wr_id, status, opcode, byte_len, self.cfg.qp_num)
     }
 
     /// Fails a started request, in order.

@@ -918,17 +918,19 @@ fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
     })
 }
 
-/// Exchanges setup messages on a connected socket and builds the queue pair.
-#[allow(clippy::too_many_arguments)]
-async fn establish(
+/// A peer's setup message, heard and checked: the socket, what it said, its ring and its
+/// core's wake-up descriptor.
+pub(crate) struct Heard {
     fd: OwnedFd,
-    kind: u8,
-    pd: &Pd,
-    scq: &CompletionQueue,
-    rcq: &CompletionQueue,
-    private: &[u8],
-    deadline: Instant,
-) -> Result<(QueuePair, Vec<u8>), DriverError> {
+    peer: Hello,
+    ring: OwnedFd,
+    wake: OwnedFd,
+}
+
+/// Waits (until `deadline`) for the peer's setup message of kind `want` on a connected socket,
+/// and checks it and the peer (same user, host and namespace; a sane ring). A listener answers
+/// a peer it refuses with a Reject that says why.
+async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverError> {
     // Only processes of this user: see the module docs.
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
@@ -941,24 +943,8 @@ async fn establish(
         }
         Err(e) => return Err(connect_error(format!("SO_PEERCRED: {e}"))),
     }
-    let wake = core_wake()?;
-    let ring = Ring::create(RING)?;
-    let ring_fd = ring
-        .file()
-        .expect("our own")
-        .descriptor(true)
-        .map_err(|e| connect_error(e.to_string()))?;
-    let num = next_qp_num();
-    let ours = Hello::ours(kind, num, private).encode();
-    let mut buf = vec![0u8; HELLO + MAX_PRIVATE + 1];
     let raw = fd.as_raw_fd();
-    let send = |msg: &[u8]| {
-        sock::send(raw, msg, &[ring_fd, wake.as_raw_fd()])
-            .map_err(|e| connect_error(format!("sending setup: {e}")))
-    };
-    if kind == M_HELLO {
-        send(&ours)?;
-    }
+    let mut buf = vec![0u8; HELLO + MAX_PRIVATE + 1];
     let got = sock::recv_by(raw, &mut buf, deadline)
         .await
         .map_err(|e| connect_error(format!("waiting for the peer's setup: {e}")))?;
@@ -971,7 +957,6 @@ async fn establish(
         });
     }
     let peer = Hello::decode(&buf[..got.len]).map_err(connect_error)?;
-    let want = if kind == M_HELLO { M_ACCEPT } else { M_HELLO };
     let checked = if peer.kind != want {
         Err("an unexpected setup message".to_string())
     } else if got.fds.len() != 2 {
@@ -980,7 +965,7 @@ async fn establish(
         peer.check()
     };
     if let Err(why) = checked {
-        if kind == M_ACCEPT {
+        if want == M_HELLO {
             let mut r = vec![M_REJECT];
             r.extend_from_slice(why.as_bytes());
             let _ = sock::send(raw, &r, &[]);
@@ -988,14 +973,67 @@ async fn establish(
         return Err(connect_error(why));
     }
     let mut fds = got.fds;
-    let peer_wake = fds.pop().expect("two");
-    let peer_ring = fds.pop().expect("two");
+    let wake = fds.pop().expect("two");
+    let ring = fds.pop().expect("two");
+    Ok(Heard {
+        fd,
+        peer,
+        ring,
+        wake,
+    })
+}
+
+/// This side's half of the setup: its ring, queue pair number and core wake-up descriptor.
+struct Ours {
+    ring: Ring,
+    num: u32,
+    wake: Rc<OwnedFd>,
+}
+
+impl Ours {
+    fn new() -> Result<Ours, DriverError> {
+        Ok(Ours {
+            wake: core_wake()?,
+            ring: Ring::create(RING)?,
+            num: next_qp_num(),
+        })
+    }
+
+    /// Sends this side's setup message of `kind` with `private` data, the ring and the wake-up
+    /// descriptor.
+    fn send(&self, fd: &OwnedFd, kind: u8, private: &[u8]) -> Result<(), DriverError> {
+        let ring_fd = self
+            .ring
+            .file()
+            .expect("our own")
+            .descriptor(true)
+            .map_err(|e| connect_error(e.to_string()))?;
+        let msg = Hello::ours(kind, self.num, private).encode();
+        sock::send(fd.as_raw_fd(), &msg, &[ring_fd, self.wake.as_raw_fd()])
+            .map_err(|e| connect_error(format!("sending setup: {e}")))
+    }
+}
+
+/// Builds the queue pair from both halves of the setup. No waiting: a listener's accept stays
+/// cancel-safe.
+fn finish(
+    heard: Heard,
+    ours: Ours,
+    pd: &Pd,
+    scq: &CompletionQueue,
+    rcq: &CompletionQueue,
+) -> Result<(QueuePair, Vec<u8>), DriverError> {
+    let Heard {
+        fd,
+        peer,
+        ring: peer_ring,
+        wake: peer_wake,
+    } = heard;
+    let Ours { ring, num, .. } = ours;
+    let raw = fd.as_raw_fd();
     let cap = peer.ring_cap as usize;
     let map = Mapping::new(&peer_ring, 0, (ring::HEADER + cap) as u64, 0, true)
         .map_err(|e| connect_error(format!("mapping the peer's ring: {e}")))?;
-    if kind == M_ACCEPT {
-        send(&ours)?;
-    }
     let inner = Rc::new(QpInner {
         num,
         pd: Pd {
@@ -1080,7 +1118,10 @@ pub(crate) async fn connect(
             private.len()
         )));
     }
-    establish(fd, M_HELLO, pd, scq, rcq, private, deadline).await
+    let ours = Ours::new()?;
+    ours.send(&fd, M_HELLO, private)?;
+    let heard = hear(fd, M_ACCEPT, deadline).await?;
+    finish(heard, ours, pd, scq, rcq)
 }
 
 /// True if `addr`'s IP is one of this host's (in this network namespace).
@@ -1093,6 +1134,9 @@ fn is_local(addr: SocketAddr) -> bool {
 /// number is this listener's in the namespace, and `port 0` picks a free one.
 pub(crate) struct Listener {
     fd: OwnedFd,
+    /// Peers heard by their setup tasks, waiting for an accept to finish them.
+    heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<Result<Heard, DriverError>>>>,
+    heard_tx: barewire_engine::sync::mpsc::Sender<Result<Heard, DriverError>>,
     port_of: Port,
     port: u16,
     private: Vec<u8>,
@@ -1116,38 +1160,55 @@ impl crate::backend::ListenerOps for Listener {
             if scq.device().is_some() || rcq.device().is_some() {
                 return Err(crate::backend::mixed());
             }
-            let conn = loop {
+            // Peers are heard by tasks of their own (`heard`); what they heard is finished here
+            // without waiting, so a dropped accept loses no connection.
+            let Some(taken) = self.heard.borrow_mut().take() else {
+                return Err(connect_error("accept from two tasks at once"));
+            };
+            // Puts the queue back however this future ends.
+            struct Back<'a, T>(&'a RefCell<Option<T>>, Option<T>);
+            impl<T> Drop for Back<'_, T> {
+                fn drop(&mut self) {
+                    *self.0.borrow_mut() = self.1.take();
+                }
+            }
+            let mut back = Back(&self.heard, Some(taken));
+            let queue = back.1.as_mut().expect("held until dropped");
+            let heard = loop {
+                if let Some(h) = queue.try_recv() {
+                    break h;
+                }
                 if let Some(c) =
                     sock::accept(&self.fd).map_err(|e| connect_error(format!("accept: {e}")))?
                 {
-                    break c;
+                    let (tx, deadline) = (self.heard_tx.clone(), Instant::now() + self.timeout);
+                    spawn_local(async move {
+                        let _ = tx.try_send(hear(c, M_HELLO, deadline).await);
+                    });
+                    continue;
                 }
-                let shm_ready = poll_readable(self.fd.as_raw_fd());
-                match &self.port_of {
-                    Port::Reserved(_) => {
-                        let _ = shm_ready.await;
-                    }
-                    // Whichever comes first; both are cancel-safe (a shm connection waits in
-                    // the backlog, the provider's accept keeps what it accepted).
+                // Whichever comes first; each is cancel-safe (a heard peer waits in the queue,
+                // a new one in the backlog, and the provider's accept keeps what it accepted).
+                let shm = crate::backend::first(queue.recv(), poll_readable(self.fd.as_raw_fd()));
+                let shm = match &self.port_of {
+                    Port::Reserved(_) => shm.await,
                     Port::Soft(l) => {
                         let soft = crate::soft::accept(l, &pd.pd, scq, rcq, &recvs);
-                        if let Ok(r) = crate::backend::first(soft, shm_ready).await {
-                            return r;
+                        match crate::backend::first(soft, shm).await {
+                            Ok(r) => return r,
+                            Err(shm) => shm,
                         }
                     }
+                };
+                if let Ok(Some(h)) = shm {
+                    break h;
                 }
             };
-            let deadline = Instant::now() + self.timeout;
-            let (qp, data) = establish(
-                conn,
-                M_ACCEPT,
-                pd,
-                scq.queue(),
-                rcq.queue(),
-                &self.private,
-                deadline,
-            )
-            .await?;
+            drop(back);
+            let heard = heard?;
+            let ours = Ours::new()?;
+            ours.send(&heard.fd, M_ACCEPT, &self.private)?;
+            let (qp, data) = finish(heard, ours, pd, scq.queue(), rcq.queue())?;
             for wr in recvs {
                 qp.post_recv(wr)?;
             }
@@ -1199,8 +1260,11 @@ impl Listener {
                 "listening on the shm name {name}: {e} (another shm listener has it)"
             ))
         })?;
+        let (heard_tx, heard) = barewire_engine::sync::mpsc::unbounded();
         Ok(Listener {
             fd,
+            heard: RefCell::new(Some(heard)),
+            heard_tx,
             port_of,
             port,
             private: private.to_vec(),
@@ -1278,5 +1342,51 @@ impl Poller for ShmPoller {
 
     fn exit_interrupt_mode(&mut self) {
         self.each(|q| q.rx.borrow().r.wake());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{DeviceOps, ListenerOps};
+
+    /// A client that connects, waits, and only then says hello: an accept dropped while it
+    /// waits must not lose it (the next accept finishes it). Fails when accept waits for the
+    /// hello itself.
+    #[test]
+    fn an_accept_dropped_mid_setup_loses_no_connection() {
+        barewire_test_support::rt().block_on(async {
+            let dev = super::super::Device::new();
+            let l = Listener::bind(
+                ([127, 0, 0, 1], 0).into(),
+                &crate::api::ConnectOptions::default(),
+                false,
+            )
+            .unwrap();
+            let port = l.port();
+            let client = spawn_local(async move {
+                let fd = sock::seqpacket().unwrap();
+                sock::connect(&fd, &sock::name(([127, 0, 0, 1], port).into())).unwrap();
+                barewire_engine::time::sleep(Duration::from_millis(20)).await;
+                let ours = Ours::new().unwrap();
+                ours.send(&fd, M_HELLO, b"").unwrap();
+                hear(fd, M_ACCEPT, Instant::now() + Duration::from_secs(5))
+                    .await
+                    .map(|h| h.peer.kind)
+            });
+            let pd = dev.alloc_pd().unwrap();
+            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let t0 = Instant::now();
+            let (_qp, _) = loop {
+                assert!(t0.elapsed() < Duration::from_secs(5), "never accepted");
+                let accept = l.accept(&*pd, &s, &r, Vec::new());
+                if let Ok(done) =
+                    barewire_engine::time::timeout(Duration::from_millis(2), accept).await
+                {
+                    break done.unwrap();
+                }
+            };
+            assert_eq!(client.await.unwrap().unwrap(), M_ACCEPT);
+        });
     }
 }

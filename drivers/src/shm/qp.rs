@@ -975,6 +975,7 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
     let mut fds = got.fds;
     let wake = fds.pop().expect("two");
     let ring = fds.pop().expect("two");
+    sock::check_eventfd(&wake).map_err(|e| connect_error(format!("setup: {e}")))?;
     Ok(Heard {
         fd,
         peer,
@@ -1349,6 +1350,19 @@ impl Poller for ShmPoller {
 mod tests {
     use super::*;
     use crate::backend::{DeviceOps, ListenerOps};
+    use std::os::fd::FromRawFd;
+
+    #[test]
+    fn a_wake_up_descriptor_must_be_an_eventfd() {
+        assert!(sock::check_eventfd(&sock::eventfd().unwrap()).is_ok());
+        let mut p = [0; 2];
+        // SAFETY: a pipe of our own; both ends are owned below.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: the descriptors pipe just made.
+        let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        let e = sock::check_eventfd(&r).unwrap_err().to_string();
+        assert!(e.contains("not an eventfd"), "{e}");
+    }
 
     /// A client that connects, waits, and only then says hello: an accept dropped while it
     /// waits must not lose it (the next accept finishes it). Fails when accept waits for the

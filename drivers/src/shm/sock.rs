@@ -243,6 +243,29 @@ pub(crate) fn eventfd() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Checks that a descriptor a peer sent as its wake-up is an eventfd, and makes it
+/// non-blocking: anything else (a pipe it never drains, say) could block this core on a write.
+pub(crate) fn check_eventfd(fd: &OwnedFd) -> io::Result<()> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the peer's wake-up descriptor is {}, not an eventfd",
+                link.display()
+            ),
+        ));
+    }
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    let set = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if flags < 0 || set < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Adds one to an eventfd (a full counter means a wake-up is pending anyway).
 pub(crate) fn poke(fd: RawFd) {
     let one = 1u64;

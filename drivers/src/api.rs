@@ -362,13 +362,26 @@ impl QueuePair {
         QueuePair { ops: Rc::new(ops) }
     }
 
-    /// True when incoming data is placed by this core's own progress poller (the software
-    /// provider), in stream order: a poller registered after the provider's then sees an RDMA
-    /// WRITE's bytes in the same pass that delivered them, and the socket that carried them
-    /// wakes a sleeping core. On verbs the NIC places data on its own, and on shm the peer's
-    /// CPU does, with no event unless the sender asks for a completion (WRITE with immediate).
-    pub fn places_on_this_core(&self) -> bool {
-        self.ops.places_on_this_core()
+    /// Asks that the peer's RDMA WRITEs into this side's memory may be watched: from now on
+    /// each WRITE's bytes become visible in ascending address order (a watcher that sees a
+    /// byte land sees every earlier byte of the same WRITE), and a WRITE that lands while this
+    /// core sleeps wakes it, so a [`Poller`](barewire_engine::Poller) that looks at the memory
+    /// in `pure_poll` and each pass sees it. Returns false where the transport cannot promise
+    /// this, and nothing changes: on verbs the NIC places data with no event and no order, so
+    /// the peer must announce data (WRITE with immediate).
+    ///
+    /// The software provider places data in stream order from this core's own poller, so it
+    /// always can. On shm the peer's CPU copies: once asked, its WRITEs to this side use an
+    /// ordered copy and look at this core's sleep flag afterwards (a fence per WRITE), which
+    /// is why it is asked for rather than always on.
+    ///
+    /// ```no_run
+    /// # fn demo(qp: &barewire_drivers::QueuePair) {
+    /// let polled = qp.watch_memory(); // otherwise: post receives, ask for immediate data
+    /// # let _ = polled; }
+    /// ```
+    pub fn watch_memory(&self) -> bool {
+        self.ops.watch_memory()
     }
 
     /// Posts a send work request (Send, Write, Read, atomics, local invalidate).

@@ -113,8 +113,8 @@ pub(crate) trait QpOps: Any {
     fn disconnect(&self);
     fn state(&self) -> QpState;
     fn qp_num(&self) -> u32;
-    /// See [`crate::QueuePair::places_on_this_core`].
-    fn places_on_this_core(&self) -> bool {
+    /// See [`crate::QueuePair::watch_memory`].
+    fn watch_memory(&self) -> bool {
         false
     }
     /// The transport this queue pair runs over.

@@ -173,6 +173,20 @@ impl Buffer {
         }
     }
 
+    /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering: what a
+    /// task watching memory a peer writes uses (a peer's later bytes are then read after it).
+    /// Panics if the word is outside the buffer or unaligned.
+    pub fn load_u32_le(&self, offset: usize) -> u32 {
+        self.check(offset, 4);
+        assert_eq!((self.ptr as usize + offset) % 4, 0, "unaligned 4-byte word");
+        // SAFETY: an aligned, in-bounds word; AtomicU32 has u32's layout.
+        let w = unsafe {
+            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        u32::from_le(w)
+    }
+
     /// An SGE for `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         self.check(offset, len);

@@ -217,7 +217,9 @@ impl QpOps for Qp {
     fn qp_num(&self) -> u32 {
         self.0.qp_num()
     }
-    fn places_on_this_core(&self) -> bool {
+    fn watch_memory(&self) -> bool {
+        // Data is placed in stream order by this core's own poller, and the socket that
+        // carried it wakes a sleeping core.
         true
     }
     fn transport(&self) -> crate::Transport {

@@ -169,6 +169,105 @@ fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_erro
     t.join().unwrap();
 }
 
+/// A side that asks to watch its memory (`QueuePair::watch_memory`) sees the peer's plain
+/// Writes, with no immediate data and no receive, from a poller that looks at the memory, and a
+/// Write that lands while its core sleeps wakes the core. Without the wake the core would sleep
+/// until its 5 s timer.
+#[test]
+fn a_watched_region_wakes_its_sleeping_core_on_a_plain_write() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    use std::task::{Poll, Waker};
+
+    /// Wakes its task once the region's last written word is non-zero.
+    struct Watch {
+        region: Rc<Buffer>,
+        at: usize,
+        waker: Rc<RefCell<Option<Waker>>>,
+    }
+    impl barewire_engine::Poller for Watch {
+        fn poll(&mut self) -> bool {
+            let landed = self.region.load_u64(self.at) != 0;
+            if landed {
+                if let Some(w) = self.waker.borrow_mut().take() {
+                    w.wake();
+                    return true;
+                }
+            }
+            false
+        }
+        fn pure_poll(&mut self) -> bool {
+            self.region.load_u64(self.at) != 0 && self.waker.borrow().is_some()
+        }
+    }
+
+    const LEN: usize = 40_000;
+    /// What the client writes: a pattern whose last word (the watched one) is non-zero.
+    fn watched_data() -> Vec<u8> {
+        let mut data = pattern(LEN, 5);
+        data[LEN - 8..].copy_from_slice(&u64::MAX.to_ne_bytes());
+        data
+    }
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
+        let region = Buffer::new(&pd, 65536, 4096, ALL | Access::REMOTE_WRITE).unwrap();
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        assert!(qp.watch_memory(), "shm lets memory be watched");
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        msg.write_at(0, &region.descriptor().to_bytes());
+        ep.send(&msg, 0, 20).await.unwrap();
+        let waker = Rc::new(RefCell::new(None));
+        let last = 1000 + LEN - 8;
+        barewire_engine::register_poller(Box::new(Watch {
+            region: region.clone(),
+            at: last,
+            waker: waker.clone(),
+        }));
+        let start = std::time::Instant::now();
+        // The fallback that a lost wake-up would leave: a timer 5 s out.
+        let fallback =
+            barewire_engine::spawn_local(barewire_engine::time::sleep(Duration::from_secs(5)));
+        std::future::poll_fn(|cx| {
+            if region.load_u64(last) != 0 {
+                return Poll::Ready(());
+            }
+            *waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        let waited = start.elapsed();
+        drop(fallback);
+        assert!(
+            waited < Duration::from_secs(3),
+            "the Write landed about 0.2 s in, but the sleeping core saw it only after {waited:?}"
+        );
+        let mut got = vec![0u8; LEN];
+        region.read_at(1000, &mut got);
+        assert!(got == watched_data(), "the whole Write is there");
+        // Tell the writer it may go.
+        ep.send(&msg, 0, 1).await.unwrap();
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 65536, 4096, ALL).unwrap();
+        let d = ep.recv(&buf, 0, 64).await.unwrap();
+        assert_eq!(d.byte_len, 20);
+        let mut b = [0u8; 20];
+        buf.read_at(0, &mut b);
+        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        // Let the server's core go to sleep first.
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
+        buf.write_at(4096, &watched_data());
+        ep.write(&buf, 4096, LEN, Remote::at(region, 1000))
+            .await
+            .unwrap();
+        ep.recv(&buf, 0, 64).await.unwrap();
+    });
+    t.join().unwrap();
+}
+
 /// Remote rights on memory barewire did not allocate are refused with a message that says
 /// what to do; local-only registrations of it are fine.
 #[test]

@@ -7,10 +7,12 @@
 //! several slots. How the receiver learns that a message is there depends on who places the
 //! data:
 //!
-//! - over the software provider, which places data in stream order from the receiving core's
-//!   own poller, the receiver watches its ring (a per-core poller looks at the next slot of
-//!   each waiting receiver after the provider has run) and sees a message once its mark is in,
-//!   exactly as a NIC user polls memory: the WRITE is one wire message and needs no receive;
+//! - where the transport lets memory be watched ([`QueuePair::watch_memory`]: the software
+//!   provider, which places data in stream order from the receiving core's own poller, and
+//!   shm, whose sender's CPU then copies in ascending order and wakes a sleeping receiver), the
+//!   receiver watches its ring (a per-core poller looks at the next slot of each waiting
+//!   receiver in every pass) and sees a message once its length word and the mark at the end
+//!   it gives are in, exactly as a NIC user polls memory: the WRITE needs no receive;
 //! - over verbs, where the NIC places data with no event, each WRITE carries immediate data
 //!   (channel, message count) that completes a receive the receiver posted in advance.
 //!
@@ -22,6 +24,8 @@
 //!
 //! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
 //! message format ([`Bare`], via serde).
+//!
+//! [`QueuePair::watch_memory`]: barewire_drivers::QueuePair::watch_memory
 
 mod codec;
 mod open;
@@ -45,7 +49,7 @@ pub(crate) use send::{ensure_flusher, TxState};
 use crate::control::imm;
 use crate::endpoint::{Inner, Link};
 use crate::error::{Error, Result};
-use ring::{extent, watch, MARK, MARK_LEN, PREFIX};
+use ring::{extent, watch, LEN_SET, MARK, MARK_LEN, PREFIX};
 use send::schedule;
 
 /// A channel's shape.
@@ -225,7 +229,8 @@ impl<T, C: Codec<T>> Sender<T, C> {
         // has consumed (the credit check above), so it was placed, so it was sent.
         let head = st.head.get();
         let at = head * st.slot;
-        st.staging.write_at(at, &(bytes.len() as u32).to_le_bytes());
+        st.staging
+            .write_at(at, &(bytes.len() as u32 | LEN_SET).to_le_bytes());
         st.staging.write_at(at + PREFIX, bytes);
         st.staging
             .write_at(at + extent(bytes.len()) - MARK_LEN, &MARK.to_le_bytes());
@@ -398,13 +403,19 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         let n = self.consumed.get();
         let tail = self.tail.get();
         let at = tail * self.st.slot;
-        let len = self.st.word_at(at) as usize;
-        if len > self.st.slot - extent(0) {
+        // Announced or seen landed, so written: a zero word or a length the slot cannot hold
+        // is the peer's fault.
+        let Some(len) = self
+            .st
+            .len_at(at)
+            .filter(|&len| len <= self.st.slot - extent(0))
+        else {
             return Some(Err(Error::Malformed(format!(
-                "a {len}-byte message in a {}-byte slot",
+                "length word {:#x} in a {}-byte slot",
+                self.st.ring.load_u32_le(at),
                 self.st.slot
             ))));
-        }
+        };
         let item = C::decode_from(len, |out| self.st.ring.read_at(at + PREFIX, out));
         if self.st.polled {
             // Zero what the sender may have written into the slot (a run carries whole slots,

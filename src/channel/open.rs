@@ -162,8 +162,9 @@ impl Endpoint {
             64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
-        // Watch the ring where the provider places data on this core (it is zeroed).
-        let polled = inner.ops.qp().places_on_this_core() && !opts.announce;
+        // Watch the ring (it is zeroed) where the transport lets memory be watched: the
+        // peer's WRITEs then land in ascending order and wake this core if it sleeps.
+        let polled = !opts.announce && inner.ops.qp().watch_memory();
         let rx = Rc::new(RxState {
             id: pid,
             capacity: pcap as u64,

@@ -9,8 +9,11 @@ use barewire_drivers::Buffer;
 use super::Waiters;
 use crate::endpoint::Arrival;
 
-/// Each slot starts with the message's length, 4 bytes little-endian.
+/// Each slot starts with the message's length, 4 bytes little-endian, with `LEN_SET` or'd in:
+/// a slot not yet written (zeroed), or whose length word is only partly in, never reads as a
+/// message, not even an empty one.
 pub(super) const PREFIX: usize = 4;
+pub(super) const LEN_SET: u32 = 1 << 31;
 
 /// After the message (at `PREFIX` + its length rounded up to 4) come these 4 bytes, the last a
 /// message's WRITE places: a receiver that watches its ring knows a message has fully landed
@@ -47,19 +50,26 @@ impl RxState {
         self.waker.wake();
     }
 
-    pub(super) fn word_at(&self, at: usize) -> u32 {
-        let mut w = [0u8; 4];
-        self.ring.read_at(at, &mut w);
-        u32::from_le_bytes(w)
+    /// The length word of the slot at `at`: `None` until it is written (its top byte, which
+    /// holds `LEN_SET`, is the word's last to land when a stream places it byte by byte),
+    /// otherwise the length it claims.
+    pub(super) fn len_at(&self, at: usize) -> Option<usize> {
+        let w = self.ring.load_u32_le(at);
+        (w & LEN_SET != 0).then_some((w & !LEN_SET) as usize)
     }
 
-    /// Polled rings: whether the message whose slot starts at `at` has fully landed. The
-    /// provider places a WRITE's bytes in order, so its length comes before the message and
-    /// the mark after; a consumed slot is zeroed, so a mark can only be this message's. A
-    /// length too large for the slot counts as landed, for `recv` to report.
+    /// Polled rings: whether the message whose slot starts at `at` has fully landed. A
+    /// transport that lets memory be watched places a WRITE's bytes in ascending order (the
+    /// software provider in stream order, shm by an ordered copy), so a message's length word
+    /// lands before the message and its mark after. A consumed slot is zeroed, so a length
+    /// that reads non-zero is this message's, and a mark at the end it gives is its last bytes.
+    /// A length too large for the slot counts as landed, for `recv` to report.
     pub(super) fn landed(&self, at: usize) -> bool {
-        let len = self.word_at(at) as usize;
-        len > self.slot - extent(0) || self.word_at(at + extent(len) - MARK_LEN) == MARK
+        match self.len_at(at) {
+            None => false,
+            Some(len) if len > self.slot - extent(0) => true,
+            Some(len) => self.ring.load_u32_le(at + extent(len) - MARK_LEN) == MARK,
+        }
     }
 }
 

@@ -109,7 +109,7 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
             for len in [0usize, 1, 3, 4, 5, 39, 40] {
                 // What the sender's staging slot holds: length, message (bytes that look
                 // like marks, to be nasty), mark.
-                let mut bytes = (len as u32).to_le_bytes().to_vec();
+                let mut bytes = (len as u32 | LEN_SET).to_le_bytes().to_vec();
                 bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));
                 bytes.resize(extent(len) - MARK_LEN, 0);
                 bytes.extend_from_slice(&MARK.to_le_bytes());
@@ -125,7 +125,14 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
                 }
             }
             // A length the slot cannot hold counts as landed, for `recv` to refuse.
-            ring.write_at(0, &(slot as u32).to_le_bytes());
+            ring.write_at(0, &(slot as u32 | LEN_SET).to_le_bytes());
             assert!(st.landed(0));
+            // Another core's copy may be seen mid-way: a length word still zero while later
+            // bytes (here, a message whose first word looks like a mark) are already in is not
+            // a message, not even an empty one.
+            ring.zero(0, slot);
+            ring.write_at(PREFIX, &MARK.to_le_bytes());
+            ring.write_at(PREFIX + 4, &MARK.to_le_bytes());
+            assert!(!st.landed(0));
         });
 }

@@ -23,6 +23,13 @@
 //!   and revocations go through a ring in the receiver's memory, in posting order; the
 //!   receiver's poller delivers them to its posted receives. Every completion goes through the
 //!   same completion queues as on the other backends, in posting order.
+//! - **Watched memory.** A receiver that asks to watch its memory
+//!   ([`crate::QueuePair::watch_memory`], as `Channel<T>` does) sets a flag in its ring's
+//!   header. The writer then copies its Writes to that peer in ascending address order (16-byte
+//!   stores, each fenced; `memcpy` may let later bytes show first), and after each Write looks
+//!   at the reader's sleep flag and wakes it through its eventfd: the reader sets that flag,
+//!   fences, and looks at its memory once more before it sleeps, so either it sees the Write
+//!   or the writer sees it asleep. Peers that never ask pay nothing of this.
 //! - **Revocation.** Dropping a region or a window, or invalidating a key, pushes a revocation
 //!   into the ring of every queue pair it was granted over, in order with the owner's later
 //!   Sends: a peer that has received anything the owner sent after the revocation no longer

@@ -130,6 +130,10 @@ impl QpOps for Qp {
     fn transport(&self) -> crate::Transport {
         crate::Transport::Shm
     }
+    fn watch_memory(&self) -> bool {
+        self.0.rx.borrow().r.watch();
+        true
+    }
     fn state(&self) -> QpState {
         self.0.state.get()
     }
@@ -379,7 +383,7 @@ impl QpInner {
                     if *sent == usize::MAX {
                         // The data went in an earlier pass; only the notice waits for room.
                     } else {
-                        self.write_remote(m, &wr.sges, remote_addr, total)
+                        self.write_remote(m, &wr.sges, remote_addr, total, false)
                             .map_err(fail)?;
                         *sent = usize::MAX;
                     }
@@ -392,8 +396,15 @@ impl QpInner {
                     }
                     self.wake_peer_if(w);
                 } else {
-                    self.write_remote(m, &wr.sges, remote_addr, total)
+                    let watched = w.reader_watches();
+                    self.write_remote(m, &wr.sges, remote_addr, total, watched)
                         .map_err(fail)?;
+                    if watched {
+                        // The peer watches its memory for this Write's bytes and may be about
+                        // to sleep: look at its flag after the copy (the fence in
+                        // `reader_asleep` orders the two).
+                        self.wake_peer_if(w);
+                    }
                 }
                 done(total)
             }
@@ -521,6 +532,7 @@ impl QpInner {
         sges: &[Sge],
         to: u64,
         total: usize,
+        ascending: bool,
     ) -> Result<(), WcStatus> {
         if !m.writable {
             return Err(WcStatus::RemAccessErr);
@@ -530,8 +542,16 @@ impl QpInner {
         for s in sges {
             let src = self.local(s, false)?;
             // SAFETY: dst covers `total` bytes of a writable mapping (checked), src the SGE
-            // (checked); plain copies of shared memory.
-            unsafe { std::ptr::copy(src, dst.add(off), s.len as usize) };
+            // (checked); plain copies of shared memory. The two address ranges are disjoint:
+            // dst lies in this queue pair's own mmap of the peer's file, which no local region
+            // overlaps (even when the peer is this process, the pages are mapped twice).
+            unsafe {
+                if ascending {
+                    super::mem::copy_ascending(src, dst.add(off), s.len as usize)
+                } else {
+                    std::ptr::copy_nonoverlapping(src, dst.add(off), s.len as usize)
+                }
+            };
             off += s.len as usize;
         }
         Ok(())

@@ -2,8 +2,9 @@
 //! immediate data, and revocations travel through it in posting order. The receiver creates it
 //! (a sealed memfd) and hands it to the writer at connection setup; both map it.
 //!
-//! Layout: a header of three cache lines (the writer's tail, the reader's head, and two flags:
-//! "reader asleep", "writer waits for room"), then `cap` bytes of records. A record is a 16-byte
+//! Layout: a header of three cache lines (the writer's tail, the reader's head, and three
+//! flags: "reader asleep", "writer waits for room", "reader watches its memory"), then `cap`
+//! bytes of records. A record is a 16-byte
 //! header and its payload padded to 16 bytes; one that would not fit before the end is
 //! preceded by a padding record to the end. Positions count bytes forever (u64), so
 //! `tail - head` is the fill.
@@ -23,6 +24,7 @@ const TAIL: usize = 0;
 const HEAD: usize = 64;
 const READER_ASLEEP: usize = 128;
 const WRITER_WAITS: usize = 132;
+const READER_WATCHES: usize = 136;
 const REC: usize = 16;
 
 /// Record kinds.
@@ -211,6 +213,12 @@ impl Writer {
         true
     }
 
+    /// True when the reader asked to watch its memory (`Reader::watch`): Writes to it are then
+    /// copied in ascending order and followed by a look at `reader_asleep`.
+    pub(crate) fn reader_watches(&self) -> bool {
+        self.ring.flag(READER_WATCHES).load(Ordering::Relaxed) != 0
+    }
+
     /// True when the reader said it sleeps (after a publish: the caller then wakes it).
     pub(crate) fn reader_asleep(&self) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -309,6 +317,13 @@ impl Reader {
         self.ring.flag(READER_ASLEEP).store(1, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         !self.has_data()
+    }
+
+    /// Asks the writer to place its Writes in ascending order and to wake this reader after
+    /// each one (see `QueuePair::watch_memory`). Stays set. The writer learns of it before any
+    /// message this reader sends after the call (the message's tail store releases it).
+    pub(crate) fn watch(&self) {
+        self.ring.flag(READER_WATCHES).store(1, Ordering::SeqCst);
     }
 
     /// The reader is awake again.

@@ -53,9 +53,9 @@ async fn client(port: u16) -> (Endpoint, Device, barewire_drivers::ProtectionDom
     (Endpoint::new(qp, scq, rcq), dev, pd)
 }
 
-/// Connects, receives the region descriptor the server sends first, and waits long enough for
-/// the server's core to fall asleep. Returns a 64 KiB local buffer with it.
-async fn told_region_then_idle(
+/// Connects and receives the region descriptor the server sends first. Returns a 64 KiB local
+/// buffer with it.
+async fn told_region(
     port: u16,
 ) -> (
     Endpoint,
@@ -70,7 +70,6 @@ async fn told_region_then_idle(
     let mut b = [0u8; 20];
     buf.read_at(0, &mut b);
     let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
-    barewire_engine::time::sleep(Duration::from_millis(200)).await;
     (ep, buf, region, dev)
 }
 
@@ -171,7 +170,9 @@ fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_erro
         }
     });
     rt().block_on(async {
-        let (ep, buf, region, _dev) = told_region_then_idle(port).await;
+        let (ep, buf, region, _dev) = told_region(port).await;
+        // Let the server's core go to sleep first.
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
         buf.write_at(4096, &pattern(40_000, 9));
         ep.write_with_imm(&buf, 4096, 40_000, Remote::at(region, 1000), 77)
             .await
@@ -263,7 +264,9 @@ fn a_watched_region_wakes_its_sleeping_core_on_a_plain_write() {
         ep.send(&msg, 0, 1).await.unwrap();
     });
     rt().block_on(async {
-        let (ep, buf, region, _dev) = told_region_then_idle(port).await;
+        let (ep, buf, region, _dev) = told_region(port).await;
+        // Let the server's core go to sleep first.
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
         // Posted first: the server's word comes just before it goes.
         let go = ep.recv(&buf, 0, 64);
         buf.write_at(4096, &watched_data());
@@ -394,13 +397,7 @@ fn a_local_invalidate_revokes_the_peers_mapping_before_later_sends() {
         let _ = ep.recv(&msg, 2048, 16).await;
     });
     rt().block_on(async {
-        let (ep, _dev, pd) = client(port).await;
-        let buf = Buffer::new(&pd, 65536, 4096, ALL).unwrap();
-        let d = ep.recv(&buf, 0, 64).await.unwrap();
-        assert_eq!(d.byte_len, 20);
-        let mut b = [0u8; 20];
-        buf.read_at(0, &mut b);
-        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        let (ep, buf, region, _dev) = told_region(port).await;
         ep.read(&buf, 4096, 4096, Remote::at(region, 0))
             .await
             .unwrap();

@@ -12,6 +12,7 @@ pub use barewire_rdma_types::{
 };
 
 use crate::backend::{DeviceOps, ListenerOps, MrOps, PdOps, QpOps, WindowOps};
+use crate::ops::MappedRemote;
 use crate::transport::{Chosen, DriverConfig, DriverError, Transport, TransportDefaults};
 
 /// An opened RDMA device: a verbs device, the software provider, or shared memory.
@@ -414,6 +415,25 @@ impl QueuePair {
     /// Its number.
     pub fn qp_num(&self) -> u32 {
         self.ops.qp_num()
+    }
+
+    /// The peer's registered region `region` mapped into this process, for storing into it
+    /// directly with no work request (see [`MappedRemote`]): only on shm, only once the peer
+    /// has granted the key to this queue pair (any Write or Read naming it asks; the grant
+    /// arrives with the peer's answer), and only for a writable grant that covers the whole
+    /// descriptor. `None` otherwise, and on the other transports: post Writes instead.
+    ///
+    /// ```no_run
+    /// # fn demo(qp: &barewire_drivers::QueuePair, ring: barewire_drivers::RegionDescriptor) {
+    /// if let Some(m) = qp.map_remote(&ring) {
+    ///     m.write(0, b"hello");
+    ///     m.store_u32_le(8, 1); // seen after the five bytes before it
+    ///     m.wake_peer();
+    /// }
+    /// # }
+    /// ```
+    pub fn map_remote(&self, region: &RegionDescriptor) -> Option<MappedRemote> {
+        self.ops.map_remote(region)
     }
 
     /// The transport it runs over: under `auto`, [`Transport::Shm`] for a peer on this host

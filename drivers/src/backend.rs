@@ -20,6 +20,7 @@ use std::rc::Rc;
 use barewire_rdma_types::{Access, QpState, RecvWr, SendWr, Stag};
 
 use crate::api::{CompletionQueue, ConnectOptions, QueuePair};
+use crate::ops::MappedRemote;
 use crate::transport::DriverError;
 
 /// A future of a backend's, boxed so the traits stay object-safe (connection setup only: no
@@ -117,9 +118,20 @@ pub(crate) trait QpOps: Any {
     fn watch_memory(&self) -> bool {
         false
     }
+    /// See [`crate::QueuePair::map_remote`].
+    fn map_remote(&self, _region: &barewire_rdma_types::RegionDescriptor) -> Option<MappedRemote> {
+        None
+    }
     /// The transport this queue pair runs over.
     fn transport(&self) -> crate::Transport;
     fn as_any(&self) -> &dyn Any;
+}
+
+/// What keeps a [`MappedRemote`] valid, and wakes its peer.
+pub(crate) trait MappedPeer {
+    /// Wakes the peer's core if it said it sleeps (after a fence that orders the caller's
+    /// stores before the look).
+    fn wake_if_asleep(&self);
 }
 
 /// Accepts connections.

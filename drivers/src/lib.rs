@@ -37,7 +37,7 @@ pub use api::{
     ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag,
     WcOpcode, WcStatus, Window, WorkCompletion,
 };
-pub use ops::{Buffer, Endpoint, Op, Remote};
+pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote};
 pub use transport::{
     select, Chosen, DriverConfig, DriverError, Overrides, Transport, TransportDefaults,
 };

@@ -26,6 +26,8 @@ use crate::transport::DriverError;
 pub struct Buffer {
     mr: std::mem::ManuallyDrop<MemoryRegion>,
     ptr: *mut u8,
+    /// The region's length, kept here: every access checks against it.
+    len: usize,
     memory: Memory,
 }
 
@@ -100,6 +102,7 @@ impl Buffer {
         // SAFETY: the memory lives until Drop, which deregisters the region first.
         match unsafe { pd.register(ptr, len, access) } {
             Ok(mr) => Ok(Rc::new(Buffer {
+                len: mr.len(),
                 mr: std::mem::ManuallyDrop::new(mr),
                 ptr,
                 memory,
@@ -119,7 +122,7 @@ impl Buffer {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.mr.len()
+        self.len
     }
 
     /// True when empty.
@@ -132,6 +135,7 @@ impl Buffer {
         self.mr.descriptor()
     }
 
+    #[inline]
     fn check(&self, offset: usize, len: usize) {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len()),
@@ -173,6 +177,15 @@ impl Buffer {
         }
     }
 
+    /// Writes `v` as 4 little-endian bytes at `offset` (any alignment): a plain store, as
+    /// `write_at` of its bytes, without a call to copy 4 bytes. Panics if outside the buffer.
+    #[inline]
+    pub fn store_u32_le(&self, offset: usize, v: u32) {
+        self.check(offset, 4);
+        // SAFETY: in bounds (checked); an unaligned plain store.
+        unsafe { std::ptr::write_unaligned(self.ptr.add(offset) as *mut u32, v.to_le()) }
+    }
+
     /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering: what a
     /// task watching memory a peer writes uses (a peer's later bytes are then read after it).
     /// Panics if the word is outside the buffer or unaligned.
@@ -191,6 +204,113 @@ impl Buffer {
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         self.check(offset, len);
         self.mr.sge(offset, len)
+    }
+}
+
+/// A peer's registered memory mapped into this process, for storing into it directly, with no
+/// work request: what shm offers ([`QueuePair::map_remote`](crate::QueuePair::map_remote))
+/// once the peer has granted the key. Stores become visible to the peer in program order and
+/// each [`write`](Self::write) in ascending address order, so a peer that watches the memory
+/// (as it would a Write's last word) sees a record's last word only after the rest of it.
+///
+/// The mapping stays valid while this value lives, whatever the peer does: a region the peer
+/// deregisters afterwards (or a peer that dies) leaves pages nobody reads, never a fault. The
+/// caller learns of such ends as before, from the connection.
+pub struct MappedRemote {
+    ptr: *mut u8,
+    len: usize,
+    peer: Box<dyn crate::backend::MappedPeer>,
+}
+
+impl MappedRemote {
+    pub(crate) fn new(
+        ptr: *mut u8,
+        len: usize,
+        peer: Box<dyn crate::backend::MappedPeer>,
+    ) -> MappedRemote {
+        MappedRemote { ptr, len, peer }
+    }
+
+    /// Length in bytes (the region's).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    fn check(&self, offset: usize, len: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "{len} bytes at {offset} overrun a {}-byte mapped region",
+            self.len
+        );
+    }
+
+    /// Copies `data` to `offset`, visible in ascending address order after every earlier
+    /// store. Panics if the range is outside the region.
+    #[inline]
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: in bounds of the mapping (checked), which this value keeps mapped; `data` is
+        // this process's own memory, never inside the peer's mapping.
+        unsafe { copy_ascending(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Stores `v` as 4 little-endian bytes at `offset` (aligned to 4), after every earlier
+    /// store (release ordering). Panics if outside the region or unaligned.
+    #[inline]
+    pub fn store_u32_le(&self, offset: usize, v: u32) {
+        self.check(offset, 4);
+        assert_eq!((self.ptr as usize + offset) % 4, 0, "unaligned 4-byte word");
+        // SAFETY: an aligned word inside the mapping (checked); AtomicU32 has u32's layout.
+        unsafe {
+            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
+                .store(v.to_le(), std::sync::atomic::Ordering::Release)
+        }
+    }
+
+    /// Wakes the peer's core if it sleeps, so that it looks at what was stored: call it after a
+    /// batch of stores, before this task waits (it costs a fence). A peer that is awake sees the
+    /// stores without it.
+    pub fn wake_peer(&self) {
+        self.peer.wake_if_asleep()
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` so that another CPU sees them land in ascending
+/// address order: one that reads a byte of `dst` (with acquire ordering) and finds it written
+/// will find every earlier byte written too. `memcpy` promises no such order (string stores
+/// and non-temporal stores may become visible out of order), and a peer that watches its
+/// memory for the last word of a message relies on it.
+///
+/// Each 16-byte store is followed by a release fence: on x86 (whose stores are seen in program
+/// order) that only keeps the compiler from reordering or merging them, and costs nothing; on
+/// weaker machines it orders them.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.
+#[inline]
+pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
+    use std::sync::atomic::{fence, Ordering};
+    let mut off = 0;
+    while off + 16 <= len {
+        // SAFETY: within both ranges (the caller's promise); unaligned access is allowed.
+        unsafe {
+            let v = std::ptr::read_unaligned(src.add(off) as *const u128);
+            std::ptr::write_unaligned(dst.add(off) as *mut u128, v);
+        }
+        fence(Ordering::Release);
+        off += 16;
+    }
+    while off < len {
+        // SAFETY: as above.
+        unsafe { *dst.add(off) = *src.add(off) };
+        fence(Ordering::Release);
+        off += 1;
     }
 }
 
@@ -661,6 +781,27 @@ impl Drop for Op {
                 // Still owned by the device: keep the buffers until the completion.
                 p.abandoned = true;
                 p.waker = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ascending_copy_copies_every_length_and_alignment() {
+        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
+        for from in 0..17 {
+            for to in 0..17 {
+                for len in [0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 255] {
+                    let mut dst = vec![0u8; 300];
+                    // SAFETY: both ranges lie within their vectors; distinct allocations.
+                    unsafe { copy_ascending(src[from..].as_ptr(), dst[to..].as_mut_ptr(), len) };
+                    assert_eq!(&dst[to..to + len], &src[from..from + len]);
+                    assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0));
+                }
             }
         }
     }

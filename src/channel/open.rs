@@ -98,6 +98,8 @@ impl Endpoint {
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),
             polled: Cell::new(false),
+            direct: RefCell::new(None),
+            wake_due: Cell::new(false),
         });
         inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
         inner

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 
-use barewire_drivers::{Buffer, Op, SendOp};
+use barewire_drivers::{Buffer, MappedRemote, Op, SendOp};
 
 use super::ring::extent;
 use super::{credit_step, Waiters};
@@ -51,6 +51,12 @@ pub(crate) struct TxState {
     pub(super) inflight: RefCell<VecDeque<Op>>,
     /// The receiver watches its ring: runs go as plain WRITEs (see `RxState::landed`).
     pub(super) polled: Cell<bool>,
+    /// The receiver's ring mapped into this process (shm, once granted, and only for a
+    /// receiver that watches): a message sent while no run is pending is then stored straight
+    /// into its slot and published at once, with no staging copy and no work request.
+    pub(super) direct: RefCell<Option<MappedRemote>>,
+    /// A message went straight into the ring since the receiver was last woken (if asleep).
+    pub(super) wake_due: Cell<bool>,
 }
 
 impl TxState {
@@ -68,6 +74,11 @@ impl TxState {
 
     pub(super) fn post_run_with(&self, batched: bool) -> Result<()> {
         let (from, to) = (self.posted.get(), self.seq.get());
+        if self.wake_due.replace(false) {
+            if let Some(m) = &*self.direct.borrow() {
+                m.wake_peer();
+            }
+        }
         if from == to {
             return Ok(());
         }
@@ -78,6 +89,13 @@ impl TxState {
             return Err(e.clone());
         }
         let ring = self.ring.get().expect("accepted channel");
+        if self.polled.get() && self.direct.borrow().is_none() {
+            // Once the receiver's ring is granted (the first run asked for it), a message sent
+            // with no run pending goes straight into it (see `Sender::try_place`).
+            if let Some(m) = inner.ops.qp().map_remote(&ring) {
+                *self.direct.borrow_mut() = Some(m);
+            }
+        }
         let count = to - from;
         let at = self.run_at.get() * self.slot;
         let len = (count as usize - 1) * self.slot + extent(self.last_len.get());

@@ -136,3 +136,83 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
             assert!(!st.landed(0));
         });
 }
+
+/// Over shm, once the receiver's ring is granted, a message sent after a pause goes straight
+/// into the ring (no work request) and still wakes the receiver's sleeping core. Each receive
+/// has a timer 5 s out as the only other thing that could wake its core, and must be done well
+/// before it.
+#[test]
+fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
+    use crate::Node;
+    use std::time::{Duration, Instant};
+    let shm = || Node::with_config(&DriverConfig::parse("shm", None).unwrap()).unwrap();
+    let rt = || {
+        barewire_engine::Runtime::builder()
+            .cores(1)
+            .sleeping()
+            .build()
+            .unwrap()
+    };
+    async fn recv_woken(rx: &Receiver<u64>) -> u64 {
+        let fallback =
+            barewire_engine::spawn_local(barewire_engine::time::sleep(Duration::from_secs(5)));
+        let start = Instant::now();
+        let got = rx.recv().await.unwrap();
+        let waited = start.elapsed();
+        drop(fallback);
+        assert!(
+            waited < Duration::from_secs(3),
+            "message {got} seen only after {waited:?}: its sender's wake-up was lost"
+        );
+        got
+    }
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    let receiver = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = shm();
+            port_tx
+                .send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            let ep = node.accept().await.unwrap();
+            let (tx, rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(16, 8))
+                .await
+                .unwrap();
+            for i in 0..3 {
+                assert_eq!(recv_woken(&rx).await, i);
+                tx.send(&i).await.unwrap();
+            }
+            // The sender pauses; this core sleeps.
+            assert_eq!(recv_woken(&rx).await, 99);
+            tx.send(&100).await.unwrap();
+            // The sender hangs up once it has this; a flush that loses that race is fine.
+            let _ = tx.flush().await;
+        })
+    });
+    let port = port_rx.recv().unwrap();
+    rt().block_on(async move {
+        let node = shm();
+        let ep = node
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let (tx, rx) = ep
+            .open_channel::<u64>(ChannelOptions::new(16, 8))
+            .await
+            .unwrap();
+        for i in 0..3 {
+            tx.send(&i).await.unwrap();
+            assert_eq!(recv_woken(&rx).await, i);
+        }
+        assert!(
+            tx.st.direct.borrow().is_some(),
+            "the receiver's ring is mapped once granted"
+        );
+        barewire_engine::time::sleep(Duration::from_millis(300)).await;
+        tx.send(&99).await.unwrap();
+        // Bounded, so that a receiver that failed ends the test rather than hanging it.
+        let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+        assert!(matches!(answer, Ok(Ok(100))), "no answer from the receiver");
+    });
+    receiver.join().unwrap();
+}

@@ -267,57 +267,9 @@ impl Drop for Mapping {
     }
 }
 
-/// Copies `len` bytes from `src` to `dst` so that another CPU sees them land in ascending
-/// address order: one that reads a byte of `dst` (with acquire ordering) and finds it written
-/// will find every earlier byte written too. `memcpy` promises no such order (string stores
-/// and non-temporal stores may become visible out of order), and a peer that watches its
-/// memory for the last word of a message relies on it.
-///
-/// Each 16-byte store is followed by a release fence: on x86 (whose stores are seen in program
-/// order) that only keeps the compiler from reordering or merging them, and costs nothing; on
-/// weaker machines it orders them.
-///
-/// # Safety
-/// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.
-pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
-    use std::sync::atomic::{fence, Ordering};
-    let mut off = 0;
-    while off + 16 <= len {
-        // SAFETY: within both ranges (the caller's promise); unaligned access is allowed.
-        unsafe {
-            let v = std::ptr::read_unaligned(src.add(off) as *const u128);
-            std::ptr::write_unaligned(dst.add(off) as *mut u128, v);
-        }
-        fence(Ordering::Release);
-        off += 16;
-    }
-    while off < len {
-        // SAFETY: as above.
-        unsafe { *dst.add(off) = *src.add(off) };
-        fence(Ordering::Release);
-        off += 1;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_ascending_copy_copies_every_length_and_alignment() {
-        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
-        for from in 0..17 {
-            for to in 0..17 {
-                for len in [0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 255] {
-                    let mut dst = vec![0u8; 300];
-                    // SAFETY: both ranges lie within their vectors; distinct allocations.
-                    unsafe { copy_ascending(src[from..].as_ptr(), dst[to..].as_mut_ptr(), len) };
-                    assert_eq!(&dst[to..to + len], &src[from..from + len]);
-                    assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0));
-                }
-            }
-        }
-    }
 
     fn dup(fd: RawFd) -> OwnedFd {
         // SAFETY: dup of a live descriptor; the copy is owned by the result.

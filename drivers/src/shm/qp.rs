@@ -18,7 +18,8 @@ use super::mem::Mapping;
 use super::ring::{self, Reader, Ring, Writer};
 use super::{sock, Device, Pd};
 use crate::api::QueuePair;
-use crate::backend::QpOps;
+use crate::backend::{MappedPeer, QpOps};
+use crate::ops::MappedRemote;
 use crate::transport::DriverError;
 
 /// Each direction's ring.
@@ -58,7 +59,8 @@ fn connect_error(what: impl std::fmt::Display) -> DriverError {
 enum Grant {
     /// Asked; the answer has not come.
     Asked,
-    Mapped(Mapping),
+    /// Shared with the `MappedRemote`s made of it, which keep it mapped after a revocation.
+    Mapped(Rc<Mapping>),
     Refused,
 }
 
@@ -123,6 +125,25 @@ impl Drop for Qp {
     }
 }
 
+/// Keeps a granted mapping alive for a `MappedRemote`, and wakes the queue pair's peer.
+struct MappedPeerOf {
+    _map: Rc<Mapping>,
+    qp: Weak<QpInner>,
+}
+
+impl MappedPeer for MappedPeerOf {
+    fn wake_if_asleep(&self) {
+        let Some(q) = self.qp.upgrade() else {
+            return;
+        };
+        // (Never called from inside the queue pair's own code, so the writer is free.)
+        let tx = q.tx.try_borrow();
+        if let Ok(tx) = &tx {
+            q.wake_peer_if(&tx.w);
+        }
+    }
+}
+
 impl QpOps for Qp {
     fn qp_num(&self) -> u32 {
         self.0.num
@@ -133,6 +154,21 @@ impl QpOps for Qp {
     fn watch_memory(&self) -> bool {
         self.0.rx.borrow().r.watch();
         true
+    }
+    fn map_remote(&self, region: &barewire_rdma_types::RegionDescriptor) -> Option<MappedRemote> {
+        let grants = self.0.grants.borrow();
+        let Some(Grant::Mapped(m)) = grants.get(&region.rkey.0) else {
+            return None;
+        };
+        if !m.writable {
+            return None;
+        }
+        let ptr = m.at(region.addr, region.len)?;
+        let peer = MappedPeerOf {
+            _map: m.clone(),
+            qp: Rc::downgrade(&self.0),
+        };
+        Some(MappedRemote::new(ptr, region.len as usize, Box::new(peer)))
     }
     fn state(&self) -> QpState {
         self.0.state.get()
@@ -308,7 +344,7 @@ impl QpInner {
     fn mapping(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
         let mut g = self.grants.borrow_mut();
         match g.get(&rkey.0) {
-            Some(Grant::Mapped(m)) => Ok(Some(m as *const Mapping)),
+            Some(Grant::Mapped(m)) => Ok(Some(Rc::as_ptr(m))),
             Some(Grant::Asked) => Ok(None),
             Some(Grant::Refused) => Err(WcStatus::RemAccessErr),
             None => {
@@ -547,7 +583,7 @@ impl QpInner {
             // overlaps (even when the peer is this process, the pages are mapped twice).
             unsafe {
                 if ascending {
-                    super::mem::copy_ascending(src, dst.add(off), s.len as usize)
+                    crate::ops::copy_ascending(src, dst.add(off), s.len as usize)
                 } else {
                     std::ptr::copy_nonoverlapping(src, dst.add(off), s.len as usize)
                 }
@@ -718,7 +754,7 @@ impl QpInner {
                         m.readable = rights & G_READ != 0;
                         m.writable = rights & G_WRITE != 0;
                         m.atomic = rights & G_ATOMIC != 0;
-                        Grant::Mapped(m)
+                        Grant::Mapped(Rc::new(m))
                     }
                     Err(e) => {
                         eprintln!("barewire shm: a grant could not be mapped: {e}");

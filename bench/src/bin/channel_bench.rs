@@ -7,7 +7,9 @@
 //!   `BufWriter`, flushed once at the end: the fair peer, and the headline), fed
 //!   (`FramedWrite` + `LengthDelimitedCodec`, `feed` per message and one `flush`) and
 //!   flushing (the same codec, `send` per message, which flushes each: what much code writes,
-//!   but no batching at all); and UCX active messages over TCP (`ucx_perftest -t ucp_am_bw`).
+//!   but no batching at all); and UCX active messages (`ucx_perftest -t ucp_am_bw`: over TCP
+//!   beside `--driver soft`, over shared memory, `UCX_TLS=posix,sysv,cma,self`, beside
+//!   `--driver shm`).
 //!
 //!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]   (--help says more)
 
@@ -290,7 +292,13 @@ fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
         println!("MISSING peer: ucx_perftest (apt-get install ucx-utils)");
         return None;
     }
-    let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
+    // The same medium as barewire's run: loopback TCP beside soft, shared memory beside shm.
+    let tls = if driver() == "shm" {
+        "posix,sysv,cma,self"
+    } else {
+        "tcp"
+    };
+    let env = [("UCX_TLS", tls), ("UCX_NET_DEVICES", "lo")];
     let mut srv = Command::new("taskset")
         .args(["-c", &cpus[1].to_string(), "ucx_perftest"])
         .envs(env)

@@ -417,6 +417,105 @@ fn a_local_invalidate_revokes_the_peers_mapping_before_later_sends() {
     t.join().unwrap();
 }
 
+/// A Send with Invalidate naming `region`'s key, `len` bytes from `buf` at 4096.
+fn send_invalidate(
+    ep: &Endpoint,
+    buf: &std::rc::Rc<Buffer>,
+    region: barewire_drivers::RegionDescriptor,
+) -> barewire_drivers::Op {
+    ep.execute(
+        barewire_drivers::SendOp::Send {
+            solicited: false,
+            invalidate: Some(region.rkey),
+        },
+        vec![buf.sge(4096, 8)],
+        vec![buf.clone()],
+        false,
+    )
+}
+
+/// A server that posts a receive (into `msg` at 1024), sends a 4 KiB remotely writable
+/// region's descriptor, then runs `check` with the endpoint, the region, `msg` and the
+/// receive.
+fn region_server<F, Fut>(check: F) -> (u16, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(Endpoint, std::rc::Rc<Buffer>, std::rc::Rc<Buffer>, barewire_drivers::Op) -> Fut
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let region = Buffer::new(&pd, 4096, 4096, ALL | Access::REMOTE_WRITE).unwrap();
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        msg.write_at(0, &region.descriptor().to_bytes());
+        let first = ep.recv(&msg, 1024, 16);
+        ep.send(&msg, 0, 20).await.unwrap();
+        check(ep, region, msg, first).await
+    })
+}
+
+/// A Send with Invalidate: the receiver's completion names the key, and the sender's Write to
+/// it afterwards fails and changes nothing.
+#[test]
+fn a_send_with_invalidate_kills_the_named_key() {
+    let (port, t) = region_server(|ep, region, msg, first| async move {
+        let wc = first.await.unwrap();
+        assert_eq!(wc.invalidated, Some(region.descriptor().rkey.0));
+        assert_eq!(wc.byte_len, 8);
+        // Stay until the client is done.
+        let _ = ep.recv(&msg, 2048, 16).await;
+        // The client's Write before the Send landed; the one after it did not.
+        let mut got = [0u8; 16];
+        region.read_at(0, &mut got);
+        assert_eq!(got, [[7u8; 8], [0u8; 8]].concat()[..]);
+    });
+    rt().block_on(async {
+        let (ep, buf, region, _dev) = told_region(port).await;
+        buf.write_at(4096, &[7u8; 16]);
+        ep.write(&buf, 4096, 8, Remote::at(region, 0))
+            .await
+            .unwrap();
+        send_invalidate(&ep, &buf, region).await.unwrap();
+        match ep.write(&buf, 4096 + 8, 8, Remote::at(region, 8)).await {
+            Err(DriverError::Completion { status, .. }) => {
+                assert_eq!(status, WcStatus::RemAccessErr)
+            }
+            other => panic!("a Write to an invalidated key went through: {other:?}"),
+        }
+    });
+    t.join().unwrap();
+}
+
+/// A Send with Invalidate naming a key the receiver cannot invalidate (here, one already
+/// dead) breaks the protocol: the receiver ends the connection, and both sides see it.
+#[test]
+fn a_send_that_invalidates_a_dead_key_ends_the_connection() {
+    let (port, t) = region_server(|ep, region, msg, first| async move {
+        let first = first.await.unwrap();
+        assert_eq!(first.invalidated, Some(region.descriptor().rkey.0));
+        let second = ep.recv(&msg, 2048, 16);
+        let second = barewire_engine::time::timeout(Duration::from_secs(10), second).await;
+        assert!(
+            matches!(second, Ok(Err(_))),
+            "the second invalidation of a dead key ended the connection: {second:?}"
+        );
+    });
+    rt().block_on(async {
+        let (ep, buf, region, _dev) = told_region(port).await;
+        // Posted first: it fails when the server ends the connection.
+        let ended = ep.recv(&buf, 0, 64);
+        send_invalidate(&ep, &buf, region).await.unwrap();
+        send_invalidate(&ep, &buf, region).await.unwrap();
+        let ended = barewire_engine::time::timeout(Duration::from_secs(10), ended).await;
+        assert!(matches!(ended, Ok(Err(_))), "{ended:?}");
+    });
+    t.join().unwrap();
+}
+
 /// Objects of two backends mixed in one call are a clear error: here a shm listener asked to
 /// accept into a soft protection domain.
 #[test]

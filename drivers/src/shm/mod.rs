@@ -30,7 +30,10 @@
 //!   at the reader's sleep flag and wakes it through its eventfd: the reader sets that flag,
 //!   fences, and looks at its memory once more before it sleeps, so either it sees the Write
 //!   or the writer sees it asleep. Peers that never ask pay nothing of this.
-//! - **Revocation.** Dropping a region or a window, or invalidating a key, pushes a revocation
+//! - **Revocation.** Dropping a region or a window, or invalidating a key (locally, or by a
+//!   peer's Send with Invalidate, which the receiver carries out as it takes the Send, and
+//!   which the sender's own mapping of the key stops serving when it posts it), pushes a
+//!   revocation
 //!   into the ring of every queue pair it was granted over, in order with the owner's later
 //!   Sends: a peer that has received anything the owner sent after the revocation no longer
 //!   maps the memory, and asks again (and is refused) if it names the key. A freed buffer's

@@ -205,15 +205,6 @@ impl QpInner {
     }
 
     fn post_send(self: &Rc<Self>, wr: SendWr) -> Result<(), DriverError> {
-        if let SendOp::Send {
-            invalidate: Some(_),
-            ..
-        } = wr.op
-        {
-            return Err(DriverError::Unsupported(
-                "shm: Send with Invalidate is not carried yet".into(),
-            ));
-        }
         if self.state.get() != QpState::Rts {
             // As verbs: a request posted on a queue pair in ERROR completes with a flush.
             let op = wr.op.opcode();
@@ -380,7 +371,6 @@ impl QpInner {
                 solicited,
                 invalidate,
             } => {
-                debug_assert!(invalidate.is_none(), "refused at post time");
                 let flags_base = if solicited { ring::SOLICITED } else { 0 };
                 for s in &wr.sges {
                     self.local(s, false).map_err(fail)?;
@@ -388,9 +378,14 @@ impl QpInner {
                 loop {
                     let n = (total - *sent).min(w.max_fragment());
                     let last = *sent + n == total;
-                    let flags = flags_base | if last { ring::LAST } else { 0 };
+                    let mut flags = flags_base | if last { ring::LAST } else { 0 };
+                    let mut value = 0;
+                    if let (true, Some(stag)) = (last, invalidate) {
+                        flags |= ring::INVALIDATE;
+                        value = stag.0;
+                    }
                     let from = *sent;
-                    let ok = w.push(ring::SEND, flags, n, n as u32, 0, |dst| {
+                    let ok = w.push(ring::SEND, flags, n, n as u32, value, |dst| {
                         // Every SGE was checked above, in this same call.
                         let copied = self.copy_sges(&wr.sges, from, dst, n, false);
                         debug_assert!(copied.is_ok());
@@ -401,6 +396,12 @@ impl QpInner {
                     self.wake_peer_if(w);
                     *sent += n;
                     if last {
+                        if let Some(stag) = invalidate {
+                            // The peer invalidates the key when it takes this Send; this side
+                            // stops using its mapping now, so a Write posted after the Send
+                            // fails as it would arriving after it on the wire.
+                            self.grants.borrow_mut().insert(stag.0, Grant::Refused);
+                        }
                         return done(total);
                     }
                 }
@@ -614,6 +615,7 @@ impl QpInner {
             if wake {
                 sock::poke(self.peer_wake.as_raw_fd());
             }
+            self.revoke_invalidated();
             if let Some(wc) = wc {
                 let overflowed = wc.status != WcStatus::Success;
                 self.complete(&self.rcq, wc);
@@ -674,9 +676,30 @@ impl QpInner {
                 }
                 rx.placed += n;
                 if rec.flags & ring::LAST != 0 {
+                    let mut invalidated = None;
+                    if rec.flags & ring::INVALIDATE != 0 {
+                        // As RDMAP's Send with Invalidate: the key must be live and of this
+                        // queue pair's protection domain; otherwise the peer broke the
+                        // protocol (soft answers with a Terminate), and the connection ends.
+                        if self
+                            .pd
+                            .dev
+                            .tables
+                            .invalidate(Stag(rec.value), self.pd.id())
+                            .is_err()
+                        {
+                            return Err(ring::Corrupt(
+                                "a Send with Invalidate names a key this side cannot invalidate",
+                            ));
+                        }
+                        // Its grants to peers are revoked once the ring is free (`deliver`).
+                        self.invalidated.borrow_mut().push(rec.value);
+                        invalidated = Some(rec.value);
+                    }
                     let r = rx.recvs.pop_front().expect("front checked");
                     let status = rx.error.take().unwrap_or(WcStatus::Success);
                     let mut c = self.wc(r.wr_id, status, WcOpcode::Recv, rx.placed as u32);
+                    c.invalidated = invalidated;
                     c.solicited = rec.flags & ring::SOLICITED != 0;
                     wc = Some(c);
                     rx.placed = 0;

@@ -36,6 +36,9 @@ const PAD: u8 = 4;
 /// Record flags.
 pub(crate) const LAST: u8 = 1;
 pub(crate) const SOLICITED: u8 = 2;
+/// On a Send's last fragment: the receiver invalidates the STag in `value` (Send with
+/// Invalidate).
+pub(crate) const INVALIDATE: u8 = 4;
 
 /// Smallest and largest ring the reader may offer.
 pub(crate) const MIN_CAP: usize = 64 << 10;

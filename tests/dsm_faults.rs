@@ -89,7 +89,21 @@ fn a_killed_home_fails_its_objects_with_peer_gone_within_the_bound() {
     with_mesh(|workers, wide, word| async move {
         workers[1].signal(libc::SIGKILL);
         let t0 = Instant::now();
-        let e = wide.get(4).await.unwrap_err();
+        // Where the home's memory is served without its CPU (shm, a NIC), reads right after
+        // the kill may still be answered, with the last committed value, until the transport
+        // sees the process gone; within the bound they fail.
+        let e = loop {
+            match wide.get(4).await {
+                Ok(v) => assert_eq!(v, [1; 8], "a dying home serves its last value"),
+                Err(e) => break e,
+            }
+            assert!(
+                t0.elapsed() < BOUND,
+                "still served after {:?}",
+                t0.elapsed()
+            );
+            time::sleep(Duration::from_millis(1)).await;
+        };
         assert!(matches!(e, Error::PeerGone(_)), "{e}");
         assert!(t0.elapsed() < BOUND, "took {:?}", t0.elapsed());
         // Known gone before anything is posted: a definite failure, not an unknown outcome.
@@ -123,7 +137,16 @@ fn a_commit_to_a_home_stopped_mid_update_is_indeterminate() {
             took >= Duration::from_millis(500),
             "failed after only {took:?}"
         );
-        let e = wide.get(4).await.unwrap_err();
-        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        // Afterwards: where the transport gave up on the stopped home (the software provider
+        // fails a peer that does not answer within its bound), its objects are gone; where it
+        // serves a stopped home's memory (shm), the connection survives the pause, and the
+        // element holds the value from before the commit or the committed one.
+        match wide.get(4).await {
+            Err(e) => assert!(matches!(e, Error::PeerGone(_)), "{e}"),
+            Ok(v) => assert!(
+                v == [1; 8] || v == [2; 8],
+                "an indeterminate commit left {v:?}"
+            ),
+        }
     });
 }

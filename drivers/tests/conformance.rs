@@ -178,6 +178,17 @@ fn every_verb_moves_the_right_bytes() {
         );
         ep.read(&buf, 128, 8, word).await.unwrap();
         assert_eq!(buf.load_u64(128), 100);
+
+        // A zero-length READ names no region (RFC 5040 §4.4; verbs does not check the key of
+        // a zero-length operation): it completes even with a key nobody granted, which is
+        // what makes it a plain "everything before me is done" probe.
+        let nobody = RegionDescriptor {
+            rkey: barewire_drivers::Stag(0x5eed_0001),
+            addr: 0,
+            len: 0,
+        };
+        let wc = ep.read(&buf, 0, 0, Remote::at(nobody, 0)).await.unwrap();
+        assert_eq!(wc.byte_len, 0);
         assert_eq!(ask(&ep, &buf, b"?guards").await, b"guards ok");
     });
 }

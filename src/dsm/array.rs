@@ -23,6 +23,12 @@ use crate::region::{Align, Fingerprint, Region, RemoteRegion};
 /// How long a commit waits for its answer before it checks that the home is still there.
 const ANSWER_PROBE: Duration = Duration::from_millis(10);
 
+/// How long a commit waits for its answer at most. The probe catches a home that is gone
+/// where the transport needs the home's own progress to answer a READ (the software
+/// provider); where the home's memory is served without its CPU (shm, a NIC), a stopped home
+/// answers the probe and only this deadline ends the wait. The fault bound's order.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(1);
+
 /// Client ids per process per array: lock owners are `1 + rank * CLIENTS + k`.
 const CLIENTS: u16 = 64;
 
@@ -412,6 +418,7 @@ impl<T: Pod> SharedArray<T> {
         // a while without an answer, probe it with a flush (a READ, which only the home's own
         // progress answers), which the provider fails within its fault bound if it is gone.
         let mut answer = answer;
+        let deadline = Instant::now() + ANSWER_DEADLINE;
         loop {
             match time::timeout(ANSWER_PROBE, &mut answer).await {
                 Ok(Ok(outcome)) => return Ok(outcome),
@@ -420,6 +427,14 @@ impl<T: Pod> SharedArray<T> {
                     if r.commits.flush().await.is_err() {
                         r.pending.forget(req);
                         return Err(lost());
+                    }
+                    if Instant::now() >= deadline {
+                        r.pending.forget(req);
+                        return Err(Error::Indeterminate(format!(
+                            "rank {} did not answer a commit within {ANSWER_DEADLINE:?} (stopped \
+                             or cut off?); it may still apply it",
+                            self.home_of_remote(r)
+                        )));
                     }
                 }
             }

@@ -73,8 +73,10 @@
 //! within the provider's fault bound (1 s on the software provider). An operation that changes
 //! memory and lost its connection while in flight (a commit sent but not answered, an atomic
 //! posted but not completed) fails with [`Error::Indeterminate`](crate::Error::Indeterminate):
-//! it may have taken effect. Reads and lock acquisitions that fail never changed a value, and
-//! fail with `PeerGone`.
+//! it may have taken effect; so does a commit its home leaves unanswered for 1 s (a stopped or
+//! cut-off home whose memory is still served, as on shm or a NIC, answers every READ, so only
+//! the missing answer shows it). Reads and lock acquisitions that fail never changed a value,
+//! and fail with `PeerGone`.
 //!
 //! ```no_run
 //! # async fn demo(node: &barewire::Node, mesh: &barewire::Mesh) -> barewire::Result<()> {

@@ -445,6 +445,12 @@ impl QpInner {
                 }
                 done(total)
             }
+            SendOp::Read { .. } if total == 0 => {
+                // As RFC 5040 §4.4 and the software provider: a zero-length Read names no
+                // region (its key is not checked); it completes in order with what was posted
+                // before it, which on shm has all been carried out.
+                done(0)
+            }
             SendOp::Read { remote_addr, rkey } => {
                 let Some(m) = self.mapping(rkey).map_err(fail)? else {
                     return Ok(Step::Wait);

@@ -227,10 +227,12 @@ impl<T, C: Codec<T>> Sender<T, C> {
         }
         let head = st.head.get();
         let at = head * st.slot;
+        let wrapped = head + 1 == st.capacity as usize;
+        let next = if wrapped { 0 } else { head + 1 };
         // The first message since this task last yielded (none went straight in since the
         // flush poller ran, and no run is pending).
         if st.posted.get() == seq && !st.wake_due.get() {
-            if let Some(m) = &*st.direct.borrow() {
+            if let Some(m) = st.direct.get() {
                 // Straight into the receiver's slot, which is free (the credit check above),
                 // and published at once: the length word, the message, then the mark, which
                 // the receiver sees after the rest. What the sender adds before it yields
@@ -238,11 +240,6 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 m.store_u32_le(at, bytes.len() as u32 | LEN_SET);
                 m.write(at + PREFIX, bytes);
                 m.store_u32_le(at + extent(bytes.len()) - MARK_LEN, MARK);
-                let next = if head + 1 == st.capacity as usize {
-                    0
-                } else {
-                    head + 1
-                };
                 st.seq.set(seq + 1);
                 st.posted.set(seq + 1);
                 st.head.set(next);
@@ -262,8 +259,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
             .store_u32_le(at + extent(bytes.len()) - MARK_LEN, MARK);
         st.last_len.set(bytes.len());
         st.seq.set(seq + 1);
-        let wrapped = head + 1 == st.capacity as usize;
-        st.head.set(if wrapped { 0 } else { head + 1 });
+        st.head.set(next);
         // A run ends at the ring's end (a WRITE covers contiguous slots), at RUN_BYTES, or at
         // once when slots are large (a run would carry each slot's unused tail).
         if wrapped || seq + 1 - st.posted.get() >= max_run(st.slot) || st.slot > COALESCE_MAX_SLOT {

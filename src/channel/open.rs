@@ -1,6 +1,6 @@
 //! Opening a channel: the handshake by control message that pairs both directions.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -98,7 +98,7 @@ impl Endpoint {
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),
             polled: Cell::new(false),
-            direct: RefCell::new(None),
+            direct: OnceCell::new(),
             wake_due: Cell::new(false),
         });
         inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;

@@ -1,7 +1,7 @@
 //! The sending half's state: staging slots, runs, and the per-core flush poller that posts
 //! them.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 
@@ -54,7 +54,7 @@ pub(crate) struct TxState {
     /// The receiver's ring mapped into this process (shm, once granted, and only for a
     /// receiver that watches): a message sent while no run is pending is then stored straight
     /// into its slot and published at once, with no staging copy and no work request.
-    pub(super) direct: RefCell<Option<MappedRemote>>,
+    pub(super) direct: OnceCell<MappedRemote>,
     /// A message went straight into the ring since the receiver was last woken (if asleep).
     pub(super) wake_due: Cell<bool>,
 }
@@ -75,7 +75,7 @@ impl TxState {
     pub(super) fn post_run_with(&self, batched: bool) -> Result<()> {
         let (from, to) = (self.posted.get(), self.seq.get());
         if self.wake_due.replace(false) {
-            if let Some(m) = &*self.direct.borrow() {
+            if let Some(m) = self.direct.get() {
                 m.wake_peer();
             }
         }
@@ -89,11 +89,11 @@ impl TxState {
             return Err(e.clone());
         }
         let ring = self.ring.get().expect("accepted channel");
-        if self.polled.get() && self.direct.borrow().is_none() {
+        if self.polled.get() && self.direct.get().is_none() {
             // Once the receiver's ring is granted (the first run asked for it), a message sent
             // with no run pending goes straight into it (see `Sender::try_place`).
             if let Some(m) = inner.ops.qp().map_remote(&ring) {
-                *self.direct.borrow_mut() = Some(m);
+                let _ = self.direct.set(m);
             }
         }
         let count = to - from;

@@ -205,7 +205,7 @@ fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
             assert_eq!(recv_woken(&rx).await, i);
         }
         assert!(
-            tx.st.direct.borrow().is_some(),
+            tx.st.direct.get().is_some(),
             "the receiver's ring is mapped once granted"
         );
         barewire_engine::time::sleep(Duration::from_millis(300)).await;

@@ -33,6 +33,7 @@ cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 
 echo "== the facade's multi-process tests under auto (shm between processes on this host, the software provider into other network namespaces)"
 BAREWIRE_DRIVER=auto cargo test -p barewire --test actor_remote --test dsm_faults --test membership_procs --test workflow_faults
+BAREWIRE_DRIVER=auto cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 
 echo "== drivers conformance on shm (same-host shared memory), both reactors"
 BAREWIRE_REACTOR=io_uring BAREWIRE_DRIVER=shm cargo test -p barewire-drivers --test conformance

@@ -592,6 +592,9 @@ fn a_holder_stopped_past_its_lease_is_fenced_and_the_history_linearizable() {
     ignore = "unoptimized, the checker takes minutes: scripts/test.sh runs these in release"
 )]
 fn a_member_cut_off_by_its_link_leaves_the_history_linearizable() {
+    if !common::reaches_other_netns("a member cut off by its link") {
+        return;
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         if std::env::var("CI").as_deref() == Ok("true") {

@@ -107,6 +107,20 @@ pub fn driver_name() -> String {
     std::env::var("BAREWIRE_DRIVER").unwrap_or_else(|_| "soft".into())
 }
 
+/// Whether the driver under test can reach a member in another network namespace. Explicit
+/// `BAREWIRE_DRIVER=shm` cannot (shared memory needs the same host and namespace; `auto` takes
+/// the software provider there): the caller skips, after this prints why.
+pub fn reaches_other_netns(test: &str) -> bool {
+    if driver_name() == "shm" {
+        eprintln!(
+            "SKIP: {test}: BAREWIRE_DRIVER=shm reaches only peers in this network namespace, \
+             and this test cuts off a member in another (run it under soft or auto)"
+        );
+        return false;
+    }
+    true
+}
+
 /// The driver under test, or `None` (after printing why) where it cannot run here, as the
 /// drivers' conformance suite does: so the same tests run on verbs wherever a device exists.
 pub fn driver() -> Option<barewire::drivers::DriverConfig> {

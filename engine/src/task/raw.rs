@@ -50,8 +50,31 @@ struct Vtable {
 
 enum Stage<F: Future> {
     Running(F),
-    Finished(Result<F::Output, JoinError>),
+    Finished(Result<F::Output, StoredError>),
     Consumed,
+}
+
+/// A [`JoinError`] as a finished task's stage keeps it, in one word: a panic's payload (a fat
+/// pointer) boxed once more, `None` for a cancel. `JoinError` itself is two words, so every
+/// task's stage (the larger of the future and this result) would otherwise grow by one for it.
+struct StoredError(Option<Box<Panic>>);
+
+impl From<JoinError> for StoredError {
+    fn from(e: JoinError) -> Self {
+        match e {
+            JoinError::Cancelled => StoredError(None),
+            JoinError::Panicked(p) => StoredError(Some(Box::new(p))),
+        }
+    }
+}
+
+impl From<StoredError> for JoinError {
+    fn from(e: StoredError) -> Self {
+        match e.0 {
+            None => JoinError::Cancelled,
+            Some(p) => JoinError::Panicked(*p),
+        }
+    }
 }
 
 #[repr(C)]
@@ -278,7 +301,7 @@ unsafe fn poll<F: Future + 'static>(ptr: NonNull<Header>) -> bool {
     let out = match catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx))) {
         Ok(Poll::Pending) => return false,
         Ok(Poll::Ready(v)) => Ok(v),
-        Err(panic) => Err(JoinError::Panicked(panic)),
+        Err(panic) => Err(StoredError::from(JoinError::Panicked(panic))),
     };
     replace_stage(stage, Stage::Finished(out));
     true
@@ -293,7 +316,7 @@ fn replace_stage<F: Future>(stage: &mut Stage<F>, new: Stage<F>) {
 unsafe fn abort<F: Future + 'static>(ptr: NonNull<Header>, err: JoinError) {
     // SAFETY: forwarded contract.
     let stage = unsafe { stage::<F>(ptr) };
-    replace_stage(stage, Stage::Finished(Err(err)));
+    replace_stage(stage, Stage::Finished(Err(err.into())));
 }
 
 unsafe fn drop_stage<F: Future + 'static>(ptr: NonNull<Header>) {
@@ -306,7 +329,7 @@ unsafe fn take_output<F: Future + 'static>(ptr: NonNull<Header>, dst: *mut ()) {
     // SAFETY: forwarded contract.
     let stage = unsafe { stage::<F>(ptr) };
     let out = match std::mem::replace(stage, Stage::Consumed) {
-        Stage::Finished(out) => out,
+        Stage::Finished(out) => out.map_err(JoinError::from),
         _ => panic!("JoinHandle polled after it returned its output"),
     };
     // SAFETY: the JoinHandle<F::Output> passes a pointer to its Option<Result<F::Output, _>>.

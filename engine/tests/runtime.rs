@@ -31,6 +31,19 @@ fn spawned_tasks_join_with_their_outputs() {
 }
 
 #[test]
+fn a_join_handle_is_one_word() {
+    // Local and spawn_on handles share one tagged word; both kinds work (the tests around).
+    assert_eq!(
+        std::mem::size_of::<barewire_engine::JoinHandle<u64>>(),
+        std::mem::size_of::<usize>()
+    );
+    assert_eq!(
+        std::mem::size_of::<barewire_engine::JoinHandle<[u8; 100]>>(),
+        std::mem::size_of::<usize>()
+    );
+}
+
+#[test]
 fn cancel_drops_the_future_and_reports_cancelled() {
     let rt = rt(1);
     rt.block_on(async {

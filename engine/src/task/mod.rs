@@ -86,44 +86,92 @@ impl std::error::Error for JoinError {}
 /// });
 /// ```
 pub struct JoinHandle<T> {
-    inner: Inner<T>,
-    _not_send: PhantomData<*const ()>,
+    /// One word: a local task's header pointer (the handle's reference, from
+    /// `RawJoin::into_raw`), or with the low bit set an `Arc<RemoteJoin<T>>` from
+    /// `Arc::into_raw`. An enum of the two takes two words, and handles are often kept by the
+    /// million (a vector of them per burst of spawns).
+    word: std::ptr::NonNull<()>,
+    /// `!Send`, and owns a `T` to come.
+    _marker: PhantomData<Marker<T>>,
 }
 
-enum Inner<T> {
-    Local(raw::RawJoin, PhantomData<fn() -> T>),
-    Remote(std::sync::Arc<RemoteJoin<T>>),
+/// `JoinHandle`'s marker: a raw pointer (`!Send`, `!Sync`) and the output type.
+type Marker<T> = (*const (), fn() -> T);
+
+/// The low bit of `JoinHandle::word`: the handle is a `spawn_on` one.
+const REMOTE: usize = 1;
+
+/// What a `JoinHandle`'s word stands for, borrowed.
+enum Inner<'a, T> {
+    Local(std::mem::ManuallyDrop<raw::RawJoin>),
+    Remote(&'a RemoteJoin<T>),
 }
 
 impl<T> JoinHandle<T> {
     pub(crate) fn local(raw: raw::RawJoin) -> Self {
         JoinHandle {
-            inner: Inner::Local(raw, PhantomData),
-            _not_send: PhantomData,
+            word: raw.into_raw().cast(),
+            _marker: PhantomData,
         }
     }
 
     pub(crate) fn remote(shared: std::sync::Arc<RemoteJoin<T>>) -> Self {
+        const { assert!(std::mem::align_of::<RemoteJoin<T>>() > REMOTE) };
+        let ptr = std::sync::Arc::into_raw(shared) as *mut u8;
+        // The tag goes in the low bit, which the alignment leaves clear; the pointer keeps its
+        // provenance.
+        let tagged = ptr.wrapping_add(REMOTE) as *mut ();
         JoinHandle {
-            inner: Inner::Remote(shared),
-            _not_send: PhantomData,
+            // SAFETY: Arc::into_raw is never null, nor is it plus one.
+            word: unsafe { std::ptr::NonNull::new_unchecked(tagged) },
+            _marker: PhantomData,
+        }
+    }
+
+    fn inner(&self) -> Inner<'_, T> {
+        let p = self.word.as_ptr() as *mut u8;
+        if p as usize & REMOTE == 0 {
+            // SAFETY: an untagged word is a header pointer from RawJoin::into_raw, whose
+            // reference this handle owns; ManuallyDrop leaves it owned by the handle.
+            Inner::Local(std::mem::ManuallyDrop::new(unsafe {
+                raw::RawJoin::from_raw(self.word.cast())
+            }))
+        } else {
+            // SAFETY: a tagged word is Arc::into_raw plus one; the handle owns that Arc, so the
+            // RemoteJoin lives as long as this borrow.
+            Inner::Remote(unsafe { &*(p.wrapping_sub(REMOTE) as *const RemoteJoin<T>) })
         }
     }
 
     /// Asks the task to stop. It is dropped at its next scheduling point, and awaiting the handle
     /// then yields `Err(JoinError::Cancelled)` (unless it had already finished).
     pub fn cancel(&self) {
-        match &self.inner {
-            Inner::Local(raw, _) => raw.cancel(),
+        match self.inner() {
+            Inner::Local(raw) => raw.cancel(),
             Inner::Remote(r) => r.cancel(),
         }
     }
 
     /// True once the task has finished, successfully or not.
     pub fn is_finished(&self) -> bool {
-        match &self.inner {
-            Inner::Local(raw, _) => raw.is_finished(),
+        match self.inner() {
+            Inner::Local(raw) => raw.is_finished(),
             Inner::Remote(r) => r.is_finished(),
+        }
+    }
+}
+
+impl<T> Drop for JoinHandle<T> {
+    fn drop(&mut self) {
+        let p = self.word.as_ptr() as *mut u8;
+        if p as usize & REMOTE == 0 {
+            // SAFETY: the handle's reference, taken back once, here.
+            drop(unsafe { raw::RawJoin::from_raw(self.word.cast()) });
+        } else {
+            // SAFETY: the Arc the handle was made from, given back once, here.
+            drop(unsafe {
+                std::sync::Arc::from_raw(p.wrapping_sub(REMOTE) as *const RemoteJoin<T>)
+            });
         }
     }
 }
@@ -132,10 +180,10 @@ impl<T> Future for JoinHandle<T> {
     type Output = Result<T, JoinError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &self.inner {
+        match self.inner() {
             // SAFETY: a local JoinHandle<T> is only made by spawn_local for a future whose
             // output is T, and JoinHandle is !Send, so this runs on the owner thread.
-            Inner::Local(raw, _) => unsafe { raw.poll_join::<T>(cx) },
+            Inner::Local(raw) => unsafe { raw.poll_join::<T>(cx) },
             Inner::Remote(r) => r.poll_join(cx),
         }
     }

@@ -388,6 +388,22 @@ impl RawJoin {
         RawJoin { task }
     }
 
+    /// The task's header pointer, keeping the handle's reference (see `from_raw`).
+    pub(crate) fn into_raw(self) -> NonNull<Header> {
+        let ptr = self.task.ptr;
+        std::mem::forget(self);
+        ptr
+    }
+
+    /// Takes back a handle given up with `into_raw`.
+    ///
+    /// # Safety
+    /// `ptr` came from `into_raw` and is taken back once.
+    pub(crate) unsafe fn from_raw(ptr: NonNull<Header>) -> RawJoin {
+        // SAFETY: forwarded contract (the reference `into_raw` kept).
+        unsafe { RawJoin::new(ptr) }
+    }
+
     /// # Safety
     /// `T` is the task's output type; called on the owner thread.
     pub(crate) unsafe fn poll_join<T>(&self, cx: &mut Context<'_>) -> Poll<Result<T, JoinError>> {

@@ -83,7 +83,19 @@ impl Refs {
         let v = self.local.get() - LOCAL_ONE;
         self.local.set(v);
         // The last local reference takes the anchor with it.
-        v < LOCAL_ONE && self.remote_dec()
+        v < LOCAL_ONE && self.anchor_dec()
+    }
+
+    /// Drops the anchor (the last local reference went). True if the caller must free the task.
+    fn anchor_dec(&self) -> bool {
+        // Only the anchor left: no other thread holds a reference, and none can take one (that
+        // takes a reference already held), so this thread is the last and frees without a
+        // read-modify-write. Acquire: whoever dropped the last other reference did so with
+        // release, so its writes are visible to the free.
+        if self.remote.load(Ordering::Acquire) == REMOTE_ONE {
+            return true;
+        }
+        self.remote_dec()
     }
 
     /// Takes a remote reference (any thread; the caller holds one already, remote or local).
@@ -127,10 +139,14 @@ mod loom_tests {
     use loom::sync::atomic::AtomicUsize;
     use loom::sync::{Arc, Mutex};
 
-    /// A task's refs in a model: freed is counted, never twice.
+    /// A task's refs in a model: freed is counted, never twice. `cell` stands for the task's
+    /// memory: a holder on another thread writes it before dropping its reference, and the free
+    /// writes it, so a free not ordered after that holder's last access is a data race loom
+    /// reports.
     struct Task {
         refs: Refs,
         freed: AtomicUsize,
+        cell: loom::cell::UnsafeCell<usize>,
     }
     // SAFETY: the model touches the local word only on the owner thread (the main model
     // thread), as the engine does.
@@ -146,8 +162,16 @@ mod loom_tests {
 
         fn free_if(&self, last: bool) {
             if last {
+                // SAFETY: a model cell; loom checks the accesses' ordering.
+                self.cell.with_mut(|p| unsafe { *p = 0 });
                 assert_eq!(self.freed.fetch_add(1, Ordering::SeqCst), 0, "freed twice");
             }
+        }
+
+        /// A holder's access to the task's memory (a waker reading its header).
+        fn touch(&self) {
+            // SAFETY: a model cell; loom checks the accesses' ordering.
+            self.cell.with(|p| unsafe { *p });
         }
     }
 
@@ -161,6 +185,7 @@ mod loom_tests {
             let t = Arc::new(Task {
                 refs: Refs::new(SCHEDULED | JOIN_INTEREST, 3),
                 freed: AtomicUsize::new(0),
+                cell: loom::cell::UnsafeCell::new(1),
             });
             let inbox = Arc::new(Mutex::new(0usize));
             t.refs.remote_inc(); // a waker, cloned on the owner, sent away
@@ -171,6 +196,7 @@ mod loom_tests {
                     *inbox2.lock().unwrap() += 1;
                 }
                 t2.alive();
+                t2.touch();
                 t2.free_if(t2.refs.remote_dec());
             });
             // The owner: run (clear SCHEDULED), complete, drop the list's and the run queue's
@@ -207,6 +233,7 @@ mod loom_tests {
             let t = Arc::new(Task {
                 refs: Refs::new(0, 1),
                 freed: AtomicUsize::new(0),
+                cell: loom::cell::UnsafeCell::new(1),
             });
             let inbox = Arc::new(Mutex::new(0usize));
             let wakers: Vec<_> = (0..2)

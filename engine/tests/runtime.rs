@@ -31,6 +31,72 @@ fn spawned_tasks_join_with_their_outputs() {
 }
 
 #[test]
+fn tasks_awaiting_tasks_are_woken_and_a_cancelled_waiter_is_let_go() {
+    let rt = rt(1);
+    rt.block_on(async {
+        // A chain: each task awaits the one it spawned (the join slot keeps the awaiting task).
+        fn chain(depth: u32) -> std::pin::Pin<Box<dyn std::future::Future<Output = u32>>> {
+            Box::pin(async move {
+                if depth == 0 {
+                    yield_now().await;
+                    return 0;
+                }
+                spawn_local(chain(depth - 1)).await.unwrap() + 1
+            })
+        }
+        assert_eq!(spawn_local(chain(500)).await.unwrap(), 500);
+        // A waiter cancelled while it waits: the awaited task still completes, and waking the
+        // (gone) waiter is harmless.
+        let gate = std::rc::Rc::new(std::cell::Cell::new(false));
+        let g = gate.clone();
+        let slow = spawn_local(async move {
+            while !g.get() {
+                yield_now().await;
+            }
+            7
+        });
+        let waiter = spawn_local(async move { slow.await.unwrap() });
+        yield_now().await;
+        yield_now().await;
+        waiter.cancel();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        gate.set(true);
+        for _ in 0..4 {
+            yield_now().await;
+        }
+        // One task awaiting through a combinator (another waker than its own): select-like.
+        let a = spawn_local(async {
+            yield_now().await;
+            1
+        });
+        let b = spawn_local(async move {
+            let mut a = a;
+            std::future::poll_fn(|cx| {
+                // A waker of our own making, not the task's: it is boxed in the slot.
+                let w = std::task::Waker::from(std::sync::Arc::new(Forward(cx.waker().clone())));
+                std::future::Future::poll(
+                    std::pin::Pin::new(&mut a),
+                    &mut std::task::Context::from_waker(&w),
+                )
+            })
+            .await
+            .unwrap()
+                + 1
+        });
+        assert_eq!(b.await.unwrap(), 2);
+    });
+}
+
+/// A waker that wakes another.
+struct Forward(std::task::Waker);
+
+impl std::task::Wake for Forward {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.wake_by_ref();
+    }
+}
+
+#[test]
 fn a_join_handle_is_one_word() {
     // Local and spawn_on handles share one tagged word; both kinds work (the tests around).
     assert_eq!(

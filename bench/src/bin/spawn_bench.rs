@@ -7,9 +7,14 @@
 //! spawn-bench [--tasks 1000000] [--reps 15]
 //! ```
 //!
-//! Each rep spawns `tasks` tasks of `async move { i }` on one core, keeps their handles, then
-//! awaits them all in order. Prints the median time of each runtime and the ratios of medians.
+//! Each rep runs every runtime in a process of its own (this binary with `--one`): runtimes in
+//! one process share its heap, and how one leaves it (the allocator's trim and mmap thresholds
+//! move with the sizes freed) changed the next one's time by up to 1.5x. A process spawns
+//! `tasks` tasks of `async move { i }` on one core, keeps their handles, awaits them all in
+//! order; it does that once unmeasured, then three times, and reports the median. Prints the
+//! median over reps of each runtime and the ratios of medians.
 
+use std::process::Command;
 use std::time::Instant;
 
 use barewire_bench::reps::median;
@@ -28,7 +33,12 @@ struct Cli {
     /// Reps (each runs every runtime once).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     reps: u64,
+    /// Internal: run one runtime's bursts in this process and print its median in ms.
+    #[arg(long, value_parser = RUNTIMES, hide = true)]
+    one: Option<String>,
 }
+
+const RUNTIMES: [&str; 3] = ["barewire", "monoio", "tokio"];
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
@@ -36,69 +46,105 @@ fn ms(t: Instant) -> f64 {
 
 fn main() {
     let cli = Cli::parse();
-    let n = cli.tasks;
-    let rt = barewire_engine::Runtime::builder()
-        .cores(1)
-        .pin(false)
-        .build()
-        .expect("a barewire runtime");
-    let mut mono = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
-        .build()
-        .expect("a monoio runtime");
-    let tok = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("a tokio runtime");
-    let (mut b, mut m, mut t): (Vec<f64>, Vec<f64>, Vec<f64>) =
-        (Vec::new(), Vec::new(), Vec::new());
+    if let Some(rt) = &cli.one {
+        println!("{:.3}", one(rt, cli.tasks));
+        return;
+    }
+    let exe = std::env::current_exe().expect("this binary's path");
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); RUNTIMES.len()];
     for rep in 0..cli.reps {
-        let t0 = Instant::now();
-        let sb = rt.block_on(async {
-            let hs: Vec<_> = (0..n)
-                .map(|i| barewire_engine::spawn_local(async move { i }))
-                .collect();
-            let mut s = 0;
-            for h in hs {
-                s += h.await.expect("a task that cannot fail");
-            }
-            s
-        });
-        b.push(ms(t0));
-        let t0 = Instant::now();
-        let sm = mono.block_on(async {
-            let hs: Vec<_> = (0..n).map(|i| monoio::spawn(async move { i })).collect();
-            let mut s = 0;
-            for h in hs {
-                s += h.await;
-            }
-            s
-        });
-        m.push(ms(t0));
-        let t0 = Instant::now();
-        let st = tok.block_on(async {
-            let hs: Vec<_> = (0..n).map(|i| tokio::spawn(async move { i })).collect();
-            let mut s = 0;
-            for h in hs {
-                s += h.await.expect("a task that cannot fail");
-            }
-            s
-        });
-        t.push(ms(t0));
-        assert!(sb == sm && sm == st, "the three sums differ");
+        for (i, rt) in RUNTIMES.iter().enumerate() {
+            let out = Command::new(&exe)
+                .args(["--one", rt, "--tasks", &cli.tasks.to_string()])
+                .output()
+                .expect("run this binary");
+            assert!(
+                out.status.success(),
+                "{rt}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let t: f64 = String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("a time in ms");
+            times[i].push(t);
+        }
         eprintln!(
             "rep {rep}: barewire {:.1} ms, monoio {:.1} ms, tokio {:.1} ms",
-            b[b.len() - 1],
-            m[m.len() - 1],
-            t[t.len() - 1]
+            times[0][rep as usize], times[1][rep as usize], times[2][rep as usize]
         );
     }
-    let (b, m, t) = (median(b), median(m), median(t));
+    let [b, m, t] = [0, 1, 2].map(|i| median(times[i].clone()));
     println!(
-        "spawn+join of {n} tasks, median of {} interleaved reps: barewire {b:.1} ms, monoio {m:.1} ms, tokio current_thread {t:.1} ms",
-        cli.reps
+        "spawn+join of {} tasks, median of {} interleaved reps: barewire {b:.1} ms, monoio {m:.1} ms, tokio current_thread {t:.1} ms",
+        cli.tasks, cli.reps
     );
     println!(
         "barewire time / monoio time: {:.2} (target <= 1.0); tokio time / barewire time: {:.2} (target >= 3)",
         b / m,
         t / b
     );
+}
+
+/// One unmeasured burst, then three measured; the median in ms.
+fn one(rt: &str, n: u64) -> f64 {
+    let mut t = Vec::new();
+    match rt {
+        "barewire" => {
+            let rt = barewire_engine::Runtime::builder()
+                .cores(1)
+                .pin(false)
+                .build()
+                .expect("a barewire runtime");
+            for _ in 0..4 {
+                let t0 = Instant::now();
+                rt.block_on(async {
+                    let hs: Vec<_> = (0..n)
+                        .map(|i| barewire_engine::spawn_local(async move { i }))
+                        .collect();
+                    let mut s = 0;
+                    for h in hs {
+                        s += h.await.expect("a task that cannot fail");
+                    }
+                    assert_eq!(s, n * (n - 1) / 2);
+                });
+                t.push(ms(t0));
+            }
+        }
+        "monoio" => {
+            let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
+                .build()
+                .expect("a monoio runtime");
+            for _ in 0..4 {
+                let t0 = Instant::now();
+                rt.block_on(async {
+                    let hs: Vec<_> = (0..n).map(|i| monoio::spawn(async move { i })).collect();
+                    let mut s = 0;
+                    for h in hs {
+                        s += h.await;
+                    }
+                    assert_eq!(s, n * (n - 1) / 2);
+                });
+                t.push(ms(t0));
+            }
+        }
+        _ => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a tokio runtime");
+            for _ in 0..4 {
+                let t0 = Instant::now();
+                rt.block_on(async {
+                    let hs: Vec<_> = (0..n).map(|i| tokio::spawn(async move { i })).collect();
+                    let mut s = 0;
+                    for h in hs {
+                        s += h.await.expect("a task that cannot fail");
+                    }
+                    assert_eq!(s, n * (n - 1) / 2);
+                });
+                t.push(ms(t0));
+            }
+        }
+    }
+    median(t[1..].to_vec())
 }

@@ -33,7 +33,107 @@ pub(crate) struct Header {
     // Owner thread only.
     pub(crate) prev: StdCell<Option<NonNull<Header>>>,
     pub(crate) next: StdCell<Option<NonNull<Header>>>,
-    join_waker: UnsafeCell<Option<Waker>>,
+    join: JoinSlot,
+}
+
+/// Who waits for a task's output, in one word (a `Waker` takes two, in every task's header).
+/// Owner thread only. 0: nobody. A header pointer (low bit clear): a task of this core, polled
+/// when it registered, for which the slot holds a local reference: the common case of one task
+/// awaiting another, with no allocation and no atomic. With the low bit set: a boxed clone of
+/// any other waker (`block_on`'s, a combinator's).
+///
+/// The slot is empty whenever the task's last reference goes (possibly on another thread): it
+/// is emptied on completion and when the `JoinHandle`, the only one that fills it, is dropped,
+/// both on the owner thread and before the handle's own reference goes.
+struct JoinSlot(StdCell<usize>);
+
+/// The low bit of a `JoinSlot`: the word is a `Box<Waker>`.
+const BOXED: usize = 1;
+
+thread_local! {
+    /// The task being polled on this thread (null between polls): a `JoinHandle` it awaits
+    /// recognises its waker and keeps the task's pointer instead of a clone.
+    static POLLING: StdCell<*const Header> = const { StdCell::new(std::ptr::null()) };
+}
+
+impl JoinSlot {
+    const fn new() -> JoinSlot {
+        JoinSlot(StdCell::new(0))
+    }
+
+    /// Makes `waker` the one woken on completion.
+    ///
+    /// # Safety
+    /// Owner thread.
+    unsafe fn register(&self, waker: &Waker) {
+        let word = self.0.get();
+        let polling = POLLING.with(|p| p.get());
+        if !polling.is_null() {
+            // A borrowed waker of the task being polled: it owns no reference.
+            // SAFETY: the vtable's functions uphold RawWaker's contract for a header pointer.
+            let mine = ManuallyDrop::new(unsafe {
+                Waker::from_raw(RawWaker::new(polling as *const (), &WAKER_VTABLE))
+            });
+            if mine.will_wake(waker) {
+                if word == polling as usize {
+                    return;
+                }
+                // SAFETY: owner thread (forwarded).
+                unsafe { self.clear() };
+                // SAFETY: the task being polled on this thread is alive and of this core (a
+                // task is polled only by its owner).
+                unsafe { (*polling).refs.local_inc() };
+                self.0.set(polling as usize);
+                return;
+            }
+        }
+        if word & BOXED != 0 {
+            // SAFETY: a boxed word is a live Box<Waker> the slot owns.
+            if unsafe { &*((word & !BOXED) as *const Waker) }.will_wake(waker) {
+                return;
+            }
+        }
+        // SAFETY: owner thread (forwarded).
+        unsafe { self.clear() };
+        let boxed = Box::into_raw(Box::new(waker.clone()));
+        self.0.set(boxed as usize | BOXED);
+    }
+
+    /// Empties the slot and wakes whoever was in it.
+    ///
+    /// # Safety
+    /// Owner thread.
+    unsafe fn wake(&self) {
+        match self.0.replace(0) {
+            0 => {}
+            w if w & BOXED != 0 => {
+                // SAFETY: a boxed word is a Box<Waker> the slot owned; taken once, here.
+                unsafe { Box::from_raw((w & !BOXED) as *mut Waker) }.wake();
+            }
+            w => {
+                // SAFETY: a header word is a live task of this core with the slot's local
+                // reference, adopted here and dropped after the wake.
+                let ptr = unsafe { NonNull::new_unchecked(w as *mut Header) };
+                schedule(ptr);
+                // SAFETY: as above.
+                drop(unsafe { RawTask::from_raw(ptr) });
+            }
+        }
+    }
+
+    /// Empties the slot without waking.
+    ///
+    /// # Safety
+    /// Owner thread.
+    unsafe fn clear(&self) {
+        match self.0.replace(0) {
+            0 => {}
+            // SAFETY: as in `wake`.
+            w if w & BOXED != 0 => drop(unsafe { Box::from_raw((w & !BOXED) as *mut Waker) }),
+            // SAFETY: as in `wake`.
+            w => drop(unsafe { RawTask::from_raw(NonNull::new_unchecked(w as *mut Header)) }),
+        }
+    }
 }
 
 struct Vtable {
@@ -141,7 +241,7 @@ impl RawTask {
                 owner,
                 prev: StdCell::new(None),
                 next: StdCell::new(None),
-                join_waker: UnsafeCell::new(None),
+                join: JoinSlot::new(),
             },
             stage: UnsafeCell::new(Stage::Running(future)),
         });
@@ -203,11 +303,8 @@ impl RawTask {
             // SAFETY: owner thread, and no JoinHandle can read the output any more.
             unsafe { (self.header().vtable.drop_stage)(self.ptr) };
         }
-        // SAFETY: the join waker is only touched on the owner thread.
-        let waker = unsafe { (*self.header().join_waker.get()).take() };
-        if let Some(w) = waker {
-            w.wake();
-        }
+        // SAFETY: owner thread.
+        unsafe { self.header().join.wake() };
     }
 }
 
@@ -298,7 +395,10 @@ unsafe fn poll<F: Future + 'static>(ptr: NonNull<Header>) -> bool {
     let mut cx = Context::from_waker(&waker);
     // SAFETY: the future lives in a heap cell that never moves until it is dropped in place.
     let fut = unsafe { Pin::new_unchecked(fut) };
-    let out = match catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx))) {
+    let outer = POLLING.with(|p| p.replace(ptr.as_ptr()));
+    let polled = catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)));
+    POLLING.with(|p| p.set(outer));
+    let out = match polled {
         Ok(Poll::Pending) => return false,
         Ok(Poll::Ready(v)) => Ok(v),
         Err(panic) => Err(StoredError::from(JoinError::Panicked(panic))),
@@ -414,12 +514,8 @@ impl RawJoin {
             unsafe { (header.vtable.take_output)(self.task.ptr, &mut out as *mut _ as *mut ()) };
             return Poll::Ready(out.expect("take_output fills the slot"));
         }
-        // SAFETY: the join waker is only touched on the owner thread.
-        let slot = unsafe { &mut *header.join_waker.get() };
-        match slot {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => *slot = Some(cx.waker().clone()),
-        }
+        // SAFETY: owner thread (caller's contract).
+        unsafe { header.join.register(cx.waker()) };
         Poll::Pending
     }
 
@@ -445,8 +541,8 @@ impl Drop for RawJoin {
             // there) has no other reader.
             unsafe { (header.vtable.drop_stage)(self.task.ptr) };
         }
-        // SAFETY: owner thread; the join waker is no longer needed.
-        unsafe { *header.join_waker.get() = None };
+        // SAFETY: owner thread; nobody waits through this handle any more.
+        unsafe { header.join.clear() };
     }
 }
 

@@ -464,7 +464,12 @@ pub(crate) fn select_from(
 /// Prints what `auto` chose, once per process (every core's node makes the same choice).
 fn say_once(line: &str) {
     static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| eprintln!("{line}"));
+    // One write with its newline: ranks of one job share a stderr, and `eprintln!` may write
+    // the line and its newline separately, so two ranks' notices ran together on one line.
+    SAID.call_once(|| {
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+    });
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@
 //! busy. The efficiency table prints it beside each kernel's figure, and the figure divided
 //! by it (both medians of per-rep values).
 //!
-//! Needs `apt-get install libscalapack-openmpi-dev libopenblas-dev openmpi-bin`.
+//! Needs `apt-get install libscalapack-openmpi-dev libopenmpi-dev libopenblas-dev openmpi-bin`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -351,7 +351,12 @@ fn build_scalapack() -> PathBuf {
         .args(["-lscalapack-openmpi", "-lblas", "-lm"])
         .status()
         .expect("mpicc (apt-get install libopenmpi-dev libscalapack-openmpi-dev libopenblas-dev)");
-    assert!(st.success(), "building {} failed", src.display());
+    assert!(
+        st.success(),
+        "building {} failed (mpi.h and the ScaLAPACK library come from apt-get install \
+         libopenmpi-dev libscalapack-openmpi-dev)",
+        src.display()
+    );
     bin
 }
 

@@ -86,9 +86,21 @@ fn main() {
     );
 }
 
-/// One unmeasured burst, then three measured; the median in ms.
+/// One unmeasured burst, then three measured; the median in ms. `burst` runs one burst and
+/// returns the sum of the outputs, checked here.
+fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> f64 {
+    let t: Vec<f64> = (0..4)
+        .map(|_| {
+            let t0 = Instant::now();
+            assert_eq!(burst(), n * (n - 1) / 2, "a burst lost outputs");
+            ms(t0)
+        })
+        .collect();
+    median(t[1..].to_vec())
+}
+
+/// `rt`'s bursts of `n` tasks.
 fn one(rt: &str, n: u64) -> f64 {
-    let mut t = Vec::new();
     match rt {
         "barewire" => {
             let rt = barewire_engine::Runtime::builder()
@@ -96,8 +108,7 @@ fn one(rt: &str, n: u64) -> f64 {
                 .pin(false)
                 .build()
                 .expect("a barewire runtime");
-            for _ in 0..4 {
-                let t0 = Instant::now();
+            bursts(n, || {
                 rt.block_on(async {
                     let hs: Vec<_> = (0..n)
                         .map(|i| barewire_engine::spawn_local(async move { i }))
@@ -106,45 +117,39 @@ fn one(rt: &str, n: u64) -> f64 {
                     for h in hs {
                         s += h.await.expect("a task that cannot fail");
                     }
-                    assert_eq!(s, n * (n - 1) / 2);
-                });
-                t.push(ms(t0));
-            }
+                    s
+                })
+            })
         }
         "monoio" => {
             let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
                 .build()
                 .expect("a monoio runtime");
-            for _ in 0..4 {
-                let t0 = Instant::now();
+            bursts(n, || {
                 rt.block_on(async {
                     let hs: Vec<_> = (0..n).map(|i| monoio::spawn(async move { i })).collect();
                     let mut s = 0;
                     for h in hs {
                         s += h.await;
                     }
-                    assert_eq!(s, n * (n - 1) / 2);
-                });
-                t.push(ms(t0));
-            }
+                    s
+                })
+            })
         }
         _ => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("a tokio runtime");
-            for _ in 0..4 {
-                let t0 = Instant::now();
+            bursts(n, || {
                 rt.block_on(async {
                     let hs: Vec<_> = (0..n).map(|i| tokio::spawn(async move { i })).collect();
                     let mut s = 0;
                     for h in hs {
                         s += h.await.expect("a task that cannot fail");
                     }
-                    assert_eq!(s, n * (n - 1) / 2);
-                });
-                t.push(ms(t0));
-            }
+                    s
+                })
+            })
         }
     }
-    median(t[1..].to_vec())
 }

@@ -17,6 +17,7 @@ use crate::driver::Driver;
 use crate::mesh::Mesh;
 use crate::poller::Poller;
 use crate::stats::{bump, Stats};
+use crate::task::cells::SharedCells;
 use crate::task::raw::{Header, RawJoin, RawTask, RemoteRef, CANCELLED, COMPLETE};
 use crate::task::{JoinError, JoinHandle};
 use crate::time::Timers;
@@ -60,6 +61,9 @@ impl Doorbell for EventFd {
 
 pub(crate) struct CoreShared {
     pub(crate) index: usize,
+    /// Task cells freed off the core, and the count the core hands over when it goes (see
+    /// `task/cells.rs`): the cells point here without an `Arc`.
+    pub(crate) cells: SharedCells,
     pub(crate) wake: WakeState<InboxItem, EventFd>,
     pub(crate) stop: AtomicBool,
 }
@@ -68,6 +72,7 @@ impl CoreShared {
     pub(crate) fn new(index: usize) -> std::io::Result<Arc<Self>> {
         Ok(Arc::new(CoreShared {
             index,
+            cells: SharedCells::new(),
             wake: WakeState::new(EventFd::new()?),
             stop: AtomicBool::new(false),
         }))
@@ -100,6 +105,9 @@ pub(crate) struct Core {
     pub(crate) shared: Arc<CoreShared>,
     pub(crate) cpu: Option<usize>,
     run_queue: RefCell<VecDeque<RawTask>>,
+    /// Task cells spawned here, less those freed on this thread while it ran the core (the
+    /// owner side of the count in `task/cells.rs`).
+    cells: Cell<isize>,
     tasks_head: Cell<Option<NonNull<Header>>>,
     pub(crate) driver: Driver,
     pub(crate) timers: Timers,
@@ -135,6 +143,29 @@ pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     // SAFETY: CURRENT is set only by `Core::enter`, whose guard clears it before the Core can be
     // dropped or moved; the Core is only used from this thread.
     Some(f(unsafe { &*ptr }))
+}
+
+/// A task cell of `owner` was freed: counted on the core when this thread runs it, else on the
+/// shared side; the free that leaves no cell after the core's handover releases the `Arc` the
+/// handover kept (see `task/cells.rs`).
+///
+/// # Safety
+/// `owner` is the freed cell's owner, which its count kept alive until now; called once per
+/// cell.
+pub(crate) unsafe fn cell_freed(owner: NonNull<CoreShared>) {
+    let counted_here = try_with_core(|c| {
+        let mine = std::ptr::eq(Arc::as_ptr(&c.shared), owner.as_ptr());
+        if mine {
+            c.cells.set(c.cells.get() - 1);
+        }
+        mine
+    })
+    .unwrap_or(false);
+    // SAFETY: not counted yet, so the shared half is alive (caller's contract).
+    if !counted_here && unsafe { owner.as_ref() }.cells.freed() {
+        // SAFETY: the last cell after the handover: the Arc the handover kept is ours to drop.
+        unsafe { Arc::decrement_strong_count(owner.as_ptr()) };
+    }
 }
 
 /// Spawns a `!Send` future on the current core.
@@ -180,6 +211,21 @@ impl Drop for EnterGuard {
     }
 }
 
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Wakes from other threads that came after the shutdown's last look, and any later
+        // ones, release their tasks instead of waiting in an inbox nobody drains.
+        drop(self.shared.wake.close());
+        // Hand the owner side of the cell count over (see `task/cells.rs`): the extra Arc is
+        // taken first, so a concurrent last free always finds one to release.
+        let extra = Arc::into_raw(self.shared.clone());
+        if !self.shared.cells.hand_over(self.cells.get()) {
+            // SAFETY: the Arc taken just above; no cell is left to release it.
+            drop(unsafe { Arc::from_raw(extra) });
+        }
+    }
+}
+
 impl Core {
     pub(crate) fn new(
         shared: Arc<CoreShared>,
@@ -194,6 +240,7 @@ impl Core {
             shared,
             cpu,
             run_queue: RefCell::new(VecDeque::with_capacity(256)),
+            cells: Cell::new(0),
             tasks_head: Cell::new(None),
             driver,
             timers: Timers::default(),
@@ -224,7 +271,8 @@ impl Core {
         F: Future + 'static,
         F::Output: 'static,
     {
-        let ptr = RawTask::allocate(future, self.shared.clone());
+        let ptr = RawTask::allocate(future, &self.shared);
+        self.cells.set(self.cells.get() + 1);
         bump(&self.stats.tasks_spawned);
         // SAFETY: allocate handed out three references: list, JoinHandle, run queue.
         unsafe {
@@ -500,5 +548,64 @@ impl Core {
         self.pollers.borrow_mut().clear();
         self.driver.drain(&self.stats);
         self.mesh.flush();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::{Mutex, Weak};
+
+    /// Runs a one-core runtime whose one task stays pending and hands out its waker; returns
+    /// the waker (the runtime is gone by then) and a weak reference to the core's shared half.
+    fn waker_outliving_its_core() -> (Waker, Weak<CoreShared>) {
+        let slot: Arc<Mutex<Option<Waker>>> = Arc::new(Mutex::new(None));
+        let rt = crate::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .build()
+            .unwrap();
+        let s = slot.clone();
+        let weak = rt.block_on(async move {
+            let _pending = spawn_local(std::future::poll_fn(move |cx| {
+                *s.lock().unwrap() = Some(cx.waker().clone());
+                Poll::<()>::Pending
+            }));
+            crate::yield_now().await;
+            with_core(|c| Arc::downgrade(&c.shared))
+        });
+        drop(rt);
+        let waker = slot.lock().unwrap().take().expect("the task ran once");
+        (waker, weak)
+    }
+
+    #[test]
+    fn a_cell_outliving_its_core_keeps_the_shared_half_until_its_last_reference_goes() {
+        let (waker, weak) = waker_outliving_its_core();
+        assert!(weak.upgrade().is_some(), "the waker's cell points at it");
+        std::thread::spawn(move || drop(waker)).join().unwrap();
+        assert!(weak.upgrade().is_none(), "freed with the last cell");
+    }
+
+    #[test]
+    fn a_wake_after_the_core_went_releases_the_task() {
+        let (waker, weak) = waker_outliving_its_core();
+        // By reference first (the inbox refuses the entry), then by value.
+        let w = waker.clone();
+        std::thread::spawn(move || {
+            w.wake_by_ref();
+            w.wake();
+        })
+        .join()
+        .unwrap();
+        assert!(
+            weak.upgrade().is_some(),
+            "the first waker still holds the cell"
+        );
+        waker.wake();
+        assert!(
+            weak.upgrade().is_none(),
+            "nothing left in a dead core's inbox"
+        );
     }
 }

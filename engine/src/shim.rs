@@ -2,13 +2,13 @@
 //! `RUSTFLAGS="--cfg loom" cargo test -p barewire-engine --release --lib loom`.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicIsize, AtomicU32, AtomicUsize};
 #[cfg(loom)]
 pub(crate) use loom::sync::Mutex;
 
 pub(crate) use std::sync::atomic::Ordering;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicUsize};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicIsize, AtomicU32, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::Mutex;
 

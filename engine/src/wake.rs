@@ -7,6 +7,10 @@
 //! owner finds the item and does not sleep, or the producer finds `sleeping` set and rings the
 //! doorbell (an eventfd the reactor always has a read armed on). `swap(false)` makes sure only
 //! one producer rings per sleep.
+//!
+//! When the owner goes away it closes the inbox: what was queued comes back to it, and a later
+//! push hands its item back to the producer, so nothing waits forever in an inbox nobody
+//! drains.
 
 use crate::shim::{fence, lock, AtomicBool, Mutex};
 use std::sync::atomic::Ordering;
@@ -17,28 +21,51 @@ pub(crate) trait Doorbell {
 }
 
 pub(crate) struct WakeState<T, D> {
-    inbox: Mutex<Vec<T>>,
+    inbox: Mutex<Inbox<T>>,
     /// Set after every push, so the owner's loop can skip the lock when nothing came.
     pending: AtomicBool,
     sleeping: AtomicBool,
     pub(crate) doorbell: D,
 }
 
+struct Inbox<T> {
+    items: Vec<T>,
+    closed: bool,
+}
+
 impl<T, D: Doorbell> WakeState<T, D> {
     pub(crate) fn new(doorbell: D) -> Self {
         WakeState {
-            inbox: Mutex::new(Vec::new()),
+            inbox: Mutex::new(Inbox {
+                items: Vec::new(),
+                closed: false,
+            }),
             pending: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             doorbell,
         }
     }
 
-    /// Producer side: queue an item for the owner and wake it if it sleeps.
-    pub(crate) fn push(&self, item: T) {
-        lock(&self.inbox).push(item);
+    /// Producer side: queue an item for the owner and wake it if it sleeps. `Err` gives the
+    /// item back when the owner has gone (`close`); the caller drops it, with no lock held.
+    pub(crate) fn push(&self, item: T) -> Result<(), T> {
+        {
+            let mut inbox = lock(&self.inbox);
+            if inbox.closed {
+                return Err(item);
+            }
+            inbox.items.push(item);
+        }
         self.pending.store(true, Ordering::Release);
         self.notify();
+        Ok(())
+    }
+
+    /// Owner side, going away: returns what is queued, and refuses every later push.
+    pub(crate) fn close(&self) -> Vec<T> {
+        let mut inbox = lock(&self.inbox);
+        inbox.closed = true;
+        std::mem::take(&mut inbox.items)
     }
 
     /// Producer side, after publishing work somewhere the owner checks before sleeping.
@@ -56,7 +83,7 @@ impl<T, D: Doorbell> WakeState<T, D> {
             return;
         }
         let mut inbox = lock(&self.inbox);
-        std::mem::swap(&mut *inbox, spare);
+        std::mem::swap(&mut inbox.items, spare);
     }
 
     /// Owner side, first half of going to sleep. After this, check every source that producers
@@ -96,7 +123,7 @@ mod loom_tests {
         loom::model(|| {
             let ws = Arc::new(WakeState::new(Counter(AtomicUsize::new(0))));
             let p = ws.clone();
-            let producer = loom::thread::spawn(move || p.push(7u32));
+            let producer = loom::thread::spawn(move || p.push(7u32).unwrap());
 
             ws.prepare_sleep();
             let saw_item = ws.has_pending();
@@ -123,11 +150,29 @@ mod loom_tests {
             ws.prepare_sleep();
             let a = ws.clone();
             let b = ws.clone();
-            let ta = loom::thread::spawn(move || a.push(1u32));
-            let tb = loom::thread::spawn(move || b.push(2u32));
+            let ta = loom::thread::spawn(move || a.push(1u32).unwrap());
+            let tb = loom::thread::spawn(move || b.push(2u32).unwrap());
             ta.join().unwrap();
             tb.join().unwrap();
             assert_eq!(ws.doorbell.0.load(Ordering::SeqCst), 1);
+        });
+    }
+
+    /// A push racing the owner's close is never lost: either the close returns the item or
+    /// the push hands it back.
+    #[test]
+    fn loom_close_loses_nothing() {
+        loom::model(|| {
+            let ws = Arc::new(WakeState::new(Counter(AtomicUsize::new(0))));
+            let p = ws.clone();
+            let producer = loom::thread::spawn(move || p.push(7u32).err());
+            let closed = ws.close();
+            let returned = producer.join().unwrap();
+            let mut seen: Vec<u32> = closed.into_iter().chain(returned).collect();
+            let mut later = Vec::new();
+            ws.drain_into(&mut later);
+            seen.append(&mut later);
+            assert_eq!(seen, vec![7], "the item is found exactly once");
         });
     }
 }

@@ -29,7 +29,9 @@ use crate::task::JoinError;
 pub(crate) struct Header {
     refs: Refs,
     vtable: &'static Vtable,
-    pub(crate) owner: Arc<CoreShared>,
+    /// The owning core's shared half. Not an `Arc`: the core's count of live cells keeps it
+    /// alive as long as this cell (see `cells.rs`).
+    owner: NonNull<CoreShared>,
     // Owner thread only.
     pub(crate) prev: StdCell<Option<NonNull<Header>>>,
     pub(crate) next: StdCell<Option<NonNull<Header>>>,
@@ -230,15 +232,17 @@ impl Drop for RemoteRef {
 impl RawTask {
     /// Allocates a task. The returned references are: one for the per-core task list, one for
     /// the `JoinHandle`, and one for the first run-queue entry.
+    ///
+    /// The caller (the owning core) counts the new cell among its live ones (see `cells.rs`).
     pub(crate) fn allocate<F: Future + 'static>(
         future: F,
-        owner: Arc<CoreShared>,
+        owner: &Arc<CoreShared>,
     ) -> NonNull<Header> {
         let cell = Box::new(TaskCell {
             header: Header {
                 refs: Refs::new(SCHEDULED | JOIN_INTEREST, 3),
                 vtable: vtable::<F>(),
-                owner,
+                owner: NonNull::from(&**owner),
                 prev: StdCell::new(None),
                 next: StdCell::new(None),
                 join: JoinSlot::new(),
@@ -332,10 +336,14 @@ unsafe fn remote_dec(ptr: NonNull<Header>) {
 /// # Safety
 /// No reference to the task is left.
 unsafe fn dealloc_task(ptr: NonNull<Header>) {
+    // SAFETY: the caller's last reference keeps the header alive until the free below.
+    let owner = unsafe { ptr.as_ref() }.owner;
     // SAFETY: the stage no longer needs dropping on the owner: every path that ends a task's
     // life on its core (completion, abort, JoinHandle drop, core shutdown) left it Consumed or
     // with an output its JoinHandle already dropped; see `dealloc`.
     unsafe { (ptr.as_ref().vtable.dealloc)(ptr) }
+    // SAFETY: the cell just freed was counted live by its owner, which kept `owner` alive.
+    unsafe { crate::core::cell_freed(owner) }
 }
 
 /// Schedules the task on its owner: the local run queue when woken on the owner's core, else
@@ -344,7 +352,7 @@ fn schedule(ptr: NonNull<Header>) {
     // SAFETY: the caller (a waker or the JoinHandle) holds a reference.
     let header = unsafe { ptr.as_ref() };
     let on_owner = crate::core::try_with_core(|c| {
-        if !Arc::ptr_eq(&c.shared, &header.owner) {
+        if !std::ptr::eq(Arc::as_ptr(&c.shared), header.owner.as_ptr()) {
             return false;
         }
         // SAFETY: this thread runs the owner core.
@@ -356,10 +364,16 @@ fn schedule(ptr: NonNull<Header>) {
     .unwrap_or(false);
     if !on_owner && header.refs.queue_remote() {
         // `queue_remote` took the entry's reference.
-        header
-            .owner
+        // SAFETY: the caller's reference keeps the cell, and so its owner's shared half, alive.
+        let owner = unsafe { header.owner.as_ref() };
+        if let Err(entry) = owner
             .wake
-            .push(crate::core::InboxItem::Task(RemoteRef { ptr }));
+            .push(crate::core::InboxItem::Task(RemoteRef { ptr }))
+        {
+            // The core has gone: nothing will run the task again. The entry's reference goes
+            // (never the last: the caller holds one).
+            drop(entry);
+        }
     }
 }
 

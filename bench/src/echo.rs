@@ -37,6 +37,8 @@ pub struct Config {
     pub client_cpu: usize,
     /// barewire only: idle spin before sleeping.
     pub spin: Duration,
+    /// barewire only: registered file table slots per core (0: off).
+    pub fixed_files: u32,
 }
 
 /// One run's figures.
@@ -48,6 +50,8 @@ pub struct Report {
     pub elapsed: Duration,
     /// Round-trip times in nanoseconds (ping-pong mode).
     pub hist: Option<Histogram<u64>>,
+    /// barewire only: each core's counters at the end (client core 0, server core 1).
+    pub stats: Vec<barewire_engine::CoreStats>,
 }
 
 impl Report {
@@ -90,6 +94,7 @@ where
         round_trips: n,
         elapsed: start.elapsed(),
         hist: Some(hist),
+        stats: Vec::new(),
     }
 }
 
@@ -116,9 +121,10 @@ pub fn barewire(cfg: Config) -> Report {
     let rt = Runtime::builder()
         .core_ids(&[cfg.client_cpu, cfg.server_cpu])
         .idle_spin(cfg.spin)
+        .fixed_files(cfg.fixed_files)
         .build()
         .expect("runtime");
-    rt.block_on(async move {
+    let mut report = rt.block_on(async move {
         let (mut tx, mut rx) = cross::channel::<SocketAddr>(1);
         let size = cfg.size;
         spawn_on(1, move || async move {
@@ -186,10 +192,13 @@ pub fn barewire(cfg: Config) -> Report {
                     round_trips: total,
                     elapsed: start.elapsed(),
                     hist: None,
+                    stats: Vec::new(),
                 }
             }
         }
-    })
+    });
+    report.stats = rt.stats();
+    report
 }
 
 /// tokio: one current_thread runtime per core, each on its own pinned thread.
@@ -252,6 +261,7 @@ pub fn tokio(cfg: Config) -> Report {
                     round_trips: total,
                     elapsed: start.elapsed(),
                     hist: None,
+                    stats: Vec::new(),
                 }
             }
         }
@@ -331,6 +341,7 @@ pub fn monoio(cfg: Config) -> Report {
                     round_trips: total,
                     elapsed: start.elapsed(),
                     hist: None,
+                    stats: Vec::new(),
                 }
             }
         }

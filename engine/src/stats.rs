@@ -35,6 +35,8 @@ pub struct CoreStats {
     /// `sleeps`); 0 on epoll. At most one per pass is the goal: every source's submissions of
     /// a pass go out together.
     pub submit_calls: u64,
+    /// Sockets in this core's registered file table now (see `Builder::fixed_files`).
+    pub registered_files: u64,
     /// Completions reaped (io_uring CQEs, or epoll events).
     pub ops_completed: u64,
     /// Messages this core sent over the cross-core mesh.
@@ -44,9 +46,10 @@ pub struct CoreStats {
 }
 
 impl Stats {
-    pub(crate) fn snapshot(&self, core: usize, submit_calls: u64) -> CoreStats {
+    pub(crate) fn snapshot(&self, core: usize, driver: &crate::driver::Driver) -> CoreStats {
         CoreStats {
-            submit_calls,
+            submit_calls: driver.submit_calls(),
+            registered_files: driver.registered_files(),
             core,
             tasks_spawned: self.tasks_spawned.get(),
             tasks_polled: self.tasks_polled.get(),

@@ -353,3 +353,58 @@ fn nodelay_is_on_by_default() {
         assert!(!c.nodelay().unwrap());
     });
 }
+
+#[test]
+fn registered_files_carry_traffic_fall_back_when_full_and_free_their_slot_on_drop() {
+    let rt = barewire_engine::Runtime::builder()
+        .sleeping()
+        .fixed_files(2)
+        .build()
+        .unwrap();
+    let uring = matches!(rt.reactor(), ReactorKind::IoUring(_));
+    rt.block_on(async move {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let in_use = || barewire_engine::stats().registered_files;
+        // Two client ends take the two slots; the server ends and a third client find the
+        // table full and use their descriptors. Every pair carries data both ways.
+        let mut pairs = Vec::new();
+        for i in 0..3u8 {
+            let c = TcpStream::connect(addr).await.unwrap();
+            let (s, _) = l.accept().await.unwrap();
+            c.write_all(vec![i; 100]).await.0.unwrap();
+            let (r, got) = s.read_exact(vec![0u8; 100]).await;
+            r.unwrap();
+            assert_eq!(got, vec![i; 100]);
+            s.write_all(vec![i + 10; 100]).await.0.unwrap();
+            let (r, got) = c.read_exact(vec![0u8; 100]).await;
+            r.unwrap();
+            assert_eq!(got, vec![i + 10; 100]);
+            pairs.push((c, s));
+        }
+        if !uring {
+            assert_eq!(in_use(), 0, "no table on epoll");
+            return;
+        }
+        assert_eq!(in_use(), 2, "the table is full");
+        // Dropping a registered end frees its slot and really closes it: the peer sees the
+        // end of the stream (the table's reference would keep the socket open otherwise).
+        let (c0, s0) = pairs.remove(0);
+        drop(c0);
+        assert_eq!(in_use(), 1);
+        let r = timeout(Duration::from_secs(5), s0.read(vec![0u8; 8])).await;
+        assert_eq!(r.expect("EOF in time").0.unwrap(), 0);
+        // The freed slot goes to the next new socket to do I/O (one that found the table full
+        // keeps its descriptor: no registration attempt per operation).
+        let (_, s1) = &pairs[0];
+        s1.write_all(vec![7u8; 10]).await.0.unwrap();
+        assert_eq!(in_use(), 1);
+        let c = TcpStream::connect(addr).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        c.write_all(vec![7u8; 10]).await.0.unwrap();
+        assert_eq!(in_use(), 2);
+        let (r, got) = s.read_exact(vec![0u8; 10]).await;
+        r.unwrap();
+        assert_eq!(got, vec![7u8; 10]);
+    });
+}

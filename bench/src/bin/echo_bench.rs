@@ -1,12 +1,15 @@
 //! Pinned two-core TCP echo: barewire beside tokio and monoio in the same session.
 //!
 //!     echo-bench compare [--mode tput|pingpong] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
-//!     echo-bench run <barewire|barewire-nospin|tokio|monoio> [same flags]
+//!                        [--runtimes barewire,barewire-nospin,tokio,monoio]
+//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|tokio|monoio> [same flags]
 //!     echo-bench --help
 //!
 //! `compare` runs every runtime `--reps` times, interleaved (A B C A B C ...) so drift on a
 //! noisy machine hits them alike, each run in its own process, and prints the medians with
-//! ratios against barewire.
+//! ratios against barewire (the first runtime listed). `barewire-fixed` is barewire with its
+//! sockets in the ring's registered file table (`Builder::fixed_files`). barewire runs print
+//! each core's counters (passes, `io_uring_enter` calls, SQEs) on standard error.
 
 use std::process::Command;
 
@@ -15,7 +18,13 @@ use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
 
-const RUNTIMES: [&str; 4] = ["barewire", "barewire-nospin", "tokio", "monoio"];
+const RUNTIMES: [&str; 5] = [
+    "barewire",
+    "barewire-nospin",
+    "barewire-fixed",
+    "tokio",
+    "monoio",
+];
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -37,6 +46,14 @@ enum Sub {
         /// Runs of each runtime.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         reps: u64,
+        /// Which runtimes, in order (ratios are against the first).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "barewire,barewire-nospin,tokio,monoio"
+        )]
+        runtimes: Vec<Runtime>,
     },
     /// One runtime, once (what `compare` starts).
     Run {
@@ -52,6 +69,7 @@ enum Sub {
 enum Runtime {
     Barewire,
     BarewireNospin,
+    BarewireFixed,
     Tokio,
     Monoio,
 }
@@ -106,6 +124,7 @@ impl Opts {
             server_cpu: self.server_cpu.unwrap_or(1.min(n - 1)),
             client_cpu: self.client_cpu,
             spin: Duration::from_micros(100),
+            fixed_files: 0,
         }
     }
 }
@@ -117,6 +136,10 @@ fn run(which: Runtime, mut cfg: Config) {
             cfg.spin = Duration::ZERO;
             echo::barewire(cfg)
         }
+        Runtime::BarewireFixed => {
+            cfg.fixed_files = 1024;
+            echo::barewire(cfg)
+        }
         Runtime::Tokio => echo::tokio(cfg),
         Runtime::Monoio => echo::monoio(cfg),
     };
@@ -124,6 +147,25 @@ fn run(which: Runtime, mut cfg: Config) {
     let (p50, p99) = report.hist.as_ref().map_or((0, 0), |h| {
         (h.value_at_quantile(0.5), h.value_at_quantile(0.99))
     });
+    // What each barewire core did: passes over its sources, io_uring_enter calls made to
+    // submit (sleeps enter too, counted apart), SQEs, CQEs.
+    for c in &report.stats {
+        let per = |a: u64, b: u64| a as f64 / b.max(1) as f64;
+        eprintln!(
+            "STATS {which} core={} passes={} enters={} sleeps={} sqes={} cqes={} polls={} \
+             enters/pass={:.3} sqes/enter={:.2} round_trips/pass={:.2}",
+            c.core,
+            c.poller_passes,
+            c.submit_calls,
+            c.sleeps,
+            c.ops_submitted,
+            c.ops_completed,
+            c.tasks_polled,
+            per(c.submit_calls, c.poller_passes),
+            per(c.ops_submitted, c.submit_calls),
+            per(report.round_trips, c.poller_passes),
+        );
+    }
     // One machine-readable line for `compare`.
     println!(
         "RESULT {which} rate={:.0} p50_ns={p50} p99_ns={p99}",
@@ -136,13 +178,14 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn compare(opts: &Opts, reps: usize, args: &[String]) {
+fn compare(opts: &Opts, reps: usize, runtimes: &[Runtime], args: &[String]) {
     let cfg = opts.config();
     let exe = std::env::current_exe().unwrap();
+    let names: Vec<&str> = runtimes.iter().map(|r| RUNTIMES[*r as usize]).collect();
     let mut results: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> =
-        RUNTIMES.iter().map(|_| (vec![], vec![], vec![])).collect();
+        names.iter().map(|_| (vec![], vec![], vec![])).collect();
     for rep in 0..reps {
-        for (i, rt) in RUNTIMES.iter().enumerate() {
+        for (i, rt) in names.iter().enumerate() {
             let mut child_args = vec!["run".to_string(), rt.to_string()];
             child_args.extend(args.iter().cloned());
             let out = Command::new(&exe).args(&child_args).output().unwrap();
@@ -178,9 +221,12 @@ fn compare(opts: &Opts, reps: usize, args: &[String]) {
         "\nmode={:?} conns={} size={} secs={} reps={} server_cpu={} client_cpu={}",
         cfg.mode, cfg.conns, cfg.size, cfg.secs, reps, cfg.server_cpu, cfg.client_cpu
     );
-    println!("| runtime | round trips/s (median) | barewire ÷ this | p50 µs | p99 µs | this p50 ÷ barewire p50 |");
+    println!(
+        "| runtime | round trips/s (median) | {0} ÷ this | p50 µs | p99 µs | this p50 ÷ {0} p50 |",
+        names[0]
+    );
     println!("|---|---|---|---|---|---|");
-    for (rt, m) in RUNTIMES.iter().zip(med.iter_mut()) {
+    for (rt, m) in names.iter().zip(med.iter_mut()) {
         println!(
             "| {rt} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
             m.0,
@@ -200,14 +246,20 @@ fn main() {
     let cli = Cli::parse();
     match cli.sub {
         Sub::Run { runtime, opts } => run(runtime, opts.config()),
-        Sub::Compare { opts, reps } => {
-            // Each run gets the same options, as given (less `--reps`, which is compare's).
+        Sub::Compare {
+            opts,
+            reps,
+            runtimes,
+        } => {
+            // Each run gets the same options, as given (less compare's own).
             let mut args: Vec<String> = std::env::args().skip(2).collect();
-            if let Some(i) = args.iter().position(|a| a == "--reps") {
-                args.drain(i..(i + 2).min(args.len()));
+            for own in ["--reps", "--runtimes"] {
+                if let Some(i) = args.iter().position(|a| a == own) {
+                    args.drain(i..(i + 2).min(args.len()));
+                }
+                args.retain(|a| !a.starts_with(&format!("{own}=")));
             }
-            args.retain(|a| !a.starts_with("--reps="));
-            compare(&opts, reps as usize, &args)
+            compare(&opts, reps as usize, &runtimes, &args)
         }
     }
 }

@@ -60,6 +60,13 @@ impl Driver {
         }
     }
 
+    pub(crate) fn registered_files(&self) -> u64 {
+        match self {
+            Driver::Uring(u) => u.fixed_in_use(),
+            Driver::Epoll(_) => 0,
+        }
+    }
+
     pub(crate) fn pure_poll(&self) -> bool {
         match self {
             Driver::Uring(u) => u.pure_poll(),

@@ -64,13 +64,23 @@ pub(crate) struct Uring {
     raw: RefCell<Vec<Vec<crate::uring::Completion>>>,
     /// Counts `io_uring_enter` calls made to submit (not to sleep).
     pub(crate) enters: Cell<u64>,
+    /// Free slots of the registered file table (empty when there is none).
+    fixed_free: RefCell<Vec<u32>>,
+    /// Slots in the registered file table.
+    fixed_total: Cell<u32>,
     park_ts: Box<std::cell::UnsafeCell<types::Timespec>>,
 }
 
 impl Uring {
     /// A ring of `entries` submission slots; with `sqpoll`, a submission-polling one whose
-    /// kernel thread sleeps after that idle time (at least 1 ms).
-    pub(crate) fn new(entries: u32, wake_fd: RawFd, sqpoll: Option<Duration>) -> io::Result<Uring> {
+    /// kernel thread sleeps after that idle time (at least 1 ms); with `fixed_files`, a sparse
+    /// registered file table of that many slots (see [`register_fixed`](Self::register_fixed)).
+    pub(crate) fn new(
+        entries: u32,
+        wake_fd: RawFd,
+        sqpoll: Option<Duration>,
+        fixed_files: u32,
+    ) -> io::Result<Uring> {
         type Apply = fn(&mut io_uring::Builder);
         let idle_ms = sqpoll.map_or(0, |d| d.as_millis().clamp(1, u32::MAX as u128) as u32);
         let sqpoll_attempts: [(UringFlags, Apply); 2] = [
@@ -119,8 +129,22 @@ impl Uring {
                         reaped: RefCell::new(Vec::with_capacity(64)),
                         raw: RefCell::new(Vec::new()),
                         enters: Cell::new(0),
+                        fixed_free: RefCell::new(Vec::new()),
+                        fixed_total: Cell::new(0),
                         park_ts: Box::new(std::cell::UnsafeCell::new(types::Timespec::new())),
                     };
+                    // A kernel without sparse file tables (before 5.19) runs without one: every
+                    // socket then uses its descriptor.
+                    if fixed_files > 0
+                        && u.ring
+                            .borrow()
+                            .submitter()
+                            .register_files_sparse(fixed_files)
+                            .is_ok()
+                    {
+                        *u.fixed_free.borrow_mut() = (0..fixed_files).rev().collect();
+                        u.fixed_total.set(fixed_files);
+                    }
                     return Ok(u);
                 }
                 // EINVAL: the kernel does not know a flag; try the next set. Anything else
@@ -438,6 +462,36 @@ impl Uring {
     pub(crate) fn drain_raw(&self, queue: usize, out: &mut Vec<crate::uring::Completion>) {
         if let Some(q) = self.raw.borrow_mut().get_mut(queue) {
             out.append(q);
+        }
+    }
+
+    /// Puts `fd` in a free slot of the registered file table: operations on it may then name
+    /// the slot (`IOSQE_FIXED_FILE`) and the kernel skips looking the file up and counting a
+    /// reference on it for each one. `None` when the table is full or absent. The table holds
+    /// the file open until [`unregister_fixed`](Self::unregister_fixed).
+    pub(crate) fn register_fixed(&self, fd: RawFd) -> Option<u32> {
+        let slot = self.fixed_free.borrow_mut().pop()?;
+        let ring = self.ring.borrow();
+        match ring.submitter().register_files_update(slot, &[fd]) {
+            Ok(1) => Some(slot),
+            _ => {
+                self.fixed_free.borrow_mut().push(slot);
+                None
+            }
+        }
+    }
+
+    /// Slots of the registered file table in use.
+    pub(crate) fn fixed_in_use(&self) -> u64 {
+        (self.fixed_total.get() as usize - self.fixed_free.borrow().len()) as u64
+    }
+
+    /// Empties a slot of the registered file table (operations in flight keep their own
+    /// reference to the file, so the slot is free at once).
+    pub(crate) fn unregister_fixed(&self, slot: u32) {
+        let ring = self.ring.borrow();
+        if let Ok(1) = ring.submitter().register_files_update(slot, &[-1]) {
+            self.fixed_free.borrow_mut().push(slot);
         }
     }
 

@@ -165,10 +165,23 @@ impl Drop for MultiOp {
     }
 }
 
-/// An owned fd plus, on epoll cores, its registration (made on first wait).
+/// An owned fd plus, on epoll cores, its registration (made on first wait), and on io_uring
+/// cores with a registered file table, its slot there (taken on first operation).
 pub(crate) struct SharedFd {
     fd: OwnedFd,
     epoll_key: Cell<Option<usize>>,
+    fixed: Cell<Fixed>,
+}
+
+/// A socket's place in its core's registered file table.
+#[derive(Clone, Copy)]
+enum Fixed {
+    /// Not asked yet.
+    Untried,
+    /// Slot `1` of the table of the core with token `0`.
+    Slot(u64, u32),
+    /// No slot (no table, or it was full): the descriptor it is.
+    No,
 }
 
 impl SharedFd {
@@ -176,11 +189,53 @@ impl SharedFd {
         SharedFd {
             fd,
             epoll_key: Cell::new(None),
+            fixed: Cell::new(Fixed::Untried),
         }
     }
 
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// How an io_uring operation on this core names the socket: its registered slot with
+    /// `IOSQE_FIXED_FILE`, or its descriptor. Set the returned flags on the entry.
+    pub(crate) fn uring_target(&self) -> (io_uring::types::Fd, squeue::Flags) {
+        let plain = (io_uring::types::Fd(self.raw()), squeue::Flags::empty());
+        with_core(|c| {
+            let Driver::Uring(u) = &c.driver else {
+                return plain;
+            };
+            let fixed = match self.fixed.get() {
+                Fixed::Untried => {
+                    let f = match u.register_fixed(self.raw()) {
+                        Some(slot) => Fixed::Slot(c.token, slot),
+                        None => Fixed::No,
+                    };
+                    self.fixed.set(f);
+                    f
+                }
+                f => f,
+            };
+            match fixed {
+                Fixed::Slot(token, slot) if token == c.token => (
+                    io_uring::types::Fd(slot as RawFd),
+                    squeue::Flags::FIXED_FILE,
+                ),
+                _ => plain,
+            }
+        })
+    }
+
+    /// Gives the registered slot back, on the core that holds it (elsewhere it stays taken:
+    /// only its own core's thread may touch a ring).
+    fn release_fixed(&self) {
+        if let Fixed::Slot(token, slot) = self.fixed.replace(Fixed::No) {
+            try_with_core(|c| {
+                if let (Driver::Uring(u), true) = (&c.driver, c.token == token) {
+                    u.unregister_fixed(slot);
+                }
+            });
+        }
     }
 
     fn key(&self) -> io::Result<usize> {
@@ -226,6 +281,7 @@ impl SharedFd {
 impl SharedFd {
     /// Gives up the fd (and its epoll registration, if any).
     pub(crate) fn into_owned(self) -> OwnedFd {
+        self.release_fixed();
         let this = std::mem::ManuallyDrop::new(self);
         if let Some(key) = this.epoll_key.get() {
             let fd = this.raw();
@@ -242,6 +298,8 @@ impl SharedFd {
 
 impl Drop for SharedFd {
     fn drop(&mut self) {
+        // Before the descriptor closes: the table's reference would keep the file open.
+        self.release_fixed();
         if let Some(key) = self.epoll_key.get() {
             let fd = self.raw();
             try_with_core(|c| {

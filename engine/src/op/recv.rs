@@ -1,6 +1,6 @@
 //! recv into an owned buffer: `IORING_OP_RECV`, or `recv(2)` after readability.
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBufMut};
@@ -15,9 +15,12 @@ pub(crate) async fn recv<B: IoBufMut>(
 ) -> BufResult<usize, B> {
     let len = buf.bytes_total().saturating_sub(offset);
     let r = if is_uring() {
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(buf, |b| {
             let ptr = b.stable_mut_ptr().wrapping_add(offset);
-            opcode::Recv::new(types::Fd(fd.raw()), ptr, len as u32).build()
+            opcode::Recv::new(target, ptr, len as u32)
+                .build()
+                .flags(fixed)
         });
         let (res, _, b) = op.await;
         buf = b;

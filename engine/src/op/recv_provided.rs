@@ -11,7 +11,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::types::BufRingEntry;
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, squeue};
 
 use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::core::{try_with_core, with_core};
@@ -238,10 +238,12 @@ fn recycle_orphan(data: &mut dyn Any, _res: i32, flags: u32) {
 pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<ProvidedBuf> {
     let inner = ring.inner.clone();
     if inner.uring {
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(inner, |r| {
-            opcode::Recv::new(types::Fd(fd.raw()), std::ptr::null_mut(), r.buf_size as u32)
+            opcode::Recv::new(target, std::ptr::null_mut(), r.buf_size as u32)
                 .buf_group(r.bgid)
                 .build()
+                .flags(fixed)
                 .flags(squeue::Flags::BUFFER_SELECT)
         })
         .on_orphan(recycle_orphan);

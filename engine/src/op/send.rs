@@ -1,6 +1,6 @@
 //! send from an owned buffer: `IORING_OP_SEND`, or `send(2)` after writability.
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBuf};
@@ -10,12 +10,14 @@ use crate::driver::epoll::Direction;
 pub(crate) async fn send<B: IoBuf>(fd: &SharedFd, buf: B, offset: usize) -> BufResult<usize, B> {
     let len = buf.bytes_init().saturating_sub(offset);
     if is_uring() {
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(buf, |b| {
             // SAFETY (pointer arithmetic): offset <= bytes_init, within the buffer.
             let ptr = b.stable_ptr().wrapping_add(offset);
-            opcode::Send::new(types::Fd(fd.raw()), ptr, len as u32)
+            opcode::Send::new(target, ptr, len as u32)
                 .flags(libc::MSG_NOSIGNAL)
                 .build()
+                .flags(fixed)
         });
         let (res, _, buf) = op.await;
         (cvt(res).map(|n| n as usize), buf)

@@ -2,7 +2,7 @@
 //! buffer is handed back only after the second CQE (`IORING_CQE_F_NOTIF`) says the network stack
 //! has released it. On epoll cores this is a plain `send`.
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::{cvt, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBuf};
@@ -11,10 +11,12 @@ pub(crate) async fn send_zc<B: IoBuf>(fd: &SharedFd, buf: B) -> BufResult<usize,
     if !is_uring() {
         return super::send::send(fd, buf, 0).await;
     }
+    let (target, fixed) = fd.uring_target();
     let op = Op::submit(buf, |b| {
-        opcode::SendZc::new(types::Fd(fd.raw()), b.stable_ptr(), b.bytes_init() as u32)
+        opcode::SendZc::new(target, b.stable_ptr(), b.bytes_init() as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build()
+            .flags(fixed)
     });
     let (res, _, buf) = op.await;
     (cvt(res).map(|n| n as usize), buf)

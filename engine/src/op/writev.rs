@@ -1,7 +1,7 @@
 //! Gather send: `IORING_OP_SENDMSG` with an iovec per buffer, or `sendmsg(2)` after
 //! writability. One syscall (or one SQE) sends a header and a payload from separate memory.
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBuf};
@@ -34,10 +34,12 @@ fn gather<B: IoBuf>(bufs: Vec<B>) -> Box<Gather<B>> {
 pub(crate) async fn writev<B: IoBuf>(fd: &SharedFd, bufs: Vec<B>) -> BufResult<usize, Vec<B>> {
     let g = gather(bufs);
     if is_uring() {
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(g, |g| {
-            opcode::SendMsg::new(types::Fd(fd.raw()), &g.msg)
+            opcode::SendMsg::new(target, &g.msg)
                 .flags(libc::MSG_NOSIGNAL as u32)
                 .build()
+                .flags(fixed)
         });
         let (res, _, g) = op.await;
         (cvt(res).map(|n| n as usize), g.bufs)

@@ -39,7 +39,13 @@ pub struct Config {
     pub spin: Duration,
     /// barewire only: registered file table slots per core (0: off).
     pub fixed_files: u32,
+    /// barewire only: receive through multishot receives into provided-buffer rings (one per
+    /// core), the server echoing from the ring's buffer, instead of a receive per read.
+    pub multishot: bool,
 }
+
+/// Buffers in each core's ring (multishot mode): one message per connection is in flight.
+const RING_ENTRIES: u16 = 1024;
 
 /// One run's figures.
 #[derive(Debug)]
@@ -114,6 +120,7 @@ where
 
 /// barewire: one runtime, server on core 1 of the runtime, client on core 0.
 pub fn barewire(cfg: Config) -> Report {
+    use barewire_engine::buf::BufRing;
     use barewire_engine::net::{TcpListener, TcpStream};
     use barewire_engine::sync::cross;
     use barewire_engine::{spawn_local, spawn_on, Runtime};
@@ -127,13 +134,28 @@ pub fn barewire(cfg: Config) -> Report {
     let mut report = rt.block_on(async move {
         let (mut tx, mut rx) = cross::channel::<SocketAddr>(1);
         let size = cfg.size;
+        let multishot = cfg.multishot;
+        let new_ring = move || {
+            multishot.then(|| BufRing::new(RING_ENTRIES, size.next_power_of_two()).unwrap())
+        };
         spawn_on(1, move || async move {
+            let ring = new_ring();
             let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
             tx.send(l.local_addr().unwrap()).await.unwrap();
             let mut incoming = l.incoming();
             loop {
                 let Ok(s) = incoming.next().await else { return };
+                let ring = ring.clone();
                 spawn_local(async move {
+                    if let Some(ring) = ring {
+                        let mut rx = s.recv_multi(&ring);
+                        while let Some(Ok(buf)) = rx.next().await {
+                            if buf.is_empty() || s.write_all(buf).await.0.is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    }
                     let mut buf = vec![0u8; size];
                     loop {
                         let (r, b) = s.read_exact(buf).await;
@@ -167,9 +189,15 @@ pub fn barewire(cfg: Config) -> Report {
             Mode::Throughput => {
                 let start = Instant::now();
                 let end = start + Duration::from_secs(cfg.secs);
+                let ring = new_ring();
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
+                        let ring = ring.clone();
                         spawn_local(async move {
+                            if let Some(ring) = ring {
+                                let c = TcpStream::connect(addr).await.unwrap();
+                                return multishot_loop(&c, &ring, size, end).await;
+                            }
                             let c = Rc::new(TcpStream::connect(addr).await.unwrap());
                             closed_loop(vec![1u8; size], end, |buf| {
                                 let c = c.clone();
@@ -199,6 +227,35 @@ pub fn barewire(cfg: Config) -> Report {
     });
     report.stats = rt.stats();
     report
+}
+
+/// A barewire client connection's closed loop in multishot mode: write the message, then take
+/// buffers from the connection's multishot receive until all of it came back.
+async fn multishot_loop(
+    c: &barewire_engine::net::TcpStream,
+    ring: &barewire_engine::buf::BufRing,
+    size: usize,
+    end: Instant,
+) -> u64 {
+    let mut rx = c.recv_multi(ring);
+    let mut buf = vec![1u8; size];
+    let mut n = 0;
+    while Instant::now() < end {
+        let (r, b) = c.write_all(buf).await;
+        r.unwrap();
+        buf = b;
+        let mut got = 0;
+        while got < size {
+            got += rx
+                .next()
+                .await
+                .expect("echo open")
+                .expect("echo data")
+                .len();
+        }
+        n += 1;
+    }
+    n
 }
 
 /// tokio: one current_thread runtime per core, each on its own pinned thread.

@@ -111,4 +111,4 @@ unsafe impl IoBuf for &'static str {
     }
 }
 
-pub use crate::op::recv_provided::{BufRing, ProvidedBuf};
+pub use crate::op::recv_provided::{BufRing, ProvidedBuf, RecvMulti};

@@ -2,7 +2,8 @@
 //!
 //!     echo-bench compare [--mode tput|pingpong] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
 //!                        [--runtimes barewire,barewire-nospin,tokio,monoio]
-//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|tokio|monoio> [same flags]
+//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|barewire-multishot|tokio|monoio>
+//!                    [same flags]
 //!     echo-bench --help
 //!
 //! `compare` runs every runtime `--reps` times, interleaved (A B C A B C ...) so drift on a
@@ -18,10 +19,11 @@ use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
 
-const RUNTIMES: [&str; 5] = [
+const RUNTIMES: [&str; 6] = [
     "barewire",
     "barewire-nospin",
     "barewire-fixed",
+    "barewire-multishot",
     "tokio",
     "monoio",
 ];
@@ -70,6 +72,7 @@ enum Runtime {
     Barewire,
     BarewireNospin,
     BarewireFixed,
+    BarewireMultishot,
     Tokio,
     Monoio,
 }
@@ -125,6 +128,7 @@ impl Opts {
             client_cpu: self.client_cpu,
             spin: Duration::from_micros(100),
             fixed_files: 0,
+            multishot: false,
         }
     }
 }
@@ -138,6 +142,10 @@ fn run(which: Runtime, mut cfg: Config) {
         }
         Runtime::BarewireFixed => {
             cfg.fixed_files = 1024;
+            echo::barewire(cfg)
+        }
+        Runtime::BarewireMultishot => {
+            cfg.multishot = true;
             echo::barewire(cfg)
         }
         Runtime::Tokio => echo::tokio(cfg),

@@ -2,7 +2,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use crate::buf::{BufResult, BufRing, IoBuf, IoBufMut, ProvidedBuf};
+use crate::buf::{BufResult, BufRing, IoBuf, IoBufMut, ProvidedBuf, RecvMulti};
 use crate::net::addr::socket_addr;
 use crate::op::{self, SharedFd};
 
@@ -79,6 +79,38 @@ impl TcpStream {
     /// buffer means end of stream.
     pub async fn recv_provided(&self, ring: &BufRing) -> io::Result<ProvidedBuf> {
         op::recv_provided::recv_provided(&self.fd, ring).await
+    }
+
+    /// Receives into buffers of `ring` through one multishot receive that stays armed between
+    /// calls (on io_uring; one `recv` per call on epoll): no submission per read.
+    /// A `ProvidedBuf` can be sent back as is (it is an [`IoBuf`]); it returns to the ring when
+    /// dropped.
+    ///
+    /// ```
+    /// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+    /// use barewire_engine::{buf::BufRing, net::{TcpListener, TcpStream}};
+    /// rt.block_on(async {
+    ///     let ring = BufRing::new(16, 4096).unwrap();
+    ///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    ///     let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    ///     let (s, _) = l.accept().await.unwrap();
+    ///     let mut rx = s.recv_multi(&ring);
+    ///     for word in [&b"one"[..], b"two"] {
+    ///         c.write_all(word.to_vec()).await.0.unwrap();
+    ///         let got = rx.next().await.unwrap().unwrap();
+    ///         assert_eq!(&*got, word);
+    ///         s.write_all(got).await.0.unwrap(); // echoed from the ring's buffer
+    ///         let (r, back) = c.read_exact(vec![0u8; 3]).await;
+    ///         r.unwrap();
+    ///         assert_eq!(back, word);
+    ///     }
+    ///     drop(c);
+    ///     assert!(rx.next().await.unwrap().unwrap().is_empty()); // end of stream
+    ///     assert!(rx.next().await.is_none());
+    /// });
+    /// ```
+    pub fn recv_multi(&self, ring: &BufRing) -> RecvMulti<'_> {
+        RecvMulti::new(&self.fd, ring)
     }
 
     /// Writes once; it may write less than the whole buffer.

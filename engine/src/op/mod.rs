@@ -126,6 +126,8 @@ impl<T: 'static> Drop for Op<T> {
 pub(crate) struct MultiOp {
     key: usize,
     orphan: Option<OrphanFn>,
+    /// Handed to `orphan` for completions after the drop (the ring their buffers go back to).
+    data: Option<Box<dyn Any>>,
     finished: bool,
     _not_send: PhantomData<*const ()>,
 }
@@ -136,9 +138,21 @@ impl MultiOp {
         MultiOp {
             key,
             orphan,
+            data: None,
             finished: false,
             _not_send: PhantomData,
         }
+    }
+
+    /// As `submit`; `orphan` gets `data` with each completion that arrives after the drop.
+    pub(crate) fn submit_with(
+        entry: squeue::Entry,
+        data: Box<dyn Any>,
+        orphan: OrphanFn,
+    ) -> MultiOp {
+        let mut op = MultiOp::submit(entry, Some(orphan));
+        op.data = Some(data);
+        op
     }
 
     pub(crate) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<(i32, u32)>> {
@@ -157,9 +171,10 @@ impl Drop for MultiOp {
     fn drop(&mut self) {
         let key = self.key;
         let orphan = self.orphan;
+        let data = self.data.take().unwrap_or_else(|| Box::new(()));
         try_with_core(|c| {
             if let Driver::Uring(u) = &c.driver {
-                u.orphan(key, Box::new(()), orphan);
+                u.orphan(key, data, orphan);
             }
         });
     }

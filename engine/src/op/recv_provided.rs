@@ -13,9 +13,11 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use io_uring::types::BufRingEntry;
 use io_uring::{opcode, squeue};
 
-use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
+use super::{cvt, cvt_sys, is_uring, MultiOp, Op, SharedFd};
+use crate::buf::IoBuf;
 use crate::core::{try_with_core, with_core};
 use crate::driver::epoll::Direction;
+use crate::driver::lifecycle::CQE_F_MORE;
 use crate::driver::Driver;
 
 /// `IORING_CQE_F_BUFFER`: the upper 16 bits of the CQE flags name the buffer used.
@@ -218,6 +220,32 @@ impl std::ops::Deref for ProvidedBuf {
     }
 }
 
+impl std::fmt::Debug for ProvidedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProvidedBuf")
+            .field("bid", &self.bid)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+// SAFETY: the buffer lies in the ring's boxed memory, which does not move and outlives every
+// ProvidedBuf (each holds the ring); nobody else uses it until Drop recycles it.
+unsafe impl IoBuf for ProvidedBuf {
+    fn stable_ptr(&self) -> *const u8 {
+        match self.bid {
+            Some(bid) => self.ring.buf_ptr(bid),
+            None => std::ptr::NonNull::dangling().as_ptr(),
+        }
+    }
+    fn bytes_init(&self) -> usize {
+        self.len
+    }
+    fn bytes_total(&self) -> usize {
+        self.len
+    }
+}
+
 impl Drop for ProvidedBuf {
     fn drop(&mut self) {
         if let Some(bid) = self.bid {
@@ -286,5 +314,86 @@ pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<P
             .await?;
         buf.len = n;
         Ok(buf)
+    }
+}
+
+/// Receives on one socket into buffers of a [`BufRing`], from one multishot receive
+/// (`IORING_RECV_MULTISHOT`, 6.0): armed once, it completes once per arrival until the stream
+/// ends, an error comes, or the ring runs out of buffers; then the next call arms another. On
+/// epoll cores, one `recv` per call. Made by [`TcpStream::recv_multi`](crate::net::TcpStream::recv_multi).
+pub struct RecvMulti<'a> {
+    fd: &'a SharedFd,
+    ring: BufRing,
+    op: Option<MultiOp>,
+    ended: bool,
+}
+
+impl<'a> RecvMulti<'a> {
+    pub(crate) fn new(fd: &'a SharedFd, ring: &BufRing) -> RecvMulti<'a> {
+        RecvMulti {
+            fd,
+            ring: ring.clone(),
+            op: None,
+            ended: false,
+        }
+    }
+
+    /// The next buffer of data; an empty one at the end of the stream, then `None`. An error
+    /// does not end the stream: `ENOBUFS` says the ring ran out of buffers (give some back,
+    /// by dropping the `ProvidedBuf`s held, and call again).
+    pub async fn next(&mut self) -> Option<io::Result<ProvidedBuf>> {
+        if self.ended {
+            return None;
+        }
+        let inner = self.ring.inner.clone();
+        if !inner.uring {
+            let r = recv_provided(self.fd, &self.ring).await;
+            self.ended = matches!(&r, Ok(b) if b.is_empty());
+            return Some(r);
+        }
+        loop {
+            let fd = self.fd;
+            let op = self.op.get_or_insert_with(|| {
+                let (target, fixed) = fd.uring_target();
+                MultiOp::submit_with(
+                    opcode::RecvMulti::new(target, inner.bgid)
+                        .build()
+                        .flags(fixed | squeue::Flags::BUFFER_SELECT),
+                    Box::new(inner.clone()),
+                    recycle_orphan,
+                )
+            });
+            let Some((res, flags)) = std::future::poll_fn(|cx| op.poll_next(cx)).await else {
+                // Ended with no completion left for us (a CQ overflow): arm a new one.
+                self.op = None;
+                continue;
+            };
+            if flags & CQE_F_MORE == 0 {
+                // The kernel ended this multishot; the next call arms another.
+                self.op = None;
+            }
+            let buffer = (flags & CQE_F_BUFFER != 0).then_some((flags >> CQE_BUFFER_SHIFT) as u16);
+            return Some(match (cvt(res), buffer) {
+                (Ok(n), Some(bid)) => Ok(ProvidedBuf {
+                    ring: inner,
+                    bid: Some(bid),
+                    len: n as usize,
+                }),
+                (Ok(_), None) => {
+                    self.ended = true;
+                    Ok(ProvidedBuf {
+                        ring: inner,
+                        bid: None,
+                        len: 0,
+                    })
+                }
+                (Err(e), bid) => {
+                    if let Some(bid) = bid {
+                        inner.recycle(bid);
+                    }
+                    Err(e)
+                }
+            });
+        }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //!     echo-bench compare [--mode tput|pingpong] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
 //!                        [--runtimes barewire,barewire-nospin,tokio,monoio]
-//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|barewire-multishot|tokio|monoio>
-//!                    [same flags]
+//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|barewire-multishot|
+//!                     barewire-fixed-multishot|tokio|monoio> [same flags]
 //!     echo-bench --help
 //!
 //! `compare` runs every runtime `--reps` times, interleaved (A B C A B C ...) so drift on a
@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
 
-const RUNTIMES: [&str; 6] = [
+const RUNTIMES: [&str; 7] = [
     "barewire",
     "barewire-nospin",
     "barewire-fixed",
     "barewire-multishot",
+    "barewire-fixed-multishot",
     "tokio",
     "monoio",
 ];
@@ -73,6 +74,7 @@ enum Runtime {
     BarewireNospin,
     BarewireFixed,
     BarewireMultishot,
+    BarewireFixedMultishot,
     Tokio,
     Monoio,
 }
@@ -145,6 +147,11 @@ fn run(which: Runtime, mut cfg: Config) {
             echo::barewire(cfg)
         }
         Runtime::BarewireMultishot => {
+            cfg.multishot = true;
+            echo::barewire(cfg)
+        }
+        Runtime::BarewireFixedMultishot => {
+            cfg.fixed_files = 1024;
             cfg.multishot = true;
             echo::barewire(cfg)
         }

@@ -3,7 +3,6 @@
 //! thread runs it; `CoreShared` is the part other threads may touch (inbox, sleep flag, doorbell).
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
@@ -18,7 +17,7 @@ use crate::mesh::Mesh;
 use crate::poller::Poller;
 use crate::stats::{bump, Stats};
 use crate::task::cells::SharedCells;
-use crate::task::raw::{Header, RawJoin, RawTask, RemoteRef, CANCELLED, COMPLETE};
+use crate::task::raw::{Header, RawJoin, RawTask, RemoteRef, RunQueue, CANCELLED, COMPLETE};
 use crate::task::{JoinError, JoinHandle};
 use crate::time::Timers;
 use crate::wake::{Doorbell, WakeState};
@@ -104,7 +103,7 @@ pub(crate) struct Core {
     pub(crate) token: u64,
     pub(crate) shared: Arc<CoreShared>,
     pub(crate) cpu: Option<usize>,
-    run_queue: RefCell<VecDeque<RawTask>>,
+    run_queue: RunQueue,
     /// Task cells spawned here, less those freed on this thread while it ran the core (the
     /// owner side of the count in `task/cells.rs`).
     cells: Cell<isize>,
@@ -239,7 +238,7 @@ impl Core {
             token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
             shared,
             cpu,
-            run_queue: RefCell::new(VecDeque::with_capacity(256)),
+            run_queue: RunQueue::new(),
             cells: Cell::new(0),
             tasks_head: Cell::new(None),
             driver,
@@ -277,16 +276,14 @@ impl Core {
         // SAFETY: allocate handed out three references: list, JoinHandle, run queue.
         unsafe {
             self.link(ptr);
-            self.run_queue
-                .borrow_mut()
-                .push_back(RawTask::from_raw(ptr));
+            self.run_queue.push_back(RawTask::from_raw(ptr));
             JoinHandle::local(RawJoin::new(ptr))
         }
     }
 
     /// Queues a woken task of this core (see `task::raw::schedule`).
     pub(crate) fn push_task(&self, task: RawTask) {
-        self.run_queue.borrow_mut().push_back(task);
+        self.run_queue.push_back(task);
     }
 
     pub(crate) fn register_poller(&self, p: Box<dyn Poller>) {
@@ -326,7 +323,7 @@ impl Core {
     fn run_tasks(&self) -> usize {
         let mut ran = 0;
         while ran < self.config.budget {
-            let Some(task) = self.run_queue.borrow_mut().pop_front() else {
+            let Some(task) = self.run_queue.pop_front() else {
                 break;
             };
             let prev = task.clear_scheduled();
@@ -357,7 +354,7 @@ impl Core {
             let InboxItem::Task(r) = item;
             // SAFETY: this is the task's owner thread (only its owner's inbox holds it).
             if let Some(t) = unsafe { r.take() } {
-                self.run_queue.borrow_mut().push_back(t);
+                self.run_queue.push_back(t);
             }
         }
         *self.inbox_spare.borrow_mut() = items;
@@ -417,7 +414,7 @@ impl Core {
     }
 
     fn pure_poll(&self) -> bool {
-        !self.run_queue.borrow().is_empty()
+        !self.run_queue.is_empty()
             || !self.deferred.borrow().is_empty()
             || self.shared.wake.has_pending()
             || self.mesh.has_pending()
@@ -536,9 +533,10 @@ impl Core {
                 task.complete();
                 progressed = true;
             }
-            let queued: Vec<RawTask> = self.run_queue.borrow_mut().drain(..).collect();
-            progressed |= !queued.is_empty();
-            drop(queued);
+            while let Some(task) = self.run_queue.pop_front() {
+                drop(task);
+                progressed = true;
+            }
             progressed |= self.mesh.receive(&self.stats) > 0;
             if !progressed {
                 break;

@@ -35,6 +35,8 @@ pub(crate) struct Header {
     // Owner thread only.
     pub(crate) prev: StdCell<Option<NonNull<Header>>>,
     pub(crate) next: StdCell<Option<NonNull<Header>>>,
+    /// The next task in the core's run queue (see `RunQueue`).
+    run_next: StdCell<Option<NonNull<Header>>>,
     join: JoinSlot,
 }
 
@@ -245,6 +247,7 @@ impl RawTask {
                 owner: NonNull::from(&**owner),
                 prev: StdCell::new(None),
                 next: StdCell::new(None),
+                run_next: StdCell::new(None),
                 join: JoinSlot::new(),
             },
             stage: UnsafeCell::new(Stage::Running(future)),
@@ -344,6 +347,60 @@ unsafe fn dealloc_task(ptr: NonNull<Header>) {
     unsafe { (ptr.as_ref().vtable.dealloc)(ptr) }
     // SAFETY: the cell just freed was counted live by its owner, which kept `owner` alive.
     unsafe { crate::core::cell_freed(owner) }
+}
+
+/// A core's run queue, linked through the tasks' headers: a queued task costs no slot in a
+/// separate buffer (a `VecDeque` of 8-byte entries grows to the largest burst and keeps that
+/// memory), and pushing or popping touches only the task's own header, which polling it reads
+/// anyway. Owner thread only. Each entry holds a local reference, as a `RawTask` would. A task
+/// is queued at most once at a time: every push follows `SCHEDULED` going from clear to set,
+/// and the flag is cleared only after the pop.
+pub(crate) struct RunQueue {
+    head: StdCell<Option<NonNull<Header>>>,
+    tail: StdCell<Option<NonNull<Header>>>,
+}
+
+impl RunQueue {
+    pub(crate) const fn new() -> RunQueue {
+        RunQueue {
+            head: StdCell::new(None),
+            tail: StdCell::new(None),
+        }
+    }
+
+    pub(crate) fn push_back(&self, task: RawTask) {
+        let ptr = task.ptr;
+        std::mem::forget(task);
+        // SAFETY: the entry's reference keeps the task alive; links are owner-thread only.
+        debug_assert!(unsafe { ptr.as_ref() }.run_next.get().is_none());
+        match self.tail.replace(Some(ptr)) {
+            // SAFETY: the old tail is queued, so alive (its entry holds a reference).
+            Some(t) => unsafe { t.as_ref() }.run_next.set(Some(ptr)),
+            None => self.head.set(Some(ptr)),
+        }
+    }
+
+    pub(crate) fn pop_front(&self) -> Option<RawTask> {
+        let ptr = self.head.get()?;
+        // SAFETY: queued, so alive; owner thread.
+        let next = unsafe { ptr.as_ref() }.run_next.take();
+        self.head.set(next);
+        if next.is_none() {
+            self.tail.set(None);
+        }
+        // SAFETY: the entry's reference, handed over.
+        Some(unsafe { RawTask::from_raw(ptr) })
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.get().is_none()
+    }
+}
+
+impl Drop for RunQueue {
+    fn drop(&mut self) {
+        while self.pop_front().is_some() {}
+    }
 }
 
 /// Schedules the task on its owner: the local run queue when woken on the owner's core, else

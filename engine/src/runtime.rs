@@ -148,9 +148,9 @@ impl Builder {
     /// and its operations name the slot (`IOSQE_FIXED_FILE`), so the kernel skips the
     /// per-operation file lookup and reference count. A socket finding the table full, used on
     /// another core, or on an epoll core, uses its descriptor as usual. Dropping the socket
-    /// frees its slot (one `io_uring_register` call), on its core; a socket dropped on another
-    /// thread leaves its slot, and so its file, held until the ring closes. `bench/RESULTS.md`
-    /// says what it gained on TCP echo.
+    /// frees its slot (one `io_uring_register` call) before the descriptor closes; dropped on
+    /// another thread, its core empties the slot on its next pass (until then the table keeps
+    /// the socket open). `bench/RESULTS.md` says what it gained on TCP echo.
     ///
     /// ```
     /// use barewire_engine::net::{TcpListener, TcpStream};

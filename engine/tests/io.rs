@@ -355,7 +355,7 @@ fn nodelay_is_on_by_default() {
 }
 
 #[test]
-fn registered_files_carry_traffic_fall_back_when_full_and_free_their_slot_on_drop() {
+fn registered_files_carry_traffic_fall_back_when_full_and_free_their_slot_on_drop_anywhere() {
     let rt = barewire_engine::Runtime::builder()
         .sleeping()
         .fixed_files(2)
@@ -366,8 +366,8 @@ fn registered_files_carry_traffic_fall_back_when_full_and_free_their_slot_on_dro
         let l = TcpListener::bind(localhost()).unwrap();
         let addr = l.local_addr().unwrap();
         let in_use = || barewire_engine::stats().registered_files;
-        // Two client ends take the two slots; the server ends and a third client find the
-        // table full and use their descriptors. Every pair carries data both ways.
+        // Both ends of the first pair take the two slots on their first I/O; the others find
+        // the table full and use their descriptors. Every pair carries data both ways.
         let mut pairs = Vec::new();
         for i in 0..3u8 {
             let c = TcpStream::connect(addr).await.unwrap();
@@ -396,16 +396,26 @@ fn registered_files_carry_traffic_fall_back_when_full_and_free_their_slot_on_dro
         assert_eq!(r.expect("EOF in time").0.unwrap(), 0);
         // The freed slot goes to the next new socket to do I/O (one that found the table full
         // keeps its descriptor: no registration attempt per operation).
-        let (_, s1) = &pairs[0];
+        let (c1, s1) = pairs.remove(0);
         s1.write_all(vec![7u8; 10]).await.0.unwrap();
+        let (r, got) = c1.read_exact(vec![0u8; 10]).await;
+        r.unwrap();
+        assert_eq!(got, vec![7u8; 10]);
         assert_eq!(in_use(), 1);
         let c = TcpStream::connect(addr).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
-        c.write_all(vec![7u8; 10]).await.0.unwrap();
-        assert_eq!(in_use(), 2);
+        c.write_all(vec![8u8; 10]).await.0.unwrap();
+        assert_eq!(in_use(), 2, "the new client took the slot");
         let (r, got) = s.read_exact(vec![0u8; 10]).await;
         r.unwrap();
-        assert_eq!(got, vec![7u8; 10]);
+        assert_eq!(got, vec![8u8; 10]);
+        // A registered socket dropped on another thread (streams are Send): its core empties
+        // the slot on its next pass, so the socket closes and the peer sees the end.
+        std::thread::spawn(move || drop(c)).join().unwrap();
+        let r = timeout(Duration::from_secs(5), s.read(vec![0u8; 8])).await;
+        assert_eq!(r.expect("EOF in time").0.unwrap(), 0);
+        assert_eq!(in_use(), 1, "the slot came back");
+        drop((c1, s1, s0));
     });
 }
 

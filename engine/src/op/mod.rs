@@ -186,6 +186,9 @@ pub(crate) struct SharedFd {
     fd: OwnedFd,
     epoll_key: Cell<Option<usize>>,
     fixed: Cell<Fixed>,
+    /// The shared half of the core whose table holds the slot: a socket dropped on another
+    /// thread (it is `Send`) asks that core to empty the slot.
+    fixed_home: std::cell::OnceCell<std::sync::Weak<crate::core::CoreShared>>,
 }
 
 /// A socket's place in its core's registered file table.
@@ -205,6 +208,7 @@ impl SharedFd {
             fd,
             epoll_key: Cell::new(None),
             fixed: Cell::new(Fixed::Untried),
+            fixed_home: std::cell::OnceCell::new(),
         }
     }
 
@@ -223,7 +227,10 @@ impl SharedFd {
             let fixed = match self.fixed.get() {
                 Fixed::Untried => {
                     let f = match u.register_fixed(self.raw()) {
-                        Some(slot) => Fixed::Slot(c.token, slot),
+                        Some(slot) => {
+                            let _ = self.fixed_home.set(std::sync::Arc::downgrade(&c.shared));
+                            Fixed::Slot(c.token, slot)
+                        }
                         None => Fixed::No,
                     };
                     self.fixed.set(f);
@@ -241,15 +248,23 @@ impl SharedFd {
         })
     }
 
-    /// Gives the registered slot back, on the core that holds it (elsewhere it stays taken:
-    /// only its own core's thread may touch a ring).
+    /// Gives the registered slot back: at once on the core that holds it; from anywhere else
+    /// (only a ring's own thread may touch it) that core empties it on its next pass, and
+    /// until then its table keeps the socket open. A core that has gone took its table along.
     fn release_fixed(&self) {
         if let Fixed::Slot(token, slot) = self.fixed.replace(Fixed::No) {
-            try_with_core(|c| {
-                if let (Driver::Uring(u), true) = (&c.driver, c.token == token) {
+            let here = try_with_core(|c| match (&c.driver, c.token == token) {
+                (Driver::Uring(u), true) => {
                     u.unregister_fixed(slot);
+                    true
                 }
+                _ => false,
             });
+            if here != Some(true) {
+                if let Some(home) = self.fixed_home.get().and_then(|w| w.upgrade()) {
+                    home.release_slot(slot);
+                }
+            }
         }
     }
 

@@ -88,3 +88,31 @@ fn auto_uses_the_software_provider_for_a_peer_in_another_network_namespace() {
     assert_eq!(transport_to(&auto(), addr), Transport::Soft);
     drop(there);
 }
+
+/// An explicit `shm` device has no way to reach a listener that only speaks the software
+/// provider: connecting is refused at once, saying so, rather than hanging or falling back.
+#[test]
+fn explicit_shm_to_a_soft_only_listener_is_a_prompt_clear_error() {
+    let soft_peer = peer("soft", None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], soft_peer.port()));
+    let shm = Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap();
+    rt().block_on(async {
+        let pd = shm.alloc_pd().unwrap();
+        let (scq, rcq) = (shm.create_cq(16).unwrap(), shm.create_cq(16).unwrap());
+        let t0 = std::time::Instant::now();
+        let e = connect(addr, &pd, &scq, &rcq, &shm.connect_options())
+            .await
+            .err()
+            .expect("a soft-only listener has no shm name");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(2),
+            "took {:?}",
+            t0.elapsed()
+        );
+        assert!(e.to_string().contains("no shm listener"), "{e}");
+        eprintln!("explicit shm to a soft-only listener: {e}");
+    });
+    // The same listener still serves a soft peer afterwards.
+    let soft = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+    assert_eq!(transport_to(&soft, addr), Transport::Soft);
+}

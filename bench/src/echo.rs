@@ -4,6 +4,8 @@
 //!   them back, for `secs` seconds. Reports round trips per second.
 //! - `Mode::PingPong`: one connection, one message in flight, every round trip timed into an
 //!   HDR histogram after a warm-up.
+//! - `Mode::Churn`: as throughput, with a new connection for every round trip (connect, write,
+//!   read back, close).
 
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -18,6 +20,10 @@ pub enum Mode {
     Throughput,
     /// Latency of one connection.
     PingPong,
+    /// As `Throughput`, but every round trip opens a connection of its own and closes it
+    /// after: connection set-up and teardown, which per-socket costs (registered files) weigh
+    /// on.
+    Churn,
 }
 
 /// One run's settings.
@@ -186,14 +192,25 @@ pub fn barewire(cfg: Config) -> Report {
                 })
                 .await
             }
-            Mode::Throughput => {
+            Mode::Throughput | Mode::Churn => {
                 let start = Instant::now();
                 let end = start + Duration::from_secs(cfg.secs);
                 let ring = new_ring();
+                let churn = cfg.mode == Mode::Churn;
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         let ring = ring.clone();
                         spawn_local(async move {
+                            if churn {
+                                return closed_loop(vec![1u8; size], end, |buf| async move {
+                                    let c = TcpStream::connect(addr).await.unwrap();
+                                    let buf = c.write_all(buf).await.1;
+                                    let (r, buf) = c.read_exact(buf).await;
+                                    r.unwrap();
+                                    buf
+                                })
+                                .await;
+                            }
                             if let Some(ring) = ring {
                                 let c = TcpStream::connect(addr).await.unwrap();
                                 return multishot_loop(&c, &ring, size, end).await;
@@ -299,12 +316,19 @@ pub fn tokio(cfg: Config) -> Report {
                 let c = connect().await;
                 ping_pong((c, vec![1u8; size]), cfg.secs, tokio_round_trip).await
             }
-            Mode::Throughput => {
+            Mode::Throughput | Mode::Churn => {
                 let start = Instant::now();
                 let end = start + Duration::from_secs(cfg.secs);
+                let churn = cfg.mode == Mode::Churn;
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         tokio::spawn(async move {
+                            if churn {
+                                return closed_loop(vec![1u8; size], end, |buf| async move {
+                                    tokio_round_trip((connect().await, buf)).await.1
+                                })
+                                .await;
+                            }
                             let c = connect().await;
                             closed_loop((c, vec![1u8; size]), end, tokio_round_trip).await
                         })
@@ -379,12 +403,19 @@ pub fn monoio(cfg: Config) -> Report {
                 let c = connect().await;
                 ping_pong((c, vec![1u8; size]), cfg.secs, monoio_round_trip).await
             }
-            Mode::Throughput => {
+            Mode::Throughput | Mode::Churn => {
                 let start = Instant::now();
                 let end = start + Duration::from_secs(cfg.secs);
+                let churn = cfg.mode == Mode::Churn;
                 let workers: Vec<_> = (0..cfg.conns)
                     .map(|_| {
                         monoio::spawn(async move {
+                            if churn {
+                                return closed_loop(vec![1u8; size], end, |buf| async move {
+                                    monoio_round_trip((connect().await, buf)).await.1
+                                })
+                                .await;
+                            }
                             let c = connect().await;
                             closed_loop((c, vec![1u8; size]), end, monoio_round_trip).await
                         })

@@ -1,6 +1,6 @@
 //! Pinned two-core TCP echo: barewire beside tokio and monoio in the same session.
 //!
-//!     echo-bench compare [--mode tput|pingpong] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
+//!     echo-bench compare [--mode tput|pingpong|churn] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
 //!                        [--runtimes barewire,barewire-nospin,tokio,monoio]
 //!     echo-bench run <barewire|barewire-nospin|barewire-fixed|barewire-multishot|
 //!                     barewire-fixed-multishot|tokio|monoio> [same flags]
@@ -82,7 +82,8 @@ enum Runtime {
 /// The options both subcommands take (compare hands them to each run).
 #[derive(Debug, Clone, Args)]
 struct Opts {
-    /// Throughput over many connections, or ping-pong latency.
+    /// Throughput over many connections, ping-pong latency, or churn (a new connection per round
+    /// trip).
     #[arg(long, value_enum, default_value = "tput")]
     mode: ModeName,
     /// Connections.
@@ -106,6 +107,7 @@ struct Opts {
 enum ModeName {
     Tput,
     Pingpong,
+    Churn,
 }
 
 impl Opts {
@@ -113,6 +115,7 @@ impl Opts {
         let mode = match self.mode {
             ModeName::Pingpong => Mode::PingPong,
             ModeName::Tput => Mode::Throughput,
+            ModeName::Churn => Mode::Churn,
         };
         let n = std::thread::available_parallelism()
             .map(|n| n.get())

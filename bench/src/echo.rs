@@ -43,8 +43,9 @@ pub struct Config {
     pub client_cpu: usize,
     /// barewire only: idle spin before sleeping.
     pub spin: Duration,
-    /// barewire only: registered file table slots per core (0: off).
-    pub fixed_files: u32,
+    /// barewire only: registered file table slots per core (0: off; `None`: the engine's
+    /// default).
+    pub fixed_files: Option<u32>,
     /// barewire only: receive through multishot receives into provided-buffer rings (one per
     /// core), the server echoing from the ring's buffer, instead of a receive per read.
     pub multishot: bool,
@@ -131,12 +132,13 @@ pub fn barewire(cfg: Config) -> Report {
     use barewire_engine::sync::cross;
     use barewire_engine::{spawn_local, spawn_on, Runtime};
 
-    let rt = Runtime::builder()
+    let mut builder = Runtime::builder()
         .core_ids(&[cfg.client_cpu, cfg.server_cpu])
-        .idle_spin(cfg.spin)
-        .fixed_files(cfg.fixed_files)
-        .build()
-        .expect("runtime");
+        .idle_spin(cfg.spin);
+    if let Some(n) = cfg.fixed_files {
+        builder = builder.fixed_files(n);
+    }
+    let rt = builder.build().expect("runtime");
     let mut report = rt.block_on(async move {
         let (mut tx, mut rx) = cross::channel::<SocketAddr>(1);
         let size = cfg.size;

@@ -57,7 +57,7 @@ pub use poller::Poller;
 pub use pool::map_anonymous;
 pub use runtime::{
     core_token, current_core, current_cpu, in_runtime, num_cores, reactor, register_poller,
-    spawn_on, stats, yield_now, Builder, Runtime,
+    spawn_on, stats, yield_now, Builder, Runtime, DEFAULT_FIXED_FILES,
 };
 pub use stats::CoreStats;
 pub use task::{task_overhead_bytes, JoinError, JoinHandle};

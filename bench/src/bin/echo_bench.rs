@@ -2,15 +2,17 @@
 //!
 //!     echo-bench compare [--mode tput|pingpong|churn] [--conns 64] [--size 1024] [--secs 5] [--reps 3]
 //!                        [--runtimes barewire,barewire-nospin,tokio,monoio]
-//!     echo-bench run <barewire|barewire-nospin|barewire-fixed|barewire-multishot|
-//!                     barewire-fixed-multishot|tokio|monoio> [same flags]
+//!     echo-bench run <barewire|barewire-nospin|barewire-nofixed|barewire-multishot|tokio|
+//!                     monoio> [same flags]
 //!     echo-bench --help
 //!
 //! `compare` runs every runtime `--reps` times, interleaved (A B C A B C ...) so drift on a
 //! noisy machine hits them alike, each run in its own process, and prints the medians with
-//! ratios against barewire (the first runtime listed). `barewire-fixed` is barewire with its
-//! sockets in the ring's registered file table (`Builder::fixed_files`). barewire runs print
-//! each core's counters (passes, `io_uring_enter` calls, SQEs) on standard error.
+//! ratios against the first runtime listed. `barewire` runs with the engine's defaults (which
+//! put its sockets in the ring's registered file table, `Builder::fixed_files`);
+//! `barewire-nofixed` turns that off; `barewire-multishot` receives through multishot receives
+//! into provided-buffer rings (`TcpStream::recv_multi`). barewire runs print each core's
+//! counters (passes, `io_uring_enter` calls, SQEs) on standard error.
 
 use std::process::Command;
 
@@ -19,12 +21,11 @@ use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
 
-const RUNTIMES: [&str; 7] = [
+const RUNTIMES: [&str; 6] = [
     "barewire",
     "barewire-nospin",
-    "barewire-fixed",
+    "barewire-nofixed",
     "barewire-multishot",
-    "barewire-fixed-multishot",
     "tokio",
     "monoio",
 ];
@@ -72,9 +73,8 @@ enum Sub {
 enum Runtime {
     Barewire,
     BarewireNospin,
-    BarewireFixed,
+    BarewireNofixed,
     BarewireMultishot,
-    BarewireFixedMultishot,
     Tokio,
     Monoio,
 }
@@ -132,7 +132,7 @@ impl Opts {
             server_cpu: self.server_cpu.unwrap_or(1.min(n - 1)),
             client_cpu: self.client_cpu,
             spin: Duration::from_micros(100),
-            fixed_files: 0,
+            fixed_files: None,
             multishot: false,
         }
     }
@@ -145,16 +145,11 @@ fn run(which: Runtime, mut cfg: Config) {
             cfg.spin = Duration::ZERO;
             echo::barewire(cfg)
         }
-        Runtime::BarewireFixed => {
-            cfg.fixed_files = 1024;
+        Runtime::BarewireNofixed => {
+            cfg.fixed_files = Some(0);
             echo::barewire(cfg)
         }
         Runtime::BarewireMultishot => {
-            cfg.multishot = true;
-            echo::barewire(cfg)
-        }
-        Runtime::BarewireFixedMultishot => {
-            cfg.fixed_files = 1024;
             cfg.multishot = true;
             echo::barewire(cfg)
         }

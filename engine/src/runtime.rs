@@ -144,12 +144,13 @@ impl Builder {
     }
 
     /// Registers up to `n` sockets per core in its ring's file table (`IORING_REGISTER_FILES`,
-    /// sparse; 0 turns it off): a TCP stream takes a slot on its first operation, and its
-    /// operations name the slot (`IOSQE_FIXED_FILE`), so the kernel skips the per-operation
-    /// file lookup and reference count. A stream finding the table full, used on another core,
-    /// or on an epoll core, uses its descriptor as usual. Dropping the stream frees its slot
-    /// (one `io_uring_register` call) before the descriptor closes; dropped on another thread,
-    /// its core empties the slot on its next pass (until then the table keeps the socket open).
+    /// sparse; 0 turns it off): a TCP stream or UDP socket takes a slot on its first operation
+    /// through the ring, and its operations name the slot (`IOSQE_FIXED_FILE`), so the kernel
+    /// skips the per-operation file lookup and reference count. A socket finding the table
+    /// full, used on another core, or on an epoll core, uses its descriptor as usual. Dropping
+    /// the socket frees its slot (one `io_uring_register` call) before the descriptor closes;
+    /// dropped on another thread, its core empties the slot on its next pass (until then the
+    /// table keeps the socket open).
     ///
     /// Default: [`DEFAULT_FIXED_FILES`] (no more than the process's open-file limit), or
     /// `BAREWIRE_FIXED_FILES` from the environment where the program does not call this. It

@@ -65,3 +65,30 @@ fn a_cancelled_receive_leaves_the_socket_usable() {
         assert_eq!(&buf[..n], b"after");
     });
 }
+
+#[test]
+fn a_waiting_receive_uses_a_registered_slot_that_the_socket_gives_back() {
+    rt().block_on(async {
+        let in_use = || barewire_engine::stats().registered_files;
+        let before = in_use();
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = b.local_addr().unwrap();
+        let sender = barewire_engine::spawn_local(async move {
+            time::sleep(Duration::from_millis(20)).await;
+            a.send_to(b"late".to_vec(), to).await.0.unwrap();
+        });
+        // Nothing is there yet: the receive waits in the ring (on io_uring), naming b's slot.
+        let (r, buf) = b.recv_from(vec![0u8; 16]).await;
+        assert_eq!(r.unwrap().0, 4);
+        assert_eq!(&buf[..4], b"late");
+        sender.await.unwrap();
+        let uring = matches!(
+            barewire_engine::reactor(),
+            barewire_engine::ReactorKind::IoUring(_)
+        );
+        assert_eq!(in_use(), before + uring as u64);
+        drop(b);
+        assert_eq!(in_use(), before, "the slot is given back");
+    });
+}

@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use io_uring::{opcode, types};
+use io_uring::opcode;
 
 use super::{cvt, cvt_sys, is_uring, Op, SharedFd};
 use crate::buf::{BufResult, IoBuf, IoBufMut};
@@ -60,10 +60,12 @@ pub(crate) async fn send_to<B: IoBuf>(
         if !matches!(&now, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
             return (now, m.buf);
         }
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(m, |m| {
-            opcode::SendMsg::new(types::Fd(fd.raw()), &m.msg)
+            opcode::SendMsg::new(target, &m.msg)
                 .flags(libc::MSG_NOSIGNAL as u32)
                 .build()
+                .flags(fixed)
         });
         let (res, _, m) = op.await;
         (cvt(res).map(|n| n as usize), m.buf)
@@ -97,8 +99,11 @@ pub(crate) async fn recv_from<B: IoBufMut>(
     let r = if !matches!(&now, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
         now
     } else if is_uring() {
+        let (target, fixed) = fd.uring_target();
         let op = Op::submit(m, |m| {
-            opcode::RecvMsg::new(types::Fd(fd.raw()), &mut m.msg).build()
+            opcode::RecvMsg::new(target, &mut m.msg)
+                .build()
+                .flags(fixed)
         });
         let (res, _, back) = op.await;
         m = back;

@@ -229,20 +229,26 @@ fn a_killed_node_fails_asks_and_fires_monitors_with_noconnection() {
     });
 }
 
+/// A one-for-one supervisor on this node with a counter on each member: w1 prefers node 1,
+/// w2 node 2, each the other node next.
+async fn two_counters(sys: &ActorSystem) -> Supervisor {
+    Supervisor::start(
+        SupervisorSpec::new(
+            Strategy::OneForOne,
+            vec![
+                ChildSpec::remote::<Counter, u64>("w1", sys, "counter", 10, vec![1, 2]),
+                ChildSpec::remote::<Counter, u64>("w2", sys, "counter", 20, vec![2, 1]),
+            ],
+        )
+        .intensity(3, Duration::from_secs(5)),
+    )
+    .await
+}
+
 #[test]
 fn a_distributed_supervisor_restarts_a_dead_nodes_children_on_a_survivor() {
     with_system(Detection::Deadline, |members, sys| async move {
-        let sup = Supervisor::start(
-            SupervisorSpec::new(
-                Strategy::OneForOne,
-                vec![
-                    ChildSpec::remote::<Counter, u64>("w1", &sys, "counter", 10, vec![1, 2]),
-                    ChildSpec::remote::<Counter, u64>("w2", &sys, "counter", 20, vec![2, 1]),
-                ],
-            )
-            .intensity(3, Duration::from_secs(5)),
-        )
-        .await;
+        let sup = two_counters(&sys).await;
         assert_eq!(sup.node_of("w1"), Some(Some(1)));
         assert_eq!(sup.node_of("w2"), Some(Some(2)));
         // A local actor linked to one on node 2 goes down with it.
@@ -291,17 +297,7 @@ fn supervised_child_restarts_elsewhere(fault: &str) {
         netns.as_ref(),
         Detection::Deadline,
         |members, sys| async move {
-            let sup = Supervisor::start(
-                SupervisorSpec::new(
-                    Strategy::OneForOne,
-                    vec![
-                        ChildSpec::remote::<Counter, u64>("w1", &sys, "counter", 10, vec![1, 2]),
-                        ChildSpec::remote::<Counter, u64>("w2", &sys, "counter", 20, vec![2, 1]),
-                    ],
-                )
-                .intensity(3, Duration::from_secs(5)),
-            )
-            .await;
+            let sup = two_counters(&sys).await;
             assert_eq!(sup.node_of("w2"), Some(Some(2)));
             let t0 = Instant::now();
             match fault {

@@ -26,6 +26,9 @@ use crate::wake::{Doorbell, WakeState};
 pub(crate) enum InboxItem {
     /// A task of this core woken from another thread (the entry holds a remote reference).
     Task(RemoteRef),
+    /// A slot of this core's registered file table whose socket was dropped on another thread
+    /// (see `op::SharedFd`): only this core's thread may touch its ring.
+    ReleaseSlot(u32),
 }
 
 /// The core's doorbell: an eventfd the reactor keeps a read (io_uring) or interest (epoll) on.
@@ -63,10 +66,6 @@ pub(crate) struct CoreShared {
     /// Task cells freed off the core, and the count the core hands over when it goes (see
     /// `task/cells.rs`): the cells point here without an `Arc`.
     pub(crate) cells: SharedCells,
-    /// Registered-file slots whose sockets were dropped off this core (see `op::SharedFd`):
-    /// only this core's thread may touch its ring, so it empties them on its next pass.
-    pub(crate) released_slots: std::sync::Mutex<Vec<u32>>,
-    released_pending: AtomicBool,
     pub(crate) wake: WakeState<InboxItem, EventFd>,
     pub(crate) stop: AtomicBool,
 }
@@ -76,22 +75,9 @@ impl CoreShared {
         Ok(Arc::new(CoreShared {
             index,
             cells: SharedCells::new(),
-            released_slots: std::sync::Mutex::new(Vec::new()),
-            released_pending: AtomicBool::new(false),
             wake: WakeState::new(EventFd::new()?),
             stop: AtomicBool::new(false),
         }))
-    }
-
-    /// From any thread: a socket holding registered-file slot `slot` of this core's ring was
-    /// dropped elsewhere; the core empties the slot on its next pass (waking it if it sleeps).
-    pub(crate) fn release_slot(&self, slot: u32) {
-        self.released_slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(slot);
-        self.released_pending.store(true, Ordering::Release);
-        self.wake.notify();
     }
 
     pub(crate) fn request_stop(&self) {
@@ -368,10 +354,18 @@ impl Core {
         self.shared.wake.drain_into(&mut items);
         let any = !items.is_empty();
         for item in items.drain(..) {
-            let InboxItem::Task(r) = item;
-            // SAFETY: this is the task's owner thread (only its owner's inbox holds it).
-            if let Some(t) = unsafe { r.take() } {
-                self.run_queue.push_back(t);
+            match item {
+                InboxItem::Task(r) => {
+                    // SAFETY: this is the task's owner thread (only its owner's inbox holds it).
+                    if let Some(t) = unsafe { r.take() } {
+                        self.run_queue.push_back(t);
+                    }
+                }
+                InboxItem::ReleaseSlot(slot) => {
+                    if let Driver::Uring(u) = &self.driver {
+                        u.unregister_fixed(slot);
+                    }
+                }
             }
         }
         *self.inbox_spare.borrow_mut() = items;
@@ -382,7 +376,6 @@ impl Core {
     fn poll_sources(&self) -> bool {
         bump(&self.stats.poller_passes);
         let mut did = self.drain_inbox();
-        did |= self.empty_released_slots();
         did |= self.mesh.receive(&self.stats) > 0;
         did |= self.timers.fire_due();
         self.prepare_submit();
@@ -391,26 +384,6 @@ impl Core {
         did |= self.mesh.flush();
         did |= self.wake_deferred();
         did
-    }
-
-    /// Empties the registered-file slots of sockets dropped on other threads. True if any.
-    fn empty_released_slots(&self) -> bool {
-        if !self.shared.released_pending.swap(false, Ordering::Acquire) {
-            return false;
-        }
-        let slots = std::mem::take(
-            &mut *self
-                .shared
-                .released_slots
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()),
-        );
-        if let Driver::Uring(u) = &self.driver {
-            for slot in &slots {
-                u.unregister_fixed(*slot);
-            }
-        }
-        !slots.is_empty()
     }
 
     /// Wakes the tasks that yielded since the last pass. True if there were any.
@@ -455,7 +428,6 @@ impl Core {
         !self.run_queue.is_empty()
             || !self.deferred.borrow().is_empty()
             || self.shared.wake.has_pending()
-            || self.shared.released_pending.load(Ordering::SeqCst)
             || self.mesh.has_pending()
             || self.mesh.has_backlog()
             || self.timers.any_due()

@@ -186,8 +186,10 @@ pub(crate) struct SharedFd {
     fd: OwnedFd,
     epoll_key: Cell<Option<usize>>,
     fixed: Cell<Fixed>,
-    /// The shared half of the core whose table holds the slot: a socket dropped on another
-    /// thread (it is `Send`) asks that core to empty the slot.
+    /// The shared half of the core whose table holds the slot (set with it): operations on
+    /// other cores use the descriptor, and a socket dropped on another thread (it is `Send`)
+    /// asks that core to empty the slot. The weak reference also keeps the address from being
+    /// reused by another core while it is compared.
     fixed_home: std::cell::OnceCell<std::sync::Weak<crate::core::CoreShared>>,
 }
 
@@ -196,8 +198,8 @@ pub(crate) struct SharedFd {
 enum Fixed {
     /// Not asked yet.
     Untried,
-    /// Slot `1` of the table of the core with token `0`.
-    Slot(u64, u32),
+    /// This slot of the table of the core in `fixed_home`.
+    Slot(u32),
     /// No slot (no table, or it was full): the descriptor it is.
     No,
 }
@@ -229,7 +231,7 @@ impl SharedFd {
                     let f = match u.register_fixed(self.raw()) {
                         Some(slot) => {
                             let _ = self.fixed_home.set(std::sync::Arc::downgrade(&c.shared));
-                            Fixed::Slot(c.token, slot)
+                            Fixed::Slot(slot)
                         }
                         None => Fixed::No,
                     };
@@ -239,7 +241,7 @@ impl SharedFd {
                 f => f,
             };
             match fixed {
-                Fixed::Slot(token, slot) if token == c.token => (
+                Fixed::Slot(slot) if self.home_is(c) => (
                     io_uring::types::Fd(slot as RawFd),
                     squeue::Flags::FIXED_FILE,
                 ),
@@ -248,13 +250,20 @@ impl SharedFd {
         })
     }
 
+    /// Whether `c` is the core whose table holds this socket's slot.
+    fn home_is(&self, c: &crate::core::Core) -> bool {
+        self.fixed_home
+            .get()
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), std::sync::Arc::as_ptr(&c.shared)))
+    }
+
     /// Gives the registered slot back: at once on the core that holds it; from anywhere else
     /// (only a ring's own thread may touch it) that core empties it on its next pass, and
     /// until then its table keeps the socket open. A core that has gone took its table along.
     fn release_fixed(&self) {
-        if let Fixed::Slot(token, slot) = self.fixed.replace(Fixed::No) {
-            let here = try_with_core(|c| match (&c.driver, c.token == token) {
-                (Driver::Uring(u), true) => {
+        if let Fixed::Slot(slot) = self.fixed.replace(Fixed::No) {
+            let here = try_with_core(|c| match &c.driver {
+                Driver::Uring(u) if self.home_is(c) => {
                     u.unregister_fixed(slot);
                     true
                 }
@@ -262,7 +271,8 @@ impl SharedFd {
             });
             if here != Some(true) {
                 if let Some(home) = self.fixed_home.get().and_then(|w| w.upgrade()) {
-                    home.release_slot(slot);
+                    // Refused only once that core has gone, its ring and table with it.
+                    let _ = home.wake.push(crate::core::InboxItem::ReleaseSlot(slot));
                 }
             }
         }

@@ -263,6 +263,25 @@ fn recycle_orphan(data: &mut dyn Any, _res: i32, flags: u32) {
     }
 }
 
+/// A provided-buffer receive's completion as what it gave: the buffer it filled, an empty one
+/// at the end of the stream, or the error (a buffer it took anyway goes back to the ring).
+fn completed(inner: Rc<Inner>, res: i32, flags: u32) -> io::Result<ProvidedBuf> {
+    let buffer = (flags & CQE_F_BUFFER != 0).then_some((flags >> CQE_BUFFER_SHIFT) as u16);
+    match (cvt(res), buffer) {
+        (Ok(n), bid) => Ok(ProvidedBuf {
+            ring: inner,
+            bid,
+            len: if bid.is_some() { n as usize } else { 0 },
+        }),
+        (Err(e), bid) => {
+            if let Some(bid) = bid {
+                inner.recycle(bid);
+            }
+            Err(e)
+        }
+    }
+}
+
 pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<ProvidedBuf> {
     let inner = ring.inner.clone();
     if inner.uring {
@@ -276,24 +295,7 @@ pub(crate) async fn recv_provided(fd: &SharedFd, ring: &BufRing) -> io::Result<P
         })
         .on_orphan(recycle_orphan);
         let (res, flags, inner) = op.await;
-        let buffer = (flags & CQE_F_BUFFER != 0).then_some((flags >> CQE_BUFFER_SHIFT) as u16);
-        match (cvt(res), buffer) {
-            (Ok(n), Some(bid)) => Ok(ProvidedBuf {
-                ring: inner,
-                bid: Some(bid),
-                len: n as usize,
-            }),
-            (Ok(_), None) => Ok(ProvidedBuf {
-                ring: inner,
-                bid: None,
-                len: 0,
-            }),
-            (Err(e), Some(bid)) => {
-                inner.recycle(bid);
-                Err(e)
-            }
-            (Err(e), None) => Err(e),
-        }
+        completed(inner, res, flags)
     } else {
         let Some(bid) = inner.free.borrow_mut().pop() else {
             return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
@@ -372,28 +374,9 @@ impl<'a> RecvMulti<'a> {
                 // The kernel ended this multishot; the next call arms another.
                 self.op = None;
             }
-            let buffer = (flags & CQE_F_BUFFER != 0).then_some((flags >> CQE_BUFFER_SHIFT) as u16);
-            return Some(match (cvt(res), buffer) {
-                (Ok(n), Some(bid)) => Ok(ProvidedBuf {
-                    ring: inner,
-                    bid: Some(bid),
-                    len: n as usize,
-                }),
-                (Ok(_), None) => {
-                    self.ended = true;
-                    Ok(ProvidedBuf {
-                        ring: inner,
-                        bid: None,
-                        len: 0,
-                    })
-                }
-                (Err(e), bid) => {
-                    if let Some(bid) = bid {
-                        inner.recycle(bid);
-                    }
-                    Err(e)
-                }
-            });
+            let r = completed(inner, res, flags);
+            self.ended = matches!(&r, Ok(b) if b.is_empty());
+            return Some(r);
         }
     }
 }

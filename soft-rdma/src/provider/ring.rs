@@ -566,7 +566,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                 }
                 // The first reads into a look buffer of the core's (handed out in order
                 // this pass): an idle socket's look then costs no provided-buffer selection
-                // (`recv-floor`: 366 against 392 ns), and bytes that come are fed from there.
+                // (`recv-floor`: 3-10% cheaper), and bytes that come are fed from there.
                 // The rest of a burst take provided buffers, as many as the socket fills.
                 {
                     let k = r.next_look.get();

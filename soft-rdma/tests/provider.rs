@@ -584,6 +584,15 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
     });
 }
 
+/// `n` connected pairs between `a` and `b`.
+async fn pairs(a: &End, b: &End, n: usize, crc: bool) -> Vec<(QueuePair, QueuePair)> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(pair(a, b, crc).await);
+    }
+    v
+}
+
 /// Posts one signaled WRITE of `len` bytes on each pair's connecting queue pair, from offset
 /// `src_at(n)` of `smr` to offset `n * len` of `dmr` for pair `n`, all at once, and waits for
 /// every completion (each comes once the peer placed the bytes).
@@ -625,10 +634,7 @@ fn a_loaded_core_makes_at_most_one_ring_call_per_pass() {
     const LEN: usize = 4096;
     rt().block_on(async {
         let (a, b) = (end(), end());
-        let mut pairs = Vec::new();
-        for _ in 0..PAIRS {
-            pairs.push(pair(&a, &b, true).await);
-        }
+        let pairs = pairs(&a, &b, PAIRS, true).await;
         let mut src = vec![5u8; LEN];
         let mut dst = vec![0u8; LEN * PAIRS];
         let smr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
@@ -672,10 +678,7 @@ fn queue_pairs_polled_in_the_same_pass_keep_their_own_bytes() {
     const LEN: usize = 200;
     rt().block_on(async {
         let (a, b) = (end(), end());
-        let mut pairs = Vec::new();
-        for _ in 0..PAIRS {
-            pairs.push(pair(&a, &b, false).await);
-        }
+        let pairs = pairs(&a, &b, PAIRS, false).await;
         let mut src = vec![0u8; LEN * PAIRS];
         let mut dst = vec![0u8; LEN * PAIRS];
         let smr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);

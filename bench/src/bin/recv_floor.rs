@@ -43,6 +43,9 @@ struct Opts {
     cpu: usize,
 }
 
+/// Bytes one look may take (the provider's receive buffers are this size).
+const BUF: usize = 16 * 1024;
+
 fn pair() -> (TcpStream, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind");
     let c = TcpStream::connect(l.local_addr().unwrap()).expect("connect");
@@ -79,11 +82,11 @@ fn main() {
         .build()
         .expect("an io_uring runtime");
     rt.block_on(async move {
-        let (mine, peer) = pair();
+        let (mine, mut peer) = pair();
         let fd = mine.as_raw_fd();
-        let mut buf = [0u8; 16 * 1024];
+        let mut buf = [0u8; BUF];
         let q = RawQueue::new().expect("an io_uring core");
-        let ring = BufRing::new(64, 16 * 1024).expect("a provided-buffer ring");
+        let ring = BufRing::new(64, BUF).expect("a provided-buffer ring");
         // SAFETY: epoll_create1 with valid flags.
         let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         assert!(ep >= 0, "epoll_create1");
@@ -101,7 +104,7 @@ fn main() {
                     .flags(libc::MSG_DONTWAIT)
                     .build()
             } else {
-                opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), 16 * 1024)
+                opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), BUF as u32)
                     .buf_group(ring.group_id())
                     .flags(libc::MSG_DONTWAIT)
                     .build()
@@ -119,7 +122,6 @@ fn main() {
             }
             c.result
         };
-        let mut peer = peer;
         let names = [
             "recv (MSG_DONTWAIT)",
             "epoll_wait(0) + recv",

@@ -41,7 +41,7 @@
 //! Under SQPOLL none of that holds (a kernel thread submits on its own time): there the queue
 //! pairs send from copies and receive into provided buffers only (`sqpoll.rs`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -83,7 +83,7 @@ pub(super) struct Ring {
     /// The buffers a pass's first polled receive of each queue pair reads into (see `arm`),
     /// handed out in order from the start of each pass, and the next one to hand out.
     looks: RefCell<Vec<Box<[u8]>>>,
-    next_look: std::cell::Cell<usize>,
+    next_look: Cell<usize>,
     /// The ring is SQPOLL: sends go from copies, receives into provided buffers only, through
     /// the queue pairs' wires (`sqpoll.rs`).
     pub(super) copy: bool,
@@ -114,7 +114,7 @@ impl Ring {
             polling: RefCell::new(Vec::new()),
             backlog: RefCell::new(Vec::new()),
             looks: RefCell::new(Vec::new()),
-            next_look: std::cell::Cell::new(0),
+            next_look: Cell::new(0),
             copy: !raw.completes_in_submit(),
             wires: RefCell::new(Wires::default()),
             raw,

@@ -484,6 +484,69 @@ fn a_million_messages_arrive_in_order_exactly_once_through_wraps_and_backpressur
 }
 
 #[test]
+fn recv_many_takes_what_is_there_in_order_up_to_its_limit_then_ends_with_closed() {
+    const N: u64 = 5_000;
+    pair(
+        |_node, ep| async move {
+            let (_tx, rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            let (_btx, brx) = ep
+                .open_bare_channel::<String>(ChannelOptions::new(16, 64))
+                .await
+                .unwrap();
+            // Let the sender fill the ring: a full ring is there at once.
+            time::sleep(Duration::from_millis(200)).await;
+            let mut got = Vec::new();
+            assert_eq!(rx.recv_many(&mut got, 0).await.unwrap(), 0);
+            assert_eq!(rx.recv_many(&mut got, 10).await.unwrap(), 10);
+            assert_eq!(got, (0..10).collect::<Vec<u64>>());
+            let mut largest = 0;
+            while (got.len() as u64) < N {
+                let before = got.len();
+                let n = rx.recv_many(&mut got, 100).await.unwrap();
+                assert!((1..=100).contains(&n), "took {n}");
+                assert_eq!(got.len(), before + n, "appended what it said");
+                largest = largest.max(n);
+            }
+            assert_eq!(got, (0..N).collect::<Vec<u64>>(), "in order, each once");
+            assert!(largest > 1, "some call took a batch");
+            // The sender is gone once all was taken: nothing more, and Closed.
+            let before = got.len();
+            assert_eq!(rx.recv_many(&mut got, 100).await, Err(Error::Closed));
+            assert_eq!(got.len(), before);
+            // A codec that is not plain data decodes each message the same way.
+            let mut words = Vec::new();
+            while words.len() < 3 {
+                brx.recv_many(&mut words, 8).await.unwrap();
+            }
+            assert_eq!(words, ["one", "two", "three"]);
+        },
+        |_node, ep| async move {
+            let (tx, _rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            let (btx, _brx) = ep
+                .open_bare_channel::<String>(ChannelOptions::new(16, 64))
+                .await
+                .unwrap();
+            for w in ["one", "two", "three"] {
+                btx.send(&w.to_string()).await.unwrap();
+            }
+            btx.flush().await.unwrap();
+            for i in 0..N {
+                tx.send(&i).await.unwrap();
+            }
+            tx.flush().await.unwrap();
+            drop(tx);
+            linger().await;
+        },
+    );
+}
+
+#[test]
 fn dropping_a_channel_leaves_the_connection_usable() {
     pair(
         |_node, ep| async move {

@@ -34,10 +34,23 @@ pub trait Codec<T> {
         fill(bytes);
         Self::decode(bytes)
     }
+    /// Decodes a `len`-byte message as `decode_from` does and appends it to `out`: for a
+    /// receiver taking many at once ([`Receiver::recv_many`](super::Receiver::recv_many)),
+    /// which plain-old-data fills in place, with no value moved through a `Result`.
+    fn decode_push(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<T>) -> Result<()> {
+        out.push(Self::decode_from(len, fill)?);
+        Ok(())
+    }
 }
 
 /// Plain-old-data as its own bytes: no encoding step at all.
 pub struct Raw;
+
+impl Raw {
+    fn wrong_size<T>(len: usize) -> Error {
+        Error::Malformed(format!("{len} bytes for a {}", std::any::type_name::<T>()))
+    }
+}
 
 impl<T: Pod> Codec<T> for Raw {
     const ID: u8 = 0;
@@ -50,15 +63,22 @@ impl<T: Pod> Codec<T> for Raw {
     }
     fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
         if len != std::mem::size_of::<T>() {
-            return Err(Error::Malformed(format!(
-                "{len} bytes for a {}",
-                std::any::type_name::<T>()
-            )));
+            return Err(Raw::wrong_size::<T>(len));
         }
         // Straight into the value: one copy out of the ring.
         let mut v = T::zeroed();
         fill(bytemuck::bytes_of_mut(&mut v));
         Ok(v)
+    }
+    fn decode_push(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<T>) -> Result<()> {
+        if len != std::mem::size_of::<T>() {
+            return Err(Raw::wrong_size::<T>(len));
+        }
+        // Straight into the vector's new element: one copy out of the ring.
+        out.push(T::zeroed());
+        let last = out.last_mut().expect("just pushed");
+        fill(bytemuck::bytes_of_mut(last));
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Result<T> {
         bytemuck::try_pod_read_unaligned(bytes).map_err(|e| {

@@ -12,7 +12,9 @@ use serde::Serialize;
 
 use super::ring::{extent, RxState};
 use super::send::TxState;
-use super::{credit_step, Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender, Waiters};
+use super::{
+    credit_step, run_limit, Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender, Waiters,
+};
 use crate::control::{imm, Control};
 use crate::endpoint::{ChanRef, Endpoint, Inner};
 use crate::error::{Error, Result};
@@ -94,6 +96,7 @@ impl Endpoint {
             posted: Cell::new(0),
             run_at: Cell::new(0),
             signal_at: Cell::new(credit_step(opts.capacity)),
+            run_limit: run_limit(slot),
             last_len: Cell::new(0),
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),

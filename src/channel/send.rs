@@ -44,6 +44,8 @@ pub(crate) struct TxState {
     /// The next message count that is a multiple of the credit step: the run that reaches
     /// it is signaled.
     pub(super) signal_at: Cell<u64>,
+    /// A run this many messages long is posted at once (see `run_limit`).
+    pub(super) run_limit: u64,
     /// Length of the last message written (the run's WRITE ends there).
     pub(super) last_len: Cell<usize>,
     /// On the core's flush list.

@@ -84,7 +84,11 @@ fn runtime(cpu: usize) -> barewire::engine::Runtime {
         .expect("runtime")
 }
 
-/// The far side of a barewire run: echo `pings()` messages, then count `n` and acknowledge.
+/// Messages a `recv_many` call may take at once in the batched run.
+const BATCH: usize = 1024;
+
+/// The far side of a barewire run: echo `pings()` messages, then count `n` taken one `recv` at
+/// a time and acknowledge, then `n` more taken with `recv_many` and acknowledge.
 fn serve_barewire(cpu: usize, n: usize) {
     runtime(cpu).block_on(async move {
         let node = node();
@@ -101,13 +105,19 @@ fn serve_barewire(cpu: usize, n: usize) {
             rx.recv().await.unwrap();
         }
         tx.send(&[1; 64]).await.unwrap();
+        let (mut got, mut batch) = (0, Vec::with_capacity(BATCH));
+        while got < n {
+            batch.clear();
+            got += rx.recv_many(&mut batch, BATCH).await.unwrap();
+        }
+        tx.send(&[1; 64]).await.unwrap();
         // The client hangs up once it has this; a flush that loses that race is fine.
         let _ = tx.flush().await;
     });
 }
 
-/// Returns (ping-pong p50 in µs, messages per second).
-fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
+/// Returns (ping-pong p50 in µs, messages per second taken by `recv`, by `recv_many`).
+fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64, f64) {
     let port =
         barewire_bench::spawn_ready(&["--serve-barewire", &cpus[1].to_string(), &n.to_string()]);
     let (port, mut child) = port;
@@ -129,12 +139,18 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64) {
             }
             let warm = pings / 10;
             let p50 = median(&mut lat[warm..]);
-            let t = Instant::now();
-            for i in 0..n {
-                tx.send(&[i as u8; 64]).await.unwrap();
+            // The same sender both times; the server takes the first n with `recv`, the
+            // second with `recv_many`.
+            let mut rates = [0.0; 2];
+            for rate in &mut rates {
+                let t = Instant::now();
+                for i in 0..n {
+                    tx.send(&[i as u8; 64]).await.unwrap();
+                }
+                rx.recv().await.unwrap(); // everything arrived
+                *rate = n as f64 / t.elapsed().as_secs_f64();
             }
-            rx.recv().await.unwrap(); // everything arrived
-            (p50, n as f64 / t.elapsed().as_secs_f64())
+            (p50, rates[0], rates[1])
         })
     })
     .join()
@@ -371,15 +387,17 @@ fn main() {
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);
-    let (mut framed_rate, mut fed_rate) = (vec![], vec![]);
+    let (mut framed_rate, mut fed_rate, mut many_rate) = (vec![], vec![], vec![]);
     for rep in 0..reps {
-        let (lat, rate) = run_barewire(cpus, n);
+        let (lat, rate, many) = run_barewire(cpus, n);
+        many_rate.push(many);
         let raw = raw_write(cpus);
         if channel_only {
             println!(
-                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s",
+                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s",
                 raw.map_or("-".into(), |v| format!("{v:.2} us")),
-                rate / 1e6
+                rate / 1e6,
+                many / 1e6
             );
             chan_lat.push(lat);
             chan_rate.push(rate);
@@ -392,9 +410,10 @@ fn main() {
         let fed = run_tokio_framed(cpus, n, true);
         let ucx = ucx_am_bw(cpus);
         println!(
-            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
+            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
             rate / 1e6,
+            many / 1e6,
             framed / 1e6,
             fed / 1e6,
             tok / 1e6,
@@ -418,6 +437,7 @@ fn main() {
     );
     let fr = m(&mut framed_rate);
     let fd = m(&mut fed_rate);
+    let mr = m(&mut many_rate);
     // A figure that was not measured reads "-", not NaN.
     let raw = if rl.is_nan() {
         "raw WRITE - (not measured)".to_string()
@@ -426,8 +446,9 @@ fn main() {
     };
     if channel_only {
         println!(
-            "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s",
-            cr / 1e6
+            "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s, with recv_many {:.3} M msg/s",
+            cr / 1e6,
+            mr / 1e6
         );
         return;
     }
@@ -448,5 +469,15 @@ fn main() {
         cr / fd,
         fr / 1e6,
         cr / fr
+    );
+    println!(
+        "medians, the receiver taking batches (recv_many): channel {:.3} M msg/s vs tokio buffered {:.2}x, vs {}",
+        mr / 1e6,
+        mr / tr,
+        if ur.is_nan() {
+            "UCX am_bw - (not measured)".to_string()
+        } else {
+            format!("UCX am_bw {:.2}x", mr / ur)
+        }
     );
 }

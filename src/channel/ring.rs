@@ -64,6 +64,7 @@ impl RxState {
     /// lands before the message and its mark after. A consumed slot is zeroed, so a length
     /// that reads non-zero is this message's, and a mark at the end it gives is its last bytes.
     /// A length too large for the slot counts as landed, for `recv` to report.
+    #[inline]
     pub(super) fn landed(&self, at: usize) -> bool {
         match self.len_at(at) {
             None => false,

@@ -150,6 +150,7 @@ thread_local! {
     static FLUSHER: Cell<u64> = const { Cell::new(0) };
 }
 
+#[inline]
 pub(super) fn schedule(st: &Rc<TxState>) {
     if st.listed.replace(true) {
         return;

@@ -48,7 +48,7 @@ pub use barewire_soft_rdma as soft_rdma;
 pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Sender};
 pub use distributed::DistributedChannel;
 pub use endpoint::{Endpoint, DEFAULT_HANDSHAKE_TIMEOUT};
-pub use error::{Error, Result};
+pub use error::{Error, Mismatch, Result};
 pub use mesh::{Mesh, JOIN_WAIT};
 pub use node::Node;
 pub use region::{Align, Fingerprint, Region, RemoteRegion};

@@ -85,10 +85,7 @@ impl Fingerprint {
         if self == found {
             Ok(())
         } else {
-            Err(Error::TypeMismatch {
-                expected: self.to_string(),
-                found: found.to_string(),
-            })
+            Err(Error::type_mismatch(self.to_string(), found.to_string()))
         }
     }
 }

@@ -717,10 +717,7 @@ impl Sys {
             .get(kind)
             .ok_or_else(|| Error::Invalid(format!("no actor kind {kind:?} registered")))?;
         if *fp != fingerprint::<A>() {
-            return Err(Error::TypeMismatch {
-                expected: fingerprint::<A>(),
-                found: fp.clone(),
-            });
+            return Err(Error::type_mismatch(fingerprint::<A>(), fp.clone()));
         }
         Ok(f.clone())
     }

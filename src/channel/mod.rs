@@ -36,9 +36,10 @@ mod tests;
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::rc::Rc;
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 
 use barewire_drivers::{Buffer, Remote, SendOp};
 
@@ -388,14 +389,19 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// The next message, in the order sent. Waits for one; [`Error::Closed`] once the sender
     /// is gone and everything it sent has been received; [`Error::PeerGone`] if the connection
     /// failed.
-    pub async fn recv(&self) -> Result<T> {
-        loop {
-            // A message already here is taken without a future of its own.
-            if let Some(item) = self.try_take() {
-                return item;
-            }
-            self.wait().await?;
-        }
+    ///
+    /// A message already here is taken and returned by the first poll, with no state machine
+    /// of its own around it (the value is moved as few times as the compiler allows; a
+    /// receiver that keeps up with a stream of small messages moves none with
+    /// [`recv_many`](Self::recv_many)).
+    pub fn recv(&self) -> impl Future<Output = Result<T>> + '_ {
+        poll_fn(move |cx| match self.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(
+                self.take(|len, at| C::decode_from(len, |out| self.st.ring.read_at(at, out))),
+            ),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        })
     }
 
     /// Waits for the next message, then appends it and every further message already here,
@@ -451,31 +457,26 @@ impl<T, C: Codec<T>> Receiver<T, C> {
 
     /// Waits until the next message is here, or the channel is closed or failed.
     async fn wait(&self) -> Result<()> {
-        poll_fn(|cx| {
-            if self.ready() {
-                return Poll::Ready(Ok(()));
-            }
-            if self.st.closed.get() {
-                return Poll::Ready(Err(Error::Closed));
-            }
-            if let Some(e) = &self.inner().shared.borrow().error {
-                return Poll::Ready(Err(e.clone()));
-            }
-            self.st.waker.register(cx.waker());
-            if self.st.polled {
-                watch(&self.st, self.tail.get() * self.st.slot);
-            }
-            Poll::Pending
-        })
-        .await
+        poll_fn(|cx| self.poll_ready(cx)).await
     }
 
-    /// Takes the next message if it is here (`None`: it is not).
-    fn try_take(&self) -> Option<Result<T>> {
-        if !self.ready() {
-            return None;
+    /// Ready once the next message is here (`Ok`), or the channel is closed or failed (`Err`);
+    /// otherwise registers to be woken when that changes.
+    fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if self.ready() {
+            return Poll::Ready(Ok(()));
         }
-        Some(self.take(|len, at| C::decode_from(len, |out| self.st.ring.read_at(at, out))))
+        if self.st.closed.get() {
+            return Poll::Ready(Err(Error::Closed));
+        }
+        if let Some(e) = &self.inner().shared.borrow().error {
+            return Poll::Ready(Err(e.clone()));
+        }
+        self.st.waker.register(cx.waker());
+        if self.st.polled {
+            watch(&self.st, self.tail.get() * self.st.slot);
+        }
+        Poll::Pending
     }
 
     /// Takes the next message, which is here (`ready`): `decode` gets its length and where its

@@ -137,9 +137,11 @@ impl Endpoint {
             .await
             .map_err(|e| half_done(inner, e))?;
         let mismatch = fp.check(&pfp).err().or_else(|| {
-            (pcodec != C::ID).then(|| Error::TypeMismatch {
-                expected: format!("{fp} with codec {}", C::ID),
-                found: format!("{pfp} with codec {pcodec}"),
+            (pcodec != C::ID).then(|| {
+                Error::type_mismatch(
+                    format!("{fp} with codec {}", C::ID),
+                    format!("{pfp} with codec {pcodec}"),
+                )
             })
         });
         if let Some(e) = mismatch {
@@ -218,10 +220,10 @@ impl Endpoint {
             }
             Err(reason) => {
                 inner.shared.borrow_mut().chans.remove(&id);
-                return Err(Error::TypeMismatch {
-                    expected: format!("{fp} with codec {}", C::ID),
-                    found: format!("a channel the peer refused: {reason}"),
-                });
+                return Err(Error::type_mismatch(
+                    format!("{fp} with codec {}", C::ID),
+                    format!("a channel the peer refused: {reason}"),
+                ));
             }
         }
         let credit_src = Buffer::new(&inner.pd, 64, 64, Access::LOCAL_WRITE)?;

@@ -205,7 +205,7 @@ impl Inner {
                     barewire_drivers::WcStatus::WrFlushErr | barewire_drivers::WcStatus::RetryExcErr,
                 ..
             } => self.fail_with(Error::PeerGone(e.to_string())),
-            e => Error::Driver(e),
+            e => Error::from(e),
         }
     }
 
@@ -652,7 +652,7 @@ impl Endpoint {
             })
             .await
         {
-            Err(Error::Driver(DriverError::Unsupported(_))) => {
+            Err(Error::Driver(e)) if matches!(*e, DriverError::Unsupported(_)) => {
                 let mut seen = self.read(r, i).await?;
                 loop {
                     let old = self.compare_and_swap(r, i, seen, new).await?;

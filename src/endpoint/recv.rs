@@ -91,7 +91,7 @@ impl Inner {
                 wr_id: id as u64,
                 sges: vec![sge],
             })
-            .map_err(Error::Driver)?;
+            .map_err(Error::from)?;
         self.recv.posted.set(self.recv.posted.get() + 1);
         Ok(())
     }

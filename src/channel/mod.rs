@@ -218,7 +218,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
 
     /// Places `bytes` as the next message if the ring has room for it (`false`: it has not,
     /// or the channel has failed; `send_bytes` then waits and reports). The error is boxed:
-    /// this runs once per message, and a `Result<(), Error>` is 56 bytes that every caller
+    /// this runs once per message, and a `Result<(), Error>` is four words that every caller
     /// would copy on the way back, `Ok` or not. Inlined into `send`, where a plain-data
     /// message's length is a constant and its copies need no call.
     #[inline(always)]

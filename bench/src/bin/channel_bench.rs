@@ -11,7 +11,7 @@
 //!   beside `--driver soft`, over shared memory, `UCX_TLS=posix,sysv,cma,self`, beside
 //!   `--driver shm`).
 //!
-//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--channel-only]   (--help says more)
+//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--capacity SLOTS] [--channel-only]   (--help says more)
 
 use std::io::Write;
 
@@ -47,6 +47,10 @@ struct Cli {
     /// two processes on one host through shared memory.
     #[arg(long, default_value = "soft")]
     driver: String,
+    /// Slots in each direction's ring (each 72 bytes for a 64-byte message): how many
+    /// messages may be in flight before the sender waits for credits.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..))]
+    capacity: u32,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_barewire: Option<Vec<usize>>,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
@@ -73,8 +77,15 @@ fn node() -> Node {
     Node::with_config(&barewire::drivers::DriverConfig::parse(&driver(), None).unwrap()).unwrap()
 }
 
-/// Slots sized for the message (64 B + the 4-byte length), a ring of 1024.
-const OPTS: ChannelOptions = ChannelOptions::new(1024, 64);
+/// Slots sized for the message (64 B + the 4-byte length), in a ring of `--capacity` (passed
+/// to the server half through the environment).
+fn opts() -> ChannelOptions {
+    let capacity = std::env::var("CHANNEL_BENCH_CAPACITY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
+    ChannelOptions::new(capacity, 64)
+}
 
 fn runtime(cpu: usize) -> barewire::engine::Runtime {
     barewire::engine::Runtime::builder()
@@ -96,7 +107,7 @@ fn serve_barewire(cpu: usize, n: usize) {
         println!("READY {port}");
         std::io::stdout().flush().unwrap();
         let ep = node.accept().await.unwrap();
-        let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
+        let (tx, rx) = ep.open_channel::<[u8; 64]>(opts()).await.unwrap();
         for _ in 0..pings() {
             let m = rx.recv().await.unwrap();
             tx.send(&m).await.unwrap();
@@ -128,7 +139,7 @@ fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64, f64) {
                 .connect(format!("127.0.0.1:{port}").parse().unwrap())
                 .await
                 .unwrap();
-            let (tx, rx) = ep.open_channel::<[u8; 64]>(OPTS).await.unwrap();
+            let (tx, rx) = ep.open_channel::<[u8; 64]>(opts()).await.unwrap();
             let pings = pings();
             let mut lat = Vec::with_capacity(pings);
             for i in 0..pings {
@@ -384,6 +395,7 @@ fn main() {
     // Before any thread or child starts: the server halves read it (they are started with
     // their own arguments only).
     std::env::set_var("CHANNEL_BENCH_DRIVER", &cli.driver);
+    std::env::set_var("CHANNEL_BENCH_CAPACITY", cli.capacity.to_string());
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);

@@ -143,16 +143,7 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
 /// before it.
 #[test]
 fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
-    use crate::Node;
     use std::time::{Duration, Instant};
-    let shm = || Node::with_config(&DriverConfig::parse("shm", None).unwrap()).unwrap();
-    let rt = || {
-        barewire_engine::Runtime::builder()
-            .cores(1)
-            .sleeping()
-            .build()
-            .unwrap()
-    };
     async fn recv_woken(rx: &Receiver<u64>) -> u64 {
         let fallback =
             barewire_engine::spawn_local(barewire_engine::time::sleep(Duration::from_secs(5)));
@@ -166,18 +157,10 @@ fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
         );
         got
     }
-    let (port_tx, port_rx) = std::sync::mpsc::channel();
-    let receiver = std::thread::spawn(move || {
-        rt().block_on(async move {
-            let node = shm();
-            port_tx
-                .send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
-                .unwrap();
-            let ep = node.accept().await.unwrap();
-            let (tx, rx) = ep
-                .open_channel::<u64>(ChannelOptions::new(16, 8))
-                .await
-                .unwrap();
+    let opts = ChannelOptions::new(16, 8);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
             for i in 0..3 {
                 assert_eq!(recv_woken(&rx).await, i);
                 tx.send(&i).await.unwrap();
@@ -187,6 +170,97 @@ fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
             tx.send(&100).await.unwrap();
             // The sender hangs up once it has this; a flush that loses that race is fine.
             let _ = tx.flush().await;
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            for i in 0..3 {
+                tx.send(&i).await.unwrap();
+                assert_eq!(recv_woken(&rx).await, i);
+            }
+            assert!(
+                tx.st.direct.get().is_some(),
+                "the receiver's ring is mapped once granted"
+            );
+            barewire_engine::time::sleep(Duration::from_millis(300)).await;
+            tx.send(&99).await.unwrap();
+            // Bounded, so that a receiver that failed ends the test rather than hanging it.
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(100))), "no answer from the receiver");
+        },
+    );
+}
+
+/// Over shm, `recv_many` takes messages that came both ways a sender places them: stored
+/// straight into the ring (the first after each pause) and in runs (the rest of each burst),
+/// through many wraps of a small ring, in order and each once.
+#[test]
+fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
+    use std::time::Duration;
+    const N: u64 = 20_000;
+    let opts = ChannelOptions::new(64, 8);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            let (mut got, mut batches) = (Vec::new(), 0u64);
+            while (got.len() as u64) < N {
+                let n = rx.recv_many(&mut got, 50).await.unwrap();
+                assert!((1..=50).contains(&n), "took {n}");
+                batches += 1;
+            }
+            assert_eq!(got, (0..N).collect::<Vec<u64>>(), "in order, each once");
+            assert!(batches < N, "some call took more than one message");
+            tx.send(&N).await.unwrap();
+            let _ = tx.flush().await;
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            let (mut i, mut burst) = (0u64, 1u64);
+            while i < N {
+                for _ in 0..burst.min(N - i) {
+                    tx.send(&i).await.unwrap();
+                    i += 1;
+                }
+                // A pause: the next message goes straight into the ring once it is mapped.
+                barewire_engine::time::sleep(Duration::from_micros(100)).await;
+                burst = burst % 150 + 7;
+            }
+            assert!(
+                tx.st.direct.get().is_some(),
+                "the receiver's ring was mapped, so the direct path ran"
+            );
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(N))), "no answer from the receiver");
+        },
+    );
+}
+
+/// Two shm nodes, each on a one-core runtime that sleeps when idle: `server` runs on the
+/// accepting one in its own thread, `client` on the connecting one here.
+fn over_shm<S, SF, C, CF>(server: S, client: C)
+where
+    S: FnOnce(crate::Endpoint) -> SF + Send + 'static,
+    SF: std::future::Future<Output = ()> + 'static,
+    C: FnOnce(crate::Endpoint) -> CF,
+    CF: std::future::Future<Output = ()>,
+{
+    use crate::Node;
+    let shm = || Node::with_config(&DriverConfig::parse("shm", None).unwrap()).unwrap();
+    let rt = || {
+        barewire_engine::Runtime::builder()
+            .cores(1)
+            .sleeping()
+            .build()
+            .unwrap()
+    };
+    let (port_tx, port_rx) = std::sync::mpsc::channel();
+    let accepting = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let node = shm();
+            port_tx
+                .send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                .unwrap();
+            let ep = node.accept().await.unwrap();
+            server(ep).await;
         })
     });
     let port = port_rx.recv().unwrap();
@@ -196,23 +270,7 @@ fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
             .connect(format!("127.0.0.1:{port}").parse().unwrap())
             .await
             .unwrap();
-        let (tx, rx) = ep
-            .open_channel::<u64>(ChannelOptions::new(16, 8))
-            .await
-            .unwrap();
-        for i in 0..3 {
-            tx.send(&i).await.unwrap();
-            assert_eq!(recv_woken(&rx).await, i);
-        }
-        assert!(
-            tx.st.direct.get().is_some(),
-            "the receiver's ring is mapped once granted"
-        );
-        barewire_engine::time::sleep(Duration::from_millis(300)).await;
-        tx.send(&99).await.unwrap();
-        // Bounded, so that a receiver that failed ends the test rather than hanging it.
-        let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
-        assert!(matches!(answer, Ok(Ok(100))), "no answer from the receiver");
+        client(ep).await;
     });
-    receiver.join().unwrap();
+    accepting.join().unwrap();
 }

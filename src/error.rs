@@ -11,8 +11,6 @@ use barewire_drivers::DriverError;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// The RDMA layer failed (setup, a post, or a work request completed with an error).
-    /// Boxed, as the large variants here are, so that an `Error`, and every `Result` of
-    /// barewire's, stays at 32 bytes (see [`Error`]).
     #[error("{0}")]
     Driver(#[source] Box<DriverError>),
     /// The peer described a region or channel of another type than the one asked for.

@@ -83,7 +83,7 @@ fn opts() -> ChannelOptions {
     let capacity = std::env::var("CHANNEL_BENCH_CAPACITY")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1024);
+        .expect("main sets CHANNEL_BENCH_CAPACITY from --capacity before either half starts");
     ChannelOptions::new(capacity, 64)
 }
 

@@ -279,8 +279,9 @@ impl CompletionQueue {
 
     /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
     /// when it sleeps).
-    pub async fn next(&self) -> WorkCompletion {
-        self.queue.next().await
+    #[inline]
+    pub fn next(&self) -> impl std::future::Future<Output = WorkCompletion> + '_ {
+        self.queue.next()
     }
 }
 

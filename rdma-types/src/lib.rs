@@ -32,7 +32,7 @@ mod qp;
 mod region;
 mod wr;
 
-pub use cq::{CompletionQueue, WcOpcode, WcStatus, WorkCompletion};
+pub use cq::{CompletionQueue, Next, WcOpcode, WcStatus, WorkCompletion};
 pub use mr::{
     Access, Device, MemoryRegion, ProtectionDomain, Stag, StagHasher, StagMap, Violation, Window,
 };

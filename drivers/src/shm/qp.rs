@@ -77,8 +77,10 @@ enum Work {
 
 /// How far one entry got.
 enum Step {
-    /// Finished; its completion (if any) is to be delivered.
-    Done(Option<WorkCompletion>),
+    /// Finished; `Some(bytes)`: it is signaled, and its completion carries `bytes`. (The
+    /// completion itself is built by the caller, which holds the request: a small return
+    /// value stays in registers, where a whole completion went through memory.)
+    Done(Option<u32>),
     /// It waits (for ring room or a grant); later entries wait behind it.
     Wait,
 }
@@ -192,6 +194,7 @@ impl QpInner {
         &self.pd.dev
     }
 
+    #[inline]
     fn complete(&self, cq: &CompletionQueue, wc: WorkCompletion) {
         if !cq.push(wc) {
             // An overflowed completion queue, as verbs' IBV_EVENT_CQ_ERR: the queue pair can
@@ -228,11 +231,11 @@ impl QpInner {
         };
         self.revoke_invalidated();
         match step {
-            Ok(Step::Done(wc)) => {
-                if let Some(wc) = wc {
-                    self.complete(&self.scq, wc);
-                }
-            }
+            Ok(Step::Done(Some(len))) => self.complete(
+                &self.scq,
+                self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len),
+            ),
+            Ok(Step::Done(None)) => {}
             Ok(Step::Wait) => self.tx.borrow_mut().queue.push_back(Work::Op { wr, sent }),
             Err((wr_id, opcode, status)) => {
                 self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
@@ -309,9 +312,10 @@ impl QpInner {
             self.revoke_invalidated();
             match step {
                 Ok(Step::Wait) => return,
-                Ok(Step::Done(wc)) => {
-                    self.tx.borrow_mut().queue.pop_front();
-                    if let Some(wc) = wc {
+                Ok(Step::Done(len)) => {
+                    let work = self.tx.borrow_mut().queue.pop_front();
+                    if let (Some(len), Some(Work::Op { wr, .. })) = (len, work) {
+                        let wc = self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len);
                         self.complete(&self.scq, wc);
                     }
                 }
@@ -360,11 +364,7 @@ impl QpInner {
     ) -> Result<Step, (u64, WcOpcode, WcStatus)> {
         let opcode = wr.op.opcode();
         let fail = |s: WcStatus| (wr.wr_id, opcode, s);
-        let done = |len: usize| {
-            Ok(Step::Done(wr.signaled.then(|| {
-                self.wc(wr.wr_id, WcStatus::Success, opcode, len as u32)
-            })))
-        };
+        let done = |len: usize| Ok(Step::Done(wr.signaled.then_some(len as u32)));
         let total: usize = wr.sges.iter().map(|s| s.len as usize).sum();
         match wr.op {
             SendOp::Send {

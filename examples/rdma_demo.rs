@@ -129,7 +129,7 @@ fn main() {
         let op = |wr_id, op, sge| SendWr {
             wr_id,
             op,
-            sges: vec![sge],
+            sges: [sge].into(),
             signaled: true,
             fence: false,
         };

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 pub use barewire_rdma_types::{
-    Access, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag, WcOpcode, WcStatus,
+    Access, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, Stag, WcOpcode, WcStatus,
     WorkCompletion,
 };
 

@@ -34,8 +34,8 @@ mod verbs;
 
 pub use api::{
     connect, Access, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion,
-    ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Stag,
-    WcOpcode, WcStatus, Window, WorkCompletion,
+    ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges,
+    Stag, WcOpcode, WcStatus, Window, WorkCompletion,
 };
 pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote};
 pub use transport::{

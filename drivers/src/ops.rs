@@ -16,7 +16,7 @@ use barewire_engine::{spawn_local, JoinHandle};
 
 use crate::api::{
     Access, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RegionDescriptor,
-    SendOp, SendWr, Sge, WcStatus, WorkCompletion,
+    SendOp, SendWr, Sge, Sges, WcStatus, WorkCompletion,
 };
 use crate::transport::DriverError;
 
@@ -511,7 +511,7 @@ impl Endpoint {
     pub fn post_unsignaled(
         &self,
         op: SendOp,
-        sges: Vec<Sge>,
+        sges: impl Into<Sges>,
         hold: &Rc<Buffer>,
     ) -> Result<(), DriverError> {
         self.post_unsignaled_with(op, sges, hold, true)
@@ -522,14 +522,14 @@ impl Endpoint {
     pub fn post_unsignaled_with(
         &self,
         op: SendOp,
-        sges: Vec<Sge>,
+        sges: impl Into<Sges>,
         hold: &Rc<Buffer>,
         batched: bool,
     ) -> Result<(), DriverError> {
         let wr = SendWr {
             wr_id: 0,
             op,
-            sges,
+            sges: sges.into(),
             signaled: false,
             fence: false,
         };
@@ -586,7 +586,14 @@ impl Endpoint {
 
     /// Posts any send work request, signaled, with the given SGEs; `hold` names the buffers
     /// they point into, kept alive until the completion even if the future is dropped.
-    pub fn execute(&self, op: SendOp, sges: Vec<Sge>, hold: Vec<Rc<Buffer>>, fence: bool) -> Op {
+    pub fn execute(
+        &self,
+        op: SendOp,
+        sges: impl Into<Sges>,
+        hold: Vec<Rc<Buffer>>,
+        fence: bool,
+    ) -> Op {
+        let sges = sges.into();
         self.start_send(hold, |id| {
             self.qp.post_send(SendWr {
                 wr_id: id,
@@ -603,7 +610,7 @@ impl Endpoint {
             self.qp.post_send(SendWr {
                 wr_id: id,
                 op,
-                sges: vec![sge],
+                sges: sge.into(),
                 signaled: true,
                 fence: false,
             })
@@ -661,7 +668,7 @@ impl Endpoint {
         self.start(vec![dst.clone()], |id| {
             self.qp.post_recv(RecvWr {
                 wr_id: id,
-                sges: vec![sge],
+                sges: sge.into(),
             })
         })
     }

@@ -467,7 +467,7 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
             qp.post_send(SendWr {
                 wr_id: i,
                 op,
-                sges: vec![buf.sge(dst, len)],
+                sges: [buf.sge(dst, len)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -486,7 +486,7 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
                 remote_addr: r0.addr + (5 << 20),
                 rkey: r0.rkey,
             },
-            sges: vec![buf.sge(0, 4096)],
+            sges: [buf.sge(0, 4096)].into(),
             signaled: false,
             fence: false,
         })
@@ -497,7 +497,7 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
                 remote_addr: r0.addr + (5 << 20),
                 rkey: r0.rkey,
             },
-            sges: vec![buf.sge(256 << 10, 4096)],
+            sges: [buf.sge(256 << 10, 4096)].into(),
             signaled: true,
             fence: true,
         })

@@ -30,7 +30,7 @@ fn a_send_right_after_connect_finds_the_initial_receives() {
             tx.send(l.port()).unwrap();
             let recvs = vec![RecvWr {
                 wr_id: 5,
-                sges: vec![buf.sge(0, 4096)],
+                sges: [buf.sge(0, 4096)].into(),
             }];
             let (_qp, _) = l.accept_with_recvs(&pd, &scq, &rcq, recvs).await.unwrap();
             // Yield for a while before doing anything: the client's Send arrives meanwhile.
@@ -62,7 +62,7 @@ fn a_send_right_after_connect_finds_the_initial_receives() {
                 solicited: false,
                 invalidate: None,
             },
-            sges: vec![buf.sge(0, 11)],
+            sges: [buf.sge(0, 11)].into(),
             signaled: true,
             fence: false,
         })

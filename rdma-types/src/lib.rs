@@ -38,4 +38,4 @@ pub use mr::{
 };
 pub use qp::{QpState, QpTransitionError};
 pub use region::RegionDescriptor;
-pub use wr::{RecvWr, SendOp, SendWr, Sge};
+pub use wr::{RecvWr, SendOp, SendWr, Sge, Sges};

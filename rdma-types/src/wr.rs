@@ -14,6 +14,104 @@ pub struct Sge {
     pub lkey: Stag,
 }
 
+/// A work request's scatter/gather list (`sg_list` and `num_sge` of `ibv_send_wr`).
+///
+/// Up to [`Sges::INLINE`] elements live inside the request itself, so posting one costs no
+/// allocation (a latency loop posts millions); longer lists go to the heap. It reads as a
+/// slice of [`Sge`], and is made from one element, an array, a vector or an iterator.
+///
+/// ```
+/// use barewire_rdma_types::{Sge, Sges, Stag};
+/// let a = Sge { addr: 0x1000, len: 64, lkey: Stag(7) };
+/// let b = Sge { addr: 0x2000, len: 32, lkey: Stag(7) };
+/// let one = Sges::from(a);
+/// let two = Sges::from([a, b]);
+/// assert_eq!((one.len(), two.iter().map(|s| s.len).sum::<u32>()), (1, 96));
+/// assert_eq!(two, Sges::from(vec![a, b]));
+/// assert_eq!(Sges::new().len(), 0);
+/// ```
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Sges(smallvec::SmallVec<[Sge; Sges::INLINE]>);
+
+impl Sges {
+    /// How many elements a list holds without allocating.
+    pub const INLINE: usize = 2;
+
+    /// An empty list (a zero-length request).
+    pub fn new() -> Sges {
+        Sges(smallvec::SmallVec::new())
+    }
+
+    /// Appends an element.
+    pub fn push(&mut self, sge: Sge) {
+        self.0.push(sge);
+    }
+}
+
+impl std::fmt::Debug for Sges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl std::ops::Deref for Sges {
+    type Target = [Sge];
+
+    #[inline]
+    fn deref(&self) -> &[Sge] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Sges {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        &mut self.0
+    }
+}
+
+impl From<Sge> for Sges {
+    #[inline]
+    fn from(sge: Sge) -> Sges {
+        let mut list = smallvec::SmallVec::new();
+        list.push(sge);
+        Sges(list)
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for Sges {
+    fn from(sges: [Sge; N]) -> Sges {
+        sges.into_iter().collect()
+    }
+}
+
+impl From<&[Sge]> for Sges {
+    fn from(sges: &[Sge]) -> Sges {
+        Sges(smallvec::SmallVec::from_slice(sges))
+    }
+}
+
+impl From<Vec<Sge>> for Sges {
+    fn from(sges: Vec<Sge>) -> Sges {
+        Sges(smallvec::SmallVec::from_vec(sges))
+    }
+}
+
+impl FromIterator<Sge> for Sges {
+    fn from_iter<I: IntoIterator<Item = Sge>>(iter: I) -> Sges {
+        Sges(iter.into_iter().collect())
+    }
+}
+
+impl<'a> IntoIterator for &'a Sges {
+    type Item = &'a Sge;
+    type IntoIter = std::slice::Iter<'a, Sge>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 /// What a send work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -94,7 +192,7 @@ pub struct SendWr {
     /// What to do.
     pub op: SendOp,
     /// Local memory: the payload of a Send/Write, the sink of a Read.
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
     /// Produce a completion on success (errors always complete).
     pub signaled: bool,
     /// `IBV_SEND_FENCE`: start only after every earlier RDMA Read and atomic has completed
@@ -108,7 +206,7 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where an incoming Send lands, in order.
-    pub sges: Vec<Sge>,
+    pub sges: Sges,
 }
 
 impl SendOp {

@@ -65,11 +65,12 @@ fn outstanding_read(
                 remote_addr: remote.addr,
                 rkey: remote.rkey,
             },
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: mr.addr() as u64,
                 len,
                 lkey: mr.stag(),
-            }],
+            }]
+            .into(),
             signaled: true,
             fence: false,
         };

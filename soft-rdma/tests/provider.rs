@@ -89,7 +89,7 @@ async fn numbered_sends_then(
     for k in 0..=n {
         qb.post_recv(RecvWr {
             wr_id: k as u64,
-            sges: vec![sge(&bmr, len * k, len)],
+            sges: [sge(&bmr, len * k, len)].into(),
         })
         .unwrap();
     }
@@ -100,7 +100,7 @@ async fn numbered_sends_then(
                 solicited: false,
                 invalidate: None,
             },
-            sges: vec![sge(&amr, len * k, len)],
+            sges: [sge(&amr, len * k, len)].into(),
             signaled,
             fence: false,
         })
@@ -145,7 +145,7 @@ fn send_write_and_read_over_loopback_tcp() {
             // Send into a posted receive.
             qb.post_recv(RecvWr {
                 wr_id: 1,
-                sges: vec![sge(&bmr, 0, 4096)],
+                sges: [sge(&bmr, 0, 4096)].into(),
             })
             .unwrap();
             qa.post_send(SendWr {
@@ -154,7 +154,7 @@ fn send_write_and_read_over_loopback_tcp() {
                     solicited: false,
                     invalidate: None,
                 },
-                sges: vec![sge(&amr, 0, 3000)],
+                sges: [sge(&amr, 0, 3000)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -174,7 +174,7 @@ fn send_write_and_read_over_loopback_tcp() {
                     remote_addr: bmr.addr() as u64 + 4096,
                     rkey: bmr.stag(),
                 },
-                sges: vec![sge(&amr, 0, 900_000)],
+                sges: [sge(&amr, 0, 900_000)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -191,7 +191,7 @@ fn send_write_and_read_over_loopback_tcp() {
                     remote_addr: bmr.addr() as u64 + 4096,
                     rkey: bmr.stag(),
                 },
-                sges: vec![sge(&amr, 0, 900_000)],
+                sges: [sge(&amr, 0, 900_000)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -238,7 +238,7 @@ fn a_write_outside_the_region_is_terminated_over_tcp() {
                 remote_addr: bmr.addr() as u64 + 4000,
                 rkey: bmr.stag(),
             },
-            sges: vec![sge(&amr, 0, 200)],
+            sges: [sge(&amr, 0, 200)].into(),
             signaled: false,
             fence: false,
         })
@@ -250,7 +250,7 @@ fn a_write_outside_the_region_is_terminated_over_tcp() {
                 remote_addr: bmr.addr() as u64,
                 rkey: bmr.stag(),
             },
-            sges: vec![sge(&amr, 0, 16)],
+            sges: [sge(&amr, 0, 16)].into(),
             signaled: true,
             fence: false,
         })
@@ -288,7 +288,7 @@ fn a_vanished_peer_fails_outstanding_reads_within_the_timeout() {
                 remote_addr: 0x1000,
                 rkey: barewire_soft_rdma::verbs::Stag(1),
             },
-            sges: vec![sge(&amr, 0, 64)],
+            sges: [sge(&amr, 0, 64)].into(),
             signaled: true,
             fence: false,
         })
@@ -351,7 +351,7 @@ fn dropping_the_last_handle_closes_the_connection() {
                 remote_addr: 0,
                 rkey: barewire_soft_rdma::verbs::Stag(1),
             },
-            sges: vec![sge(&amr, 0, 8)],
+            sges: [sge(&amr, 0, 8)].into(),
             signaled: true,
             fence: false,
         })
@@ -381,7 +381,7 @@ fn a_refused_write_completes_with_rem_access_err_on_the_initiator() {
                 remote_addr: bmr.addr() as u64,
                 rkey: bmr.stag(),
             },
-            sges: vec![sge(&amr, 0, 64)],
+            sges: [sge(&amr, 0, 64)].into(),
             signaled: true,
             fence: false,
         })
@@ -417,7 +417,7 @@ fn an_accepted_write_completes_only_after_the_peer_placed_it() {
                 remote_addr: bmr.addr() as u64,
                 rkey: bmr.stag(),
             },
-            sges: vec![sge(&amr, 0, 1 << 20)],
+            sges: [sge(&amr, 0, 1 << 20)].into(),
             signaled: true,
             fence: false,
         })
@@ -452,7 +452,7 @@ fn sixteen_mib_write_and_read_round_trip() {
         let wr = |wr_id, op, mr: &MemoryRegion| SendWr {
             wr_id,
             op,
-            sges: vec![sge(mr, 0, N)],
+            sges: [sge(mr, 0, N)].into(),
             signaled: true,
             fence: false,
         };
@@ -511,7 +511,7 @@ fn an_idle_core_sleeps_and_wakes_for_a_message() {
                     solicited: false,
                     invalidate: None,
                 },
-                sges: vec![sge(&amr, 0, 64)],
+                sges: [sge(&amr, 0, 64)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -529,7 +529,7 @@ fn an_idle_core_sleeps_and_wakes_for_a_message() {
         let (qb, _) = l.accept(&b.pd, &b.scq, &b.rcq).await.unwrap();
         qb.post_recv(RecvWr {
             wr_id: 1,
-            sges: vec![sge(&bmr, 0, 64)],
+            sges: [sge(&bmr, 0, 64)].into(),
         })
         .unwrap();
         let before = barewire_engine::stats();
@@ -563,7 +563,7 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
         let bmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE);
         qb.post_recv(RecvWr {
             wr_id: 1,
-            sges: vec![sge(&bmr, 0, 256)],
+            sges: [sge(&bmr, 0, 256)].into(),
         })
         .unwrap();
         qa.post_send_batched(SendWr {
@@ -572,7 +572,7 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
                 solicited: false,
                 invalidate: None,
             },
-            sges: vec![sge(&amr, 0, 256)],
+            sges: [sge(&amr, 0, 256)].into(),
             signaled: false,
             fence: false,
         })
@@ -611,7 +611,7 @@ async fn write_on_each(
                 rkey: dmr.stag(),
                 remote_addr: dmr.addr() as u64 + (n * len) as u64,
             },
-            sges: vec![sge(smr, src_at(n), len)],
+            sges: [sge(smr, src_at(n), len)].into(),
             signaled: true,
             fence: false,
         })
@@ -734,7 +734,7 @@ fn a_post_outside_the_runtime_does_not_panic() {
             solicited: false,
             invalidate: None,
         },
-        sges: vec![sge(&amr, 0, 64)],
+        sges: [sge(&amr, 0, 64)].into(),
         signaled: false,
         fence: false,
     })
@@ -775,7 +775,7 @@ fn under_sqpoll_every_verb_works_without_a_system_call_per_message() {
             qa.post_send(SendWr {
                 wr_id,
                 op,
-                sges: vec![sge(&amr, off, len)],
+                sges: [sge(&amr, off, len)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -848,7 +848,7 @@ fn under_sqpoll_every_verb_works_without_a_system_call_per_message() {
         for k in 0..3u64 {
             qb.post_recv(RecvWr {
                 wr_id: k,
-                sges: vec![sge(&bmr, 64 * k as usize, 64)],
+                sges: [sge(&bmr, 64 * k as usize, 64)].into(),
             })
             .unwrap();
         }

@@ -144,7 +144,7 @@ fn send_lands_in_the_posted_receive_across_sges() {
         b.stream
             .post_recv(RecvWr {
                 wr_id: 7,
-                sges: vec![dst.sge(0, 50), dst.sge(100, 156)],
+                sges: [dst.sge(0, 50), dst.sge(100, 156)].into(),
             })
             .unwrap();
         a.stream
@@ -154,7 +154,7 @@ fn send_lands_in_the_posted_receive_across_sges() {
                     solicited: false,
                     invalidate: None,
                 },
-                sges: vec![src.sge(0, 120), src.sge(120, 80)],
+                sges: [src.sge(0, 120), src.sge(120, 80)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -190,7 +190,7 @@ fn write_larger_than_one_fpdu_lands_exactly_with_and_without_crc() {
                     remote_addr: dst.addr() + 100,
                     rkey: dst.stag(),
                 },
-                sges: vec![src.sge(0, 5000)],
+                sges: [src.sge(0, 5000)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -226,7 +226,7 @@ fn read_brings_remote_bytes_and_respects_ord() {
                 remote_addr: src.addr() + i * 1500,
                 rkey: src.stag(),
             },
-            sges: vec![sink.sge(i as usize * 1500, 1500)],
+            sges: [sink.sge(i as usize * 1500, 1500)].into(),
             signaled: true,
             fence: false,
         };
@@ -259,7 +259,7 @@ fn read_request_delivered(crc: bool) -> (Side, Side, Guarded, Guarded) {
                 remote_addr: src.addr(),
                 rkey: src.stag(),
             },
-            sges: vec![sink.sge(0, 3000)],
+            sges: [sink.sge(0, 3000)].into(),
             signaled: true,
             fence: false,
         })
@@ -306,7 +306,7 @@ fn a_small_write_carries_the_value_it_was_posted_with() {
                 remote_addr: dst.addr(),
                 rkey: dst.stag(),
             },
-            sges: vec![word.sge(0, 8)],
+            sges: [word.sge(0, 8)].into(),
             signaled: true,
             fence: false,
         })
@@ -347,7 +347,7 @@ fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
                 remote_addr: dst.addr() + 200,
                 rkey: dst.stag(),
             },
-            sges: vec![src.sge(0, 100)],
+            sges: [src.sge(0, 100)].into(),
             signaled: true,
             fence: false,
         })
@@ -378,7 +378,7 @@ fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
                 solicited: false,
                 invalidate: None,
             },
-            sges: vec![],
+            sges: [].into(),
             signaled: true,
             fence: false,
         })
@@ -401,7 +401,7 @@ fn read_with_a_bad_stag_completes_with_rem_access_err() {
             remote_addr: src.addr(),
             rkey: Stag(src.stag().0 ^ 0x5555),
         },
-        sges: vec![sink.sge(0, 64)],
+        sges: [sink.sge(0, 64)].into(),
         signaled: true,
         fence: false,
     };
@@ -431,7 +431,7 @@ fn a_write_to_a_read_only_region_is_an_access_violation() {
                 remote_addr: dst.addr(),
                 rkey: dst.stag(),
             },
-            sges: vec![src.sge(0, 16)],
+            sges: [src.sge(0, 16)].into(),
             signaled: false,
             fence: false,
         })
@@ -458,7 +458,7 @@ fn a_send_with_no_receive_posted_is_terminated() {
                 solicited: false,
                 invalidate: None,
             },
-            sges: vec![src.sge(0, 16)],
+            sges: [src.sge(0, 16)].into(),
             signaled: true,
             fence: false,
         })
@@ -483,7 +483,7 @@ fn a_corrupted_fpdu_fails_the_crc() {
                 remote_addr: dst.addr(),
                 rkey: dst.stag(),
             },
-            sges: vec![src.sge(0, 100)],
+            sges: [src.sge(0, 100)].into(),
             signaled: true,
             fence: false,
         })
@@ -513,7 +513,7 @@ fn send_with_invalidate_kills_the_named_stag() {
     b.stream
         .post_recv(RecvWr {
             wr_id: 1,
-            sges: vec![dst.sge(0, 64)],
+            sges: [dst.sge(0, 64)].into(),
         })
         .unwrap();
     a.stream
@@ -523,7 +523,7 @@ fn send_with_invalidate_kills_the_named_stag() {
                 solicited: true,
                 invalidate: Some(exposed.stag()),
             },
-            sges: vec![src.sge(0, 8)],
+            sges: [src.sge(0, 8)].into(),
             signaled: true,
             fence: false,
         })
@@ -545,7 +545,7 @@ fn send_with_invalidate_kills_the_named_stag() {
                 remote_addr: exposed.addr(),
                 rkey: exposed.stag(),
             },
-            sges: vec![src.sge(0, 8)],
+            sges: [src.sge(0, 8)].into(),
             signaled: true,
             fence: false,
         })
@@ -562,7 +562,7 @@ fn atomic_wr(wr_id: u64, op: SendOp, sink: &Guarded) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sges: vec![sink.sge(0, 8)],
+        sges: [sink.sge(0, 8)].into(),
         signaled: true,
         fence: false,
     }
@@ -760,7 +760,7 @@ fn write_with_immediate_completes_a_receive_after_the_data_landed() {
     b.stream
         .post_recv(RecvWr {
             wr_id: 55,
-            sges: vec![],
+            sges: [].into(),
         })
         .unwrap();
     a.stream
@@ -771,7 +771,7 @@ fn write_with_immediate_completes_a_receive_after_the_data_landed() {
                 rkey: dst.stag(),
                 imm: 0xC0FFEE,
             },
-            sges: vec![src.sge(0, 3000)],
+            sges: [src.sge(0, 3000)].into(),
             signaled: true,
             fence: false,
         })
@@ -796,7 +796,7 @@ fn a_fenced_send_waits_for_the_read_before_it_and_carries_its_data() {
         b.stream
             .post_recv(RecvWr {
                 wr_id: 1,
-                sges: vec![inbox.sge(0, 64)],
+                sges: [inbox.sge(0, 64)].into(),
             })
             .unwrap();
         a.stream
@@ -806,7 +806,7 @@ fn a_fenced_send_waits_for_the_read_before_it_and_carries_its_data() {
                     remote_addr: remote.addr(),
                     rkey: remote.stag(),
                 },
-                sges: vec![local.sge(0, 64)],
+                sges: [local.sge(0, 64)].into(),
                 signaled: true,
                 fence: false,
             })
@@ -818,7 +818,7 @@ fn a_fenced_send_waits_for_the_read_before_it_and_carries_its_data() {
                     solicited: false,
                     invalidate: None,
                 },
-                sges: vec![local.sge(0, 64)],
+                sges: [local.sge(0, 64)].into(),
                 signaled: true,
                 fence,
             })
@@ -845,7 +845,7 @@ fn local_invalidate_kills_the_stag_in_order() {
             op: SendOp::LocalInvalidate {
                 stag: exposed.stag(),
             },
-            sges: vec![],
+            sges: [].into(),
             signaled: true,
             fence: false,
         })
@@ -862,7 +862,7 @@ fn local_invalidate_kills_the_stag_in_order() {
                 remote_addr: exposed.addr(),
                 rkey: exposed.stag(),
             },
-            sges: vec![src.sge(0, 8)],
+            sges: [src.sge(0, 8)].into(),
             signaled: true,
             fence: false,
         })
@@ -888,7 +888,7 @@ fn a_peer_exceeding_the_negotiated_ird_is_terminated() {
                 remote_addr: src.addr(),
                 rkey: src.stag(),
             },
-            sges: vec![sink.sge(i as usize * 8, 8)],
+            sges: [sink.sge(i as usize * 8, 8)].into(),
             signaled: true,
             fence: false,
         };
@@ -933,7 +933,7 @@ fn send_queue_completions_come_in_posting_order() {
         b.stream
             .post_recv(RecvWr {
                 wr_id: 100,
-                sges: vec![inbox.sge(0, 64)],
+                sges: [inbox.sge(0, 64)].into(),
             })
             .unwrap();
         let ops = [
@@ -989,7 +989,7 @@ fn send_queue_completions_come_in_posting_order() {
                 .post_send(SendWr {
                     wr_id: i as u64,
                     op,
-                    sges: vec![sge],
+                    sges: [sge].into(),
                     signaled: true,
                     fence: false,
                 })
@@ -1029,7 +1029,7 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
                     remote_addr: dst.addr() + 2000 * k,
                     rkey: dst.stag(),
                 },
-                sges: vec![src.sge(0, 1500)],
+                sges: [src.sge(0, 1500)].into(),
                 signaled: true,
                 fence: false,
             })

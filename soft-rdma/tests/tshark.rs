@@ -688,11 +688,12 @@ fn a_live_provider_session_decodes_in_tshark() {
         };
         qb.post_recv(RecvWr {
             wr_id: 1,
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: bmr.addr() as u64,
                 len: 4096,
                 lkey: bmr.stag(),
-            }],
+            }]
+            .into(),
         })
         .unwrap();
         let ops = [
@@ -723,7 +724,7 @@ fn a_live_provider_session_decodes_in_tshark() {
             qa.post_send(SendWr {
                 wr_id: i as u64,
                 op,
-                sges: vec![sge(50_000, len)],
+                sges: [sge(50_000, len)].into(),
                 signaled: true,
                 fence: false,
             })

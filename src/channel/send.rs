@@ -125,7 +125,7 @@ impl TxState {
             self.signal_at.set((to / step + 1) * step);
             let op = inner
                 .ops
-                .execute(op, vec![sge], vec![self.staging.clone()], false);
+                .execute(op, sge, vec![self.staging.clone()], false);
             let mut inflight = self.inflight.borrow_mut();
             inflight.push_back(op);
             // Completed ones are dropped; a failure shows on the next `send` or `flush`.
@@ -137,7 +137,7 @@ impl TxState {
             // has polled the network in this pass.
             inner
                 .ops
-                .post_unsignaled_with(op, vec![sge], &self.staging, batched)
+                .post_unsignaled_with(op, sge, &self.staging, batched)
                 .map_err(|e| inner.driver_error(e))?;
         }
         Ok(())

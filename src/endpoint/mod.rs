@@ -262,7 +262,7 @@ impl Endpoint {
         for i in 0..CONTROL_RECVS {
             wrs.push(RecvWr {
                 wr_id: i as u64,
-                sges: vec![buf.sge(i * CONTROL_MAX, CONTROL_MAX)],
+                sges: buf.sge(i * CONTROL_MAX, CONTROL_MAX).into(),
             });
             side.slots.borrow_mut().push((buf.clone(), i * CONTROL_MAX));
         }
@@ -601,7 +601,7 @@ impl Endpoint {
         let buf = self.inner().scratch(8)?;
         let o = self.inner().ops.execute(
             op(r.desc.addr + off),
-            vec![buf.sge(0, 8)],
+            buf.sge(0, 8),
             vec![buf.clone()],
             false,
         );

@@ -89,7 +89,7 @@ impl Inner {
             .qp()
             .post_recv(RecvWr {
                 wr_id: id as u64,
-                sges: vec![sge],
+                sges: sge.into(),
             })
             .map_err(Error::from)?;
         self.recv.posted.set(self.recv.posted.get() + 1);

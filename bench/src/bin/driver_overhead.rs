@@ -64,11 +64,12 @@ async fn pingpong<W: Wire>(
                     remote_addr: remote.addr,
                     rkey: remote.rkey,
                 },
-                sges: vec![Sge {
+                sges: [Sge {
                     addr: send as u64,
                     len: LEN as u32,
                     lkey,
-                }],
+                }]
+                .into(),
                 signaled: false,
                 fence: false,
             });

@@ -133,7 +133,7 @@ fn main() {
                         .post_send(SendWr {
                             wr_id: i,
                             op,
-                            sges: vec![sge],
+                            sges: [sge].into(),
                             signaled: true,
                             fence: false,
                         })

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use barewire_drivers::{
     connect, Access, CompletionQueue, ConnectOptions, Device, DriverConfig, Listener, MemoryRegion,
-    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, WcStatus,
+    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, WcStatus,
     WorkCompletion,
 };
 use barewire_engine::{yield_now, Runtime};
@@ -132,12 +132,12 @@ impl Buffer {
     fn send_area(&self) -> u64 {
         self.at(CTRL + self.max)
     }
-    fn sge(&self, addr: u64, len: usize) -> Vec<Sge> {
-        vec![Sge {
+    fn sge(&self, addr: u64, len: usize) -> Sges {
+        Sges::from(Sge {
             addr,
             len: len as u32,
             lkey: self.mr().lkey(),
-        }]
+        })
     }
     fn read_u64(&self, off: usize) -> u64 {
         // SAFETY: an aligned slot of the control area, written by the provider on the peer's
@@ -258,7 +258,7 @@ fn cqs(dev: &Device) -> Result<(CompletionQueue, CompletionQueue), String> {
     Ok((cq(1 << 16)?, cq(4096)?))
 }
 
-fn wr(wr_id: u64, op: SendOp, sges: Vec<Sge>, signaled: bool) -> SendWr {
+fn wr(wr_id: u64, op: SendOp, sges: Sges, signaled: bool) -> SendWr {
     SendWr {
         wr_id,
         op,
@@ -282,7 +282,7 @@ fn post_send(qp: &QueuePair, w: SendWr) -> Result<(), String> {
     qp.post_send(w).map_err(|e| format!("post_send: {e:?}"))
 }
 
-fn post_recv(qp: &QueuePair, wr_id: u64, sges: Vec<Sge>) -> Result<(), String> {
+fn post_recv(qp: &QueuePair, wr_id: u64, sges: Sges) -> Result<(), String> {
     qp.post_recv(RecvWr { wr_id, sges })
         .map_err(|e| format!("post_recv: {e:?}"))
 }

@@ -208,7 +208,7 @@ fn live_stream_with(data: &[u8], meddle: impl FnOnce(*mut u8)) -> Option<Outcome
     .expect("receive posts");
     s.post_recv(RecvWr {
         wr_id: 11,
-        sges: vec![sge(&arena, layout::RECV1, layout::STAG_RECV)],
+        sges: [sge(&arena, layout::RECV1, layout::STAG_RECV)].into(),
     })
     .expect("receive posts");
     s.post_send(SendWr {
@@ -217,7 +217,7 @@ fn live_stream_with(data: &[u8], meddle: impl FnOnce(*mut u8)) -> Option<Outcome
             remote_addr: 0x2000,
             rkey: Stag(0x77),
         },
-        sges: vec![sge(&arena, layout::READ_SINK, layout::STAG_SINK)],
+        sges: [sge(&arena, layout::READ_SINK, layout::STAG_SINK)].into(),
         signaled: true,
         fence: false,
     })
@@ -229,7 +229,7 @@ fn live_stream_with(data: &[u8], meddle: impl FnOnce(*mut u8)) -> Option<Outcome
             rkey: Stag(0x78),
             add: 1,
         },
-        sges: vec![sge(&arena, layout::ATOMIC_SINK, layout::STAG_SINK)],
+        sges: [sge(&arena, layout::ATOMIC_SINK, layout::STAG_SINK)].into(),
         signaled: true,
         fence: false,
     })

@@ -42,7 +42,7 @@ use crate::wire::{
     FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 
-pub use barewire_rdma_types::{RecvWr, SendOp, SendWr, Sge};
+pub use barewire_rdma_types::{RecvWr, SendOp, SendWr, Sge, Sges};
 
 /// Negotiated parameters of the stream.
 #[derive(Debug, Clone, Copy)]
@@ -207,7 +207,7 @@ enum Done {
 /// a.post_send(SendWr {
 ///     wr_id: 1,
 ///     op: SendOp::Write { remote_addr: dmr.addr() as u64, rkey: dmr.stag() },
-///     sges: vec![Sge { addr: smr.addr() as u64, len: 3000, lkey: smr.stag() }],
+///     sges: [Sge { addr: smr.addr() as u64, len: 3000, lkey: smr.stag() }].into(),
 ///     signaled: true,
 ///     fence: false,
 /// }).unwrap();

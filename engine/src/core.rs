@@ -122,6 +122,14 @@ pub(crate) struct Core {
     /// same run of ready tasks (a task that yields in a loop would otherwise run `budget` times
     /// before any I/O moved).
     deferred: RefCell<Vec<Waker>>,
+    /// The vector `deferred` is swapped with while its wakers are woken (keeps both
+    /// allocations, so a task yielding in a loop costs no allocation).
+    deferred_spare: RefCell<Vec<Waker>>,
+    /// The main future's waker while `run` drives one, and whether it yielded since the last
+    /// pass: its yields are deferred as a flag, without cloning (an atomic reference count)
+    /// and waking its `Arc`.
+    main: RefCell<Option<(Waker, Arc<MainWaker>)>>,
+    main_deferred: Cell<bool>,
 }
 
 thread_local! {
@@ -200,7 +208,33 @@ impl Wake for MainWaker {
     }
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
-        self.shared.wake.notify();
+        // A wake on the core's own thread comes from code the core is running (a task, a
+        // poller, the main future yielding), so the core is awake and reads the flag before
+        // it may sleep: it needs no doorbell, nor the fence that looking for one costs.
+        if try_with_core(|c| Arc::ptr_eq(&c.shared, &self.shared)) != Some(true) {
+            self.shared.wake.notify();
+        }
+    }
+}
+
+/// Holds the main future's waker in the core while `run` drives it, and puts back what was
+/// there before when the loop exits, even by unwinding.
+struct MainGuard<'a> {
+    core: &'a Core,
+    before: Option<(Waker, Arc<MainWaker>)>,
+}
+
+impl<'a> MainGuard<'a> {
+    fn set(core: &'a Core, main: Option<(Waker, Arc<MainWaker>)>) -> MainGuard<'a> {
+        let before = core.main.replace(main);
+        MainGuard { core, before }
+    }
+}
+
+impl Drop for MainGuard<'_> {
+    fn drop(&mut self) {
+        *self.core.main.borrow_mut() = self.before.take();
+        self.core.main_deferred.set(false);
     }
 }
 
@@ -252,6 +286,9 @@ impl Core {
             config,
             inbox_spare: RefCell::new(Vec::new()),
             deferred: RefCell::new(Vec::new()),
+            deferred_spare: RefCell::new(Vec::new()),
+            main: RefCell::new(None),
+            main_deferred: Cell::new(false),
         }
     }
 
@@ -351,7 +388,10 @@ impl Core {
 
     fn drain_inbox(&self) -> bool {
         let mut items = std::mem::take(&mut *self.inbox_spare.borrow_mut());
-        self.shared.wake.drain_into(&mut items);
+        if !self.shared.wake.drain_into(&mut items) {
+            *self.inbox_spare.borrow_mut() = items;
+            return false;
+        }
         let any = !items.is_empty();
         for item in items.drain(..) {
             match item {
@@ -388,16 +428,34 @@ impl Core {
 
     /// Wakes the tasks that yielded since the last pass. True if there were any.
     fn wake_deferred(&self) -> bool {
-        let woken = std::mem::take(&mut *self.deferred.borrow_mut());
-        let any = !woken.is_empty();
-        for w in woken {
+        let mut any = false;
+        if self.main_deferred.replace(false) {
+            if let Some((_, m)) = &*self.main.borrow() {
+                // This thread is the core's own: no doorbell (see `MainWaker`).
+                m.woken.store(true, Ordering::Release);
+            }
+            any = true;
+        }
+        if self.deferred.borrow().is_empty() {
+            return any;
+        }
+        let mut woken = std::mem::take(&mut *self.deferred_spare.borrow_mut());
+        std::mem::swap(&mut woken, &mut *self.deferred.borrow_mut());
+        for w in woken.drain(..) {
             w.wake();
         }
-        any
+        *self.deferred_spare.borrow_mut() = woken;
+        true
     }
 
     /// Wakes `waker` after the next pass over the completion sources (see `yield_now`).
     pub(crate) fn defer(&self, waker: &Waker) {
+        if let Some((main, _)) = &*self.main.borrow() {
+            if main.will_wake(waker) {
+                self.main_deferred.set(true);
+                return;
+            }
+        }
         self.deferred.borrow_mut().push(waker.clone());
     }
 
@@ -427,6 +485,7 @@ impl Core {
     fn pure_poll(&self) -> bool {
         !self.run_queue.is_empty()
             || !self.deferred.borrow().is_empty()
+            || self.main_deferred.get()
             || self.shared.wake.has_pending()
             || self.mesh.has_pending()
             || self.mesh.has_backlog()
@@ -481,6 +540,10 @@ impl Core {
         });
         let waker = Waker::from(main_waker.clone());
         let mut cx = Context::from_waker(&waker);
+        let _main = MainGuard::set(
+            self,
+            main.is_some().then(|| (waker.clone(), main_waker.clone())),
+        );
         let mut idle_since: Option<Instant> = None;
         // Whether the last pass skipped the completion sources (see below).
         let mut skipped_sources = false;
@@ -564,6 +627,79 @@ impl Core {
 mod tests {
     use super::*;
     use std::sync::{Mutex, Weak};
+
+    #[test]
+    fn the_main_futures_yields_are_a_flag_and_its_wakes_from_elsewhere_ring_the_doorbell() {
+        let rt = crate::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .idle_spin(Duration::ZERO)
+            .build()
+            .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Waker>();
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let waker_thread = std::thread::spawn(move || {
+            // Wakes the main future from another thread once the core has gone to sleep.
+            let w = rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            d.store(true, Ordering::Release);
+            w.wake();
+        });
+        let (yields, sleeps) = rt.block_on(async move {
+            // The main future's yields: deferred as a flag, with no waker cloned into the
+            // list the tasks' yields go to; and a task yielding beside it keeps its own path.
+            let task = spawn_local(async {
+                for _ in 0..1000 {
+                    crate::yield_now().await;
+                }
+            });
+            let mut yields = 0;
+            while !task.is_finished() {
+                std::future::poll_fn(|cx| {
+                    if yields % 2 == 1 {
+                        return Poll::Ready(());
+                    }
+                    with_core(|c| {
+                        c.defer(cx.waker());
+                        assert!(c.main_deferred.get(), "the main future's yield is the flag");
+                        assert!(
+                            c.deferred.borrow().iter().all(|w| !w.will_wake(cx.waker())),
+                            "and not a clone of its waker"
+                        );
+                    });
+                    yields += 1;
+                    Poll::Pending
+                })
+                .await;
+                yields += 1;
+            }
+            // A wake from another thread while the core sleeps.
+            let sleeps_before = with_core(|c| c.stats.sleeps.get());
+            let mut sent = false;
+            std::future::poll_fn(|cx| {
+                if done.load(Ordering::Acquire) {
+                    return Poll::Ready(());
+                }
+                if !sent {
+                    tx.send(cx.waker().clone()).unwrap();
+                    sent = true;
+                }
+                Poll::Pending
+            })
+            .await;
+            (yields, with_core(|c| c.stats.sleeps.get()) - sleeps_before)
+        });
+        waker_thread.join().unwrap();
+        assert!(
+            yields >= 1000,
+            "the main future ran once per pass: {yields}"
+        );
+        assert!(
+            sleeps >= 1,
+            "the core slept before the wake, and the wake reached it"
+        );
+    }
 
     /// Runs a one-core runtime whose one task stays pending and hands out its waker; returns
     /// the waker (the runtime is gone by then) and a weak reference to the core's shared half.

@@ -77,13 +77,17 @@ impl<T, D: Doorbell> WakeState<T, D> {
     }
 
     /// Owner side: takes everything queued, swapping in `spare` (so the allocation is reused).
-    pub(crate) fn drain_into(&self, spare: &mut Vec<T>) {
-        // A push that lands after this swap sets the flag again and is taken next pass.
-        if !self.pending.swap(false, Ordering::Acquire) {
-            return;
+    /// False, leaving `spare` as it was, when nothing was pushed since the last call.
+    #[inline]
+    pub(crate) fn drain_into(&self, spare: &mut Vec<T>) -> bool {
+        // A push that lands after this swap sets the flag again and is taken next pass. A
+        // plain load first: most passes find nothing, and a load costs no read-modify-write.
+        if !self.pending.load(Ordering::Relaxed) || !self.pending.swap(false, Ordering::Acquire) {
+            return false;
         }
         let mut inbox = lock(&self.inbox);
         std::mem::swap(&mut inbox.items, spare);
+        true
     }
 
     /// Owner side, first half of going to sleep. After this, check every source that producers

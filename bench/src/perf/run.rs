@@ -107,6 +107,10 @@ fn runtime(cpu: Option<usize>, args: &RunArgs) -> Result<Runtime, String> {
 struct Buffer {
     mem: std::rc::Rc<barewire_drivers::Buffer>,
     max: usize,
+    /// The region's address and key, read once (as perftest fills its SGE once), not through
+    /// the backend's region object on every request.
+    base: u64,
+    lkey: barewire_drivers::Stag,
 }
 
 impl Buffer {
@@ -118,13 +122,19 @@ impl Buffer {
             | Access::REMOTE_ATOMIC;
         let mem = barewire_drivers::Buffer::new(pd, len, 4096, all)
             .map_err(|e| format!("register: {e}"))?;
-        Ok(Buffer { mem, max })
+        let (base, lkey) = (mem.region().addr() as u64, mem.region().lkey());
+        Ok(Buffer {
+            mem,
+            max,
+            base,
+            lkey,
+        })
     }
     fn mr(&self) -> &MemoryRegion {
         self.mem.region()
     }
     fn at(&self, off: usize) -> u64 {
-        self.mr().addr() as u64 + off as u64
+        self.base + off as u64
     }
     fn recv_area(&self) -> u64 {
         self.at(CTRL)
@@ -136,7 +146,7 @@ impl Buffer {
         Sges::from(Sge {
             addr,
             len: len as u32,
-            lkey: self.mr().lkey(),
+            lkey: self.lkey,
         })
     }
     fn read_u64(&self, off: usize) -> u64 {

@@ -247,10 +247,15 @@ impl QpInner {
 
     /// Revokes the grants of keys a local invalidate just killed (outside the send queue's
     /// borrow: the revocation may go into this queue pair's own ring).
+    #[inline]
     fn revoke_invalidated(&self) {
-        if self.invalidated.borrow().is_empty() {
-            return;
+        if !self.invalidated.borrow().is_empty() {
+            self.revoke_invalidated_now();
         }
+    }
+
+    #[cold]
+    fn revoke_invalidated_now(&self) {
         let keys: Vec<u32> = self.invalidated.borrow_mut().drain(..).collect();
         for k in keys {
             self.dev().revoke(k);

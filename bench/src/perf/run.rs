@@ -337,12 +337,22 @@ impl Cycles {
     }
 }
 
-/// Waits, yielding to the provider, until the byte at `addr` is `v`.
+/// Waits until the byte at `addr` is `v`: looks at it in a short spin, as perftest polls its
+/// buffer, and yields to the engine between spins (the software provider places the bytes
+/// from the core's own loop; on shm and verbs they land by themselves).
 async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
-    while buf.byte(addr) != v {
+    loop {
+        for _ in 0..SPIN_LOOKS {
+            if buf.byte(addr) == v {
+                return;
+            }
+        }
         yield_now().await;
     }
 }
+
+/// Looks at the polled byte per engine pass in `wait_byte`.
+const SPIN_LOOKS: u32 = 32;
 
 fn server(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());

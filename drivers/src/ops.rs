@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -19,6 +20,7 @@ use crate::api::{
     SendOp, SendWr, Sge, Sges, WcStatus, WorkCompletion,
 };
 use crate::transport::DriverError;
+use barewire_rdma_types::StagHasher;
 
 /// Registered memory owned by barewire: zeroed, aligned as asked, freed only once no work
 /// request can reach it. Its bytes are read and written by copying (`read_at`, `write_at`),
@@ -365,11 +367,14 @@ impl Remote {
     }
 }
 
+/// The buffers an operation holds: one or two, inline (an operation allocates nothing).
+type Hold = smallvec::SmallVec<[Rc<Buffer>; 2]>;
+
 struct Pending {
     done: Option<WorkCompletion>,
     waker: Option<Waker>,
     /// What the device may still touch until the completion arrives.
-    hold: Vec<Rc<Buffer>>,
+    hold: Hold,
     /// The future was dropped: forget the entry when the completion comes.
     abandoned: bool,
 }
@@ -377,7 +382,7 @@ struct Pending {
 #[derive(Default)]
 struct Table {
     next: u64,
-    pending: HashMap<u64, Pending>,
+    pending: HashMap<u64, Pending, BuildHasherDefault<StagHasher>>,
     closed: bool,
     /// The tasks that route completions into this table (one per completion queue).
     routes: Vec<JoinHandle<()>>,
@@ -545,20 +550,12 @@ impl Endpoint {
         Ok(())
     }
 
-    fn start_send(
-        &self,
-        mut hold: Vec<Rc<Buffer>>,
-        post: impl FnOnce(u64) -> Result<(), DriverError>,
-    ) -> Op {
+    fn start_send(&self, mut hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
         hold.extend(self.unsignaled.borrow_mut().drain(..));
         self.start(hold, post)
     }
 
-    fn start(
-        &self,
-        hold: Vec<Rc<Buffer>>,
-        post: impl FnOnce(u64) -> Result<(), DriverError>,
-    ) -> Op {
+    fn start(&self, hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
         let id = {
             let mut t = self.table.borrow_mut();
             t.next += 1;
@@ -590,11 +587,11 @@ impl Endpoint {
         &self,
         op: SendOp,
         sges: impl Into<Sges>,
-        hold: Vec<Rc<Buffer>>,
+        hold: impl IntoIterator<Item = Rc<Buffer>>,
         fence: bool,
     ) -> Op {
         let sges = sges.into();
-        self.start_send(hold, |id| {
+        self.start_send(hold.into_iter().collect(), |id| {
             self.qp.post_send(SendWr {
                 wr_id: id,
                 op,
@@ -606,7 +603,7 @@ impl Endpoint {
     }
 
     fn send_op(&self, op: SendOp, buf: &Rc<Buffer>, sge: Sge) -> Op {
-        self.start_send(vec![buf.clone()], |id| {
+        self.start_send(smallvec::smallvec![buf.clone()], |id| {
             self.qp.post_send(SendWr {
                 wr_id: id,
                 op,
@@ -665,7 +662,7 @@ impl Endpoint {
     /// a Write with immediate) consumes it.
     pub fn recv(&self, dst: &Rc<Buffer>, offset: usize, len: usize) -> Op {
         let sge = dst.sge(offset, len);
-        self.start(vec![dst.clone()], |id| {
+        self.start(smallvec::smallvec![dst.clone()], |id| {
             self.qp.post_recv(RecvWr {
                 wr_id: id,
                 sges: sge.into(),

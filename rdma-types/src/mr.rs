@@ -97,7 +97,8 @@ const NO_QP: u32 = u32::MAX;
 /// Hashes an STag for a key table. STags come from a CSPRNG, so their bits are already
 /// uniform and a keyed hash (std's SipHash) would only add cost to every access check; a
 /// multiply spreads them into the high bits the table also uses. A peer only looks STags up,
-/// so it cannot crowd the table.
+/// so it cannot crowd the table. It also keys tables by ids this process assigns itself in
+/// sequence (an endpoint's work-request ids), which no peer picks either.
 #[derive(Default)]
 pub struct StagHasher(u64);
 
@@ -114,6 +115,10 @@ impl std::hash::Hasher for StagHasher {
 
     fn write_u32(&mut self, v: u32) {
         self.0 = (v as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

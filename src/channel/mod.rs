@@ -543,7 +543,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         let returns = self.returns.get() + 1;
         self.returns.set(returns);
         if returns % 16 == 0 || count & GONE != 0 {
-            drop(ops.execute(op, sge, vec![self.credit_src.clone()], false));
+            drop(ops.execute(op, sge, [self.credit_src.clone()], false));
         } else if let Err(e) = ops.post_unsignaled(op, sge, &self.credit_src) {
             self.inner().driver_error(e);
         }

@@ -123,9 +123,7 @@ impl TxState {
         if to >= self.signal_at.get() {
             let step = credit_step(self.capacity as u32);
             self.signal_at.set((to / step + 1) * step);
-            let op = inner
-                .ops
-                .execute(op, sge, vec![self.staging.clone()], false);
+            let op = inner.ops.execute(op, sge, [self.staging.clone()], false);
             let mut inflight = self.inflight.borrow_mut();
             inflight.push_back(op);
             // Completed ones are dropped; a failure shows on the next `send` or `flush`.

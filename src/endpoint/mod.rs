@@ -599,12 +599,10 @@ impl Endpoint {
     ) -> Result<u64> {
         let off = r.check(i, 1)?;
         let buf = self.inner().scratch(8)?;
-        let o = self.inner().ops.execute(
-            op(r.desc.addr + off),
-            buf.sge(0, 8),
-            vec![buf.clone()],
-            false,
-        );
+        let o =
+            self.inner()
+                .ops
+                .execute(op(r.desc.addr + off), buf.sge(0, 8), [buf.clone()], false);
         let res = self.run(o).await.map(|()| buf.load_u64(0));
         self.inner().give_back(buf);
         res

@@ -862,9 +862,9 @@ enum Phase {
 struct RoundSeen {
     up: [bool; PROCS],
     stopped: [bool; PROCS],
-    /// [client][home][kind]: operations announced (at most this many issued).
+    /// Indexed `[client][home][kind]`: operations announced (at most this many issued).
     announced: [[[u64; KINDS]; PROCS]; PROCS],
-    /// [client][home][kind]: operations that succeeded.
+    /// Indexed `[client][home][kind]`: operations that succeeded.
     acked: [[[u64; KINDS]; PROCS]; PROCS],
     /// Per home: its word, wide counter and actor total at the end (None: not read).
     values: [Option<Option<[u64; KINDS]>>; PROCS],

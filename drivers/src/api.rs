@@ -280,7 +280,7 @@ impl CompletionQueue {
     /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
     /// when it sleeps).
     #[inline]
-    pub fn next(&self) -> impl std::future::Future<Output = WorkCompletion> + '_ {
+    pub fn next(&self) -> barewire_rdma_types::Next<'_> {
         self.queue.next()
     }
 }

@@ -73,9 +73,7 @@ impl std::ops::DerefMut for Sges {
 impl From<Sge> for Sges {
     #[inline]
     fn from(sge: Sge) -> Sges {
-        let mut list = smallvec::SmallVec::new();
-        list.push(sge);
-        Sges(list)
+        Sges(smallvec::smallvec![sge])
     }
 }
 

@@ -207,6 +207,11 @@ impl QpInner {
         WorkCompletion::new(wr_id, status, opcode, byte_len, self.num)
     }
 
+    /// The completion of a signaled request that moved `len` bytes.
+    fn success(&self, wr: &SendWr, len: u32) -> WorkCompletion {
+        self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len)
+    }
+
     fn post_send(self: &Rc<Self>, wr: SendWr) -> Result<(), DriverError> {
         if self.state.get() != QpState::Rts {
             // As verbs: a request posted on a queue pair in ERROR completes with a flush.
@@ -231,10 +236,7 @@ impl QpInner {
         };
         self.revoke_invalidated();
         match step {
-            Ok(Step::Done(Some(len))) => self.complete(
-                &self.scq,
-                self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len),
-            ),
+            Ok(Step::Done(Some(len))) => self.complete(&self.scq, self.success(&wr, len)),
             Ok(Step::Done(None)) => {}
             Ok(Step::Wait) => self.tx.borrow_mut().queue.push_back(Work::Op { wr, sent }),
             Err((wr_id, opcode, status)) => {
@@ -320,8 +322,7 @@ impl QpInner {
                 Ok(Step::Done(len)) => {
                     let work = self.tx.borrow_mut().queue.pop_front();
                     if let (Some(len), Some(Work::Op { wr, .. })) = (len, work) {
-                        let wc = self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len);
-                        self.complete(&self.scq, wc);
+                        self.complete(&self.scq, self.success(&wr, len));
                     }
                 }
                 Err((wr_id, opcode, status)) => {

@@ -135,6 +135,100 @@ fn cancel_drops_the_future_and_reports_cancelled() {
     });
 }
 
+/// Counts its drops: a task's future or output that is dropped twice, or never, shows here.
+#[derive(Debug)]
+struct Counted(Rc<Cell<u32>>);
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.set(self.0.get() + 1);
+    }
+}
+
+#[test]
+fn every_future_and_output_is_dropped_once_on_every_path() {
+    let rt = rt(1);
+    rt.block_on(async {
+        let n = Rc::new(Cell::new(0));
+        let counted = || Counted(n.clone());
+        // Joined: the output goes to the awaiter, which drops it; the future went at completion.
+        let (f, o) = (counted(), counted());
+        let out = spawn_local(async move {
+            drop(f);
+            o
+        })
+        .await
+        .unwrap();
+        assert_eq!(n.get(), 1, "the future went at completion");
+        drop(out);
+        assert_eq!(n.get(), 2, "the output went with the awaiter's value");
+        // Detached before it finished: the core drops the output when it completes.
+        n.set(0);
+        let (f, o) = (counted(), counted());
+        drop(spawn_local(async move {
+            let _f = f;
+            yield_now().await;
+            o
+        }));
+        for _ in 0..4 {
+            yield_now().await;
+        }
+        assert_eq!(
+            n.get(),
+            2,
+            "a detached task's future and output were each dropped once"
+        );
+        // Finished, then its handle dropped unread: the handle drops the output.
+        n.set(0);
+        let o = counted();
+        let h = spawn_local(async move { o });
+        while !h.is_finished() {
+            yield_now().await;
+        }
+        assert_eq!(n.get(), 0, "the output is kept for the handle");
+        drop(h);
+        assert_eq!(n.get(), 1, "the unread output went with its handle");
+        // Cancelled while pending: the future (holding what would have been the output) goes.
+        n.set(0);
+        let o = counted();
+        let h = spawn_local(async move {
+            sleep(Duration::from_secs(3600)).await;
+            o
+        });
+        yield_now().await;
+        h.cancel();
+        assert!(h.await.unwrap_err().is_cancelled());
+        assert_eq!(n.get(), 1, "the cancelled future was dropped once");
+        // Panicked: the future goes once, and the error is the output.
+        n.set(0);
+        let f = counted();
+        let h = spawn_local(async move {
+            let _f = f;
+            if true {
+                panic!("a counted panic");
+            }
+            Counted(Rc::new(Cell::new(0)))
+        });
+        assert!(h.await.unwrap_err().is_panic());
+        assert_eq!(n.get(), 1, "the panicked future was dropped once");
+    });
+}
+
+#[test]
+fn a_task_costs_its_header_beyond_the_larger_of_its_future_and_output() {
+    fn overhead<F: std::future::Future>(_: &F) -> usize {
+        barewire_engine::task_overhead_bytes::<F>()
+    }
+    // A future and an output of two words and one: no tag beside them (the header's local word
+    // says which is live), so a task costs seven words beyond its future.
+    let x = 3u64;
+    let fut = async move {
+        yield_now().await;
+        x
+    };
+    assert!(std::mem::size_of_val(&fut) >= 8);
+    assert_eq!(overhead(&fut), 7 * std::mem::size_of::<usize>());
+}
+
 #[test]
 fn cancel_after_completion_keeps_the_output() {
     let rt = rt(1);

@@ -23,6 +23,7 @@ use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
 use super::refs::Refs;
 pub(crate) use super::refs::{CANCELLED, COMPLETE, JOIN_INTEREST, SCHEDULED};
+use super::refs::{STAGE_ERROR, STAGE_FUTURE, STAGE_OUTPUT, STAGE_VACANT};
 use crate::core::CoreShared;
 use crate::task::JoinError;
 
@@ -152,15 +153,21 @@ struct Vtable {
     dealloc: unsafe fn(NonNull<Header>),
 }
 
-enum Stage<F: Future> {
-    Running(F),
-    Finished(Result<F::Output, StoredError>),
-    Consumed,
+/// What a task's cell holds after its header: the future while it runs, then its output or why
+/// it has none, then nothing. Which field is live is recorded in the header's local word
+/// (`STAGE_*`, owner thread only), not in a tag of its own: beside an output, a tag would cost
+/// most tasks a word (the future's own niches rarely have room for it), and an error stored as
+/// half of a `Result` would cost another. So the stage is as large as the larger of the future
+/// and the output, and at least one word (the error).
+union Stage<F: Future> {
+    future: ManuallyDrop<F>,
+    output: ManuallyDrop<F::Output>,
+    error: ManuallyDrop<StoredError>,
 }
 
 /// A [`JoinError`] as a finished task's stage keeps it, in one word: a panic's payload (a fat
-/// pointer) boxed once more, `None` for a cancel. `JoinError` itself is two words, so every
-/// task's stage (the larger of the future and this result) would otherwise grow by one for it.
+/// pointer) boxed once more, `None` for a cancel. `JoinError` itself is two words, so a task
+/// whose future and output are one word each would otherwise grow by one for it.
 struct StoredError(Option<Box<Panic>>);
 
 impl From<JoinError> for StoredError {
@@ -187,7 +194,8 @@ struct TaskCell<F: Future> {
     stage: UnsafeCell<Stage<F>>,
 }
 
-/// Bytes a task costs beyond its future and output: the header plus the stage tag.
+/// Bytes a task costs beyond its future and output: the header (and, where both the future and
+/// the output are smaller than a word, the stage's room for an error).
 pub fn task_overhead_bytes<F: Future>() -> usize {
     std::mem::size_of::<TaskCell<F>>()
         - std::mem::size_of::<F>().max(std::mem::size_of::<F::Output>())
@@ -250,7 +258,10 @@ impl RawTask {
                 run_next: StdCell::new(None),
                 join: JoinSlot::new(),
             },
-            stage: UnsafeCell::new(Stage::Running(future)),
+            // `Refs::new` starts the stage at STAGE_FUTURE.
+            stage: UnsafeCell::new(Stage {
+                future: ManuallyDrop::new(future),
+            }),
         });
         NonNull::from(Box::leak(cell)).cast()
     }
@@ -445,27 +456,76 @@ fn vtable<F: Future + 'static>() -> &'static Vtable {
 }
 
 /// # Safety
-/// Owner thread; `ptr` is a live `TaskCell<F>`.
+/// Owner thread (or the holder of the last reference, in `dealloc`); `ptr` is a live
+/// `TaskCell<F>`.
 unsafe fn stage<'a, F: Future>(ptr: NonNull<Header>) -> &'a mut Stage<F> {
     // SAFETY: the header is the first field of a repr(C) TaskCell<F>; the stage is only
     // accessed on the owner thread, never re-entrantly.
     unsafe { &mut *ptr.cast::<TaskCell<F>>().as_ref().stage.get() }
 }
 
+/// # Safety
+/// As for [`stage`].
+unsafe fn refs<'a>(ptr: NonNull<Header>) -> &'a Refs {
+    // SAFETY: the caller holds a reference, so the header is alive.
+    unsafe { &ptr.as_ref().refs }
+}
+
+/// Drops what the stage holds, catching a panic from its destructor, and leaves it vacant.
+///
+/// # Safety
+/// As for [`stage`].
+unsafe fn vacate<F: Future>(ptr: NonNull<Header>) {
+    // SAFETY: forwarded contract.
+    let (refs, stage) = unsafe { (refs(ptr), stage::<F>(ptr)) };
+    let held = refs.stage();
+    // Vacant before the drop: a destructor that panics leaves nothing to drop a second time.
+    refs.set_stage(STAGE_VACANT);
+    // SAFETY: the stage bits named the live field, dropped once, here (vacant now).
+    let _ = catch_unwind(AssertUnwindSafe(|| unsafe {
+        match held {
+            STAGE_FUTURE => ManuallyDrop::drop(&mut stage.future),
+            STAGE_OUTPUT => ManuallyDrop::drop(&mut stage.output),
+            STAGE_ERROR => ManuallyDrop::drop(&mut stage.error),
+            _ => {}
+        }
+    }));
+}
+
+/// Stores the task's result in its vacant stage.
+///
+/// # Safety
+/// As for [`stage`], and the stage is vacant.
+unsafe fn store<F: Future>(ptr: NonNull<Header>, out: Result<F::Output, StoredError>) {
+    // SAFETY: forwarded contract.
+    let (refs, stage) = unsafe { (refs(ptr), stage::<F>(ptr)) };
+    debug_assert_eq!(refs.stage(), STAGE_VACANT);
+    match out {
+        Ok(v) => {
+            stage.output = ManuallyDrop::new(v);
+            refs.set_stage(STAGE_OUTPUT);
+        }
+        Err(e) => {
+            stage.error = ManuallyDrop::new(e);
+            refs.set_stage(STAGE_ERROR);
+        }
+    }
+}
+
 unsafe fn poll<F: Future + 'static>(ptr: NonNull<Header>) -> bool {
     // SAFETY: forwarded contract.
-    let stage = unsafe { stage::<F>(ptr) };
-    let Stage::Running(fut) = stage else {
+    if unsafe { refs(ptr) }.stage() != STAGE_FUTURE {
         return true;
-    };
+    }
     // A borrowed waker: it does not own a reference, so it must not be dropped.
     // SAFETY: the vtable's functions uphold RawWaker's contract for a task header pointer.
     let waker = ManuallyDrop::new(unsafe {
         Waker::from_raw(RawWaker::new(ptr.as_ptr() as *const (), &WAKER_VTABLE))
     });
     let mut cx = Context::from_waker(&waker);
-    // SAFETY: the future lives in a heap cell that never moves until it is dropped in place.
-    let fut = unsafe { Pin::new_unchecked(fut) };
+    // SAFETY: the stage holds the future (checked above), in a heap cell that never moves
+    // until the future is dropped in place.
+    let fut = unsafe { Pin::new_unchecked(&mut *stage::<F>(ptr).future) };
     let outer = POLLING.with(|p| p.replace(ptr.as_ptr()));
     let polled = catch_unwind(AssertUnwindSafe(|| fut.poll(&mut cx)));
     POLLING.with(|p| p.set(outer));
@@ -474,44 +534,57 @@ unsafe fn poll<F: Future + 'static>(ptr: NonNull<Header>) -> bool {
         Ok(Poll::Ready(v)) => Ok(v),
         Err(panic) => Err(StoredError::from(JoinError::Panicked(panic))),
     };
-    replace_stage(stage, Stage::Finished(out));
+    // SAFETY: forwarded contract; `vacate` leaves the stage vacant for `store`.
+    unsafe {
+        vacate::<F>(ptr);
+        store::<F>(ptr, out);
+    }
     true
 }
 
-/// Replaces the stage, catching a panic from the old value's destructor.
-fn replace_stage<F: Future>(stage: &mut Stage<F>, new: Stage<F>) {
-    let _ = catch_unwind(AssertUnwindSafe(|| *stage = Stage::Consumed));
-    *stage = new;
-}
-
 unsafe fn abort<F: Future + 'static>(ptr: NonNull<Header>, err: JoinError) {
-    // SAFETY: forwarded contract.
-    let stage = unsafe { stage::<F>(ptr) };
-    replace_stage(stage, Stage::Finished(Err(err.into())));
+    // SAFETY: forwarded contract; `vacate` leaves the stage vacant for `store`.
+    unsafe {
+        vacate::<F>(ptr);
+        store::<F>(ptr, Err(err.into()));
+    }
 }
 
 unsafe fn drop_stage<F: Future + 'static>(ptr: NonNull<Header>) {
     // SAFETY: forwarded contract.
-    let stage = unsafe { stage::<F>(ptr) };
-    replace_stage(stage, Stage::Consumed);
+    unsafe { vacate::<F>(ptr) }
 }
 
 unsafe fn take_output<F: Future + 'static>(ptr: NonNull<Header>, dst: *mut ()) {
     // SAFETY: forwarded contract.
-    let stage = unsafe { stage::<F>(ptr) };
-    let out = match std::mem::replace(stage, Stage::Consumed) {
-        Stage::Finished(out) => out.map_err(JoinError::from),
+    let (refs, stage) = unsafe { (refs(ptr), stage::<F>(ptr)) };
+    let out = match refs.stage() {
+        // SAFETY: the stage bits name the live field; it is taken once (vacant below).
+        STAGE_OUTPUT => Ok(unsafe { ManuallyDrop::take(&mut stage.output) }),
+        // SAFETY: as above.
+        STAGE_ERROR => Err(JoinError::from(unsafe {
+            ManuallyDrop::take(&mut stage.error)
+        })),
         _ => panic!("JoinHandle polled after it returned its output"),
     };
+    refs.set_stage(STAGE_VACANT);
     // SAFETY: the JoinHandle<F::Output> passes a pointer to its Option<Result<F::Output, _>>.
     unsafe { *(dst as *mut Option<Result<F::Output, JoinError>>) = Some(out) };
 }
 
 unsafe fn dealloc<F: Future + 'static>(ptr: NonNull<Header>) {
-    // SAFETY: last reference; the cell was allocated as a Box<TaskCell<F>>. Its stage is
-    // Consumed or holds an output whose JoinHandle already dropped it (see drop_stage), except
+    // SAFETY: last reference, so nothing else touches the cell (the references' release and
+    // acquire order the owner's last writes to its local word before this read). The stage is
+    // vacant, or holds an output whose JoinHandle already dropped it (see drop_stage), except
     // at process teardown when a core vanished without shutdown, where dropping here is the
     // only choice left.
+    unsafe {
+        if refs(ptr).stage() != STAGE_VACANT {
+            vacate::<F>(ptr);
+        }
+    }
+    // SAFETY: last reference; the cell was allocated as a Box<TaskCell<F>>, and a union stage
+    // drops nothing of its own.
     drop(unsafe { Box::from_raw(ptr.cast::<TaskCell<F>>().as_ptr()) });
 }
 

@@ -2,7 +2,8 @@
 //! read-modify-write.
 //!
 //! - **Local** (a `Cell`, owner thread only): the flags (`SCHEDULED`, `COMPLETE`, `CANCELLED`,
-//!   `JOIN_INTEREST`) and the references held on the owner thread: the per-core task list, each
+//!   `JOIN_INTEREST`), which field of the task's stage is live (`STAGE_*`), and the
+//!   references held on the owner thread: the per-core task list, each
 //!   run-queue entry, the `JoinHandle` (which is `!Send`). Spawning, running, completing and
 //!   joining a task touch only this word.
 //! - **Remote** (atomic, any thread): the references held by wakers (a `Waker` is `Send`, so it
@@ -28,7 +29,17 @@ pub(crate) const COMPLETE: u32 = 1 << 1;
 pub(crate) const CANCELLED: u32 = 1 << 2;
 /// A `JoinHandle` still exists, so the output must be kept.
 pub(crate) const JOIN_INTEREST: u32 = 1 << 3;
-const LOCAL_ONE: u32 = 1 << 4;
+/// Two bits of the local word: which field of the task's stage (`raw::Stage`) is live.
+pub(crate) const STAGE: u32 = 0b11 << 4;
+/// The stage holds the future.
+pub(crate) const STAGE_FUTURE: u32 = 0;
+/// The stage holds the output.
+pub(crate) const STAGE_OUTPUT: u32 = 1 << 4;
+/// The stage holds why there is no output (a panic or a cancel).
+pub(crate) const STAGE_ERROR: u32 = 2 << 4;
+/// The stage holds nothing: taken by the `JoinHandle`, or dropped.
+pub(crate) const STAGE_VACANT: u32 = 3 << 4;
+const LOCAL_ONE: u32 = 1 << 6;
 const FLAGS: u32 = LOCAL_ONE - 1;
 
 /// In the remote word: an inbox entry for the task exists (or is being made).
@@ -54,6 +65,17 @@ impl Refs {
     /// The flags. Owner thread only (as every method touching the local word).
     pub(crate) fn flags(&self) -> u32 {
         self.local.get() & FLAGS
+    }
+
+    /// Which field of the stage is live (`STAGE_*`).
+    pub(crate) fn stage(&self) -> u32 {
+        self.local.get() & STAGE
+    }
+
+    /// Records which field of the stage is live.
+    pub(crate) fn set_stage(&self, stage: u32) {
+        debug_assert!(stage & !STAGE == 0);
+        self.local.set(self.local.get() & !STAGE | stage);
     }
 
     /// Sets `bits`; returns the flags before.

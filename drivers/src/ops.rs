@@ -147,6 +147,7 @@ impl Buffer {
     }
 
     /// Copies bytes out. Panics if the range is outside the buffer.
+    #[inline]
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
         self.check(offset, out.len());
         // SAFETY: in bounds (checked); a plain copy with no reference into shared memory.
@@ -154,6 +155,7 @@ impl Buffer {
     }
 
     /// Copies bytes in. Panics if the range is outside the buffer.
+    #[inline]
     pub fn write_at(&self, offset: usize, data: &[u8]) {
         self.check(offset, data.len());
         // SAFETY: as read_at.
@@ -161,6 +163,7 @@ impl Buffer {
     }
 
     /// Sets `len` bytes at `offset` to zero. Panics if the range is outside the buffer.
+    #[inline]
     pub fn zero(&self, offset: usize, len: usize) {
         self.check(offset, len);
         // SAFETY: in bounds (checked); a plain store with no reference into shared memory.

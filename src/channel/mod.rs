@@ -446,7 +446,17 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         }
         let mut taken = 0;
         while taken < limit && self.ready() {
-            self.take(|len, at| C::decode_push(len, |b| self.st.ring.read_at(at, b), out))?;
+            // A decode error is kept aside and the closure's result is a constant `Ok`: a
+            // `Result` built here and read back after `take`'s bookkeeping would be stored as
+            // its tag alone and reloaded whole, a failed store forwarding per message.
+            let mut failed = None;
+            self.take(|len, at| {
+                failed = C::decode_push(len, |b| self.st.ring.read_at(at, b), out).err();
+                Ok(())
+            })?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
             taken += 1;
         }
         Ok(taken)
@@ -488,6 +498,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// Takes the next message, which is here (`ready`): `decode` gets its length and where its
     /// bytes start in the ring; then its slot is freed (also when `decode` fails: the message
     /// was the peer's, and is gone).
+    #[inline]
     fn take<R>(&self, decode: impl FnOnce(usize, usize) -> Result<R>) -> Result<R> {
         let n = self.consumed.get();
         let tail = self.tail.get();
@@ -499,11 +510,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             .len_at(at)
             .filter(|&len| len <= self.st.slot - extent(0))
         else {
-            return Err(Error::Malformed(format!(
-                "length word {:#x} in a {}-byte slot",
-                self.st.ring.load_u32_le(at),
-                self.st.slot
-            )));
+            return Err(self.malformed_length(at));
         };
         let item = decode(len, at + PREFIX);
         if self.st.polled {
@@ -526,6 +533,17 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             self.return_credits(n + 1);
         }
         item
+    }
+
+    /// The error for a slot at `at` whose length word is zero or more than the slot holds.
+    #[cold]
+    #[inline(never)]
+    fn malformed_length(&self, at: usize) -> Error {
+        Error::Malformed(format!(
+            "length word {:#x} in a {}-byte slot",
+            self.st.ring.load_u32_le(at),
+            self.st.slot
+        ))
     }
 
     fn return_credits(&self, count: u64) {

@@ -234,6 +234,48 @@ fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
     );
 }
 
+/// `recv_many` stops at a message that does not decode: what it took before stays in `out`,
+/// it returns the decode error, and the bad message is gone (the next call goes on after it).
+#[test]
+fn recv_many_keeps_what_it_took_before_a_message_that_does_not_decode() {
+    use std::time::Duration;
+    let opts = ChannelOptions::new(16, 64);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            // Let all four land, so one call meets them together.
+            barewire_engine::time::sleep(Duration::from_millis(100)).await;
+            let mut got = Vec::new();
+            let r = rx.recv_many(&mut got, 10).await;
+            assert!(matches!(r, Err(Error::Malformed(_))), "{r:?}");
+            assert_eq!(
+                got,
+                ["a", "b"],
+                "the messages before the bad one stay taken"
+            );
+            assert_eq!(rx.recv_many(&mut got, 10).await, Ok(1));
+            assert_eq!(
+                got,
+                ["a", "b", "c"],
+                "the bad message was consumed, the next follows"
+            );
+            tx.send(&"done".to_string()).await.unwrap();
+            let _ = tx.flush().await;
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            tx.send(&"a".to_string()).await.unwrap();
+            tx.send(&"b".to_string()).await.unwrap();
+            // A BARE string of two bytes that are not UTF-8.
+            tx.send_bytes(&[2, 0xff, 0xfe]).await.unwrap();
+            tx.send(&"c".to_string()).await.unwrap();
+            tx.flush().await.unwrap();
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(ref s)) if s == "done"), "{answer:?}");
+        },
+    );
+}
+
 /// Two shm nodes, each on a one-core runtime that sleeps when idle: `server` runs on the
 /// accepting one in its own thread, `client` on the connecting one here.
 fn over_shm<S, SF, C, CF>(server: S, client: C)

@@ -319,6 +319,41 @@ pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
+/// Copies `len` bytes from `src` to `dst`: inline for up to 16 bytes (an 8-byte READ or
+/// atomic result is one load and one store, not a call to `memcpy` with a length it must
+/// examine), `copy_nonoverlapping` otherwise.
+///
+/// # Safety
+/// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.
+#[inline]
+pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: every read and write stays within the `len` bytes of its range (the caller's
+    // promise); unaligned access is allowed.
+    unsafe {
+        match len {
+            8..=16 => {
+                // The first and the last eight bytes (overlapping below 16).
+                let a = std::ptr::read_unaligned(src as *const u64);
+                let b = std::ptr::read_unaligned(src.add(len - 8) as *const u64);
+                std::ptr::write_unaligned(dst as *mut u64, a);
+                std::ptr::write_unaligned(dst.add(len - 8) as *mut u64, b);
+            }
+            4..=7 => {
+                let a = std::ptr::read_unaligned(src as *const u32);
+                let b = std::ptr::read_unaligned(src.add(len - 4) as *const u32);
+                std::ptr::write_unaligned(dst as *mut u32, a);
+                std::ptr::write_unaligned(dst.add(len - 4) as *mut u32, b);
+            }
+            0..=3 => {
+                for i in 0..len {
+                    *dst.add(i) = *src.add(i);
+                }
+            }
+            _ => std::ptr::copy_nonoverlapping(src, dst, len),
+        }
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         // The region goes before the memory it covers.

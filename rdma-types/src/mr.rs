@@ -156,10 +156,52 @@ impl Tables {
 }
 
 struct DeviceInner {
+    /// Changed only through [`DeviceInner::tables_mut`].
     tables: RefCell<Tables>,
+    /// The local key `check_local` found last, so a flow of operations on one region pays a
+    /// compare for it instead of a table lookup. Any change to the tables forgets it first,
+    /// so a key deregistered or invalidated since is never served from it.
+    last_local: Cell<Option<LocalKey>>,
     next_pd: Cell<u32>,
     /// Fuzzing only: STags handed out in order from this one instead of at random.
     predictable: Cell<Option<u32>>,
+}
+
+/// What `check_local` needs of a live local key.
+#[derive(Clone, Copy)]
+struct LocalKey {
+    lkey: u32,
+    pd: u32,
+    addr: usize,
+    len: usize,
+    writable: bool,
+}
+
+impl DeviceInner {
+    /// The tables, to change: forgets the last local key first.
+    fn tables_mut(&self) -> std::cell::RefMut<'_, Tables> {
+        self.last_local.set(None);
+        self.tables.borrow_mut()
+    }
+
+    /// The live local key `lkey` (a region's, not a window's), remembered for the next call.
+    fn local_key(&self, lkey: u32) -> Result<LocalKey, Violation> {
+        let t = self.tables.borrow();
+        let e = t
+            .live
+            .get(&lkey)
+            .filter(|e| e.window_of.is_none())
+            .ok_or(Violation::InvalidStag)?;
+        let k = LocalKey {
+            lkey,
+            pd: e.pd,
+            addr: e.addr,
+            len: e.len,
+            writable: e.access.contains(Access::LOCAL_WRITE),
+        };
+        self.last_local.set(Some(k));
+        Ok(k)
+    }
 }
 
 /// The soft RDMA device of one core.
@@ -195,6 +237,7 @@ impl Device {
         Device {
             inner: Rc::new(DeviceInner {
                 tables: RefCell::new(Tables::default()),
+                last_local: Cell::new(None),
                 next_pd: Cell::new(1),
                 predictable: Cell::new(None),
             }),
@@ -293,16 +336,14 @@ impl Device {
         len: u64,
         write: bool,
     ) -> Result<*mut u8, Violation> {
-        let t = self.inner.tables.borrow();
-        let e = t
-            .live
-            .get(&lkey.0)
-            .filter(|e| e.window_of.is_none())
-            .ok_or(Violation::InvalidStag)?;
+        let e = match self.inner.last_local.get() {
+            Some(k) if k.lkey == lkey.0 => k,
+            _ => self.inner.local_key(lkey.0)?,
+        };
         if e.pd != pd {
             return Err(Violation::NotAssociated);
         }
-        if write && !e.access.contains(Access::LOCAL_WRITE) {
+        if write && !e.writable {
             return Err(Violation::AccessRights);
         }
         let end = addr.checked_add(len).ok_or(Violation::ToWrap)?;
@@ -316,7 +357,7 @@ impl Device {
     /// is not live or belongs to another domain. Invalidating a region invalidates every
     /// window bound in it.
     pub fn invalidate(&self, stag: Stag, pd: u32) -> Result<(), Violation> {
-        let mut t = self.inner.tables.borrow_mut();
+        let mut t = self.inner.tables_mut();
         match t.live.get(&stag.0) {
             None => Err(Violation::InvalidStag),
             Some(e) if e.pd != pd => Err(Violation::NotAssociated),
@@ -375,7 +416,7 @@ impl ProtectionDomain {
             return Err(Violation::ToWrap);
         }
         let stag = self.dev.fresh_stag();
-        self.dev.inner.tables.borrow_mut().live.insert(
+        self.dev.inner.tables_mut().live.insert(
             stag,
             Entry {
                 pd: self.id,
@@ -436,14 +477,7 @@ impl MemoryRegion {
     /// Restricts remote use to queue pair `qp` (like a type 2 memory window): any other
     /// connection presenting the STag gets `NotAssociated`.
     pub fn bind_to_qp(&self, qp: u32) {
-        if let Some(e) = self
-            .dev
-            .inner
-            .tables
-            .borrow_mut()
-            .live
-            .get_mut(&self.stag.0)
-        {
+        if let Some(e) = self.dev.inner.tables_mut().live.get_mut(&self.stag.0) {
             e.qp = Some(qp);
         }
     }
@@ -481,7 +515,7 @@ impl MemoryRegion {
             return Err(Violation::AccessRights);
         }
         let stag = self.dev.fresh_stag();
-        let mut t = self.dev.inner.tables.borrow_mut();
+        let mut t = self.dev.inner.tables_mut();
         if !t.live.contains_key(&self.stag.0) {
             return Err(Violation::InvalidStag); // invalidated (a Send with Invalidate)
         }
@@ -694,6 +728,60 @@ mod tests {
                 Err(Violation::InvalidStag)
             );
         }
+    }
+
+    /// `check_local` remembers the key it found last: a key that passed a moment ago fails at
+    /// once when its region is deregistered, when it is invalidated, or when a window bound in
+    /// it is presented as a local key; its domain, rights and bounds are checked on every call.
+    #[test]
+    fn a_local_key_that_just_passed_fails_once_it_is_gone() {
+        let dev = Device::new();
+        let (pd, other) = (dev.alloc_pd(), dev.alloc_pd());
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_READ;
+        let mr = region(&pd, &mut buf, rw);
+        let s = mr.stag();
+        for _ in 0..2 {
+            assert!(dev.check_local(s, pd.id(), base, 64, true).is_ok());
+            assert_eq!(
+                dev.check_local(s, other.id(), base, 8, false),
+                Err(Violation::NotAssociated)
+            );
+            assert_eq!(
+                dev.check_local(s, pd.id(), base + 1, 64, false),
+                Err(Violation::BaseBounds)
+            );
+        }
+        // A window's key is not a local key, right after its region's passed.
+        let w = mr.bind_window(7, Access::REMOTE_READ).unwrap();
+        assert!(dev.check_local(s, pd.id(), base, 8, false).is_ok());
+        assert_eq!(
+            dev.check_local(w.stag(), pd.id(), base, 8, false),
+            Err(Violation::InvalidStag)
+        );
+        drop(w);
+        assert!(dev.check_local(s, pd.id(), base, 8, false).is_ok());
+        drop(mr);
+        assert_eq!(
+            dev.check_local(s, pd.id(), base, 8, false),
+            Err(Violation::InvalidStag),
+            "a deregistered key that passed a moment ago"
+        );
+        let mr = region(&pd, &mut buf, Access::LOCAL_WRITE);
+        let ro = region(&pd, &mut buf, Access::REMOTE_READ);
+        assert!(dev.check_local(mr.stag(), pd.id(), base, 8, true).is_ok());
+        assert_eq!(
+            dev.check_local(ro.stag(), pd.id(), base, 8, true),
+            Err(Violation::AccessRights)
+        );
+        assert!(dev.check_local(mr.stag(), pd.id(), base, 8, true).is_ok());
+        dev.invalidate(mr.stag(), pd.id()).unwrap();
+        assert_eq!(
+            dev.check_local(mr.stag(), pd.id(), base, 8, true),
+            Err(Violation::InvalidStag),
+            "an invalidated key that passed a moment ago"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -64,6 +65,60 @@ enum Grant {
     Refused,
 }
 
+/// The peer's keys this queue pair has asked for and what became of each, with the mapping of
+/// the last key an operation found mapped: a flow of operations on one region then pays one
+/// compare for its key instead of a table lookup. Every change to the table forgets that key
+/// first (`change`), so a key refused or revoked since is never served from it, and the
+/// pointer it keeps never outlives the table's `Rc` of the mapping.
+struct PeerKeys {
+    table: RefCell<StagMap<Grant>>,
+    last: Cell<Option<(u32, NonNull<Mapping>)>>,
+}
+
+impl PeerKeys {
+    fn new() -> PeerKeys {
+        PeerKeys {
+            table: RefCell::new(StagMap::default()),
+            last: Cell::new(None),
+        }
+    }
+
+    /// The table, to read.
+    fn read(&self) -> std::cell::Ref<'_, StagMap<Grant>> {
+        self.table.borrow()
+    }
+
+    /// The table, to change: forgets the last key first.
+    fn change(&self) -> std::cell::RefMut<'_, StagMap<Grant>> {
+        self.last.set(None);
+        self.table.borrow_mut()
+    }
+
+    /// The mapping of `rkey` if the table has it mapped, remembered for the next call.
+    #[inline]
+    fn mapped(&self, rkey: u32) -> Option<Option<NonNull<Mapping>>> {
+        if let Some((k, m)) = self.last.get() {
+            if k == rkey {
+                return Some(Some(m));
+            }
+        }
+        self.mapped_slow(rkey)
+    }
+
+    /// `mapped` through the table: `None` when the key is not there at all, `Some(None)` when
+    /// it is there unmapped (asked, or refused).
+    fn mapped_slow(&self, rkey: u32) -> Option<Option<NonNull<Mapping>>> {
+        match self.table.borrow().get(&rkey)? {
+            Grant::Mapped(m) => {
+                let m = NonNull::from(&**m);
+                self.last.set(Some((rkey, m)));
+                Some(Some(m))
+            }
+            Grant::Asked | Grant::Refused => Some(None),
+        }
+    }
+}
+
 /// One send-queue entry.
 enum Work {
     Op {
@@ -96,7 +151,7 @@ pub(crate) struct QpInner {
     state: Cell<QpState>,
     tx: RefCell<Tx>,
     rx: RefCell<Rx>,
-    grants: RefCell<StagMap<Grant>>,
+    grants: PeerKeys,
     /// Keys a local invalidate killed, whose grants are revoked once the send queue is free.
     invalidated: RefCell<Vec<u32>>,
     task: RefCell<Option<JoinHandle<()>>>,
@@ -158,7 +213,7 @@ impl QpOps for Qp {
         true
     }
     fn map_remote(&self, region: &barewire_rdma_types::RegionDescriptor) -> Option<MappedRemote> {
-        let grants = self.0.grants.borrow();
+        let grants = self.0.grants.read();
         let Some(Grant::Mapped(m)) = grants.get(&region.rkey.0) else {
             return None;
         };
@@ -342,8 +397,17 @@ impl QpInner {
     }
 
     /// The mapping of the peer's key `rkey`, asking for it on first use. `Ok(None)`: wait.
+    #[inline]
     fn mapping(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
-        let mut g = self.grants.borrow_mut();
+        if let Some(Some(m)) = self.grants.mapped(rkey.0) {
+            return Ok(Some(m.as_ptr()));
+        }
+        self.mapping_slow(rkey)
+    }
+
+    /// `mapping` for a key not mapped: waiting for it, refused, or to be asked for now.
+    fn mapping_slow(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
+        let mut g = self.grants.change();
         match g.get(&rkey.0) {
             Some(Grant::Mapped(m)) => Ok(Some(Rc::as_ptr(m))),
             Some(Grant::Asked) => Ok(None),
@@ -406,7 +470,7 @@ impl QpInner {
                             // The peer invalidates the key when it takes this Send; this side
                             // stops using its mapping now, so a Write posted after the Send
                             // fails as it would arriving after it on the wire.
-                            self.grants.borrow_mut().insert(stag.0, Grant::Refused);
+                            self.grants.change().insert(stag.0, Grant::Refused);
                         }
                         return done(total);
                     }
@@ -473,8 +537,10 @@ impl QpInner {
                 for s in &wr.sges {
                     let dst = self.local(s, true).map_err(fail)?;
                     // SAFETY: src covers `total` bytes of the mapping (checked), dst the SGE's
-                    // bytes of a local region (checked); plain copies of shared memory.
-                    unsafe { std::ptr::copy(src.add(off), dst, s.len as usize) };
+                    // bytes of a local region (checked); plain copies of shared memory. The
+                    // ranges are disjoint: src lies in this queue pair's own mmap of the peer's
+                    // file, which no local region overlaps (see `write_remote`).
+                    unsafe { crate::ops::copy_small(src.add(off), dst, s.len as usize) };
                     off += s.len as usize;
                 }
                 done(total)
@@ -598,7 +664,7 @@ impl QpInner {
                 if ascending {
                     crate::ops::copy_ascending(src, dst.add(off), s.len as usize)
                 } else {
-                    std::ptr::copy_nonoverlapping(src, dst.add(off), s.len as usize)
+                    crate::ops::copy_small(src, dst.add(off), s.len as usize)
                 }
             };
             off += s.len as usize;
@@ -653,7 +719,7 @@ impl QpInner {
         let mut wc = None;
         match rec.kind {
             ring::REVOKE => {
-                self.grants.borrow_mut().remove(&rec.value);
+                self.grants.change().remove(&rec.value);
             }
             ring::IMM => {
                 let Some(r) = rx.recvs.pop_front() else {
@@ -755,7 +821,7 @@ impl QpInner {
             self.rcq
                 .push(self.wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0));
         }
-        self.grants.borrow_mut().clear();
+        self.grants.change().clear();
     }
 
     fn disconnect(&self) {
@@ -779,7 +845,7 @@ impl QpInner {
                 let len = u64::from_le_bytes(msg[16..24].try_into().unwrap());
                 let offset = u64::from_le_bytes(msg[24..32].try_into().unwrap());
                 let rights = msg[32];
-                if !matches!(self.grants.borrow().get(&stag), Some(Grant::Asked)) {
+                if !matches!(self.grants.read().get(&stag), Some(Grant::Asked)) {
                     return Err("a grant nobody asked for".into());
                 }
                 let writable = rights & (G_WRITE | G_ATOMIC) != 0;
@@ -796,15 +862,15 @@ impl QpInner {
                         Grant::Refused
                     }
                 };
-                self.grants.borrow_mut().insert(stag, g);
+                self.grants.change().insert(stag, g);
                 self.progress();
                 Ok(())
             }
             M_REFUSE => {
-                if !matches!(self.grants.borrow().get(&stag), Some(Grant::Asked)) {
+                if !matches!(self.grants.read().get(&stag), Some(Grant::Asked)) {
                     return Err("a refusal nobody asked for".into());
                 }
-                self.grants.borrow_mut().insert(stag, Grant::Refused);
+                self.grants.change().insert(stag, Grant::Refused);
                 self.progress();
                 Ok(())
             }
@@ -1147,7 +1213,7 @@ fn finish(
             placed: 0,
             error: None,
         }),
-        grants: RefCell::new(StagMap::default()),
+        grants: PeerKeys::new(),
         invalidated: RefCell::new(Vec::new()),
         task: RefCell::new(None),
     });

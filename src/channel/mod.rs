@@ -400,14 +400,8 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// of its own around it (the value is moved as few times as the compiler allows; a
     /// receiver that keeps up with a stream of small messages moves none with
     /// [`recv_many`](Self::recv_many)).
-    pub fn recv(&self) -> impl Future<Output = Result<T>> + '_ {
-        poll_fn(move |cx| match self.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(
-                self.take(|len, at| C::decode_from(len, |out| self.st.ring.read_at(at, out))),
-            ),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        })
+    pub fn recv(&self) -> Recv<'_, T, C> {
+        Recv { rx: self }
     }
 
     /// Waits for the next message, then appends it and every further message already here,
@@ -570,6 +564,30 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// Messages received so far.
     pub fn received(&self) -> u64 {
         self.consumed.get()
+    }
+}
+
+/// The future of [`Receiver::recv`]. A named type whose `poll` inlines into the awaiting
+/// code, so a message taken at once is built where the caller reads it instead of being
+/// returned through a function's out-pointer and copied back.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Recv<'a, T, C: Codec<T>> {
+    rx: &'a Receiver<T, C>,
+}
+
+impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
+    type Output = Result<T>;
+
+    #[inline(always)]
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let rx = self.rx;
+        match rx.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(
+                rx.take(|len, at| C::decode_from(len, |out| rx.st.ring.read_at(at, out))),
+            ),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

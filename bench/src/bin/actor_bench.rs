@@ -157,8 +157,7 @@ async fn serve(lead: std::net::SocketAddr) {
     // the count once every message has arrived (the lead sends u64::MAX to ask for it).
     let (tx, rx) = mesh.endpoint(0).open_channel::<u64>(CHANNEL).await.unwrap();
     let mut got = 0u64;
-    loop {
-        let Ok(n) = rx.recv().await else { break };
+    while let Ok(n) = rx.recv().await {
         match n {
             u64::MAX => {
                 tx.send(&got).await.unwrap();

@@ -83,7 +83,7 @@ fn main() {
     let header = barewire_engine::task_overhead_bytes::<std::future::Ready<()>>();
     println!("future size: {fut_size} B");
     println!(
-        "barewire: {per_task:.1} B heap per spawned task, {:.1} B beyond the future (a ready future's task beyond it: {header} B)",
+        "barewire: {per_task:.1} B heap per spawned task, {:.1} B beyond the future (a task of a ready future, beyond it: {header} B)",
         per_task - fut_size as f64
     );
 

@@ -96,26 +96,22 @@ impl PeerKeys {
 
     /// The mapping of `rkey` if the table has it mapped, remembered for the next call.
     #[inline]
-    fn mapped(&self, rkey: u32) -> Option<Option<NonNull<Mapping>>> {
-        if let Some((k, m)) = self.last.get() {
-            if k == rkey {
-                return Some(Some(m));
-            }
+    fn mapped(&self, rkey: u32) -> Option<NonNull<Mapping>> {
+        match self.last.get() {
+            Some((k, m)) if k == rkey => Some(m),
+            _ => self.mapped_slow(rkey),
         }
-        self.mapped_slow(rkey)
     }
 
-    /// `mapped` through the table: `None` when the key is not there at all, `Some(None)` when
-    /// it is there unmapped (asked, or refused).
-    fn mapped_slow(&self, rkey: u32) -> Option<Option<NonNull<Mapping>>> {
-        match self.table.borrow().get(&rkey)? {
-            Grant::Mapped(m) => {
-                let m = NonNull::from(&**m);
-                self.last.set(Some((rkey, m)));
-                Some(Some(m))
-            }
-            Grant::Asked | Grant::Refused => Some(None),
-        }
+    /// `mapped` through the table.
+    fn mapped_slow(&self, rkey: u32) -> Option<NonNull<Mapping>> {
+        let table = self.table.borrow();
+        let Some(Grant::Mapped(m)) = table.get(&rkey) else {
+            return None;
+        };
+        let m = NonNull::from(&**m);
+        self.last.set(Some((rkey, m)));
+        Some(m)
     }
 }
 
@@ -399,10 +395,10 @@ impl QpInner {
     /// The mapping of the peer's key `rkey`, asking for it on first use. `Ok(None)`: wait.
     #[inline]
     fn mapping(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
-        if let Some(Some(m)) = self.grants.mapped(rkey.0) {
-            return Ok(Some(m.as_ptr()));
+        match self.grants.mapped(rkey.0) {
+            Some(m) => Ok(Some(m.as_ptr())),
+            None => self.mapping_slow(rkey),
         }
-        self.mapping_slow(rkey)
     }
 
     /// `mapping` for a key not mapped: waiting for it, refused, or to be asked for now.

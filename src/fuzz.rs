@@ -24,7 +24,7 @@ pub fn control(data: &[u8]) {
         let v = u32::from_le_bytes(*v);
         let (credit, id, len) = imm::parse(v);
         assert!(id < 1 << 11);
-        assert!(len.map_or(true, |l| l <= imm::MAX_MESSAGE));
+        assert!(len.is_none_or(|l| l <= imm::MAX_MESSAGE));
         let back = if credit {
             imm::credit(id)
         } else {

@@ -356,7 +356,7 @@ fn workload(run: &Run) -> Outcome {
     let victim = MEMBERS - 1;
     let mut members: Vec<Member> = (0..MEMBERS)
         .map(|r| match &netns {
-            Some((ns, host, peer)) if r == victim => {
+            Some((ns, _, peer)) if r == victim => {
                 spawn(r, run, &outs[r], peer, Some(ns.name.as_str()))
             }
             Some((_, host, _)) => spawn(r, run, &outs[r], host, None),

@@ -413,7 +413,7 @@ pub(crate) fn select_from(
             same_host_shm: false,
         });
     }
-    let named = |d: &&DeviceInfo| device.map_or(true, |n| d.name == n);
+    let named = |d: &&DeviceInfo| device.is_none_or(|n| d.name == n);
     if let Some(name) = device {
         if !devs.iter().any(|d| d.name == name) && name != "soft" {
             return Err(DriverError::NoSuchDevice {

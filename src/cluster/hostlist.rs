@@ -167,7 +167,7 @@ pub fn expand_tasks_per_node(list: &str) -> Result<Vec<usize>> {
         if out.len() + times > MAX_HOSTS {
             return Err(bad(list, "more than a million nodes"));
         }
-        out.extend(std::iter::repeat(n).take(times));
+        out.extend(std::iter::repeat_n(n, times));
     }
     Ok(out)
 }

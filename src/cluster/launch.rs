@@ -67,7 +67,7 @@ fn block_hosts(nodes: &[String], per_node: &[usize], size: usize) -> Result<Vec<
     };
     let mut hosts = Vec::with_capacity(size);
     for (node, &k) in nodes.iter().zip(&per_node) {
-        hosts.extend(std::iter::repeat(node.clone()).take(k));
+        hosts.extend(std::iter::repeat_n(node.clone(), k));
     }
     hosts.truncate(size);
     if hosts.len() != size {

@@ -521,10 +521,7 @@ impl<T: Pod> SharedArray<T> {
         local_len: usize,
         local_start: usize,
     ) -> Result<()> {
-        if start
-            .checked_add(count)
-            .map_or(true, |e| e > self.inner.len)
-        {
+        if start.checked_add(count).is_none_or(|e| e > self.inner.len) {
             return Err(Error::OutOfBounds {
                 index: start,
                 count,

@@ -672,7 +672,7 @@ impl Endpoint {
 
 /// Checks that `count` elements from `at` lie inside the local region `r`.
 fn local_range<T: Pod>(r: &Region<T>, at: usize, count: usize) -> Result<()> {
-    if at.checked_add(count).map_or(true, |end| end > r.len()) {
+    if at.checked_add(count).is_none_or(|end| end > r.len()) {
         return Err(Error::OutOfBounds {
             index: at as u64,
             count: count as u64,

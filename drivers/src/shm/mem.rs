@@ -227,7 +227,7 @@ impl Mapping {
             return Err(os_error("fstat(granted memory)"));
         }
         let end = offset.checked_add(len);
-        if end.map_or(true, |e| e > st.st_size as u64) || base.checked_add(len).is_none() {
+        if end.is_none_or(|e| e > st.st_size as u64) || base.checked_add(len).is_none() {
             return Err(DriverError::Unsupported(
                 "a peer granted a range outside its memory".into(),
             ));

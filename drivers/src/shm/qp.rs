@@ -1481,7 +1481,7 @@ impl Poller for ShmPoller {
                 .waiter
                 .borrow()
                 .as_ref()
-                .map_or(true, JoinHandle::is_finished);
+                .is_none_or(JoinHandle::is_finished);
             let wake = c.wake.borrow().clone();
             if let (true, Some(wake)) = (idle, wake) {
                 *c.waiter.borrow_mut() = Some(spawn_local(async move {

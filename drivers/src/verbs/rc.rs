@@ -579,7 +579,7 @@ impl Poller for VerbsPoller {
                 .waiter
                 .borrow()
                 .as_ref()
-                .map_or(true, JoinHandle::is_finished);
+                .is_none_or(JoinHandle::is_finished);
             if idle {
                 let weak = Rc::downgrade(cq);
                 // SAFETY: the channel lives as long as the CQ, which cancels this task first.

@@ -392,4 +392,108 @@ mod tests {
         r.ring.word(TAIL).store(u64::MAX, Ordering::Release);
         assert!(r.peek().is_err());
     }
+
+    /// A writer that writes anything anywhere: random record headers (kinds, flags and lengths
+    /// both plausible and not) over the whole area, random bytes between them, and a random tail,
+    /// after a random number of honest records has moved the reader's head (so reads wrap). The
+    /// reader must stop with `Ok(None)` or an error, every record it hands out must lie inside
+    /// the area and inside what the tail published, and it must never panic.
+    #[test]
+    fn a_hostile_writer_cannot_move_the_reader_outside_what_it_published() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let cap = MIN_CAP;
+        let (mut outcomes_none, mut outcomes_err, mut records) = (0, 0, 0);
+        for _ in 0..2000 {
+            let (mut w, mut r) = pair(cap);
+            // Honest traffic first, consumed, to put the head anywhere (16-byte aligned).
+            for _ in 0..next() % 64 {
+                let body = (next() % 8192) as usize;
+                assert!(w.push(SEND, LAST, body, body as u32, 0, |_| {}));
+                let (rec, _) = r.peek().unwrap().unwrap();
+                r.consume(&rec);
+            }
+            let head = r.head;
+            // Then a chain of records from the head, each of a random kind (the four known
+            // ones more often than not) and length (plausible, cut to reach the end of the area,
+            // or anything), laid end to end as an honest writer would place them...
+            let mut pos = head;
+            for _ in 0..next() % 32 {
+                let kind = [SEND, SEND, IMM, REVOKE, PAD, 0, 5][(next() % 7) as usize];
+                let left = cap - (pos as usize & (cap - 1)) - REC;
+                let len = match next() % 4 {
+                    0 => (next() % 64) as u32,
+                    1 => (next() % (cap as u64 / 3)) as u32,
+                    2 => left as u32,
+                    _ => next() as u32,
+                };
+                w.write_header(pos, kind, (next() % 8) as u8, len, next() as u32);
+                pos += match kind {
+                    SEND => (REC + pad16(len as usize % (2 * cap))) as u64,
+                    PAD => (left + REC) as u64,
+                    _ => REC as u64,
+                };
+            }
+            // ...then headers at random slots and random bytes anywhere.
+            for _ in 0..next() % 64 {
+                let at = (next() % cap as u64) & !15;
+                let kind = (next() % 6) as u8;
+                w.write_header(at, kind, (next() % 8) as u8, next() as u32 % 70_000, 0);
+            }
+            for _ in 0..next() % 64 {
+                let at = (next() % cap as u64) as usize;
+                // SAFETY: `at` lies in the record area of the ring this test mapped.
+                unsafe { *r.ring.base.add(HEADER + at) = next() as u8 };
+            }
+            // A tail anywhere, behind the head, near where the chain ended, or near a full ring.
+            let tail = match next() % 5 {
+                0 => next(),
+                1 => head.wrapping_sub(next() % 64),
+                2 => pos.wrapping_add(next() % 512).wrapping_sub(256),
+                3 => head + cap as u64 - next() % 256,
+                _ => head + next() % (cap as u64 + 64),
+            };
+            r.ring.word(TAIL).store(tail, Ordering::Release);
+            let area = r.ring.base as usize + HEADER..r.ring.base as usize + HEADER + cap;
+            let mut steps = 0;
+            loop {
+                match r.peek() {
+                    Ok(None) => {
+                        outcomes_none += 1;
+                        break;
+                    }
+                    Err(_) => {
+                        outcomes_err += 1;
+                        break;
+                    }
+                    Ok(Some((rec, body))) => {
+                        let n = if rec.kind == SEND {
+                            rec.len as usize
+                        } else {
+                            0
+                        };
+                        let at = body as usize;
+                        assert!(area.contains(&at) || n == 0 && at == area.end, "{rec:?}");
+                        assert!(at + n <= area.end, "{rec:?} runs past the area");
+                        assert!(
+                            r.head + (REC + pad16(n)) as u64 <= tail,
+                            "{rec:?} past the tail"
+                        );
+                        assert!(n <= r.ring.max_fragment());
+                        r.consume(&rec);
+                        records += 1;
+                        steps += 1;
+                        assert!(steps <= cap / REC, "more records than the ring holds");
+                    }
+                }
+            }
+        }
+        // The cases reached every outcome, so the asserts above were exercised.
+        assert!(outcomes_none > 0 && outcomes_err > 0 && records > 0);
+    }
 }

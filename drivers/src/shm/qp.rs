@@ -1437,11 +1437,18 @@ struct ShmPoller {
 }
 
 impl ShmPoller {
+    /// Runs `f` on every live queue pair of this core, forgetting the ones that are gone or no
+    /// longer in RTS. They are taken out first (one upgrade each), so `f` may open or close
+    /// queue pairs.
     fn each(&mut self, mut f: impl FnMut(&Rc<QpInner>)) {
         CORE.with(|c| {
-            let mut qps = c.qps.borrow_mut();
-            qps.retain(|w| w.upgrade().is_some_and(|q| q.state.get() == QpState::Rts));
-            self.live.extend(qps.iter().filter_map(Weak::upgrade));
+            c.qps.borrow_mut().retain(|w| match w.upgrade() {
+                Some(q) if q.state.get() == QpState::Rts => {
+                    self.live.push(q);
+                    true
+                }
+                _ => false,
+            });
         });
         for q in self.live.drain(..) {
             f(&q);

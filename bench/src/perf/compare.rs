@@ -580,6 +580,11 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         let copy = memcpy_figure(a.cpus[0], a.secs);
         r.pair(w, Some(copy));
     }
+    if let Some((_, w)) = shm.iter().find(|(k, _)| *k == Ours::ShmWriteLat) {
+        r.bar.set_message("the shared-memory floor");
+        let floor = shm_floor_figure(a.cpus, a.iters);
+        r.pair(w, floor);
+    }
     let ours: Vec<(Ours, Option<Figure>)> = ours.into_iter().chain(shm).collect();
     let params = Params {
         iters: a.iters,
@@ -629,6 +634,27 @@ fn memcpy_figure(cpu: usize, secs: f64) -> Figure {
         tail: None,
         crc_on: None,
     }
+}
+
+/// A byte through shared memory and back between two threads pinned to `cpus`, spinning flat
+/// out, nothing else in the loop (`floor`): what the 8 B WRITE ping-pong over shm can at best
+/// reach with the same wait.
+fn shm_floor_figure(cpus: [usize; 2], iters: u64) -> Option<Figure> {
+    let f = super::floor::shm_ping_pong(cpus, iters as usize, 0)?;
+    Some(Figure {
+        tool: "shm floor".into(),
+        what: "a store and a spin, p50, RTT/2".into(),
+        value: f.p50 / 1000.0,
+        unit: Unit::Micros,
+        command: format!(
+            "a byte through shared memory and back between two threads on CPUs {},{}, {iters} \
+             round trips (in barewire-perf; alone, at several gaps between looks: shm-floor)",
+            cpus[0], cpus[1]
+        ),
+        percentiles: Vec::new(),
+        tail: None,
+        crc_on: None,
+    })
 }
 
 /// Copies one `block`-byte buffer into another again and again for `how_long`; MiB/s.

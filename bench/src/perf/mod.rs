@@ -7,6 +7,7 @@
 
 pub mod cli;
 pub mod compare;
+pub mod floor;
 pub mod peers;
 pub mod plot;
 pub mod report;

@@ -56,18 +56,24 @@ pub fn shm_ping_pong(cpus: [usize; 2], n: usize, gap: u32) -> Option<HalfRoundTr
             }
             pinned
         });
-        let mine = pin(cpus[0]);
-        let mut t = Cycles::now();
-        for i in 0..n {
-            let v = seq(i);
-            ping.store(v, Ordering::Relaxed);
-            while pong.load(Ordering::Relaxed) != v {
-                spin(gap);
+        // The initiator on a thread of its own too: pinning the caller's thread would pin
+        // every process it starts afterwards.
+        let initiator = s.spawn(|| {
+            let pinned = pin(cpus[0]);
+            let mut t = Cycles::now();
+            for i in 0..n {
+                let v = seq(i);
+                ping.store(v, Ordering::Relaxed);
+                while pong.load(Ordering::Relaxed) != v {
+                    spin(gap);
+                }
+                let now = Cycles::now();
+                ticks.push(now.wrapping_sub(t));
+                t = now;
             }
-            let now = Cycles::now();
-            ticks.push(now.wrapping_sub(t));
-            t = now;
-        }
+            pinned
+        });
+        let mine = initiator.join().unwrap_or(false);
         responder.join().unwrap_or(false) && mine
     });
     if !pinned || n == 0 {
@@ -114,10 +120,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_ping_pong_is_timed_and_an_unknown_cpu_is_refused() {
-        let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
-        let f = shm_ping_pong([0, last], 200, 0).expect("pinned");
+    fn a_ping_pong_is_timed_leaves_the_caller_unpinned_and_refuses_an_unknown_cpu() {
+        let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        let before = cpus();
+        let f = shm_ping_pong([0, before - 1], 200, 0).expect("pinned");
         assert!(f.p50 > 0.0 && f.mean > 0.0, "{f:?}");
+        // `report` starts processes after it: they must not inherit a pinned thread.
+        assert_eq!(cpus(), before);
+        let last = before - 1;
         assert!(shm_ping_pong([0, 1000], 10, 0).is_none());
         assert!(shm_ping_pong([1 << 20, last], 10, 0).is_none());
         assert!(turn_ns() > 0.0);

@@ -1,6 +1,7 @@
 //! Shared pieces of barewire's benchmarks: the echo workload, written once per runtime
 //! (barewire, tokio, monoio) so the three are measured doing exactly the same thing.
 
+pub mod apt;
 pub mod echo;
 pub mod perf;
 pub mod reps;

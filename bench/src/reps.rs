@@ -110,15 +110,6 @@ pub fn report(rows: &[Row], comparisons: &[(&str, usize, usize, &str)]) {
     }
 }
 
-/// Whether `cmd` is a program on the PATH.
-pub fn on_path(cmd: &str) -> bool {
-    std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {cmd}")])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// A one-core barewire runtime on `cpu` that spins 50 ms before it sleeps (latency runs).
 pub fn spinning_runtime(cpu: usize) -> barewire_engine::Runtime {
     barewire_engine::Runtime::builder()

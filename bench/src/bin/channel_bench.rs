@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use barewire::{ChannelOptions, Node};
-use barewire_bench::perf::compare::{installed, median};
+use barewire_bench::perf::compare::median;
 use barewire_bench::perf::peers::parse_ucx;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
@@ -339,8 +339,8 @@ fn raw_write_p50(cpus: [usize; 2]) -> Result<f64, String> {
 }
 
 fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
-    if !installed("ucx_perftest") {
-        println!("MISSING peer: ucx_perftest (apt-get install ucx-utils)");
+    if let Err(how) = barewire_bench::apt::tool("ucx_perftest", "ucx-utils") {
+        println!("MISSING peer: ucx_perftest ({how})");
         return None;
     }
     // The same medium as barewire's run: loopback TCP beside soft, shared memory beside shm.

@@ -22,7 +22,7 @@ use barewire::dsm::{SharedArray, SharedOptions};
 use barewire::engine::{spawn_local, time};
 use barewire::{Align, Mesh, Node};
 use barewire_bench::perf::peers::{self, redis::Redis, Params, Peer};
-use barewire_bench::reps::{self, histogram, latency, on_path, spinning_runtime, Row};
+use barewire_bench::reps::{self, histogram, latency, spinning_runtime, Row};
 
 type Wide = [u64; 8];
 
@@ -132,8 +132,12 @@ async fn lead(reps: usize, iters: u64, cpus: [usize; 2], redis: bool) -> Vec<Row
     // redis (bench/src/perf/peers/redis.rs): GET and INCR p50 with one client, GET with 50.
     let redis_runs = if !redis {
         None
-    } else if !on_path("redis-server") || !on_path("redis-benchmark") {
-        eprintln!("dsm-bench: redis-server or redis-benchmark not found (apt-get install redis-server redis-tools); redis rows skipped");
+    } else if let Err(how) = barewire_bench::apt::tool("redis-server", "redis-server")
+        .and_then(|()| barewire_bench::apt::tool("redis-benchmark", "redis-tools"))
+    {
+        eprintln!(
+            "dsm-bench: redis-server or redis-benchmark not found ({how}); redis rows skipped"
+        );
         None
     } else {
         Some(Redis.runs(&Params { iters, secs: 0 }))

@@ -25,7 +25,8 @@
 //! busy. The efficiency table prints it beside each kernel's figure, and the figure divided
 //! by it (both medians of per-rep values).
 //!
-//! Needs `apt-get install libscalapack-openmpi-dev libopenmpi-dev libopenblas-dev openmpi-bin`.
+//! Installs what ScaLAPACK needs when it is missing (`libscalapack-openmpi-dev libopenmpi-dev
+//! libopenblas-dev openmpi-bin`, through `barewire_bench::apt`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -339,8 +340,17 @@ fn field(text: &str, line: &str, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {key} in {l:?}"))
 }
 
-/// Builds the ScaLAPACK driver into the temporary directory.
+/// Builds the ScaLAPACK driver into the temporary directory, installing Open MPI, ScaLAPACK
+/// and OpenBLAS first if they are missing.
 fn build_scalapack() -> PathBuf {
+    if let Err(how) = barewire_bench::apt::ensure(&[
+        "libopenmpi-dev",
+        "libscalapack-openmpi-dev",
+        "libopenblas-dev",
+        "openmpi-bin",
+    ]) {
+        panic!("matmul-bench runs ScaLAPACK beside barewire: {how}");
+    }
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/scalapack/pgemm.c");
     let bin = std::env::temp_dir().join("barewire-pgemm");
     let st = Command::new("mpicc")

@@ -3,7 +3,8 @@
 //! peers themselves (how to start each, run a test, read its output) are in `peers`; the table
 //! and the RESULTS section are written by `report`.
 //!
-//! A peer that is not installed is reported by name with the package that provides it.
+//! A peer that is not installed is installed first (`crate::apt`); one that cannot be is reported
+//! by name with the package that provides it.
 
 use std::process::{Command as Process, Stdio};
 use std::time::Duration;
@@ -90,19 +91,6 @@ pub struct Comparison {
     pub failed: Vec<(String, String)>,
     /// barewire's 8 B WRITE latency distribution (nanoseconds), for the plot.
     pub write_lat: Option<Histogram<u64>>,
-}
-
-/// True if `tool` is on PATH.
-pub fn installed(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| {
-        std::env::split_paths(&p).any(|d| {
-            let f = d.join(tool);
-            f.is_file()
-                && std::fs::metadata(&f)
-                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0)
-                    .unwrap_or(false)
-        })
-    })
 }
 
 /// The median of a non-empty list.
@@ -591,7 +579,7 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         secs: a.secs.ceil() as u64,
     };
     for tool in peers::all() {
-        if !installed(tool.tool()) {
+        if crate::apt::tool(tool.tool(), tool.package()).is_err() {
             r.cmp.missing.push(Missing {
                 tool: tool.tool(),
                 package: tool.package(),

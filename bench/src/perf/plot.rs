@@ -21,6 +21,10 @@ const FONTS: [&str; 3] = [
 
 /// Registers a TrueType font as "sans-serif" for plotters (once per process is enough).
 pub fn load_font() -> Result<(), String> {
+    if !FONTS.iter().any(|f| std::path::Path::new(f).exists()) {
+        crate::apt::ensure(&["fonts-dejavu-core"])
+            .map_err(|how| format!("no TrueType font found for the plot ({how})"))?;
+    }
     for f in FONTS {
         if let Ok(bytes) = std::fs::read(f) {
             // plotters keeps the font for the life of the process.

@@ -67,9 +67,12 @@ impl Erlang {
     /// Compiles the benchmark module into a directory of its own. `None` (and why, on
     /// stderr) if `erl`/`erlc` are missing or the module does not compile.
     pub fn prepare(msgs: u64) -> Option<Erlang> {
-        if !crate::perf::compare::installed("erl") || !crate::perf::compare::installed("erlc") {
-            eprintln!("erl/erlc not found (apt-get install erlang-nox erlang-dev)");
-            return None;
+        let have = |t| crate::apt::on_path(t);
+        if !(have("erl") && have("erlc")) {
+            if let Err(how) = crate::apt::ensure(&["erlang-nox", "erlang-dev"]) {
+                eprintln!("erl/erlc not found ({how})");
+                return None;
+            }
         }
         let dir = std::env::temp_dir().join(format!("barewire-erl-{}", std::process::id()));
         std::fs::create_dir_all(&dir).ok()?;

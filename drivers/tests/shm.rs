@@ -585,3 +585,81 @@ fn listeners_on_one_port_and_two_addresses_are_told_apart() {
         tb.await.unwrap();
     });
 }
+
+/// A 12 MiB WRITE and a 12 MiB READ are copied a step per loop pass, so the posting core keeps
+/// running its other tasks meanwhile (a copy made at once held a core for a quarter of a
+/// second per 256 MiB: long enough for a failure detector to declare the node down). The
+/// bytes still arrive whole, and a small WRITE posted after the big one lands after it.
+#[test]
+fn large_writes_and_reads_move_in_steps_and_the_core_runs_other_tasks_between_them() {
+    const BIG: usize = 12 << 20;
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let region = Buffer::new(&pd, BIG, 4096, all).unwrap();
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        msg.write_at(0, &region.descriptor().to_bytes());
+        let done = ep.recv(&msg, 1024, 16);
+        ep.send(&msg, 0, 20).await.unwrap();
+        done.await.unwrap();
+        let mut got = vec![0u8; BIG];
+        region.read_at(0, &mut got);
+        let mut want = pattern(BIG, 9);
+        want[..5].copy_from_slice(b"after");
+        assert!(
+            got == want,
+            "the region holds the big WRITE, then the small one"
+        );
+    });
+    rt().block_on(async {
+        let (ep, dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 2 * BIG + 4096, 4096, ALL).unwrap();
+        let d = ep.recv(&buf, 0, 64).await.unwrap();
+        assert_eq!(d.byte_len, 20);
+        let mut b = [0u8; 20];
+        buf.read_at(0, &mut b);
+        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        buf.write_at(4096, &pattern(BIG, 9));
+        buf.write_at(0, b"after");
+        // A task that counts the loop passes it gets while the copies run.
+        let ticks = std::rc::Rc::new(std::cell::Cell::new(0u32));
+        let ticker = {
+            let ticks = ticks.clone();
+            barewire_engine::spawn_local(async move {
+                loop {
+                    ticks.set(ticks.get() + 1);
+                    barewire_engine::yield_now().await;
+                }
+            })
+        };
+        // A first WRITE maps the region (the grant's round trip takes passes of its own).
+        ep.write(&buf, 0, 1, Remote::at(region, 0)).await.unwrap();
+        let before = ticks.get();
+        let big = ep.write(&buf, 4096, BIG, Remote::at(region, 0));
+        let small = ep.write(&buf, 0, 5, Remote::at(region, 0));
+        big.await.unwrap();
+        small.await.unwrap();
+        let during_write = ticks.get() - before;
+        let before = ticks.get();
+        ep.read(&buf, 4096 + BIG, BIG, Remote::at(region, 0))
+            .await
+            .unwrap();
+        let during_read = ticks.get() - before;
+        ticker.cancel();
+        eprintln!("passes while copying: WRITE {during_write}, READ {during_read}");
+        // 12 steps of 1 MiB each: the ticker ran between them.
+        assert!(during_write >= 8, "{during_write} passes during the WRITE");
+        assert!(during_read >= 8, "{during_read} passes during the READ");
+        let mut back = vec![0u8; BIG];
+        buf.read_at(4096 + BIG, &mut back);
+        let mut want = pattern(BIG, 9);
+        want[..5].copy_from_slice(b"after");
+        assert!(back == want, "the READ brought back what the WRITEs left");
+        ep.send(&buf, 0, 1).await.unwrap();
+        drop(dev);
+    });
+    t.join().unwrap();
+}

@@ -18,7 +18,9 @@
 //!   a violation as the soft provider does: a remote access error, and the queue pair goes to
 //!   ERROR.
 //! - **Operations.** WRITE and READ are copies into and out of the mapping, made by the
-//!   initiator's CPU when it posts them; atomics are CPU atomics on the mapped word, so they
+//!   initiator's CPU when it posts them, a MiB per loop pass (the rest at the next passes, so
+//!   a large one does not hold the core from its other tasks; later requests wait behind it);
+//!   atomics are CPU atomics on the mapped word, so they
 //!   are atomic with the owner's own atomics. Sends, the notices of Writes with immediate data
 //!   and revocations go through a ring in the receiver's memory, in posting order; the
 //!   receiver's poller delivers them to its posted receives. Every completion goes through the

@@ -134,7 +134,28 @@ enum Step {
     Done(Option<u32>),
     /// It waits (for ring room or a grant); later entries wait behind it.
     Wait,
+    /// A large WRITE or READ copied one step ([`COPY_STEP`]) and goes on at the next pass;
+    /// later entries wait behind it.
+    More,
 }
+
+/// Which way `copy_sges` copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CopyDir {
+    /// From the other range into the SGEs (a READ, a received Send).
+    IntoSges,
+    /// From the SGEs into the other range (a Write, a Send into the ring).
+    OutOfSges,
+    /// As `OutOfSges`, in ascending order (`ops::copy_ascending`): a Write the peer watches.
+    OutOfSgesAscending,
+}
+
+/// The most bytes one WRITE or READ copies per loop pass. A copy is synchronous on the core
+/// that posts it: a 256 MiB WRITE copied at once held its core for a quarter of a second or
+/// more, long enough for the cluster's failure detector to declare the node down; in steps the
+/// core keeps running its other tasks between them (the software provider likewise moves at
+/// most a MiB per queue pair per pass).
+const COPY_STEP: usize = 1 << 20;
 
 pub(crate) struct QpInner {
     num: u32,
@@ -156,6 +177,9 @@ pub(crate) struct QpInner {
 struct Tx {
     w: Writer,
     queue: VecDeque<Work>,
+    /// The front entry is a large copy part way through ([`Step::More`]): the core must keep
+    /// passing (it is not waiting for the peer).
+    copying: bool,
 }
 
 struct Rx {
@@ -289,7 +313,11 @@ impl QpInner {
         match step {
             Ok(Step::Done(Some(len))) => self.complete(&self.scq, self.success(&wr, len)),
             Ok(Step::Done(None)) => {}
-            Ok(Step::Wait) => self.tx.borrow_mut().queue.push_back(Work::Op { wr, sent }),
+            Ok(step @ (Step::Wait | Step::More)) => {
+                let mut tx = self.tx.borrow_mut();
+                tx.copying = matches!(step, Step::More);
+                tx.queue.push_back(Work::Op { wr, sent });
+            }
             Err((wr_id, opcode, status)) => {
                 self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
                 self.fail(WcStatus::WrFlushErr);
@@ -343,19 +371,21 @@ impl QpInner {
             .map_err(|_| WcStatus::LocProtErr)
     }
 
-    /// Runs the send queue from its front until an entry waits or the queue is empty.
-    fn progress(self: &Rc<Self>) {
+    /// Runs the send queue from its front until an entry waits, a large copy has taken this
+    /// pass's step, or the queue is empty. True if anything moved.
+    fn progress(self: &Rc<Self>) -> bool {
+        let mut moved = false;
         loop {
             if self.state.get() != QpState::Rts {
-                return;
+                return moved;
             }
             let step = {
                 let mut tx = self.tx.borrow_mut();
                 let tx = &mut *tx;
                 let Some(front) = tx.queue.front_mut() else {
-                    return;
+                    return moved;
                 };
-                match front {
+                let step = match front {
                     Work::Revoke(stag) => {
                         if tx.w.push(ring::REVOKE, 0, 0, 0, *stag, |_| {}) {
                             self.wake_peer_if(&tx.w);
@@ -365,12 +395,16 @@ impl QpInner {
                         }
                     }
                     Work::Op { wr, sent } => self.execute(&mut tx.w, wr, sent),
-                }
+                };
+                tx.copying = matches!(step, Ok(Step::More));
+                step
             };
             self.revoke_invalidated();
             match step {
-                Ok(Step::Wait) => return,
+                Ok(Step::Wait) => return moved,
+                Ok(Step::More) => return true,
                 Ok(Step::Done(len)) => {
+                    moved = true;
                     let work = self.tx.borrow_mut().queue.pop_front();
                     if let (Some(len), Some(Work::Op { wr, .. })) = (len, work) {
                         self.complete(&self.scq, self.success(&wr, len));
@@ -380,7 +414,7 @@ impl QpInner {
                     self.tx.borrow_mut().queue.pop_front();
                     self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
                     self.fail(WcStatus::WrFlushErr);
-                    return;
+                    return true;
                 }
             }
         }
@@ -453,7 +487,7 @@ impl QpInner {
                     let from = *sent;
                     let ok = w.push(ring::SEND, flags, n, n as u32, value, |dst| {
                         // Every SGE was checked above, in this same call.
-                        let copied = self.copy_sges(&wr.sges, from, dst, n, false);
+                        let copied = self.copy_sges(&wr.sges, from, dst, n, CopyDir::OutOfSges);
                         debug_assert!(copied.is_ok());
                     });
                     if !ok {
@@ -482,32 +516,30 @@ impl QpInner {
                 // SAFETY: grants are removed only by this queue pair's own code, never while
                 // an operation runs (operations are synchronous).
                 let m = unsafe { &*m };
-                if let SendOp::WriteWithImm { .. } = wr.op {
-                    if *sent == usize::MAX {
-                        // The data went in an earlier pass; only the notice waits for room.
-                    } else {
-                        self.write_remote(m, &wr.sges, remote_addr, total, false)
-                            .map_err(fail)?;
-                        *sent = usize::MAX;
+                // A plain Write the reader asked to watch lands in ascending order and is
+                // followed by a look at whether the reader sleeps; Writes with immediate data
+                // are announced by their notice in the ring instead.
+                let watched = !matches!(wr.op, SendOp::WriteWithImm { .. }) && w.reader_watches();
+                if *sent < total {
+                    let n = (total - *sent).min(COPY_STEP);
+                    self.write_remote(m, &wr.sges, remote_addr, total, *sent, n, watched)
+                        .map_err(fail)?;
+                    *sent += n;
+                    if watched {
+                        // The fence in `reader_asleep` orders the look after the copy.
+                        self.wake_peer_if(w);
                     }
-                    let imm = match wr.op {
-                        SendOp::WriteWithImm { imm, .. } => imm,
-                        _ => unreachable!(),
-                    };
+                    if *sent < total {
+                        return Ok(Step::More);
+                    }
+                }
+                if let SendOp::WriteWithImm { imm, .. } = wr.op {
+                    // The data is all in (this pass or earlier ones); the notice may wait for
+                    // ring room.
                     if !w.push(ring::IMM, ring::LAST, 0, total as u32, imm, |_| {}) {
                         return Ok(Step::Wait);
                     }
                     self.wake_peer_if(w);
-                } else {
-                    let watched = w.reader_watches();
-                    self.write_remote(m, &wr.sges, remote_addr, total, watched)
-                        .map_err(fail)?;
-                    if watched {
-                        // The peer watches its memory for this Write's bytes and may be about
-                        // to sleep: look at its flag after the copy (the fence in
-                        // `reader_asleep` orders the two).
-                        self.wake_peer_if(w);
-                    }
                 }
                 done(total)
             }
@@ -529,15 +561,16 @@ impl QpInner {
                 let src = m
                     .at(remote_addr, total as u64)
                     .ok_or(fail(WcStatus::RemAccessErr))?;
-                let mut off = 0;
-                for s in &wr.sges {
-                    let dst = self.local(s, true).map_err(fail)?;
-                    // SAFETY: src covers `total` bytes of the mapping (checked), dst the SGE's
-                    // bytes of a local region (checked); plain copies of shared memory. The
-                    // ranges are disjoint: src lies in this queue pair's own mmap of the peer's
-                    // file, which no local region overlaps (see `write_remote`).
-                    unsafe { crate::ops::copy_small(src.add(off), dst, s.len as usize) };
-                    off += s.len as usize;
+                let n = (total - *sent).min(COPY_STEP);
+                // SAFETY: src covers `total` bytes of the mapping (checked), so `sent + n` of
+                // them; it lies in this queue pair's own mmap of the peer's file, which no local
+                // region overlaps (see `write_remote`).
+                let from = unsafe { src.add(*sent) };
+                self.copy_sges(&wr.sges, *sent, from, n, CopyDir::IntoSges)
+                    .map_err(fail)?;
+                *sent += n;
+                if *sent < total {
+                    return Ok(Step::More);
                 }
                 done(total)
             }
@@ -598,15 +631,15 @@ impl QpInner {
     }
 
     /// Copies `n` bytes between `other` and the SGEs' concatenation, starting `skip` bytes
-    /// into it: into the SGEs (`into_sges`, which then need LOCAL_WRITE) or out of them. Each
-    /// SGE's key is checked as it is reached; fails if one's region is gone.
+    /// into it, the way `how` says. Each SGE's key is checked as it is reached (with
+    /// LOCAL_WRITE when the SGEs are written); fails if one's region is gone.
     fn copy_sges(
         &self,
         sges: &[Sge],
         mut skip: usize,
         mut other: *mut u8,
         mut n: usize,
-        into_sges: bool,
+        how: CopyDir,
     ) -> Result<(), WcStatus> {
         for s in sges {
             if n == 0 {
@@ -618,17 +651,20 @@ impl QpInner {
                 continue;
             }
             let take = (len - skip).min(n);
-            let at = self.local(s, into_sges)?;
+            let at = self.local(s, how == CopyDir::IntoSges)?;
             // SAFETY: `take` bytes from `skip` lie within the SGE (its key checked just now) and
             // within `other`, which the caller sized for `n` (a ring record's payload, checked
-            // by the ring's writer or reader).
+            // by the ring's writer or reader, or a range of a mapping, checked by `Mapping::at`).
+            // The ranges are disjoint: no local region overlaps a ring or this queue pair's own
+            // mmap of the peer's file (even when the peer is this process, the pages are mapped
+            // twice).
             unsafe {
-                let (from, to) = if into_sges {
-                    (other as *const u8, at.add(skip))
-                } else {
-                    (at.add(skip) as *const u8, other)
-                };
-                std::ptr::copy_nonoverlapping(from, to, take);
+                let sge = at.add(skip);
+                match how {
+                    CopyDir::IntoSges => crate::ops::copy_small(other, sge, take),
+                    CopyDir::OutOfSges => crate::ops::copy_small(sge, other, take),
+                    CopyDir::OutOfSgesAscending => crate::ops::copy_ascending(sge, other, take),
+                }
                 other = other.add(take);
             }
             n -= take;
@@ -637,35 +673,31 @@ impl QpInner {
         Ok(())
     }
 
+    /// Bytes `from..from + n` of a Write of `total` bytes to the peer's `to`: checks the
+    /// grant's rights and the whole Write's bounds, then copies (in ascending order when the
+    /// peer watches its memory).
+    #[allow(clippy::too_many_arguments)]
     fn write_remote(
         &self,
         m: &Mapping,
         sges: &[Sge],
         to: u64,
         total: usize,
+        from: usize,
+        n: usize,
         ascending: bool,
     ) -> Result<(), WcStatus> {
         if !m.writable {
             return Err(WcStatus::RemAccessErr);
         }
         let dst = m.at(to, total as u64).ok_or(WcStatus::RemAccessErr)?;
-        let mut off = 0;
-        for s in sges {
-            let src = self.local(s, false)?;
-            // SAFETY: dst covers `total` bytes of a writable mapping (checked), src the SGE
-            // (checked); plain copies of shared memory. The two address ranges are disjoint:
-            // dst lies in this queue pair's own mmap of the peer's file, which no local region
-            // overlaps (even when the peer is this process, the pages are mapped twice).
-            unsafe {
-                if ascending {
-                    crate::ops::copy_ascending(src, dst.add(off), s.len as usize)
-                } else {
-                    crate::ops::copy_small(src, dst.add(off), s.len as usize)
-                }
-            };
-            off += s.len as usize;
-        }
-        Ok(())
+        let how = if ascending {
+            CopyDir::OutOfSgesAscending
+        } else {
+            CopyDir::OutOfSges
+        };
+        // SAFETY: dst covers `total` bytes of a writable mapping (checked), and from + n <= total.
+        self.copy_sges(sges, from, unsafe { dst.add(from) }, n, how)
     }
 
     /// Delivers what the peer put in the ring to the posted receives, in order. Returns
@@ -742,7 +774,7 @@ impl QpInner {
                     if rx.placed + n > room {
                         rx.error = Some(WcStatus::LocLenErr);
                     } else if self
-                        .copy_sges(&r.sges, rx.placed, body as *mut u8, n, true)
+                        .copy_sges(&r.sges, rx.placed, body as *mut u8, n, CopyDir::IntoSges)
                         .is_err()
                     {
                         rx.error = Some(WcStatus::LocProtErr);
@@ -804,7 +836,11 @@ impl QpInner {
         if let Some(t) = self.task.borrow_mut().take() {
             t.cancel();
         }
-        let queued: Vec<Work> = self.tx.borrow_mut().queue.drain(..).collect();
+        let queued: Vec<Work> = {
+            let mut tx = self.tx.borrow_mut();
+            tx.copying = false;
+            tx.queue.drain(..).collect()
+        };
         for w in queued {
             if let Work::Op { wr, .. } = w {
                 let op = wr.op.opcode();
@@ -1202,6 +1238,7 @@ fn finish(
         tx: RefCell::new(Tx {
             w: Writer::new(Ring::from_mapping(map, cap)),
             queue: VecDeque::new(),
+            copying: false,
         }),
         rx: RefCell::new(Rx {
             r: Reader::new(ring),
@@ -1463,8 +1500,7 @@ impl Poller for ShmPoller {
             any |= q.deliver();
             let waiting = !q.tx.borrow().queue.is_empty();
             if waiting {
-                q.progress();
-                any |= q.tx.borrow().queue.is_empty();
+                any |= q.progress();
             }
         });
         any
@@ -1472,14 +1508,15 @@ impl Poller for ShmPoller {
 
     fn pure_poll(&mut self) -> bool {
         let mut any = false;
-        self.each(|q| any |= q.rx.borrow().r.has_data());
+        self.each(|q| any |= q.rx.borrow().r.has_data() || q.tx.borrow().copying);
         any
     }
 
     fn try_enter_interrupt_mode(&mut self) -> bool {
         let mut ready = true;
         self.each(|q| {
-            if !q.rx.borrow().r.sleep() {
+            // A large copy part way through goes on at the next pass, with nothing to wake us.
+            if q.tx.borrow().copying || !q.rx.borrow().r.sleep() {
                 ready = false;
             }
         });

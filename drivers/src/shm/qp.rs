@@ -561,6 +561,20 @@ impl QpInner {
                 let src = m
                     .at(remote_addr, total as u64)
                     .ok_or(fail(WcStatus::RemAccessErr))?;
+                if total <= COPY_STEP {
+                    // In one step (every small READ): SGE by SGE, each copy inline.
+                    let mut off = 0;
+                    for s in &wr.sges {
+                        let dst = self.local(s, true).map_err(fail)?;
+                        // SAFETY: src covers `total` bytes of the mapping (checked), dst the
+                        // SGE's bytes of a local region (checked); plain copies of shared
+                        // memory. The ranges are disjoint: src lies in this queue pair's own
+                        // mmap of the peer's file, which no local region overlaps.
+                        unsafe { crate::ops::copy_small(src.add(off), dst, s.len as usize) };
+                        off += s.len as usize;
+                    }
+                    return done(total);
+                }
                 let n = (total - *sent).min(COPY_STEP);
                 // SAFETY: src covers `total` bytes of the mapping (checked), so `sent + n` of
                 // them; it lies in this queue pair's own mmap of the peer's file, which no local
@@ -633,6 +647,7 @@ impl QpInner {
     /// Copies `n` bytes between `other` and the SGEs' concatenation, starting `skip` bytes
     /// into it, the way `how` says. Each SGE's key is checked as it is reached (with
     /// LOCAL_WRITE when the SGEs are written); fails if one's region is gone.
+    #[inline]
     fn copy_sges(
         &self,
         sges: &[Sge],
@@ -677,6 +692,7 @@ impl QpInner {
     /// grant's rights and the whole Write's bounds, then copies (in ascending order when the
     /// peer watches its memory).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn write_remote(
         &self,
         m: &Mapping,
@@ -691,6 +707,24 @@ impl QpInner {
             return Err(WcStatus::RemAccessErr);
         }
         let dst = m.at(to, total as u64).ok_or(WcStatus::RemAccessErr)?;
+        if n == total {
+            // In one step (every small Write): SGE by SGE, each copy inline.
+            let mut off = 0;
+            for s in sges {
+                let src = self.local(s, false)?;
+                // SAFETY: dst covers `total` bytes of a writable mapping (checked), src the
+                // SGE (checked); disjoint, as in `copy_sges`.
+                unsafe {
+                    if ascending {
+                        crate::ops::copy_ascending(src, dst.add(off), s.len as usize)
+                    } else {
+                        crate::ops::copy_small(src, dst.add(off), s.len as usize)
+                    }
+                };
+                off += s.len as usize;
+            }
+            return Ok(());
+        }
         let how = if ascending {
             CopyDir::OutOfSgesAscending
         } else {

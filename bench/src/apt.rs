@@ -32,10 +32,19 @@ pub fn on_path(tool: &str) -> bool {
 /// Makes `tool` available, installing `package` if it is not on the PATH. `Err` says what to
 /// install when this process cannot.
 pub fn tool(tool: &str, package: &str) -> Result<(), String> {
+    tool_if(tool, package, may_install())
+}
+
+/// Whether this process may install (`BAREWIRE_NO_INSTALL` unset).
+fn may_install() -> bool {
+    std::env::var_os("BAREWIRE_NO_INSTALL").is_none()
+}
+
+fn tool_if(tool: &str, package: &str, may: bool) -> Result<(), String> {
     if on_path(tool) {
         return Ok(());
     }
-    ensure(&[package])?;
+    ensure_if(&[package], may)?;
     if on_path(tool) {
         Ok(())
     } else {
@@ -46,12 +55,16 @@ pub fn tool(tool: &str, package: &str) -> Result<(), String> {
 /// Installs those of `packages` that are not installed. `Err` names the `apt-get` command
 /// when this process cannot run it, or says that it failed.
 pub fn ensure(packages: &[&str]) -> Result<(), String> {
+    ensure_if(packages, may_install())
+}
+
+fn ensure_if(packages: &[&str], may: bool) -> Result<(), String> {
     let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         return Ok(());
     }
     let how = format!("apt-get install {}", missing.join(" "));
-    if std::env::var_os("BAREWIRE_NO_INSTALL").is_some() || !on_path("apt-get") {
+    if !may || !on_path("apt-get") {
         return Err(how);
     }
     // SAFETY: geteuid has no preconditions.
@@ -117,9 +130,7 @@ mod tests {
         assert!(!on_path("barewire-no-such-tool"));
         assert_eq!(tool("sh", "dash"), Ok(()));
         // Told not to install: the answer is the command to run.
-        std::env::set_var("BAREWIRE_NO_INSTALL", "1");
-        let e = tool("barewire-no-such-tool", "barewire-no-such-package").unwrap_err();
-        std::env::remove_var("BAREWIRE_NO_INSTALL");
+        let e = tool_if("barewire-no-such-tool", "barewire-no-such-package", false).unwrap_err();
         assert_eq!(e, "apt-get install barewire-no-such-package");
     }
 }

@@ -63,8 +63,21 @@ async fn told_region(
     barewire_drivers::RegionDescriptor,
     Device,
 ) {
+    told_region_with(port, 65536).await
+}
+
+/// As `told_region`, with a local buffer of `len` bytes.
+async fn told_region_with(
+    port: u16,
+    len: usize,
+) -> (
+    Endpoint,
+    std::rc::Rc<Buffer>,
+    barewire_drivers::RegionDescriptor,
+    Device,
+) {
     let (ep, dev, pd) = client(port).await;
-    let buf = Buffer::new(&pd, 65536, 4096, ALL).unwrap();
+    let buf = Buffer::new(&pd, len, 4096, ALL).unwrap();
     let d = ep.recv(&buf, 0, 64).await.unwrap();
     assert_eq!(d.byte_len, 20);
     let mut b = [0u8; 20];
@@ -444,10 +457,25 @@ where
         + 'static,
     Fut: std::future::Future<Output = ()>,
 {
-    server(|l, dev| async move {
+    region_server_with(4096, Access::REMOTE_WRITE, check)
+}
+
+/// As `region_server`, with a region of `len` bytes and the remote rights `remote`.
+fn region_server_with<F, Fut>(
+    len: usize,
+    remote: Access,
+    check: F,
+) -> (u16, std::thread::JoinHandle<()>)
+where
+    F: FnOnce(Endpoint, std::rc::Rc<Buffer>, std::rc::Rc<Buffer>, barewire_drivers::Op) -> Fut
+        + Send
+        + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
         let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
-        let region = Buffer::new(&pd, 4096, 4096, ALL | Access::REMOTE_WRITE).unwrap();
+        let region = Buffer::new(&pd, len, 4096, ALL | remote).unwrap();
         let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
         let ep = Endpoint::new(qp, scq, rcq);
         let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
@@ -593,17 +621,10 @@ fn listeners_on_one_port_and_two_addresses_are_told_apart() {
 #[test]
 fn large_writes_and_reads_move_in_steps_and_the_core_runs_other_tasks_between_them() {
     const BIG: usize = 12 << 20;
-    let (port, t) = server(|l, dev| async move {
-        let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
-        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let region = Buffer::new(&pd, BIG, 4096, all).unwrap();
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
-        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
-        msg.write_at(0, &region.descriptor().to_bytes());
-        let done = ep.recv(&msg, 1024, 16);
-        ep.send(&msg, 0, 20).await.unwrap();
+    let remote = Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (port, t) = region_server_with(BIG, remote, |ep, region, msg, done| async move {
+        // The endpoint and the receive's buffer live until the client says it is done.
+        let _keep = (ep, msg);
         done.await.unwrap();
         let mut got = vec![0u8; BIG];
         region.read_at(0, &mut got);
@@ -615,13 +636,7 @@ fn large_writes_and_reads_move_in_steps_and_the_core_runs_other_tasks_between_th
         );
     });
     rt().block_on(async {
-        let (ep, dev, pd) = client(port).await;
-        let buf = Buffer::new(&pd, 2 * BIG + 4096, 4096, ALL).unwrap();
-        let d = ep.recv(&buf, 0, 64).await.unwrap();
-        assert_eq!(d.byte_len, 20);
-        let mut b = [0u8; 20];
-        buf.read_at(0, &mut b);
-        let region = barewire_drivers::RegionDescriptor::from_bytes(&b).unwrap();
+        let (ep, buf, region, dev) = told_region_with(port, 2 * BIG + 4096).await;
         buf.write_at(4096, &pattern(BIG, 9));
         buf.write_at(0, b"after");
         // A task that counts the loop passes it gets while the copies run.

@@ -195,7 +195,9 @@ fn receive(i: &mut QpInner, fd: RawFd) -> bool {
     moved
 }
 
-const STAGE_LEN: usize = 64 * 1024;
+/// How much one staging read takes: enough for several full FPDUs (16 KiB payloads by
+/// default) per system call. The io_uring path's look buffers are this size too.
+pub(super) const STAGE_LEN: usize = 64 * 1024;
 
 thread_local! {
     /// One staging buffer per core: queue pairs are serviced one at a time and each empties it.

@@ -49,7 +49,7 @@ use barewire_engine::buf::BufRing;
 use barewire_engine::uring::{buffer_id, opcode, squeue, types, Completion, RawQueue, CQE_F_MORE};
 use barewire_engine::Poller;
 
-use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER};
+use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER, STAGE_LEN};
 use super::sqpoll::Wires;
 use super::*;
 use crate::stream::Stream;
@@ -62,6 +62,10 @@ pub const DIRECT_SWITCH: usize = 16 * 1024;
 /// Provided buffers per core, and their size.
 const RING_ENTRIES: u16 = 256;
 const RING_BUF: usize = 16 * 1024;
+
+/// The size of the core's look buffers (see `arm`): the epoll path's staging read, larger than
+/// a provided buffer, so that a stream of full FPDUs takes one receive per several of them.
+const LOOK_BUF: usize = STAGE_LEN;
 
 /// Polled receives one queue pair may queue in one pass (each up to one provided buffer).
 const MAX_BURST: u8 = 16;
@@ -573,9 +577,9 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                     r.next_look.set(k + 1);
                     let mut looks = r.looks.borrow_mut();
                     if looks.len() <= k {
-                        looks.push(vec![0u8; RING_BUF].into_boxed_slice());
+                        looks.push(vec![0u8; LOOK_BUF].into_boxed_slice());
                     }
-                    let e = opcode::Recv::new(fd, looks[k].as_mut_ptr(), RING_BUF as u32)
+                    let e = opcode::Recv::new(fd, looks[k].as_mut_ptr(), LOOK_BUF as u32)
                         .flags(libc::MSG_DONTWAIT)
                         .build();
                     // SAFETY: the core's look buffer `k`, handed to this receive alone in this
@@ -723,7 +727,9 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
             // A full buffer says more is waiting: ask for more at once next pass.
             ops.burst = if kind == Some(Kind::RecvPolledDirect) {
                 ops.burst
-            } else if res as usize == RING_BUF {
+            } else if res as usize == RING_BUF
+                || (kind == Some(Kind::RecvPolledOwn) && res as usize == LOOK_BUF)
+            {
                 (ops.burst * 2).min(MAX_BURST)
             } else if res > 0 {
                 ops.burst

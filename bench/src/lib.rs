@@ -100,9 +100,35 @@ pub fn serve_rank1<F: std::future::Future<Output = ()>>(
     reps::spinning_runtime(cpu).block_on(serve(lead));
 }
 
-/// clap's value parser for `--cpu A,B`: two CPU numbers, or an error that says so.
+/// clap's value parser for `--cpu A,B`: two CPU numbers this process may run on, or an error
+/// that says which is not.
 pub fn cpu_pair_arg(v: &str) -> Result<[usize; 2], String> {
-    cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))
+    let pair = cpu_pair(v).ok_or_else(|| format!("{v:?} is not two CPU numbers, as A,B"))?;
+    for cpu in pair {
+        usable(cpu)?;
+    }
+    Ok(pair)
+}
+
+/// clap's value parser for a single `--cpu N`: a CPU this process may run on.
+pub fn cpu_arg(v: &str) -> Result<usize, String> {
+    let cpu = v
+        .parse::<usize>()
+        .map_err(|_| format!("{v:?} is not a CPU number"))?;
+    usable(cpu)
+}
+
+/// `cpu` if this machine has it. (Not this process's affinity mask: a bench's far side is
+/// started from a thread pinned to the near side's CPU, and parses the same arguments.)
+fn usable(cpu: usize) -> Result<usize, String> {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    let n = if n > 0 { n as usize } else { 1 };
+    if cpu < n.min(libc::CPU_SETSIZE as usize) {
+        Ok(cpu)
+    } else {
+        Err(format!("CPU {cpu} does not exist here (CPUs 0-{})", n - 1))
+    }
 }
 
 /// `A,B` as two CPU numbers.
@@ -111,5 +137,33 @@ pub fn cpu_pair(v: &str) -> Option<[usize; 2]> {
     match (p.next()?, p.next()?, p.next()) {
         (Some(a), Some(b), None) => Some([a, b]),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_the_machine_does_not_have_is_refused_with_its_number() {
+        let first = core_affinity::get_core_ids().expect("an affinity mask")[0].id;
+        assert_eq!(cpu_arg(&first.to_string()), Ok(first));
+        assert_eq!(
+            cpu_pair_arg(&format!("{first},{first}")),
+            Ok([first, first])
+        );
+        // libc's CPU sets end at 1024: core_affinity would abort on such a number.
+        for bad in [format!("{first},5000"), "5000".into()] {
+            let e = if bad.contains(',') {
+                cpu_pair_arg(&bad).map(|_| ())
+            } else {
+                cpu_arg(&bad).map(|_| ())
+            };
+            assert!(
+                e.as_ref().is_err_and(|m| m.contains("CPU 5000")),
+                "{bad}: {e:?}"
+            );
+        }
+        assert!(cpu_arg("x").is_err() && cpu_pair_arg("1").is_err());
     }
 }

@@ -96,10 +96,10 @@ struct Opts {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     secs: u64,
     /// The server's CPU [default: 1, or 0 on a one-CPU machine].
-    #[arg(long)]
+    #[arg(long, value_parser = barewire_bench::cpu_arg)]
     server_cpu: Option<usize>,
     /// The client's CPU.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = barewire_bench::cpu_arg)]
     client_cpu: usize,
 }
 

@@ -39,7 +39,7 @@ struct Opts {
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// The CPU to pin to.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = barewire_bench::cpu_arg)]
     cpu: usize,
 }
 

@@ -275,7 +275,7 @@ struct RunOpts {
     )]
     atomic: AtomicName,
     /// Pin this side to CPU A (a --loopback server to B).
-    #[arg(long = "cpu", value_name = "A[,B]", value_delimiter = ',')]
+    #[arg(long = "cpu", value_name = "A[,B]", value_delimiter = ',', value_parser = crate::cpu_arg)]
     cpu: Option<Vec<usize>>,
     /// soft, auto, verbs, ib, roce, roce2 or iwarp.
     #[arg(
@@ -365,7 +365,7 @@ struct CompareOpts {
     plot: Option<PathBuf>,
     /// CPUs for the client and the server side of every tool.
     #[arg(long = "cpu", value_name = "A,B", value_delimiter = ',',
-          default_values_t = [0usize, 1])]
+          value_parser = crate::cpu_arg, default_values_t = [0usize, 1])]
     cpus: Vec<usize>,
 }
 
@@ -496,6 +496,13 @@ mod tests {
         parse(&s.split_whitespace().map(String::from).collect::<Vec<_>>())
     }
 
+    /// Two CPUs this process may use (the same one twice on a one-CPU machine): `--cpu`
+    /// refuses others.
+    fn two_cpus() -> (usize, usize) {
+        let ids = core_affinity::get_core_ids().expect("an affinity mask");
+        (ids[0].id, ids[ids.len().min(2) - 1].id)
+    }
+
     fn run(s: &str) -> RunArgs {
         match p(s).unwrap() {
             Command::Run(r) => r,
@@ -522,12 +529,13 @@ mod tests {
 
     #[test]
     fn all_sizes_are_powers_of_two_from_2_b_to_8_mib() {
-        let r = run("read_lat -a --loopback --json --cpu 2,3");
+        let (a, b) = two_cpus();
+        let r = run(&format!("read_lat -a --loopback --json --cpu {a},{b}"));
         assert_eq!(r.sizes.first(), Some(&2));
         assert_eq!(r.sizes.last(), Some(&(8 << 20)));
         assert_eq!(r.sizes.len(), 23);
         assert!(r.loopback && r.json);
-        assert_eq!(r.cpus, Some(vec![2, 3]));
+        assert_eq!(r.cpus, Some(vec![a, b]));
     }
 
     #[test]
@@ -640,10 +648,12 @@ mod tests {
         assert_eq!(r.results, Some(PathBuf::from("/tmp/R.md")));
         assert_eq!(r.reps, 3);
         assert!(p("compare --out x").is_err());
-        let Command::Compare(c) = p("compare --cpu 2,3").unwrap() else {
+        let (a, b) = two_cpus();
+        let Command::Compare(c) = p(&format!("compare --cpu {a},{b}")).unwrap() else {
             panic!()
         };
-        assert_eq!(c.cpus, [2, 3]);
+        assert_eq!(c.cpus, [a, b]);
+        assert!(p("compare --cpu 0,5000").unwrap_err().contains("CPU 5000"));
         assert!(p("compare --cpu 2,3,4").unwrap_err().contains("--cpu"));
     }
 }

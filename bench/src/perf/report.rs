@@ -9,6 +9,16 @@ use std::process::Command as Process;
 use super::cli::CompareArgs;
 use super::compare::{Comparison, Figure, Unit};
 
+/// A time in µs: two decimals, or three below a microsecond (shared-memory figures are tens of
+/// nanoseconds, where the second decimal alone is a step of 10 ns).
+fn micros(v: f64) -> String {
+    if v < 1.0 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 /// The comparison as a Markdown table, with the missing peers and failures after it.
 pub fn table(c: &Comparison) -> String {
     let mut s = String::new();
@@ -19,7 +29,7 @@ pub fn table(c: &Comparison) -> String {
     let _ = writeln!(s, "|---|---|---|---|---|---|---|");
     for r in &c.rows {
         let fmt_v = |v: f64, u: Unit| match u {
-            Unit::Micros => format!("{v:.2} µs"),
+            Unit::Micros => format!("{} µs", micros(v)),
             Unit::MibPerSec => format!("{v:.0} MiB/s"),
             Unit::KPerSec => format!("{v:.1} k/s"),
         };
@@ -30,9 +40,11 @@ pub fn table(c: &Comparison) -> String {
             r.ours.tool.trim_start_matches("barewire-perf "),
             r.ours.what,
             fmt(&r.ours),
-            r.ours
-                .tail
-                .map_or("–".into(), |(a, b)| format!("{a:.2} / {b:.2} µs")),
+            r.ours.tail.map_or("–".into(), |(a, b)| format!(
+                "{} / {} µs",
+                micros(a),
+                micros(b)
+            )),
             r.ours.crc_on.map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
             r.peer.tool,
             r.peer.what,
@@ -198,6 +210,10 @@ mod tests {
         );
         assert!(
             t.contains("MISSING peer: ucx_perftest is not installed (apt-get install ucx-utils)")
+        );
+        assert_eq!(
+            (micros(0.0156), micros(4.0)),
+            ("0.016".into(), "4.00".into())
         );
         assert_eq!(
             commands(&c),

@@ -296,6 +296,21 @@ impl<T: Elem> Part<T> {
             remote: Vec::new(),
             done: Cell::new(false),
         };
+        // C = 0 is written before the multiply, as the ScaLAPACK driver writes its C, and the
+        // other blocks and the panel buffers are written too: their pages are then resident
+        // in this process when the timed part starts, as a verbs registration (which pins
+        // them) would leave them. Otherwise the first touch of each page, inside the
+        // multiply, costs p = 2 runs more than p = 1 runs: the panel buffers, and the A and
+        // B blocks that rank 0 WRITEs into a peer's memory (a shared-memory peer's writes
+        // put the pages in the file, not in the owner's page table). This comes before any
+        // peer learns where the blocks are, so no zero lands on what rank 0 has written.
+        for r in [&part.a, &part.b, &part.c]
+            .into_iter()
+            .chain(&part.pa)
+            .chain(&part.pb)
+        {
+            zero(r).await;
+        }
         // Every process tells every other where its blocks are (a region is bound to the
         // connection it was sent over).
         let mut remote = Vec::new();
@@ -320,20 +335,6 @@ impl<T: Elem> Part<T> {
             ]));
         }
         let part = Part { remote, ..part };
-        // C = 0 is written before the multiply, as the ScaLAPACK driver writes its C, and the
-        // other blocks and the panel buffers are written too: their pages are then resident
-        // in this process when the timed part starts, as a verbs registration (which pins
-        // them) would leave them. Otherwise the first touch of each page, inside the
-        // multiply, costs p = 2 runs more than p = 1 runs: the panel buffers, and the A and
-        // B blocks that rank 0 WRITEs into a peer's memory (a shared-memory peer's writes
-        // put the pages in the file, not in the owner's page table).
-        for r in [&part.a, &part.b, &part.c]
-            .into_iter()
-            .chain(&part.pa)
-            .chain(&part.pb)
-        {
-            zero(r).await;
-        }
         Ok(part)
     }
 

@@ -10,8 +10,8 @@
 //! blocks in registered memory: its `n/pr × n/pc` blocks of A, B and C. A's block is kept as
 //! column panels of width `b` (each panel contiguous), B's and C's row-major (with rows a
 //! little longer than the block's, see `PAD`). Rank 0 builds A and B and RDMA WRITEs every
-//! block to its owner. Then it submits a workflow of one `summa`
-//! task per process, placed on that process (`near`): for each global panel `k`, the task
+//! block to its owner. Then it submits a workflow of one `summa` task per process, placed on
+//! that process (`near`): for each global panel `k`, the task
 //! needs A's panel `k` of its block row (from the process of its grid row that owns it) and
 //! B's panel `k` of its block column; it READs panel `k + 1` into the second buffer while it
 //! multiplies panel `k` (matrixmultiply's gemm, in strips, yielding between them so the

@@ -20,7 +20,7 @@ fn channel_bench_help_and_bad_input() {
     let bin = env!("CARGO_BIN_EXE_channel-bench");
     let (ok, help) = run(bin, &["--help"]);
     assert!(ok, "{help}");
-    for flag in ["--reps", "-n", "--cpu", "--channel-only"] {
+    for flag in ["--reps", "-n", "--cpu", "--channel-only", "--versus-soft"] {
         assert!(help.contains(flag), "{flag} in {help}");
     }
     assert!(
@@ -33,6 +33,9 @@ fn channel_bench_help_and_bad_input() {
     assert!(!ok && e.contains("two CPU numbers"), "{e}");
     let (ok, e) = run(bin, &["--frobnicate"]);
     assert!(!ok && e.contains("--frobnicate"), "{e}");
+    // shm beside soft needs shm on one side.
+    let (ok, e) = run(bin, &["--versus-soft", "--channel-only"]);
+    assert!(!ok && e.contains("--driver shm"), "{e}");
 }
 
 #[test]

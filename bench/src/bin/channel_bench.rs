@@ -9,9 +9,16 @@
 //!   flushing (the same codec, `send` per message, which flushes each: what much code writes,
 //!   but no batching at all); and UCX active messages (`ucx_perftest -t ucp_am_bw`: over TCP
 //!   beside `--driver soft`, over shared memory, `UCX_TLS=posix,sysv,cma,self`, beside
-//!   `--driver shm`).
+//!   `--driver shm`);
+//! - with `--driver shm --versus-soft`, the same channel's throughput over shm beside soft,
+//!   each rep running soft right after shm, the ratio taken per rep.
 //!
-//!     channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--capacity SLOTS] [--channel-only]   (--help says more)
+//! Usage (`--help` says more):
+//!
+//! ```text
+//! channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--capacity SLOTS] [--channel-only]
+//!               [--driver soft|shm] [--versus-soft]
+//! ```
 
 use std::io::Write;
 
@@ -47,12 +54,19 @@ struct Cli {
     /// two processes on one host through shared memory.
     #[arg(long, default_value = "soft")]
     driver: String,
+    /// With `--driver shm`: each rep also runs the channel over soft, right after the shm
+    /// run, and prints shm ÷ soft for the rep and as the median of the reps' ratios.
+    #[arg(long)]
+    versus_soft: bool,
     /// Slots in each direction's ring (each 72 bytes for a 64-byte message): how many
     /// messages may be in flight before the sender waits for credits.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..))]
     capacity: u32,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_barewire: Option<Vec<usize>>,
+    /// The driver of the `--serve-barewire` half.
+    #[arg(long, hide = true, default_value = "soft")]
+    serve_driver: String,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_tokio: Option<Vec<usize>>,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
@@ -67,14 +81,8 @@ fn pings() -> usize {
         .unwrap_or(20_000)
 }
 
-/// The driver barewire's runs use (`--driver`, passed to the server half through the
-/// environment).
-fn driver() -> String {
-    std::env::var("CHANNEL_BENCH_DRIVER").unwrap_or_else(|_| "soft".into())
-}
-
-fn node() -> Node {
-    Node::with_config(&barewire::drivers::DriverConfig::parse(&driver(), None).unwrap()).unwrap()
+fn node(driver: &str) -> Node {
+    Node::with_config(&barewire::drivers::DriverConfig::parse(driver, None).unwrap()).unwrap()
 }
 
 /// Slots sized for the message (64 B + the 4-byte length), in a ring of `--capacity` (passed
@@ -100,9 +108,9 @@ const BATCH: usize = 1024;
 
 /// The far side of a barewire run: echo `pings()` messages, then count `n` taken one `recv` at
 /// a time and acknowledge, then `n` more taken with `recv_many` and acknowledge.
-fn serve_barewire(cpu: usize, n: usize) {
+fn serve_barewire(cpu: usize, n: usize, driver: &str) {
     runtime(cpu).block_on(async move {
-        let node = node();
+        let node = node(driver);
         let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         println!("READY {port}");
         std::io::stdout().flush().unwrap();
@@ -128,13 +136,18 @@ fn serve_barewire(cpu: usize, n: usize) {
 }
 
 /// Returns (ping-pong p50 in µs, messages per second taken by `recv`, by `recv_many`).
-fn run_barewire(cpus: [usize; 2], n: usize) -> (f64, f64, f64) {
-    let port =
-        barewire_bench::spawn_ready(&["--serve-barewire", &cpus[1].to_string(), &n.to_string()]);
-    let (port, mut child) = port;
+fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> (f64, f64, f64) {
+    let (port, mut child) = barewire_bench::spawn_ready(&[
+        "--serve-barewire",
+        &cpus[1].to_string(),
+        &n.to_string(),
+        "--serve-driver",
+        driver,
+    ]);
+    let driver = driver.to_string();
     let r = std::thread::spawn(move || {
         runtime(cpus[0]).block_on(async move {
-            let node = node();
+            let node = node(&driver);
             let ep = node
                 .connect(format!("127.0.0.1:{port}").parse().unwrap())
                 .await
@@ -291,8 +304,8 @@ fn run_tokio(cpus: [usize; 2], n: usize) -> f64 {
 
 /// barewire-perf's 64 B WRITE ping-pong p50, from its JSON line; `None` (said once, with
 /// why) when it cannot run.
-fn raw_write(cpus: [usize; 2]) -> Option<f64> {
-    let r = raw_write_p50(cpus);
+fn raw_write(cpus: [usize; 2], driver: &str) -> Option<f64> {
+    let r = raw_write_p50(cpus, driver);
     if let Err(why) = &r {
         static SAID: std::sync::Once = std::sync::Once::new();
         SAID.call_once(|| println!("raw WRITE not measured: {why}"));
@@ -300,7 +313,7 @@ fn raw_write(cpus: [usize; 2]) -> Option<f64> {
     r.ok()
 }
 
-fn raw_write_p50(cpus: [usize; 2]) -> Result<f64, String> {
+fn raw_write_p50(cpus: [usize; 2], driver: &str) -> Result<f64, String> {
     let exe = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .with_file_name("barewire-perf");
@@ -320,7 +333,7 @@ fn raw_write_p50(cpus: [usize; 2]) -> Result<f64, String> {
             &pings().to_string(),
             "--json",
             "--driver",
-            &driver(),
+            driver,
         ])
         .args(["--cpu", &format!("{},{}", cpus[0], cpus[1])])
         .output()
@@ -338,13 +351,13 @@ fn raw_write_p50(cpus: [usize; 2]) -> Result<f64, String> {
         })
 }
 
-fn ucx_am_bw(cpus: [usize; 2]) -> Option<f64> {
+fn ucx_am_bw(cpus: [usize; 2], driver: &str) -> Option<f64> {
     if let Err(how) = barewire_bench::apt::tool("ucx_perftest", "ucx-utils") {
         println!("MISSING peer: ucx_perftest ({how})");
         return None;
     }
     // The same medium as barewire's run: loopback TCP beside soft, shared memory beside shm.
-    let tls = if driver() == "shm" {
+    let tls = if driver == "shm" {
         "posix,sysv,cma,self"
     } else {
         "tcp"
@@ -384,7 +397,7 @@ fn main() {
     let cli = Cli::parse();
     // The server halves this program starts itself, pinned to the second CPU.
     if let Some([cpu, n]) = cli.serve_barewire.as_deref() {
-        return serve_barewire(*cpu, *n);
+        return serve_barewire(*cpu, *n, &cli.serve_driver);
     }
     if let Some([cpu, n]) = cli.serve_tokio.as_deref() {
         return serve_tokio(*cpu, *n);
@@ -392,18 +405,38 @@ fn main() {
     if let Some([cpu, n]) = cli.serve_tokio_framed.as_deref() {
         return serve_tokio_framed(*cpu, *n);
     }
+    if cli.versus_soft && cli.driver != "shm" {
+        eprintln!("--versus-soft sets shm beside soft: it needs --driver shm");
+        std::process::exit(2);
+    }
     // Before any thread or child starts: the server halves read it (they are started with
     // their own arguments only).
-    std::env::set_var("CHANNEL_BENCH_DRIVER", &cli.driver);
     std::env::set_var("CHANNEL_BENCH_CAPACITY", cli.capacity.to_string());
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut framed_rate, mut fed_rate, mut many_rate) = (vec![], vec![], vec![]);
+    let (mut vs_recv, mut vs_many) = (vec![], vec![]);
+    let driver = cli.driver.as_str();
     for rep in 0..reps {
-        let (lat, rate, many) = run_barewire(cpus, n);
+        let (lat, rate, many) = run_barewire(cpus, n, driver);
+        if cli.versus_soft {
+            // Right after, so that both halves of the ratio see the host at the same pace.
+            let (_, soft_rate, soft_many) = run_barewire(cpus, n, "soft");
+            println!(
+                "rep {rep}: shm {:.3} / soft {:.3} M msg/s = {:.2}x with recv, shm {:.3} / soft {:.3} = {:.2}x with recv_many",
+                rate / 1e6,
+                soft_rate / 1e6,
+                rate / soft_rate,
+                many / 1e6,
+                soft_many / 1e6,
+                many / soft_many
+            );
+            vs_recv.push(rate / soft_rate);
+            vs_many.push(many / soft_many);
+        }
         many_rate.push(many);
-        let raw = raw_write(cpus);
+        let raw = raw_write(cpus, driver);
         if channel_only {
             println!(
                 "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s",
@@ -420,7 +453,7 @@ fn main() {
         // A flush per message is slow: fewer of them keep the rep short (the rate is steady).
         let framed = run_tokio_framed(cpus, n.min(200_000), false);
         let fed = run_tokio_framed(cpus, n, true);
-        let ucx = ucx_am_bw(cpus);
+        let ucx = ucx_am_bw(cpus, driver);
         println!(
             "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
@@ -440,6 +473,13 @@ fn main() {
         ucx_rate.extend(ucx);
     }
     let m = |v: &mut Vec<f64>| if v.is_empty() { f64::NAN } else { median(v) };
+    if cli.versus_soft {
+        println!(
+            "medians of the per-rep ratios: shm / soft {:.2}x with recv, {:.2}x with recv_many",
+            m(&mut vs_recv),
+            m(&mut vs_many)
+        );
+    }
     let (cl, rl, cr, tr, ur) = (
         m(&mut chan_lat),
         m(&mut raw_lat),

@@ -147,7 +147,7 @@ struct Variant {
     qps: u16,
     /// The driver (`--driver`).
     driver: &'static str,
-    /// Also run it with CRC on (the `crc_on` column).
+    /// It has a CRC-on run too (the `crc_on` column): the soft provider's tests.
     crc_too: bool,
 }
 
@@ -204,28 +204,17 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    /// barewire's own figure: the median over reps of `pick` applied to one loopback run.
-    fn ours(
-        &mut self,
-        test: Test,
-        size: usize,
-        atomic: AtomicOp,
-        what: &str,
-        pick: Pick,
-    ) -> Option<Figure> {
-        self.ours_on(test, size, atomic, what, pick, Variant::DEFAULT)
-    }
-
-    /// As `ours`, on another reactor or over several queue pairs.
-    fn ours_on(
-        &mut self,
-        test: Test,
-        size: usize,
-        atomic: AtomicOp,
-        what: &str,
-        pick: Pick,
-        v: Variant,
-    ) -> Option<Figure> {
+    /// barewire's figure: the median over reps of the spec's `pick` applied to one loopback run
+    /// of its test (with `crc_only`, of its CRC-on runs alone, which go in `crc_on`).
+    fn ours_on(&mut self, spec: Spec, crc_only: bool) -> Option<Figure> {
+        let Spec {
+            test,
+            size,
+            atomic,
+            what,
+            pick,
+            v,
+        } = spec;
         self.bar
             .set_message(format!("barewire {test} {size} B ({what}){}", v.suffix()));
         let mut args = RunArgs {
@@ -254,7 +243,11 @@ impl Runner<'_> {
             args.iters = 1;
         }
         let (mut vals, mut p99s, mut p999s, mut crc_vals) = (vec![], vec![], vec![], vec![]);
-        let crcs: &[bool] = if v.crc_too { &[false, true] } else { &[false] };
+        let crcs: &[bool] = match (v.crc_too, crc_only) {
+            (true, true) => &[true],
+            (true, false) => &[false, true],
+            (false, _) => &[false],
+        };
         for &crc in crcs {
             args.crc = crc;
             for _ in 0..self.a.reps {
@@ -277,10 +270,14 @@ impl Runner<'_> {
                 }
             }
         }
-        (!vals.is_empty()).then(|| Figure {
+        (!vals.is_empty() || !crc_vals.is_empty()).then(|| Figure {
             tool: format!("barewire-perf {test}{}", v.suffix()),
             what: what.into(),
-            value: median(&mut vals),
+            value: if vals.is_empty() {
+                f64::NAN
+            } else {
+                median(&mut vals)
+            },
             unit: if test.is_bw() {
                 Unit::MibPerSec
             } else {
@@ -375,9 +372,11 @@ fn bw(o: &run::Outcome) -> f64 {
 }
 
 /// Runs barewire and every installed peer `reps` times and pairs the figures. Reps are
-/// interleaved (each rep runs barewire's tests, then every peer's, once), so a figure and the
-/// peer it is compared with are measured close together; figures are medians over reps and
-/// each ratio is the median of the per-rep ratios.
+/// interleaved (each rep runs barewire's tests, then every peer's, once), and within a rep each
+/// row's barewire test runs again right before the figure it is set beside, so the two of a
+/// ratio are seconds apart (this host's pace changes by up to 1.4x on a TCP round trip from
+/// one minute to the next). Figures are medians over reps and each ratio is the median of the
+/// per-rep ratios.
 pub fn compare(a: &CompareArgs) -> Comparison {
     let once = CompareArgs {
         reps: 1,
@@ -455,125 +454,155 @@ fn merge(reps: Vec<Comparison>) -> Comparison {
     out
 }
 
+/// One of barewire's figures: the test, the message size, the atomic, what the figure is,
+/// which number of the run it is, and where it runs.
+#[derive(Clone, Copy)]
+struct Spec {
+    test: Test,
+    size: usize,
+    atomic: AtomicOp,
+    what: &'static str,
+    pick: Pick,
+    v: Variant,
+}
+
+impl Spec {
+    fn new(test: Test, size: usize, what: &'static str, pick: Pick, v: Variant) -> Spec {
+        Spec {
+            test,
+            size,
+            atomic: AtomicOp::FetchAdd,
+            what,
+            pick,
+            v,
+        }
+    }
+
+    /// The same test on the shm backend.
+    fn shm(self) -> Spec {
+        Spec {
+            v: Variant::SHM,
+            ..self
+        }
+    }
+}
+
+/// What runs to give each of barewire's figures.
+fn spec(k: Ours) -> Spec {
+    let soft = Variant::DEFAULT;
+    let write_lat = Spec::new(Test::WriteLat, 8, "p50, RTT/2", p50, soft);
+    let read_lat = Spec::new(Test::ReadLat, 8, "p50, RTT", p50, soft);
+    let fadd = Spec::new(Test::AtomicLat, 8, "fetch-add p50, RTT", p50, soft);
+    let write_bw = Spec::new(Test::WriteBw, 1 << 20, "1 MiB average", bw, soft);
+    match k {
+        Ours::WriteLat => write_lat,
+        Ours::SendLat => Spec::new(Test::SendLat, 8, "p50, RTT/2", p50, soft),
+        Ours::ReadLat => read_lat,
+        Ours::FetchAddLat => fadd,
+        Ours::CasLat => Spec {
+            atomic: AtomicOp::CmpSwap,
+            what: "CAS p50, RTT",
+            ..fadd
+        },
+        Ours::WriteBw1M => write_bw,
+        Ours::WriteBw64K => Spec::new(Test::WriteBw, 64 << 10, "64 KiB average", bw, soft),
+        Ours::ReadBw64K => Spec::new(Test::ReadBw, 64 << 10, "64 KiB average", bw, soft),
+        Ours::ShmWriteLat => write_lat.shm(),
+        Ours::ShmReadLat => read_lat.shm(),
+        Ours::ShmFetchAddLat => fadd.shm(),
+        Ours::ShmWriteBw1M => write_bw.shm(),
+    }
+}
+
+/// Every figure of barewire's that a row sets beside something.
+const ALL_OURS: [Ours; 12] = [
+    Ours::WriteLat,
+    Ours::SendLat,
+    Ours::ReadLat,
+    Ours::FetchAddLat,
+    Ours::CasLat,
+    Ours::WriteBw1M,
+    Ours::WriteBw64K,
+    Ours::ReadBw64K,
+    Ours::ShmWriteLat,
+    Ours::ShmReadLat,
+    Ours::ShmFetchAddLat,
+    Ours::ShmWriteBw1M,
+];
+
+impl Runner<'_> {
+    /// barewire's figure `k` with MPA CRC on, at the start of the rep: the `crc_on` column of
+    /// every row that shows `k` (`None` where there is no wire to check: shm).
+    fn battery(&mut self, k: Ours) -> Option<Figure> {
+        let spec = spec(k);
+        spec.v.crc_too.then(|| self.ours_on(spec, true)).flatten()
+    }
+
+    /// barewire's figure `k` measured again now, right before what it is set beside (CRC off
+    /// only; the CRC-on column comes from `battery`): on a host whose pace changes from one
+    /// minute to the next, a pair measured minutes apart would compare two paces.
+    fn adjacent(&mut self, k: Ours, battery: &[(Ours, Option<Figure>)]) -> Option<Figure> {
+        let mut spec = spec(k);
+        spec.v.crc_too = false;
+        let mut fig = self.ours_on(spec, false)?;
+        if let Some((_, Some(b))) = battery.iter().find(|(o, _)| *o == k) {
+            fig.crc_on = b.crc_on;
+        }
+        Some(fig)
+    }
+}
+
 fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
     let mut r = Runner {
         a,
         cmp: Comparison::default(),
         bar,
     };
-    let fa = AtomicOp::FetchAdd;
-    let ours: Vec<(Ours, Option<Figure>)> = vec![
-        (
-            Ours::WriteLat,
-            r.ours(Test::WriteLat, 8, fa, "p50, RTT/2", p50),
-        ),
-        (
-            Ours::SendLat,
-            r.ours(Test::SendLat, 8, fa, "p50, RTT/2", p50),
-        ),
-        (Ours::ReadLat, r.ours(Test::ReadLat, 8, fa, "p50, RTT", p50)),
-        (
-            Ours::FetchAddLat,
-            r.ours(Test::AtomicLat, 8, fa, "fetch-add p50, RTT", p50),
-        ),
-        (
-            Ours::CasLat,
-            r.ours(Test::AtomicLat, 8, AtomicOp::CmpSwap, "CAS p50, RTT", p50),
-        ),
-        (
-            Ours::WriteBw1M,
-            r.ours(Test::WriteBw, 1 << 20, fa, "1 MiB average", bw),
-        ),
-        (
-            Ours::WriteBw64K,
-            r.ours(Test::WriteBw, 64 << 10, fa, "64 KiB average", bw),
-        ),
-        (
-            Ours::ReadBw64K,
-            r.ours(Test::ReadBw, 64 << 10, fa, "64 KiB average", bw),
-        ),
-    ];
-    // The io_uring data path against the raw-syscall fallback (`--reactor epoll`), in the
-    // same rep: 8 B WRITE and READ latency, 1 MiB WRITE bandwidth, and 64 queue pairs at once
+    // The CRC-on runs first (a column, not a ratio); every row below then measures its own
+    // barewire figure right before the figure it is set beside (`adjacent`).
+    let battery: Vec<(Ours, Option<Figure>)> =
+        ALL_OURS.iter().map(|&k| (k, r.battery(k))).collect();
+    // The io_uring data path against the raw-syscall fallback (`--reactor epoll`), back to
+    // back: 8 B WRITE and READ latency, 1 MiB WRITE bandwidth, and 64 queue pairs at once
     // on 4 KiB WRITEs, where batching every queue pair into one submission should tell.
     use super::cli::Reactor;
-    let find = |k: Ours| {
-        ours.iter()
-            .find(|(o, _)| *o == k)
-            .and_then(|(_, f)| f.clone())
-    };
-    let reactor_rows: [(Option<Figure>, Test, usize, &str, Pick); 3] = [
-        (find(Ours::WriteLat), Test::WriteLat, 8, "p50, RTT/2", p50),
-        (find(Ours::ReadLat), Test::ReadLat, 8, "p50, RTT", p50),
-        (
-            find(Ours::WriteBw1M),
-            Test::WriteBw,
-            1 << 20,
-            "1 MiB average",
-            bw,
-        ),
-    ];
-    for (uring, test, size, what, pick) in reactor_rows {
-        let epoll = r.ours_on(test, size, fa, what, pick, Variant::on(Reactor::Epoll, 1));
+    for k in [Ours::WriteLat, Ours::ReadLat, Ours::WriteBw1M] {
+        let uring = r.adjacent(k, &battery);
+        let epoll = r.ours_on(
+            Spec {
+                v: Variant::on(Reactor::Epoll, 1),
+                ..spec(k)
+            },
+            false,
+        );
         r.pair(&uring, epoll);
     }
     let many = |r: &mut Runner, reactor| {
-        r.ours_on(
+        let spec = Spec::new(
             Test::WriteBw,
             4096,
-            fa,
             "4 KiB average, 64 queue pairs",
             bw,
             Variant::on(reactor, 64),
-        )
+        );
+        r.ours_on(spec, false)
     };
     let uring = many(&mut r, Reactor::Auto);
     let epoll = many(&mut r, Reactor::Epoll);
     r.pair(&uring, epoll);
-    // The shm backend: same-host peers through shared memory, set beside UCX's shared-memory
-    // transports below, and its 1 MiB WRITE beside a plain memcpy on one core.
-    let shm: Vec<(Ours, Option<Figure>)> = vec![
-        (
-            Ours::ShmWriteLat,
-            r.ours_on(Test::WriteLat, 8, fa, "p50, RTT/2", p50, Variant::SHM),
-        ),
-        (
-            Ours::ShmReadLat,
-            r.ours_on(Test::ReadLat, 8, fa, "p50, RTT", p50, Variant::SHM),
-        ),
-        (
-            Ours::ShmFetchAddLat,
-            r.ours_on(
-                Test::AtomicLat,
-                8,
-                fa,
-                "fetch-add p50, RTT",
-                p50,
-                Variant::SHM,
-            ),
-        ),
-        (
-            Ours::ShmWriteBw1M,
-            r.ours_on(
-                Test::WriteBw,
-                1 << 20,
-                fa,
-                "1 MiB average",
-                bw,
-                Variant::SHM,
-            ),
-        ),
-    ];
-    if let Some((_, w)) = shm.iter().find(|(k, _)| *k == Ours::ShmWriteBw1M) {
+    // The shm backend's 1 MiB WRITE beside a plain memcpy on one core, and its 8 B WRITE
+    // beside the shared-memory floor; UCX's shared-memory transports come with the peers.
+    let w = r.adjacent(Ours::ShmWriteBw1M, &battery);
+    if w.is_some() {
         let copy = memcpy_figure(a.cpus[0], a.secs);
-        r.pair(w, Some(copy));
+        r.pair(&w, Some(copy));
     }
-    if let Some((_, w)) = shm.iter().find(|(k, _)| *k == Ours::ShmWriteLat) {
+    let w = r.adjacent(Ours::ShmWriteLat, &battery);
+    if w.is_some() {
         r.bar.set_message("the shared-memory floor");
         let floor = shm_floor_figure(a.cpus, a.iters);
-        r.pair(w, floor);
+        r.pair(&w, floor);
     }
-    let ours: Vec<(Ours, Option<Figure>)> = ours.into_iter().chain(shm).collect();
     let params = Params {
         iters: a.iters,
         secs: a.secs.ceil() as u64,
@@ -587,11 +616,11 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
             continue;
         }
         for run in tool.runs(&params) {
+            let ours: Vec<Option<Figure>> =
+                run.pairs.iter().map(|&k| r.adjacent(k, &battery)).collect();
             let fig = r.peer(tool.tool(), tool.env(), &run);
-            for want in run.pairs {
-                if let Some((_, o)) = ours.iter().find(|(k, _)| k == want) {
-                    r.pair(o, fig.clone());
-                }
+            for o in &ours {
+                r.pair(o, fig.clone());
             }
         }
     }

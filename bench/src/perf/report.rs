@@ -120,12 +120,13 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
     let _ = writeln!(
         sec,
         "Machine: {cores} CPUs ({cpu}), Linux {kernel}. Client on CPU {}, server on CPU {}; \
-         {} reps in this one session, interleaved (each rep runs barewire's tests, then every \
-         peer's, once); every figure is the median over the reps, and each ratio the median of \
-         the per-rep ratios, so a change of pace on this shared machine between reps does not \
-         pair a fast run with a slow one. barewire's figures are with MPA CRC32c off (as siw's default; the targets' \
-         setting), its CRC-on runs beside them (the same command with `--crc`), and its latency \
-         tails are the medians of each run's p99 and p99.9. \
+         {} reps in this one session, interleaved (each rep runs every peer once, and each row's \
+         barewire test again right before the figure it is set beside, seconds apart); every \
+         figure is the median over the reps, and each ratio the median of the per-rep ratios, so \
+         a change of pace on this shared machine does not pair a fast run with a slow one. \
+         barewire's figures are with MPA CRC32c off (as siw's default; the targets' setting), \
+         its CRC-on runs beside them (the same command with `--crc`, once per rep), and its \
+         latency tails are the medians of each run's p99 and p99.9. \
          Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
         a.cpus[0],
         a.cpus[1],

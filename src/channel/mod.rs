@@ -238,9 +238,18 @@ impl<T, C: Codec<T>> Sender<T, C> {
             }));
         }
         let seq = st.seq.get();
-        // Room in the ring: fewer than `capacity` messages unconsumed.
-        let c = self.credits();
-        if c & GONE != 0 || seq - c.min(seq) >= st.capacity || self.failed() {
+        // Room in the ring: fewer than `capacity` messages unconsumed. The credit word is read
+        // again only once the room it showed is used up, and at least every credit step (a
+        // quarter of the ring), which is also how soon a receiver that has gone is noticed.
+        if seq >= st.room_until.get() {
+            let c = self.credits();
+            if c & GONE != 0 || seq - c.min(seq) >= st.capacity {
+                return Ok(false);
+            }
+            let step = credit_step(st.capacity as u32);
+            st.room_until.set((c + st.capacity).min(seq + step));
+        }
+        if self.failed() {
             return Ok(false);
         }
         let head = st.head.get();

@@ -103,6 +103,7 @@ impl Endpoint {
             polled: Cell::new(false),
             direct: OnceCell::new(),
             wake_due: Cell::new(false),
+            room_until: Cell::new(0),
         });
         inner.add_recvs((cap / credit_step(opts.capacity)) as usize + 4)?;
         inner

@@ -59,6 +59,9 @@ pub(crate) struct TxState {
     pub(super) direct: OnceCell<MappedRemote>,
     /// A message went straight into the ring since the receiver was last woken (if asleep).
     pub(super) wake_due: Cell<bool>,
+    /// Messages below this count have room in the ring, as the credit word last read showed
+    /// (see `Sender::try_place`).
+    pub(super) room_until: Cell<u64>,
 }
 
 impl TxState {

@@ -15,6 +15,12 @@ pub trait Codec<T> {
     fn encode(item: &T, out: &mut Vec<u8>) -> Result<()>;
     /// Decodes one message.
     fn decode(bytes: &[u8]) -> Result<T>;
+    /// The length of every encoded message, where the codec gives all of them one (`Raw`: the
+    /// type's size). A sender then refuses any other length, and a receiver that watches its
+    /// ring clears only a slot's length and mark words after taking a message, not the whole
+    /// slot: the next message in that slot has the same length, so its mark lands on a cleared
+    /// word, never on a stale one.
+    const FIXED_LEN: Option<usize> = None;
     /// The encoding of `item` where it is `item`'s own bytes (no copy needed to send it).
     fn as_bytes(_item: &T) -> Option<&[u8]> {
         None
@@ -54,6 +60,7 @@ impl Raw {
 
 impl<T: Pod> Codec<T> for Raw {
     const ID: u8 = 0;
+    const FIXED_LEN: Option<usize> = Some(std::mem::size_of::<T>());
     fn encode(item: &T, out: &mut Vec<u8>) -> Result<()> {
         out.extend_from_slice(bytemuck::bytes_of(item));
         Ok(())

@@ -206,8 +206,10 @@ impl<T, C: Codec<T>> Sender<T, C> {
         }
         let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
         bytes.clear();
-        C::encode(item, &mut bytes)?;
-        let r = self.send_bytes(&bytes).await;
+        let r = match C::encode(item, &mut bytes) {
+            Ok(()) => self.send_bytes(&bytes).await,
+            Err(e) => Err(e),
+        };
         *self.scratch.borrow_mut() = bytes;
         r
     }
@@ -236,6 +238,14 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 len: bytes.len(),
                 max,
             }));
+        }
+        if C::FIXED_LEN.is_some_and(|n| n != bytes.len()) {
+            // The receiver relies on the length (see `Codec::FIXED_LEN`).
+            return Err(Box::new(Error::Invalid(format!(
+                "the codec gave {} bytes where all its messages are {:?} bytes",
+                bytes.len(),
+                C::FIXED_LEN
+            ))));
         }
         let seq = st.seq.get();
         // Room in the ring: fewer than `capacity` messages unconsumed. The credit word is read
@@ -517,14 +527,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         };
         let item = decode(len, at + PREFIX);
         if self.st.polled {
-            // Zero what the sender may have written into the slot (a run carries whole slots,
-            // a lone large-slot message only its extent), so the next mark seen here is new.
-            let written = if self.st.slot <= COALESCE_MAX_SLOT {
-                self.st.slot
-            } else {
-                extent(len)
-            };
-            self.st.ring.zero(at, written);
+            self.st.clear_taken(at, len, C::FIXED_LEN == Some(len));
         }
         self.consumed.set(n + 1);
         self.tail.set(if tail + 1 == self.st.capacity as usize {

@@ -58,6 +58,26 @@ impl RxState {
         (w & LEN_SET != 0).then_some((w & !LEN_SET) as usize)
     }
 
+    /// Polled rings: clears the slot at `at` once its message of `len` bytes is taken, so that
+    /// the next mark seen there is new. With `fixed` (every message of this channel has `len`
+    /// bytes, `Codec::FIXED_LEN`) the next message's mark lands where this one's was, so the
+    /// length and mark words are all there is to clear; otherwise the slot is zeroed as far as
+    /// the sender may have written (a run carries whole slots, a lone large-slot message only
+    /// its extent).
+    pub(super) fn clear_taken(&self, at: usize, len: usize, fixed: bool) {
+        if fixed {
+            self.ring.store_u32_le(at, 0);
+            self.ring.store_u32_le(at + extent(len) - MARK_LEN, 0);
+            return;
+        }
+        let written = if self.slot <= super::COALESCE_MAX_SLOT {
+            self.slot
+        } else {
+            extent(len)
+        };
+        self.ring.zero(at, written);
+    }
+
     /// Polled rings: whether the message whose slot starts at `at` has fully landed. A
     /// transport that lets memory be watched places a WRITE's bytes in ascending order (the
     /// software provider in stream order, shm by an ordered copy), so a message's length word

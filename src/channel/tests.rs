@@ -84,6 +84,46 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
 /// once the last byte of its mark is in, never before, whatever length it has.
 #[test]
 fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
+    with_polled_slot(|ring, st, slot| {
+        for len in [0usize, 1, 3, 4, 5, 39, 40] {
+            let bytes = slot_bytes(len);
+            for placed in 0..=bytes.len() {
+                ring.write_at(0, &bytes[..placed]);
+                assert_eq!(
+                    st.landed(0),
+                    placed == bytes.len(),
+                    "{len}-byte message with {placed} of {} bytes placed",
+                    bytes.len()
+                );
+                ring.zero(0, slot);
+            }
+        }
+        // A length the slot cannot hold counts as landed, for `recv` to refuse.
+        ring.write_at(0, &(slot as u32 | LEN_SET).to_le_bytes());
+        assert!(st.landed(0));
+        // Another core's copy may be seen mid-way: a length word still zero while later
+        // bytes (here, a message whose first word looks like a mark) are already in is not
+        // a message, not even an empty one.
+        ring.zero(0, slot);
+        ring.write_at(PREFIX, &MARK.to_le_bytes());
+        ring.write_at(PREFIX + 4, &MARK.to_le_bytes());
+        assert!(!st.landed(0));
+    });
+}
+
+/// What the sender's staging slot holds for a `len`-byte message: length, message (bytes that
+/// look like marks, to be nasty), mark.
+fn slot_bytes(len: usize) -> Vec<u8> {
+    let mut bytes = (len as u32 | LEN_SET).to_le_bytes().to_vec();
+    bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));
+    bytes.resize(extent(len) - MARK_LEN, 0);
+    bytes.extend_from_slice(&MARK.to_le_bytes());
+    bytes
+}
+
+/// Runs `f` on a one-core runtime with a polled ring of one slot for messages of up to 40
+/// bytes: the ring, its receiving state, the slot's size.
+fn with_polled_slot(f: impl FnOnce(&Rc<Buffer>, &RxState, usize)) {
     barewire_engine::Runtime::builder()
         .cores(1)
         .pin(false)
@@ -106,35 +146,41 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
                 watch_at: Cell::new(0),
                 watched: Cell::new(false),
             };
-            for len in [0usize, 1, 3, 4, 5, 39, 40] {
-                // What the sender's staging slot holds: length, message (bytes that look
-                // like marks, to be nasty), mark.
-                let mut bytes = (len as u32 | LEN_SET).to_le_bytes().to_vec();
-                bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));
-                bytes.resize(extent(len) - MARK_LEN, 0);
-                bytes.extend_from_slice(&MARK.to_le_bytes());
-                for placed in 0..=bytes.len() {
-                    ring.write_at(0, &bytes[..placed]);
-                    assert_eq!(
-                        st.landed(0),
-                        placed == bytes.len(),
-                        "{len}-byte message with {placed} of {} bytes placed",
-                        bytes.len()
-                    );
-                    ring.zero(0, slot);
-                }
-            }
-            // A length the slot cannot hold counts as landed, for `recv` to refuse.
-            ring.write_at(0, &(slot as u32 | LEN_SET).to_le_bytes());
-            assert!(st.landed(0));
-            // Another core's copy may be seen mid-way: a length word still zero while later
-            // bytes (here, a message whose first word looks like a mark) are already in is not
-            // a message, not even an empty one.
-            ring.zero(0, slot);
-            ring.write_at(PREFIX, &MARK.to_le_bytes());
-            ring.write_at(PREFIX + 4, &MARK.to_le_bytes());
-            assert!(!st.landed(0));
+            f(&ring, &st, slot);
         });
+}
+
+/// A taken slot, cleared, never reads as landed while the next message for it is placed byte
+/// by byte: with the whole slot zeroed (any length may come next), and with only the length
+/// and mark words cleared when every message has one length (`Codec::FIXED_LEN`), the stale
+/// message left in it looking like marks throughout.
+#[test]
+fn a_cleared_slot_lands_again_only_with_the_next_messages_last_byte() {
+    with_polled_slot(|ring, st, _| {
+        // (taken, next, fixed): one length throughout, or any length after any.
+        let cases = [
+            (40, 40, true),
+            (12, 12, true),
+            (40, 12, false),
+            (12, 40, false),
+        ];
+        for (taken, next, fixed) in cases {
+            let next_bytes = slot_bytes(next);
+            for placed in 0..=next_bytes.len() {
+                ring.write_at(0, &slot_bytes(taken));
+                assert!(st.landed(0));
+                st.clear_taken(0, taken, fixed);
+                ring.write_at(0, &next_bytes[..placed]);
+                assert_eq!(
+                    st.landed(0),
+                    placed == next_bytes.len(),
+                    "{next}-byte message after a {taken}-byte one (fixed: {fixed}), \
+                         {placed} of {} bytes placed",
+                    next_bytes.len()
+                );
+            }
+        }
+    });
 }
 
 /// Over shm, once the receiver's ring is granted, a message sent after a pause goes straight
@@ -272,6 +318,38 @@ fn recv_many_keeps_what_it_took_before_a_message_that_does_not_decode() {
             tx.flush().await.unwrap();
             let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
             assert!(matches!(answer, Ok(Ok(ref s)) if s == "done"), "{answer:?}");
+        },
+    );
+}
+
+/// A channel whose codec gives every message one length (`Raw`: the type's size) refuses
+/// bytes of any other length at the sender, since its receiver clears only the length and
+/// mark words of a slot it took (`Codec::FIXED_LEN`); the channel goes on working.
+#[test]
+fn a_fixed_length_channel_refuses_a_message_of_another_length() {
+    use std::time::Duration;
+    let opts = ChannelOptions::new(16, 8);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            assert_eq!(rx.recv().await, Ok(7), "the refused bytes never arrived");
+            tx.send(&8).await.unwrap();
+            let _ = tx.flush().await;
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            for wrong in [&[][..], &[1u8, 2, 3], &[9; 7]] {
+                let r = tx.send_bytes(wrong).await;
+                assert!(
+                    matches!(&r, Err(Error::Invalid(m)) if m.contains("all its messages")),
+                    "{} bytes on a u64 channel: {r:?}",
+                    wrong.len()
+                );
+            }
+            tx.send(&7).await.unwrap();
+            tx.flush().await.unwrap();
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(8))), "{answer:?}");
         },
     );
 }

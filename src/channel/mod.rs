@@ -311,7 +311,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
 
     /// The connection has failed.
     fn failed(&self) -> bool {
-        self.inner().shared.borrow().error.is_some()
+        self.inner().failed.get()
     }
 
     /// Waits until message `seq` has a free slot in the ring (or the channel fails).

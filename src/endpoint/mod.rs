@@ -11,7 +11,7 @@
 
 mod recv;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::rc::Rc;
@@ -53,6 +53,9 @@ pub(crate) struct Inner {
     rcq: CompletionQueue,
     pub(crate) pd: Rc<ProtectionDomain>,
     pub(crate) shared: RefCell<Shared>,
+    /// `shared.error` is set: what a channel's sender checks for each message, without a
+    /// borrow.
+    pub(crate) failed: Cell<bool>,
     /// The receive slots (shared with the receive handler, which outlives this).
     recv: Rc<RecvSide>,
     scratch: RefCell<Vec<Rc<Buffer>>>,
@@ -213,6 +216,7 @@ impl Inner {
         let mut s = self.shared.borrow_mut();
         let e = s.error.get_or_insert(e).clone();
         drop(s);
+        self.failed.set(true);
         self.wake_all();
         self.wake_channels();
         e
@@ -282,6 +286,7 @@ impl Endpoint {
             ops: Ops::sends_only(qp, scq),
             rcq,
             pd,
+            failed: Cell::new(false),
             shared: RefCell::new(Shared {
                 inbox: VecDeque::new(),
                 opens_arrived: 0,

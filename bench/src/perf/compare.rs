@@ -378,6 +378,7 @@ fn bw(o: &run::Outcome) -> f64 {
 /// one minute to the next). Figures are medians over reps and each ratio is the median of the
 /// per-rep ratios.
 pub fn compare(a: &CompareArgs) -> Comparison {
+    warn_if_busy(a.cpus);
     let once = CompareArgs {
         reps: 1,
         ..a.clone()
@@ -401,6 +402,48 @@ pub fn compare(a: &CompareArgs) -> Comparison {
         .collect();
     bar.finish_and_clear();
     merge(reps)
+}
+
+/// Says on stderr if either of the two CPUs is busy before anything runs: a process left
+/// spinning there (a peer's server from an earlier run, say) would slow every figure.
+fn warn_if_busy(cpus: [usize; 2]) {
+    let sample = || std::fs::read_to_string("/proc/stat").ok();
+    let Some(before) = sample() else { return };
+    std::thread::sleep(Duration::from_millis(300));
+    let Some(after) = sample() else { return };
+    for cpu in cpus {
+        if let Some(busy) = busy_fraction(&before, &after, cpu) {
+            if busy > 0.25 {
+                eprintln!(
+                    "warning: CPU {cpu} was {:.0}% busy before the comparison started; \
+                     another process there would slow every figure (see `top -1`)",
+                    busy * 100.0
+                );
+            }
+        }
+    }
+}
+
+/// The share of time `cpu` was not idle between two readings of `/proc/stat`.
+fn busy_fraction(before: &str, after: &str, cpu: usize) -> Option<f64> {
+    let ticks = |stat: &str| -> Option<(u64, u64)> {
+        let name = format!("cpu{cpu}");
+        let line = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...: idle and iowait are not busy.
+        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+        Some((v.iter().sum(), idle))
+    };
+    let (t0, i0) = ticks(before)?;
+    let (t1, i1) = ticks(after)?;
+    let total = t1.checked_sub(t0)?;
+    (total > 0).then(|| 1.0 - i1.saturating_sub(i0) as f64 / total as f64)
 }
 
 /// Folds several reps into one comparison: rows matched by their figures' tools and what
@@ -692,6 +735,22 @@ pub fn memcpy_mib_per_sec(block: usize, how_long: Duration) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_cpu_is_busy_by_the_share_of_its_ticks_that_were_not_idle() {
+        let before = "cpu  10 0 10 100 0 0 0 0\ncpu0 5 0 5 50 0 0 0 0\ncpu1 5 0 5 50 0 0 0 0\n";
+        let after = "cpu  10 0 10 100 0 0 0 0\ncpu0 95 0 5 60 0 0 0 0\ncpu1 5 0 5 140 10 0 0 0\n";
+        let cpu0 = super::busy_fraction(before, after, 0).unwrap();
+        assert!((cpu0 - 0.9).abs() < 1e-9, "{cpu0}");
+        let cpu1 = super::busy_fraction(before, after, 1).unwrap();
+        assert!(cpu1.abs() < 1e-9, "{cpu1}");
+        assert_eq!(super::busy_fraction(before, after, 7), None, "no such CPU");
+        assert_eq!(
+            super::busy_fraction(before, before, 0),
+            None,
+            "no time passed"
+        );
+    }
+
     use super::*;
     use crate::perf::report::table;
 

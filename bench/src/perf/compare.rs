@@ -205,7 +205,8 @@ struct Runner<'a> {
 
 impl Runner<'_> {
     /// barewire's figure: the median over reps of the spec's `pick` applied to one loopback run
-    /// of its test (with `crc_only`, of its CRC-on runs alone, which go in `crc_on`).
+    /// of its test (with `crc_only`, of its CRC-on runs alone: then only `crc_on` is a figure,
+    /// and `value` is NaN).
     fn ours_on(&mut self, spec: Spec, crc_only: bool) -> Option<Figure> {
         let Spec {
             test,
@@ -576,21 +577,22 @@ const ALL_OURS: [Ours; 12] = [
 impl Runner<'_> {
     /// barewire's figure `k` with MPA CRC on, at the start of the rep: the `crc_on` column of
     /// every row that shows `k` (`None` where there is no wire to check: shm).
-    fn battery(&mut self, k: Ours) -> Option<Figure> {
+    fn battery(&mut self, k: Ours) -> Option<f64> {
         let spec = spec(k);
-        spec.v.crc_too.then(|| self.ours_on(spec, true)).flatten()
+        spec.v
+            .crc_too
+            .then(|| self.ours_on(spec, true)?.crc_on)
+            .flatten()
     }
 
     /// barewire's figure `k` measured again now, right before what it is set beside (CRC off
     /// only; the CRC-on column comes from `battery`): on a host whose pace changes from one
     /// minute to the next, a pair measured minutes apart would compare two paces.
-    fn adjacent(&mut self, k: Ours, battery: &[(Ours, Option<Figure>)]) -> Option<Figure> {
+    fn adjacent(&mut self, k: Ours, battery: &[(Ours, Option<f64>)]) -> Option<Figure> {
         let mut spec = spec(k);
         spec.v.crc_too = false;
         let mut fig = self.ours_on(spec, false)?;
-        if let Some((_, Some(b))) = battery.iter().find(|(o, _)| *o == k) {
-            fig.crc_on = b.crc_on;
-        }
+        fig.crc_on = battery.iter().find(|(o, _)| *o == k).and_then(|(_, c)| *c);
         Some(fig)
     }
 }
@@ -603,8 +605,7 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
     };
     // The CRC-on runs first (a column, not a ratio); every row below then measures its own
     // barewire figure right before the figure it is set beside (`adjacent`).
-    let battery: Vec<(Ours, Option<Figure>)> =
-        ALL_OURS.iter().map(|&k| (k, r.battery(k))).collect();
+    let battery: Vec<(Ours, Option<f64>)> = ALL_OURS.iter().map(|&k| (k, r.battery(k))).collect();
     // The io_uring data path against the raw-syscall fallback (`--reactor epoll`), back to
     // back: 8 B WRITE and READ latency, 1 MiB WRITE bandwidth, and 64 queue pairs at once
     // on 4 KiB WRITEs, where batching every queue pair into one submission should tell.
@@ -735,24 +736,20 @@ pub fn memcpy_mib_per_sec(block: usize, how_long: Duration) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::perf::report::table;
+
     #[test]
     fn a_cpu_is_busy_by_the_share_of_its_ticks_that_were_not_idle() {
         let before = "cpu  10 0 10 100 0 0 0 0\ncpu0 5 0 5 50 0 0 0 0\ncpu1 5 0 5 50 0 0 0 0\n";
         let after = "cpu  10 0 10 100 0 0 0 0\ncpu0 95 0 5 60 0 0 0 0\ncpu1 5 0 5 140 10 0 0 0\n";
-        let cpu0 = super::busy_fraction(before, after, 0).unwrap();
+        let cpu0 = busy_fraction(before, after, 0).unwrap();
         assert!((cpu0 - 0.9).abs() < 1e-9, "{cpu0}");
-        let cpu1 = super::busy_fraction(before, after, 1).unwrap();
+        let cpu1 = busy_fraction(before, after, 1).unwrap();
         assert!(cpu1.abs() < 1e-9, "{cpu1}");
-        assert_eq!(super::busy_fraction(before, after, 7), None, "no such CPU");
-        assert_eq!(
-            super::busy_fraction(before, before, 0),
-            None,
-            "no time passed"
-        );
+        assert_eq!(busy_fraction(before, after, 7), None, "no such CPU");
+        assert_eq!(busy_fraction(before, before, 0), None, "no time passed");
     }
-
-    use super::*;
-    use crate::perf::report::table;
 
     #[test]
     fn medians() {

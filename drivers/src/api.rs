@@ -277,6 +277,17 @@ impl CompletionQueue {
         self.queue.is_empty()
     }
 
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The most completions it holds; one more overflows it, and the queue pairs using it
+    /// go to ERROR.
+    pub fn capacity(&self) -> usize {
+        self.queue.capacity()
+    }
+
     /// The next completion, waiting for it (busy-polled while the core spins, by interrupt
     /// when it sleeps).
     #[inline]

@@ -484,6 +484,9 @@ pub struct Endpoint {
     /// send holds them, because its completion implies theirs (the send queue completes in
     /// order).
     unsignaled: RefCell<Vec<Rc<Buffer>>>,
+    /// The send completion queue, also routed by a task: a signaled send drains it first once
+    /// it is half full (see `drain_sends_if_full`).
+    scq: CompletionQueue,
 }
 
 impl Endpoint {
@@ -504,6 +507,7 @@ impl Endpoint {
             table: Rc::new(RefCell::new(Table::default())),
             routing: Rc::new(()),
             unsignaled: RefCell::new(Vec::new()),
+            scq: scq.clone(),
         };
         ep.route(scq);
         ep
@@ -590,7 +594,35 @@ impl Endpoint {
 
     fn start_send(&self, mut hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
         hold.extend(self.unsignaled.borrow_mut().drain(..));
+        self.drain_sends_if_full();
         self.start(hold, post)
+    }
+
+    /// Routes the send completions waiting in the queue here, if it is half full. Its routing
+    /// task runs only when the core gets to it: a task that posts signaled sends in a loop
+    /// without ever waiting (a channel's sender while the receiver keeps up; shm completes a
+    /// WRITE inside its post) would otherwise fill the queue, and an overflowed completion
+    /// queue puts the queue pair in ERROR, as verbs' `IBV_EVENT_CQ_ERR` does.
+    #[inline]
+    fn drain_sends_if_full(&self) {
+        if self.scq.len() * 2 >= self.scq.capacity() {
+            self.drain_sends();
+        }
+    }
+
+    #[cold]
+    fn drain_sends(&self) {
+        let mut wcs = [WorkCompletion::BLANK; 32];
+        loop {
+            let n = self.scq.poll(&mut wcs);
+            let mut t = self.table.borrow_mut();
+            for wc in &wcs[..n] {
+                t.complete(*wc);
+            }
+            if n < wcs.len() {
+                return;
+            }
+        }
     }
 
     fn start(&self, hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {

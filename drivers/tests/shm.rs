@@ -678,3 +678,42 @@ fn large_writes_and_reads_move_in_steps_and_the_core_runs_other_tasks_between_th
     });
     t.join().unwrap();
 }
+
+/// A task that posts signaled WRITEs in a loop and never waits (shm completes each inside its
+/// post) posts far more of them than its completion queue holds: the endpoint routes the
+/// waiting completions itself before the queue overflows, so the queue pair stays up and
+/// every WRITE lands.
+#[test]
+fn signaled_writes_posted_without_waiting_never_overflow_the_completion_queue() {
+    const WRITES: usize = 4000;
+    let (port, t) = region_server(|ep, region, msg, first| async move {
+        let _ = first.await;
+        // Stay until the client is done.
+        let _ = ep.recv(&msg, 2048, 16).await;
+        let mut got = [0u8; 8];
+        region.read_at(0, &mut got);
+        assert_eq!(u64::from_le_bytes(got), WRITES as u64 - 1, "the last WRITE");
+    });
+    rt().block_on(async {
+        let (ep, buf, region, _dev) = told_region(port).await;
+        // The first WRITE maps the region (its grant takes a round trip).
+        ep.write(&buf, 4096, 8, Remote::at(region, 0))
+            .await
+            .unwrap();
+        let capacity = 256; // `client`'s completion queues
+        assert!(WRITES > 4 * capacity);
+        for i in 0..WRITES {
+            buf.write_at(8192 + 8 * i, &(i as u64).to_le_bytes());
+            // Dropped at once: the endpoint keeps the buffer until the completion comes.
+            drop(ep.write(&buf, 8192 + 8 * i, 8, Remote::at(region, 0)));
+        }
+        // (Bounded: an overflowed queue loses the flushes that would end this.)
+        let last = ep.write(&buf, 8192 + 8 * (WRITES - 1), 8, Remote::at(region, 0));
+        barewire_engine::time::timeout(Duration::from_secs(5), last)
+            .await
+            .expect("completed")
+            .expect("the queue pair is still up");
+        ep.send(&buf, 0, 8).await.unwrap();
+    });
+    t.join().unwrap();
+}

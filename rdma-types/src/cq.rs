@@ -370,6 +370,11 @@ impl CompletionQueue {
         self.inner.borrow().entries.len()
     }
 
+    /// The most completions it holds (what it was created with).
+    pub fn capacity(&self) -> usize {
+        self.inner.borrow().capacity
+    }
+
     /// True if none wait.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -170,7 +170,7 @@ impl WorkCompletion {
 /// The queued completions, oldest first: a vector read from `head`, which starts again at
 /// its front whenever the queue drains. A flow of one completion at a time (a latency loop)
 /// then keeps writing and reading the same cache line, where a ring the size of the queue's
-/// capacity (64 Ki entries are 2.5 MiB) would walk the whole of it and miss the cache on
+/// capacity (64 Ki entries are 2 MiB) would walk the whole of it and miss the cache on
 /// every completion.
 ///
 /// Entries are kept as four words ([`Packed`]), each stored and loaded whole. A completion

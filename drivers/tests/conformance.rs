@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use barewire_drivers::{
     connect, Access, Buffer, CompletionQueue, Device, DriverConfig, DriverError, Endpoint,
-    ProtectionDomain, QueuePair, RegionDescriptor, Remote, SendOp, SendWr, Stag, Transport,
-    WcStatus,
+    ProtectionDomain, QpState, QueuePair, RegionDescriptor, Remote, SendOp, SendWr, Stag,
+    Transport, WcStatus,
 };
 
 /// The backend under test, or `None` (after printing why) when it is not available here.
@@ -519,6 +519,51 @@ enum AfterSignal {
     /// Every READ for the whole bound returned the peer's bytes: its memory is served without
     /// its CPU (shm mappings, a NIC).
     Served,
+}
+
+/// A raw queue pair whose owner posts far more signaled WRITEs than its send completion queue
+/// holds and never polls: the queue overflows, and the queue pair stops (as verbs' CQ overrun)
+/// instead of carrying on with work it can no longer report. It leaves RTS within the bound,
+/// and the completions that fit come out first, in posting order.
+#[test]
+fn an_overrun_completion_queue_stops_its_queue_pair() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (scq, rcq) = (s.dev.create_cq(16).unwrap(), s.dev.create_cq(16).unwrap());
+        let (qp, private) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
+            .await
+            .unwrap();
+        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let buf = Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+        let cap = scq.capacity() as u64;
+        let t = Instant::now();
+        for i in 0..2 * cap + 8 {
+            let posted = qp.post_send(SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    remote_addr: r0.addr + 8 * i,
+                    rkey: r0.rkey,
+                },
+                sges: [buf.sge(0, 8)].into(),
+                signaled: true,
+                fence: false,
+            });
+            // Once the queue pair has stopped, a post may also be refused outright.
+            assert!(posted.is_ok() || qp.state() == QpState::Error, "{posted:?}");
+        }
+        while qp.state() != QpState::Error && t.elapsed() < bound() {
+            barewire_engine::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(qp.state(), QpState::Error, "after {:?}", t.elapsed());
+        let mut wcs = vec![barewire_drivers::WorkCompletion::BLANK; 2 * cap as usize];
+        let n = scq.poll(&mut wcs);
+        assert_eq!(n as u64, cap, "the queue kept what fitted");
+        for (i, wc) in wcs[..n].iter().enumerate() {
+            assert_eq!((wc.wr_id, wc.status), (i as u64, WcStatus::Success));
+        }
+    });
 }
 
 /// Signals the peer with `sig`, then posts a 1 MiB READ of its region again and again until

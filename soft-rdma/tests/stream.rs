@@ -1072,3 +1072,100 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
     assert!(dst.guards_intact());
     assert!(!a.stream.wants_tx());
 }
+
+/// A completion queue with no room loses a completion. The queue pair then stops (ERROR, and a
+/// Terminate tells the peer) rather than carry on with work it can no longer report: on the
+/// send side, and on the receive side.
+#[test]
+fn an_overrun_completion_queue_stops_its_queue_pair_and_tells_the_peer() {
+    let overrun = TermCode::rdmap(
+        RdmapErrorType::LocalCatastrophic,
+        RdmapErrorCode::CatastrophicStream,
+    );
+    // Send side: 70 signaled WRITEs, and nobody polls a's send queue (it holds 64).
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 16, Access::LOCAL_WRITE, 1);
+    let dst = Guarded::new(&b, 16 * 70, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    for i in 0..70 {
+        a.stream
+            .post_send(SendWr {
+                wr_id: i,
+                op: SendOp::Write {
+                    remote_addr: dst.addr() + i * 16,
+                    rkey: dst.stag(),
+                },
+                sges: [src.sge(0, 16)].into(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+    }
+    pump(&mut a, &mut b, 4096);
+    let wcs = drain(&a.scq);
+    assert_eq!(wcs.len(), 64);
+    assert!(wcs
+        .iter()
+        .enumerate()
+        .all(|(i, wc)| wc.wr_id == i as u64 && wc.status == WcStatus::Success));
+    assert_eq!(a.stream.state(), QpState::Error);
+    assert_eq!(a.stream.last_terminate(), Some(overrun));
+    assert!(b.stream.peer_terminated());
+    assert_eq!(b.stream.last_terminate(), Some(overrun));
+    assert_eq!(b.stream.state(), QpState::Error);
+    // With room again, work posted now completes, as a flush.
+    a.stream
+        .post_send(SendWr {
+            wr_id: 99,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: [src.sge(0, 16)].into(),
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    let wcs = drain(&a.scq);
+    assert_eq!(
+        (wcs.len(), wcs[0].wr_id, wcs[0].status),
+        (1, 99, WcStatus::WrFlushErr)
+    );
+    assert!(dst.guards_intact());
+
+    // Receive side: 70 unsignaled SENDs into 70 receives, and nobody polls b's receive queue.
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 16, Access::LOCAL_WRITE, 2);
+    let dst = Guarded::new(&b, 16 * 70, Access::LOCAL_WRITE, 0);
+    for i in 0..70 {
+        b.stream
+            .post_recv(RecvWr {
+                wr_id: i,
+                sges: [dst.sge(i as usize * 16, 16)].into(),
+            })
+            .unwrap();
+        a.stream
+            .post_send(SendWr {
+                wr_id: 100 + i,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: [src.sge(0, 16)].into(),
+                signaled: false,
+                fence: false,
+            })
+            .unwrap();
+    }
+    pump(&mut a, &mut b, 4096);
+    let wcs = drain(&b.rcq);
+    assert_eq!(wcs.len(), 64);
+    assert!(wcs
+        .iter()
+        .enumerate()
+        .all(|(i, wc)| wc.wr_id == i as u64 && wc.status == WcStatus::Success));
+    assert_eq!(b.stream.state(), QpState::Error);
+    assert_eq!(b.stream.last_terminate(), Some(overrun));
+    assert!(a.stream.peer_terminated());
+    assert_eq!(a.stream.state(), QpState::Error);
+    assert!(dst.guards_intact());
+}

@@ -44,6 +44,13 @@ use crate::wire::{
 
 pub use barewire_rdma_types::{RecvWr, SendOp, SendWr, Sge, Sges};
 
+/// Which of the queue pair's two completion queues a completion goes to.
+#[derive(Clone, Copy)]
+enum Queue {
+    Send,
+    Recv,
+}
+
 /// Negotiated parameters of the stream.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamConfig {
@@ -355,14 +362,47 @@ impl Stream {
     }
 
     fn complete(
-        &self,
-        cq: &CompletionQueue,
+        &mut self,
+        on: Queue,
         wr_id: u64,
         status: WcStatus,
         opcode: WcOpcode,
         byte_len: u32,
     ) {
-        cq.push(self.wc(wr_id, status, opcode, byte_len));
+        let wc = self.wc(wr_id, status, opcode, byte_len);
+        self.report(on, wc);
+    }
+
+    /// Puts `wc` on the send or the receive completion queue.
+    #[inline]
+    fn report(&mut self, on: Queue, wc: WorkCompletion) {
+        let cq = match on {
+            Queue::Send => &self.scq,
+            Queue::Recv => &self.rcq,
+        };
+        if !cq.push(wc) {
+            self.overrun();
+        }
+    }
+
+    /// A completion queue was full, so a completion is lost: as verbs' CQ overrun
+    /// (`IBV_EVENT_CQ_ERR`), the queue pair can no longer report its work and stops rather
+    /// than carry on with requests that would never complete. The peer is told with a
+    /// Terminate (local catastrophic error); the completions the queue still has room for
+    /// later are flushes.
+    #[cold]
+    fn overrun(&mut self) {
+        if self.state != QpState::Error {
+            self.send_terminate(Terminate {
+                code: TermCode::rdmap(
+                    RdmapErrorType::LocalCatastrophic,
+                    RdmapErrorCode::CatastrophicStream,
+                ),
+                m: false,
+                ddp: None,
+                rdmap: None,
+            });
+        }
     }
 
     /// Records the end of send-queue request `seq` and reports, in order, every completion no
@@ -370,10 +410,11 @@ impl Stream {
     fn sq_complete(&mut self, seq: u64, wc: Option<WorkCompletion>) {
         self.done.insert(seq, wc);
         while let Some(wc) = self.done.remove(&self.released_seq) {
-            if let Some(wc) = wc {
-                self.scq.push(wc);
-            }
+            // Advanced first: a report that overruns the queue fails the rest, re-entering here.
             self.released_seq += 1;
+            if let Some(wc) = wc {
+                self.report(Queue::Send, wc);
+            }
         }
     }
 
@@ -390,7 +431,13 @@ impl Stream {
     /// Posts a receive.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if self.state == QpState::Error {
-            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+            self.complete(
+                Queue::Recv,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            );
             return Ok(());
         }
         if !self.state.can_post_recv() {
@@ -402,7 +449,13 @@ impl Stream {
                 .check_local(s.lkey, self.cfg.pd, s.addr, s.len as u64, true)
                 .is_err()
             {
-                self.complete(&self.rcq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0);
+                self.complete(
+                    Queue::Recv,
+                    wr.wr_id,
+                    WcStatus::LocProtErr,
+                    WcOpcode::Recv,
+                    0,
+                );
                 return Ok(());
             }
         }
@@ -413,7 +466,13 @@ impl Stream {
     /// Posts a send work request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
         if self.state == QpState::Error {
-            self.complete(&self.scq, wr.wr_id, WcStatus::WrFlushErr, wr.op.opcode(), 0);
+            self.complete(
+                Queue::Send,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                wr.op.opcode(),
+                0,
+            );
             return Ok(());
         }
         if !self.state.can_post_send() {
@@ -515,10 +574,16 @@ impl Stream {
         }
         for wr in std::mem::take(&mut self.blocked) {
             let wc = self.wc(wr.wr_id, WcStatus::WrFlushErr, wr.op.opcode(), 0);
-            self.scq.push(wc);
+            self.report(Queue::Send, wc);
         }
         for wr in std::mem::take(&mut self.rq) {
-            self.complete(&self.rcq, wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+            self.complete(
+                Queue::Recv,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                0,
+            );
         }
         // Drop what the socket has not started: a started chunk must finish (or the peer's
         // stream is cut mid-FPDU), and a Terminate, the last chunk queued, still goes out,

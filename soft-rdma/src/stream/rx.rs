@@ -299,16 +299,19 @@ impl Stream {
                             false,
                         );
                     };
-                    self.rcq.push(WorkCompletion {
-                        wr_id: wr.wr_id,
-                        status: WcStatus::Success,
-                        opcode: WcOpcode::Recv,
-                        byte_len: self.recv_placed,
-                        imm: None,
-                        invalidated,
-                        solicited,
-                        qp_num: self.cfg.qp_num,
-                    });
+                    self.report(
+                        Queue::Recv,
+                        WorkCompletion {
+                            wr_id: wr.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::Recv,
+                            byte_len: self.recv_placed,
+                            imm: None,
+                            invalidated,
+                            solicited,
+                            qp_num: self.cfg.qp_num,
+                        },
+                    );
                     self.recv_placed = 0;
                 }
             }
@@ -444,16 +447,20 @@ impl Stream {
                         false,
                     );
                 };
-                self.rcq.push(WorkCompletion {
-                    wr_id: wr.wr_id,
-                    status: WcStatus::Success,
-                    opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: std::mem::take(&mut self.last_write_len) as u32,
-                    imm: Some(imm),
-                    invalidated: None,
-                    solicited: opcode == RdmapOpcode::ImmediateDataSe,
-                    qp_num: self.cfg.qp_num,
-                });
+                let write_len = std::mem::take(&mut self.last_write_len) as u32;
+                self.report(
+                    Queue::Recv,
+                    WorkCompletion {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::RecvRdmaWithImm,
+                        byte_len: write_len,
+                        imm: Some(imm),
+                        invalidated: None,
+                        solicited: opcode == RdmapOpcode::ImmediateDataSe,
+                        qp_num: self.cfg.qp_num,
+                    },
+                );
             }
             RdmapOpcode::AtomicRequest => {
                 let req = match AtomicRequest::decode(body) {

@@ -123,7 +123,11 @@ impl Inner {
         }
         self.dispatch(&wc);
         if self.shared.borrow().error.is_none() {
-            let _ = self.post_slot(wc.wr_id as usize);
+            // A slot that cannot be posted again would leave the peer's next control message
+            // without a receive: the connection is failed now, with the reason.
+            if let Err(e) = self.post_slot(wc.wr_id as usize) {
+                self.fail_with(e);
+            }
         }
     }
 

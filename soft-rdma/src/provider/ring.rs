@@ -18,7 +18,14 @@
 //!   completion is in, a `RECV` with `MSG_DONTWAIT` names the region's extent. When the socket
 //!   has nothing, a one-shot `POLL_ADD` waits for it.
 //! - **Sends** are one gather `SENDMSG` with `MSG_DONTWAIT` over the stream's queued chunks;
-//!   when the socket is full, a `POLL_ADD` for `POLLOUT` waits for room.
+//!   when the socket is full, a `POLL_ADD` for `POLLOUT` waits for room. Not `SENDMSG_ZC`:
+//!   measured as this path would use it (`bench/src/bin/send_zc.rs`), the kernel copied every
+//!   zero-copy send over loopback all the same, and waiting for each one's notification made
+//!   16 KiB–1 MiB sends 0.3–0.7× as fast. It would also break the rule below: the kernel
+//!   keeps a zero-copy send's pages until the peer has acknowledged them and reads them again
+//!   to retransmit, so a Read Response could carry bytes its owner wrote after revoking the
+//!   region. Where a NIC makes zero copy pay, it fits a requester's own WRITE or SEND payload
+//!   only, with the completion held until the notification.
 //!
 //! Every operation that names queue-pair memory (a send's chunks, a receive's region extent) is
 //! queued from [`Poller::prepare_submit`] with `MSG_DONTWAIT`, so it is carried out inside the

@@ -21,6 +21,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use barewire_bench::reps::median;
 use barewire_engine::buf::BufRing;
 use barewire_engine::uring::{opcode, squeue, types, RawQueue};
 use clap::Parser;
@@ -67,11 +68,6 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
         f();
     }
     t.elapsed().as_nanos() as f64 / iters as f64
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -22,6 +22,7 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use barewire_bench::reps::median;
 use barewire_engine::uring::{opcode, types, Completion, RawQueue, CQE_F_MORE};
 use clap::Parser;
 
@@ -183,11 +184,6 @@ fn run(q: &RawQueue, way: Way, size: usize, secs: f64, receiver_cpu: usize) -> R
         copied,
         sends,
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn main() {

@@ -155,7 +155,16 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
     let _ = writeln!(sec, "\n{END}");
     let old = std::fs::read_to_string(path).unwrap_or_else(|_| "# Benchmark results\n".into());
     let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{}{}", &old[..b], sec, &old[e + END.len()..]),
+        // The section ends with its own line break: the one after the old marker goes.
+        (Some(b), Some(e)) if e > b => {
+            let rest = &old[e + END.len()..];
+            format!(
+                "{}{}{}",
+                &old[..b],
+                sec,
+                rest.strip_prefix('\n').unwrap_or(rest)
+            )
+        }
         _ => {
             // After the title and its first paragraph.
             let at = old
@@ -244,7 +253,11 @@ mod tests {
             s.starts_with("# Benchmark results\n\nIntro.\n\n<!--"),
             "{s}"
         );
-        assert!(s.contains("## Older\n\nkept"));
+        let after = &s[s.find(END).unwrap() + END.len()..];
+        assert_eq!(
+            after, "\n\n## Older\n\nkept\n",
+            "rewrites add no blank lines"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -415,6 +415,8 @@ struct Pending {
     hold: Hold,
     /// The future was dropped: forget the entry when the completion comes.
     abandoned: bool,
+    /// A receive (counted in `Table::recvs`).
+    recv: bool,
 }
 
 #[derive(Default)]
@@ -422,6 +424,8 @@ struct Table {
     next: u64,
     pending: HashMap<u64, Pending, BuildHasherDefault<StagHasher>>,
     closed: bool,
+    /// Receives posted and not yet completed.
+    recvs: usize,
     /// The tasks that route completions into this table (one per completion queue).
     routes: Vec<JoinHandle<()>>,
 }
@@ -443,6 +447,9 @@ impl Table {
         let Some(p) = self.pending.get_mut(&wc.wr_id) else {
             return;
         };
+        if std::mem::take(&mut p.recv) {
+            self.recvs -= 1;
+        }
         if p.abandoned {
             self.pending.remove(&wc.wr_id); // drops the held buffers: the device is done
             return;
@@ -487,12 +494,16 @@ pub struct Endpoint {
     /// The send completion queue, also routed by a task: a signaled send drains it first once
     /// it is half full (see `drain_sends_if_full`).
     scq: CompletionQueue,
+    /// How many completions the receive queue holds: the most receives `recv` keeps
+    /// outstanding (`None` for `sends_only`, whose owner takes receive completions itself).
+    rcq_capacity: Option<usize>,
 }
 
 impl Endpoint {
     /// Wraps a connected queue pair and its completion queues (which it then owns).
     pub fn new(qp: QueuePair, scq: CompletionQueue, rcq: CompletionQueue) -> Endpoint {
-        let ep = Endpoint::sends_only(qp, scq);
+        let mut ep = Endpoint::sends_only(qp, scq);
+        ep.rcq_capacity = Some(rcq.capacity());
         ep.route(rcq);
         ep
     }
@@ -508,6 +519,7 @@ impl Endpoint {
             routing: Rc::new(()),
             unsignaled: RefCell::new(Vec::new()),
             scq: scq.clone(),
+            rcq_capacity: None,
         };
         ep.route(scq);
         ep
@@ -595,7 +607,7 @@ impl Endpoint {
     fn start_send(&self, mut hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
         hold.extend(self.unsignaled.borrow_mut().drain(..));
         self.drain_sends_if_full();
-        self.start(hold, post)
+        self.start(hold, false, post)
     }
 
     /// Routes the send completions waiting in the queue here, if it is half full. Its routing
@@ -625,7 +637,12 @@ impl Endpoint {
         }
     }
 
-    fn start(&self, hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
+    fn start(
+        &self,
+        hold: Hold,
+        recv: bool,
+        post: impl FnOnce(u64) -> Result<(), DriverError>,
+    ) -> Op {
         let id = {
             let mut t = self.table.borrow_mut();
             t.next += 1;
@@ -638,12 +655,17 @@ impl Endpoint {
                 waker: None,
                 hold,
                 abandoned: false,
+                recv,
             },
         );
         let posted = post(id);
+        let mut t = self.table.borrow_mut();
         if posted.is_err() {
-            self.table.borrow_mut().pending.remove(&id);
+            t.pending.remove(&id);
+        } else if recv {
+            t.recvs += 1;
         }
+        drop(t);
         Op {
             table: self.table.clone(),
             id,
@@ -729,10 +751,24 @@ impl Endpoint {
     }
 
     /// Posts a receive of up to `len` bytes into `dst` at `offset`; completes when a Send (or
-    /// a Write with immediate) consumes it.
+    /// a Write with immediate) consumes it. Fails at once with [`DriverError::Post`] while as
+    /// many receives are outstanding as the receive completion queue holds: one more could
+    /// overflow the queue, which stops the queue pair (as verbs' CQ overrun) and loses the
+    /// completions that would end the receives still waiting.
     pub fn recv(&self, dst: &Rc<Buffer>, offset: usize, len: usize) -> Op {
         let sge = dst.sge(offset, len);
-        self.start(smallvec::smallvec![dst.clone()], |id| {
+        let outstanding = self.table.borrow().recvs;
+        if self.rcq_capacity.is_some_and(|cap| outstanding >= cap) {
+            // One more could overflow the queue, which stops the queue pair and loses the
+            // completions that would have ended the waiting receives.
+            return self.start(Hold::new(), false, |_| {
+                Err(DriverError::Post(format!(
+                    "{outstanding} receives are outstanding already, as many as the receive \
+                     completion queue holds: await one first, or create the queue deeper"
+                )))
+            });
+        }
+        self.start(smallvec::smallvec![dst.clone()], true, |id| {
             self.qp.post_recv(RecvWr {
                 wr_id: id,
                 sges: sge.into(),

@@ -566,6 +566,50 @@ fn an_overrun_completion_queue_stops_its_queue_pair() {
     });
 }
 
+/// An endpoint keeps no more receives outstanding than its receive completion queue holds:
+/// one more is refused at once with a clear error (it could overflow the queue), and once a
+/// receive has completed there is room for the next.
+#[test]
+fn an_endpoint_refuses_more_receives_than_its_completion_queue_holds() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (scq, rcq) = (s.dev.create_cq(64).unwrap(), s.dev.create_cq(16).unwrap());
+        let cap = rcq.capacity();
+        let (qp, _) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
+            .await
+            .unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&s.pd, 64 * (cap + 2), 64, Access::LOCAL_WRITE).unwrap();
+        let recvs: Vec<_> = (0..cap).map(|i| ep.recv(&buf, 64 * (i + 1), 64)).collect();
+        let refused = barewire_engine::time::timeout(
+            Duration::from_secs(5),
+            ep.recv(&buf, 64 * (cap + 1), 64),
+        )
+        .await
+        .expect("refused at once, not posted to wait");
+        match refused {
+            Err(DriverError::Post(why)) => assert!(why.contains("outstanding"), "{why}"),
+            other => panic!("expected the receive to be refused, got {other:?}"),
+        }
+        // The peer echoes a SEND into the first receive posted; then the next is taken.
+        buf.write_at(0, b"echo me");
+        ep.send(&buf, 0, 7).await.unwrap();
+        let mut recvs = recvs.into_iter();
+        let wc = recvs.next().unwrap().await.unwrap();
+        assert_eq!(wc.byte_len, 7);
+        let mut back = [0u8; 7];
+        buf.read_at(64, &mut back);
+        assert_eq!(&back, b"echo me");
+        let again = ep.recv(&buf, 64, 64);
+        buf.write_at(0, b"and me");
+        ep.send(&buf, 0, 6).await.unwrap();
+        assert_eq!(recvs.next().unwrap().await.unwrap().byte_len, 6);
+        drop(again);
+    });
+}
+
 /// Signals the peer with `sig`, then posts a 1 MiB READ of its region again and again until
 /// one fails or the backend's bound has passed. A READ that hangs fails the test.
 fn reads_after(sig: i32) -> Option<AfterSignal> {

@@ -71,10 +71,28 @@ impl Node {
 
     /// Listens on `addr`; returns the port (useful with port 0).
     pub fn listen(&self, addr: SocketAddr) -> Result<u16> {
-        let l = Listener::bind(&self.dev, addr, &self.dev.connect_options())?;
+        let l = Listener::bind(&self.dev, addr, &self.options())?;
         let port = l.port();
         *self.listener.borrow_mut() = Some(l);
         Ok(port)
+    }
+
+    /// How deep each connection's completion queues are, and its queue pair's send and
+    /// receive queues: the transport's queue depth (at least 64) times 16. The queues must be
+    /// as deep as the completion queues, not the transport's depth alone: where a channel's
+    /// receiver learns of each run by immediate data (verbs), it keeps a receive posted for
+    /// every message its peer may have in flight (a ring's capacity, 256 by default, plus a
+    /// few), and a sender keeps up to a quarter of a ring's runs unsignaled in its send queue.
+    fn depth(&self) -> usize {
+        self.dev.defaults().queue_depth.max(64) as usize * 16
+    }
+
+    /// The options of this node's connections (see `depth`).
+    fn options(&self) -> barewire_drivers::ConnectOptions {
+        barewire_drivers::ConnectOptions {
+            depth: self.depth() as u32,
+            ..self.dev.connect_options()
+        }
     }
 
     fn endpoint_parts(
@@ -83,7 +101,7 @@ impl Node {
         barewire_drivers::CompletionQueue,
         barewire_drivers::CompletionQueue,
     )> {
-        let depth = self.dev.defaults().queue_depth.max(64) as usize * 16;
+        let depth = self.depth();
         Ok((self.dev.create_cq(depth)?, self.dev.create_cq(depth)?))
     }
 
@@ -116,7 +134,7 @@ impl Node {
         let (recv, wrs) = Endpoint::initial_recvs(&self.pd)?;
         let opts = barewire_drivers::ConnectOptions {
             initial_recvs: wrs,
-            ..self.dev.connect_options()
+            ..self.options()
         };
         let (qp, _) = barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &opts).await?;
         Endpoint::new(qp, scq, rcq, self.pd.clone(), false, recv)

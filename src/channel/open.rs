@@ -146,14 +146,7 @@ impl Endpoint {
             })
         });
         if let Some(e) = mismatch {
-            let _ = inner
-                .send_control(&Control::Refuse {
-                    id: pid,
-                    reason: e.to_string(),
-                })
-                .await;
-            inner.shared.borrow_mut().chans.remove(&id);
-            return Err(e);
+            return Err(refuse(inner, pid, id, e).await);
         }
         if pcap == 0
             || (pslot as usize) < extent(1)
@@ -187,7 +180,9 @@ impl Endpoint {
         });
         // Announced runs need a receive posted for every message the peer may have in flight
         // before it may send; a polled ring only for the close notice.
-        inner.add_recvs(if polled { 4 } else { pcap as usize + 4 })?;
+        if let Err(e) = inner.add_recvs(if polled { 4 } else { pcap as usize + 4 }) {
+            return Err(refuse(inner, pid, id, e).await);
+        }
         inner
             .shared
             .borrow_mut()
@@ -249,6 +244,19 @@ impl Endpoint {
             },
         ))
     }
+}
+
+/// Refuses the peer's half `pid` of a channel this side cannot open, so that the peer's open
+/// fails with `e`'s reason instead of waiting; forgets this side's half `id`.
+async fn refuse(inner: &crate::endpoint::Inner, pid: u16, id: u16, e: Error) -> Error {
+    let _ = inner
+        .send_control(&Control::Refuse {
+            id: pid,
+            reason: e.to_string(),
+        })
+        .await;
+    inner.shared.borrow_mut().chans.remove(&id);
+    e
 }
 
 /// A channel handshake the peer left half done: the two sides would pair later channels

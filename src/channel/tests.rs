@@ -79,6 +79,72 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
         });
 }
 
+/// A channel whose announced direction would keep more receives posted than the connection's
+/// completion queue holds is refused on both sides with the reason, before anything is
+/// posted for it, and the connection goes on serving channels that fit.
+#[test]
+fn a_channel_needing_more_receives_than_the_queue_holds_is_refused_on_both_sides() {
+    use crate::Node;
+    barewire_engine::Runtime::builder()
+        .cores(1)
+        .sleeping()
+        .build()
+        .unwrap()
+        .block_on(async {
+            // Completion queues of 16 × 64 = 1,024.
+            let cfg = DriverConfig::parse("soft", None).unwrap().queue_depth(64);
+            let a = Node::with_config(&cfg).unwrap();
+            let b = Node::with_config(&cfg).unwrap();
+            let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let accepted = barewire_engine::spawn_local(async move {
+                let ep = a.accept().await.unwrap();
+                (a, ep)
+            });
+            let eb = b
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let (_a, ea) = accepted.await.unwrap();
+            let announced = ChannelOptions {
+                announce: true,
+                ..ChannelOptions::new(8, 8)
+            };
+            // a's direction is announced: a receive for each of b's 1,024 slots, and a few.
+            let ea2 = ea.clone();
+            let side_a = barewire_engine::spawn_local(async move {
+                ea2.open_channel::<u64>(announced).await.map(|_| ())
+            });
+            let at_b = eb
+                .open_channel::<u64>(ChannelOptions::new(1024, 8))
+                .await
+                .map(|_| ());
+            let at_a = side_a.await.unwrap();
+            match at_a {
+                Err(Error::Invalid(why)) => assert!(why.contains("BAREWIRE_QUEUE_DEPTH"), "{why}"),
+                other => panic!("a: expected the channel refused, got {other:?}"),
+            }
+            match at_b {
+                Err(e) => assert!(e.to_string().contains("refused"), "{e}"),
+                Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
+            }
+            // The connection still works, announced and all.
+            let ea2 = ea.clone();
+            let side_a = barewire_engine::spawn_local(async move {
+                let (tx, rx) = ea2.open_channel::<u64>(announced).await.unwrap();
+                tx.send(&41).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), 42);
+            });
+            let (tx, rx) = eb
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 41);
+            tx.send(&42).await.unwrap();
+            tx.flush().await.unwrap();
+            side_a.await.unwrap();
+        });
+}
+
 /// A polled ring's slot seen at every stage of its placement, byte by byte in stream order
 /// as the provider places a WRITE (TCP may cut anywhere): the message counts as landed only
 /// once the last byte of its mark is in, never before, whatever length it has.

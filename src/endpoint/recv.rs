@@ -66,7 +66,19 @@ impl RecvSide {
 
 impl Inner {
     /// Adds and posts `n` receive slots of `CONTROL_MAX` bytes.
+    ///
+    /// Refused, with nothing posted, when the connection would then keep more receives posted
+    /// than its receive completion queue holds: a burst that completed them all at once could
+    /// overflow the queue, which stops the queue pair.
     pub(crate) fn add_recvs(&self, n: usize) -> Result<()> {
+        let (posted, holds) = (self.recv.posted.get(), self.rcq.capacity());
+        if posted + n > holds {
+            return Err(Error::Invalid(format!(
+                "this connection keeps {posted} receives posted and would need {n} more, beyond \
+                 the {holds} its completion queue holds: open fewer or smaller announced channels \
+                 on it, or raise BAREWIRE_QUEUE_DEPTH (the queues are 16 times it)"
+            )));
+        }
         let buf = Buffer::new(&self.pd, n * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
         for i in 0..n {
             let id = {

@@ -761,12 +761,14 @@ impl Endpoint {
         if self.rcq_capacity.is_some_and(|cap| outstanding >= cap) {
             // One more could overflow the queue, which stops the queue pair and loses the
             // completions that would have ended the waiting receives.
-            return self.start(Hold::new(), false, |_| {
-                Err(DriverError::Post(format!(
+            return Op {
+                table: self.table.clone(),
+                id: 0, // never posted: no entry, and ids start at 1
+                posted: Err(DriverError::Post(format!(
                     "{outstanding} receives are outstanding already, as many as the receive \
                      completion queue holds: await one first, or create the queue deeper"
-                )))
-            });
+                ))),
+            };
         }
         self.start(smallvec::smallvec![dst.clone()], true, |id| {
             self.qp.post_recv(RecvWr {

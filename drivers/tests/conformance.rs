@@ -83,9 +83,20 @@ async fn open(s: &Side, peer: &Peer) -> (Endpoint, RegionDescriptor, RegionDescr
 }
 
 async fn raw(s: &Side, peer: &Peer) -> (QueuePair, CompletionQueue, CompletionQueue, Vec<u8>) {
+    raw_with(s, peer, 1024, 1024).await
+}
+
+/// A connection to the peer whose send and receive completion queues hold `sends` and
+/// `recvs` completions.
+async fn raw_with(
+    s: &Side,
+    peer: &Peer,
+    sends: usize,
+    recvs: usize,
+) -> (QueuePair, CompletionQueue, CompletionQueue, Vec<u8>) {
     let (scq, rcq) = (
-        s.dev.create_cq(1024).unwrap(),
-        s.dev.create_cq(1024).unwrap(),
+        s.dev.create_cq(sends).unwrap(),
+        s.dev.create_cq(recvs).unwrap(),
     );
     let (qp, private) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
         .await
@@ -531,10 +542,7 @@ fn an_overrun_completion_queue_stops_its_queue_pair() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (scq, rcq) = (s.dev.create_cq(16).unwrap(), s.dev.create_cq(16).unwrap());
-        let (qp, private) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
-            .await
-            .unwrap();
+        let (qp, scq, _rcq, private) = raw_with(&s, &peer, 16, 16).await;
         let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
         let buf = Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
         let cap = scq.capacity() as u64;
@@ -575,11 +583,8 @@ fn an_endpoint_refuses_more_receives_than_its_completion_queue_holds() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (scq, rcq) = (s.dev.create_cq(64).unwrap(), s.dev.create_cq(16).unwrap());
+        let (qp, scq, rcq, _) = raw_with(&s, &peer, 64, 16).await;
         let cap = rcq.capacity();
-        let (qp, _) = connect(peer.addr, &s.pd, &scq, &rcq, &s.dev.connect_options())
-            .await
-            .unwrap();
         let ep = Endpoint::new(qp, scq, rcq);
         let buf = Buffer::new(&s.pd, 64 * (cap + 2), 64, Access::LOCAL_WRITE).unwrap();
         let recvs: Vec<_> = (0..cap).map(|i| ep.recv(&buf, 64 * (i + 1), 64)).collect();

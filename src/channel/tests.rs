@@ -7,7 +7,6 @@ use barewire_drivers::{Access, Device, DriverConfig};
 /// half's buffer goes once the peer's last word for it has arrived, so nothing piles up.
 #[test]
 fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
-    use crate::Node;
     use std::time::Duration;
     barewire_engine::Runtime::builder()
         .cores(1)
@@ -15,18 +14,7 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
         .build()
         .unwrap()
         .block_on(async {
-            let a = Node::soft().unwrap();
-            let b = Node::soft().unwrap();
-            let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-            let accepted = barewire_engine::spawn_local(async move {
-                let ep = a.accept().await.unwrap();
-                (a, ep)
-            });
-            let eb = b
-                .connect(format!("127.0.0.1:{port}").parse().unwrap())
-                .await
-                .unwrap();
-            let (_a, ea) = accepted.await.unwrap();
+            let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
             for round in 0..50u64 {
                 let ea2 = ea.clone();
                 let side_a = barewire_engine::spawn_local(async move {
@@ -84,7 +72,6 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
 /// posted for it, and the connection goes on serving channels that fit.
 #[test]
 fn a_channel_needing_more_receives_than_the_queue_holds_is_refused_on_both_sides() {
-    use crate::Node;
     barewire_engine::Runtime::builder()
         .cores(1)
         .sleeping()
@@ -93,18 +80,7 @@ fn a_channel_needing_more_receives_than_the_queue_holds_is_refused_on_both_sides
         .block_on(async {
             // Completion queues of 16 × 64 = 1,024.
             let cfg = DriverConfig::parse("soft", None).unwrap().queue_depth(64);
-            let a = Node::with_config(&cfg).unwrap();
-            let b = Node::with_config(&cfg).unwrap();
-            let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-            let accepted = barewire_engine::spawn_local(async move {
-                let ep = a.accept().await.unwrap();
-                (a, ep)
-            });
-            let eb = b
-                .connect(format!("127.0.0.1:{port}").parse().unwrap())
-                .await
-                .unwrap();
-            let (_a, ea) = accepted.await.unwrap();
+            let (_nodes, ea, eb) = connected(&cfg).await;
             let announced = ChannelOptions {
                 announce: true,
                 ..ChannelOptions::new(8, 8)
@@ -179,6 +155,25 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
 
 /// What the sender's staging slot holds for a `len`-byte message: length, message (bytes that
 /// look like marks, to be nasty), mark.
+/// Two nodes made with `cfg` on this core, connected over loopback, and their two endpoints
+/// (the accepting node's first).
+async fn connected(cfg: &DriverConfig) -> ([crate::Node; 2], crate::Endpoint, crate::Endpoint) {
+    use crate::Node;
+    let a = Node::with_config(cfg).unwrap();
+    let b = Node::with_config(cfg).unwrap();
+    let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let accepted = barewire_engine::spawn_local(async move {
+        let ep = a.accept().await.unwrap();
+        (a, ep)
+    });
+    let eb = b
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let (a, ea) = accepted.await.unwrap();
+    ([a, b], ea, eb)
+}
+
 fn slot_bytes(len: usize) -> Vec<u8> {
     let mut bytes = (len as u32 | LEN_SET).to_le_bytes().to_vec();
     bytes.extend(MARK.to_le_bytes().iter().cycle().take(len));

@@ -429,6 +429,22 @@ impl QueuePair {
         self.ops.qp_num()
     }
 
+    /// How many send work requests its send queue holds, where it is bounded: on verbs, what
+    /// the device granted for `ConnectOptions::depth`. An unsignaled request keeps its slot
+    /// until a later signaled one completes, so a queue that only ever gets unsignaled
+    /// requests fills up (see [`Endpoint::post_unsignaled`](crate::Endpoint::post_unsignaled),
+    /// which signals one in time). `None` on the software provider and shm, whose send queues
+    /// grow as needed.
+    ///
+    /// ```no_run
+    /// # fn demo(qp: &barewire_drivers::QueuePair) {
+    /// let slots = qp.send_queue_depth().unwrap_or(usize::MAX);
+    /// # let _ = slots; }
+    /// ```
+    pub fn send_queue_depth(&self) -> Option<usize> {
+        self.ops.send_queue_depth()
+    }
+
     /// The peer's registered region `region` mapped into this process, for storing into it
     /// directly with no work request (see [`MappedRemote`]): only on shm, only once the peer
     /// has granted the key to this queue pair (any Write or Read naming it asks; the grant

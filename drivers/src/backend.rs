@@ -114,6 +114,10 @@ pub(crate) trait QpOps: Any {
     fn disconnect(&self);
     fn state(&self) -> QpState;
     fn qp_num(&self) -> u32;
+    /// See [`crate::QueuePair::send_queue_depth`]; by default unbounded.
+    fn send_queue_depth(&self) -> Option<usize> {
+        None
+    }
     /// See [`crate::QueuePair::watch_memory`].
     fn watch_memory(&self) -> bool {
         false

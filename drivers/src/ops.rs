@@ -5,7 +5,7 @@
 //! touch: the buffers it names stay alive in the endpoint's table until the completion arrives
 //! (as a dropped io_uring operation parks its buffer until its CQE).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasherDefault;
@@ -491,6 +491,10 @@ pub struct Endpoint {
     /// send holds them, because its completion implies theirs (the send queue completes in
     /// order).
     unsignaled: RefCell<Vec<Rc<Buffer>>>,
+    /// Unsignaled requests posted since the last signaled one.
+    unsignaled_run: Cell<usize>,
+    /// The most unsignaled requests in a row: the next is signaled (see `post_unsignaled`).
+    unsignaled_limit: usize,
     /// The send completion queue, also routed by a task: a signaled send drains it first once
     /// it is half full (see `drain_sends_if_full`).
     scq: CompletionQueue,
@@ -513,11 +517,16 @@ impl Endpoint {
     /// [`CompletionQueue::poll`] (from a [`Poller`](barewire_engine::Poller), say, which then
     /// sees each one in the same pass the provider delivers it, with no task woken).
     pub fn sends_only(qp: QueuePair, scq: CompletionQueue) -> Endpoint {
+        let slots = scq
+            .capacity()
+            .min(qp.send_queue_depth().unwrap_or(usize::MAX));
         let ep = Endpoint {
             qp,
             table: Rc::new(RefCell::new(Table::default())),
             routing: Rc::new(()),
             unsignaled: RefCell::new(Vec::new()),
+            unsignaled_run: Cell::new(0),
+            unsignaled_limit: (slots / 2).max(1),
             scq: scq.clone(),
             rcq_capacity: None,
         };
@@ -565,8 +574,14 @@ impl Endpoint {
     /// cheaper, and on the software provider no remote-completion round trip; it is
     /// transmitted with the next progress pass, batched with others (see
     /// [`QueuePair::post_send_batched`]). `hold` stays
-    /// alive until a later signaled send on this endpoint completes; post one now and then
-    /// (on verbs, unsignaled requests hold send-queue slots until a signaled one completes).
+    /// alive until a later signaled send on this endpoint completes.
+    ///
+    /// An unsignaled request keeps its send-queue slot (on verbs) until a later signaled one
+    /// completes, so a queue given only unsignaled requests would fill and refuse the next
+    /// post. The endpoint signals one itself when half the smaller of the send queue
+    /// ([`QueuePair::send_queue_depth`]) and the send completion queue has gone unsignaled
+    /// in a row, on every transport alike; its completion is routed like any other and
+    /// releases the buffers held so far.
     pub fn post_unsignaled(
         &self,
         op: SendOp,
@@ -585,18 +600,36 @@ impl Endpoint {
         hold: &Rc<Buffer>,
         batched: bool,
     ) -> Result<(), DriverError> {
-        let wr = SendWr {
+        let post = |wr: SendWr| {
+            if batched {
+                self.qp.post_send_batched(wr)
+            } else {
+                self.qp.post_send(wr)
+            }
+        };
+        let sges = sges.into();
+        let run = self.unsignaled_run.get() + 1;
+        if run >= self.unsignaled_limit {
+            // Signaled after all, and not awaited: the routing task takes its completion.
+            let op = self.start_send(smallvec::smallvec![hold.clone()], |id| {
+                post(SendWr {
+                    wr_id: id,
+                    op,
+                    sges,
+                    signaled: true,
+                    fence: false,
+                })
+            });
+            return op.posted.clone();
+        }
+        post(SendWr {
             wr_id: 0,
             op,
-            sges: sges.into(),
+            sges,
             signaled: false,
             fence: false,
-        };
-        if batched {
-            self.qp.post_send_batched(wr)?;
-        } else {
-            self.qp.post_send(wr)?;
-        }
+        })?;
+        self.unsignaled_run.set(run);
         let mut h = self.unsignaled.borrow_mut();
         if !h.iter().any(|b| Rc::ptr_eq(b, hold)) {
             h.push(hold.clone());
@@ -606,6 +639,7 @@ impl Endpoint {
 
     fn start_send(&self, mut hold: Hold, post: impl FnOnce(u64) -> Result<(), DriverError>) -> Op {
         hold.extend(self.unsignaled.borrow_mut().drain(..));
+        self.unsignaled_run.set(0);
         self.drain_sends_if_full();
         self.start(hold, false, post)
     }

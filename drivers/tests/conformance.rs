@@ -615,6 +615,66 @@ fn an_endpoint_refuses_more_receives_than_its_completion_queue_holds() {
     });
 }
 
+#[test]
+fn an_endpoint_signals_one_of_a_long_run_of_unsignaled_requests() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (qp, scq, rcq, private) = raw_with(&s, &peer, 64, 16).await;
+        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        // Half the smaller of the send queue and its completion queue.
+        let limit = 64.min(qp.send_queue_depth().unwrap_or(usize::MAX)) / 2;
+        let ep = Endpoint::new(qp, scq, rcq);
+        let (a, b) = (
+            Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap(),
+            Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap(),
+        );
+        // Requests 1..=limit + 8 name `a`, the rest up to 2 * limit + 16 name `b`: the
+        // endpoint signals the limit-th and the 2 * limit-th itself, and the second of those
+        // completing releases every hold on `a`. Without that, the send queue (on verbs) would
+        // fill with unsignaled requests, and `a` would stay held until a signaled send.
+        let total = 2 * limit + 16;
+        for i in 0..total {
+            let src = if i < limit + 8 { &a } else { &b };
+            src.write_at(8 * (i % 512), &(i as u64).to_le_bytes());
+            let op = SendOp::Write {
+                remote_addr: r0.addr + 8 * i as u64,
+                rkey: r0.rkey,
+            };
+            ep.post_unsignaled(op, src.sge(8 * (i % 512), 8), src)
+                .unwrap();
+        }
+        let released = barewire_engine::time::timeout(Duration::from_secs(5), async {
+            while Rc::strong_count(&a) > 1 {
+                barewire_engine::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+        assert!(
+            released.is_ok(),
+            "{} holds on `a` after {total} unsignaled requests: none was signaled",
+            Rc::strong_count(&a) - 1
+        );
+        assert_eq!(
+            Rc::strong_count(&b),
+            2,
+            "the unsignaled requests after the last signaled one still hold `b`"
+        );
+        // Every request landed, in order; and a signaled request releases `b`.
+        let back = Buffer::new(&s.pd, 8 * total, 64, Access::LOCAL_WRITE).unwrap();
+        ep.read(&back, 0, 8 * total, Remote::at(r0, 0))
+            .await
+            .unwrap();
+        for i in 0..total {
+            let mut w = [0u8; 8];
+            back.read_at(8 * i, &mut w);
+            assert_eq!(u64::from_le_bytes(w), i as u64, "word {i}");
+        }
+        assert_eq!(Rc::strong_count(&b), 1);
+    });
+}
+
 /// Signals the peer with `sig`, then posts a 1 MiB READ of its region again and again until
 /// one fails or the backend's bound has passed. A READ that hangs fails the test.
 fn reads_after(sig: i32) -> Option<AfterSignal> {

@@ -121,8 +121,8 @@ impl TxState {
         self.run_at.set(self.head.get());
         // Runs go unsignaled (no completion to wait for, and on the software provider no
         // remote-completion round trip), except one whenever a quarter of the ring has gone
-        // by, which keeps a verbs send queue from filling with unsignaled requests and
-        // surfaces errors.
+        // by, which surfaces errors. (The endpoint itself signals one in a long unsignaled
+        // run, so a verbs send queue never fills with them whatever the capacity.)
         if to >= self.signal_at.get() {
             let step = credit_step(self.capacity as u32);
             self.signal_at.set((to / step + 1) * step);

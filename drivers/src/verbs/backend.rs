@@ -151,6 +151,9 @@ impl QpOps for Qp {
     fn qp_num(&self) -> u32 {
         self.0.qp_num()
     }
+    fn send_queue_depth(&self) -> Option<usize> {
+        Some(self.0.send_queue_depth())
+    }
     fn transport(&self) -> Transport {
         self.1
     }

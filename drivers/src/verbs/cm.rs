@@ -67,6 +67,8 @@ pub struct Qp {
     _pd: Rc<Pd>,
     _cqs: (Rc<Cq>, Rc<Cq>),
     max_inline: u32,
+    /// Send requests the queue holds, as the device granted (at least what was asked).
+    max_send_wr: u32,
     monitor: RefCell<Option<JoinHandle<()>>>,
     disconnected: Cell<bool>,
 }
@@ -225,14 +227,15 @@ fn conn_param(s: &CmSettings) -> sys::rdma_conn_param {
     }
 }
 
-/// Creates the RC queue pair on `id` (which must sit on the PD's device).
+/// Creates the RC queue pair on `id` (which must sit on the PD's device); returns what the
+/// device granted (its queue depths and inline size, which may exceed what was asked).
 fn create_qp(
     id: *mut sys::rdma_cm_id,
     pd: &Rc<Pd>,
     scq: &Rc<Cq>,
     rcq: &Rc<Cq>,
     s: &CmSettings,
-) -> Result<u32, DriverError> {
+) -> Result<sys::ibv_qp_cap, DriverError> {
     // SAFETY: id is a live identifier whose device is now known.
     let verbs = unsafe { (*id).verbs };
     if verbs != pd.ctx.ctx {
@@ -270,7 +273,7 @@ fn create_qp(
     if rc != 0 {
         return Err(last_os_error("rdma_create_qp"));
     }
-    Ok(attr.cap.max_inline_data)
+    Ok(attr.cap)
 }
 
 impl Qp {
@@ -280,7 +283,7 @@ impl Qp {
         pd: &Rc<Pd>,
         scq: &Rc<Cq>,
         rcq: &Rc<Cq>,
-        max_inline: u32,
+        cap: sys::ibv_qp_cap,
     ) -> Rc<Qp> {
         let qp = Rc::new(Qp {
             id,
@@ -289,7 +292,8 @@ impl Qp {
             qp: unsafe { (*id).qp },
             _pd: pd.clone(),
             _cqs: (scq.clone(), rcq.clone()),
-            max_inline,
+            max_inline: cap.max_inline_data,
+            max_send_wr: cap.max_send_wr,
             monitor: RefCell::new(None),
             disconnected: Cell::new(false),
         });
@@ -361,7 +365,7 @@ impl Qp {
                 return Err(last_os_error("rdma_resolve_route"));
             }
             expect(ch, sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED).await?;
-            let inline = create_qp(id, pd, scq, rcq, s)?;
+            let cap = create_qp(id, pd, scq, rcq, s)?;
             post_initial(id, recvs)?;
             let mut param = conn_param(s);
             // SAFETY: a live id with a QP; param points at our private data, alive here.
@@ -369,16 +373,22 @@ impl Qp {
                 return Err(last_os_error("rdma_connect"));
             }
             let ev = expect(ch, sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED).await?;
-            Ok((inline, ev.private_data))
+            Ok((cap, ev.private_data))
         }
         .await;
         match result {
-            Ok((inline, data)) => Ok((Qp::finish(id, ch, pd, scq, rcq, inline), data)),
+            Ok((cap, data)) => Ok((Qp::finish(id, ch, pd, scq, rcq, cap), data)),
             Err(e) => {
                 cleanup(id, ch);
                 Err(e)
             }
         }
+    }
+
+    /// How many send requests its queue holds (unsignaled ones until a later signaled one
+    /// completes).
+    pub fn send_queue_depth(&self) -> usize {
+        self.max_send_wr as usize
     }
 
     /// The queue pair number.
@@ -708,7 +718,7 @@ impl Listener {
             if unsafe { sys::rdma_migrate_id(child, ch) } != 0 {
                 return Err(last_os_error("rdma_migrate_id"));
             }
-            let inline = create_qp(child, pd, scq, rcq, &self.settings)?;
+            let cap = create_qp(child, pd, scq, rcq, &self.settings)?;
             post_initial(child, recvs)?;
             let mut param = conn_param(&self.settings);
             // SAFETY: a live id with a QP; param points at our private data.
@@ -716,14 +726,11 @@ impl Listener {
                 return Err(last_os_error("rdma_accept"));
             }
             expect(ch, sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED).await?;
-            Ok(inline)
+            Ok(cap)
         }
         .await;
         match result {
-            Ok(inline) => Ok((
-                Qp::finish(child, ch, pd, scq, rcq, inline),
-                req.private_data,
-            )),
+            Ok(cap) => Ok((Qp::finish(child, ch, pd, scq, rcq, cap), req.private_data)),
             Err(e) => {
                 // SAFETY: destroying the half-made connection.
                 unsafe {

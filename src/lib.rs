@@ -47,7 +47,7 @@ pub use barewire_soft_rdma as soft_rdma;
 
 pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Recv, Sender};
 pub use distributed::DistributedChannel;
-pub use endpoint::{Endpoint, DEFAULT_HANDSHAKE_TIMEOUT};
+pub use endpoint::{Endpoint, DEFAULT_CHANNEL_RING_LIMIT, DEFAULT_HANDSHAKE_TIMEOUT};
 pub use error::{Error, Mismatch, Result};
 pub use mesh::{Mesh, JOIN_WAIT};
 pub use node::Node;

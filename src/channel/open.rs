@@ -157,12 +157,27 @@ impl Endpoint {
                 "channel of {pcap} slots of {pslot} bytes"
             )));
         }
-        let ring = Buffer::new(
+        // The peer chose this ring's size: refuse one beyond the limit, or one that cannot be
+        // had, rather than leave the peer's open waiting.
+        let ring_bytes = pcap as usize * pslot as usize;
+        if ring_bytes > inner.ring_limit.get() {
+            let e = Error::Invalid(format!(
+                "the peer's channel needs a ring of {pcap} slots of {pslot} bytes \
+                 ({ring_bytes} bytes), beyond this side's limit of {} bytes \
+                 (Endpoint::set_channel_ring_limit)",
+                inner.ring_limit.get()
+            ));
+            return Err(refuse(inner, pid, id, e).await);
+        }
+        let ring = match Buffer::new(
             &inner.pd,
-            pcap as usize * pslot as usize,
+            ring_bytes,
             64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        )?;
+        ) {
+            Ok(ring) => ring,
+            Err(e) => return Err(refuse(inner, pid, id, e.into()).await),
+        };
         // Watch the ring (it is zeroed) where the transport lets memory be watched: the
         // peer's WRITEs then land in ascending order and wake this core if it sleeps.
         let polled = !opts.announce && inner.ops.qp().watch_memory();

@@ -72,41 +72,79 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
 /// posted for it, and the connection goes on serving channels that fit.
 #[test]
 fn a_channel_needing_more_receives_than_the_queue_holds_is_refused_on_both_sides() {
+    // Completion queues of 16 × 64 = 1,024.
+    let cfg = DriverConfig::parse("soft", None).unwrap().queue_depth(64);
+    let announced = ChannelOptions {
+        announce: true,
+        ..ChannelOptions::new(8, 8)
+    };
+    // a's direction is announced: a receive for each of b's 1,024 slots, and a few.
+    refused_on_both_sides(
+        &cfg,
+        |_| {},
+        announced,
+        ChannelOptions::new(1024, 8),
+        "BAREWIRE_QUEUE_DEPTH",
+    );
+}
+
+/// A peer's channel whose ring would exceed what this side allocates for one
+/// (`Endpoint::set_channel_ring_limit`) is refused on both sides with the reason, nothing
+/// allocated, and the connection goes on serving channels that fit.
+#[test]
+fn a_channel_ring_beyond_the_receivers_limit_is_refused_on_both_sides() {
+    let cfg = DriverConfig::parse("soft", None).unwrap();
+    // b's direction: 1,024 slots of 16 bytes (a u64 with its length and mark) into a's ring.
+    refused_on_both_sides(
+        &cfg,
+        |a| {
+            assert_eq!(a.channel_ring_limit(), crate::DEFAULT_CHANNEL_RING_LIMIT);
+            a.set_channel_ring_limit(16 << 10);
+        },
+        ChannelOptions::new(8, 8),
+        ChannelOptions::new(1025, 8),
+        "set_channel_ring_limit",
+    );
+}
+
+/// Two soft nodes made with `cfg` (a accepting, set up by `limit_a`) open a channel of `u64`
+/// with `at_a` and `at_b`; a's side must refuse with `why` in its error, and b's open fail
+/// with the refusal. The connection then serves a channel of `at_a` against 64 slots.
+fn refused_on_both_sides(
+    cfg: &DriverConfig,
+    limit_a: impl FnOnce(&crate::Endpoint),
+    at_a: ChannelOptions,
+    at_b: ChannelOptions,
+    why: &'static str,
+) {
     barewire_engine::Runtime::builder()
         .cores(1)
         .sleeping()
         .build()
         .unwrap()
         .block_on(async {
-            // Completion queues of 16 × 64 = 1,024.
-            let cfg = DriverConfig::parse("soft", None).unwrap().queue_depth(64);
-            let (_nodes, ea, eb) = connected(&cfg).await;
-            let announced = ChannelOptions {
-                announce: true,
-                ..ChannelOptions::new(8, 8)
-            };
-            // a's direction is announced: a receive for each of b's 1,024 slots, and a few.
+            let (_nodes, ea, eb) = connected(cfg).await;
+            limit_a(&ea);
             let ea2 = ea.clone();
             let side_a = barewire_engine::spawn_local(async move {
-                ea2.open_channel::<u64>(announced).await.map(|_| ())
+                ea2.open_channel::<u64>(at_a).await.map(|_| ())
             });
-            let at_b = eb
-                .open_channel::<u64>(ChannelOptions::new(1024, 8))
-                .await
-                .map(|_| ());
-            let at_a = side_a.await.unwrap();
-            match at_a {
-                Err(Error::Invalid(why)) => assert!(why.contains("BAREWIRE_QUEUE_DEPTH"), "{why}"),
+            let opened_b = eb.open_channel::<u64>(at_b).await.map(|_| ());
+            match side_a.await.unwrap() {
+                Err(Error::Invalid(e)) => assert!(e.contains(why), "{e}"),
                 other => panic!("a: expected the channel refused, got {other:?}"),
             }
-            match at_b {
-                Err(e) => assert!(e.to_string().contains("refused"), "{e}"),
+            match opened_b {
+                Err(e) => assert!(
+                    e.to_string().contains("refused") && e.to_string().contains(why),
+                    "{e}"
+                ),
                 Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
             }
-            // The connection still works, announced and all.
+            // The connection still works.
             let ea2 = ea.clone();
             let side_a = barewire_engine::spawn_local(async move {
-                let (tx, rx) = ea2.open_channel::<u64>(announced).await.unwrap();
+                let (tx, rx) = ea2.open_channel::<u64>(at_a).await.unwrap();
                 tx.send(&41).await.unwrap();
                 assert_eq!(rx.recv().await.unwrap(), 42);
             });

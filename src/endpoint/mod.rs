@@ -75,10 +75,18 @@ pub(crate) struct Inner {
     pub(crate) serves_windows: RefCell<Option<Rc<Inner>>>,
     /// How long a handshake waits for the peer's part (see [`Endpoint::set_handshake_timeout`]).
     handshake_timeout: std::cell::Cell<Option<Duration>>,
+    /// The largest ring this side allocates for one of the peer's channels (see
+    /// [`Endpoint::set_channel_ring_limit`]).
+    pub(crate) ring_limit: Cell<usize>,
 }
 
 /// What a region or channel handshake waits for the peer by default.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest ring, in bytes, an endpoint allocates for one channel its peer sends on, unless
+/// set otherwise ([`Endpoint::set_channel_ring_limit`]): 256 MiB. A default channel's ring is
+/// about 1 MiB (256 slots of 4 KiB).
+pub const DEFAULT_CHANNEL_RING_LIMIT: usize = 256 << 20;
 
 /// Says once per process that regions are exported with their own keys (a backend without
 /// windows).
@@ -303,6 +311,7 @@ impl Endpoint {
             windows: RefCell::new(Vec::new()),
             serves_windows: RefCell::new(None),
             handshake_timeout: std::cell::Cell::new(Some(DEFAULT_HANDSHAKE_TIMEOUT)),
+            ring_limit: Cell::new(DEFAULT_CHANNEL_RING_LIMIT),
         });
         RxPoller::add(&inner);
         Ok(Endpoint {
@@ -337,6 +346,29 @@ impl Endpoint {
     /// [`set_handshake_timeout`](Self::set_handshake_timeout)).
     pub fn handshake_timeout(&self) -> Option<Duration> {
         self.inner().handshake_timeout.get()
+    }
+
+    /// Sets the largest ring, in bytes, this side allocates for one channel the peer sends on
+    /// ([`DEFAULT_CHANNEL_RING_LIMIT`] unless set). Each direction's ring lives in its
+    /// receiver's memory and is as large as the sender asked (its capacity times its slot), so
+    /// without a limit a peer could make this side map, and then fill, as much memory as it
+    /// liked with one [`open_channel`](Self::open_channel). A larger ring is refused on both
+    /// sides with the reason, nothing allocated, and the connection serves channels that fit.
+    ///
+    /// ```
+    /// # fn demo(ep: &barewire::Endpoint) {
+    /// ep.set_channel_ring_limit(1 << 30); // rings of up to 1 GiB
+    /// assert_eq!(ep.channel_ring_limit(), 1 << 30);
+    /// # }
+    /// ```
+    pub fn set_channel_ring_limit(&self, bytes: usize) {
+        self.inner().ring_limit.set(bytes);
+    }
+
+    /// The largest ring this side allocates for a channel of the peer's (see
+    /// [`set_channel_ring_limit`](Self::set_channel_ring_limit)).
+    pub fn channel_ring_limit(&self) -> usize {
+        self.inner().ring_limit.get()
     }
 
     /// The error this connection already failed with, if it did: an operation posted now

@@ -1,70 +1,76 @@
-//! Unit tests of the ring layout and of buffer lifetimes.
+//! Unit tests of the ring layout, of buffer lifetimes, and of what a connection takes from its
+//! peer.
 
 use super::*;
 use barewire_drivers::{Access, Device, DriverConfig};
+
+/// Runs `f` on a one-core runtime that sleeps when idle (these tests share CI's two CPUs).
+fn on_a_sleeping_core<F: std::future::Future>(f: F) -> F::Output {
+    barewire_engine::Runtime::builder()
+        .cores(1)
+        .sleeping()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
 
 /// Channels opened and dropped over and over on one long-lived connection: each dropped
 /// half's buffer goes once the peer's last word for it has arrived, so nothing piles up.
 #[test]
 fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
     use std::time::Duration;
-    barewire_engine::Runtime::builder()
-        .cores(1)
-        .sleeping()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
-            for round in 0..50u64 {
-                let ea2 = ea.clone();
-                let side_a = barewire_engine::spawn_local(async move {
-                    let (tx, rx) = ea2
-                        .open_channel::<u64>(ChannelOptions::new(8, 8))
-                        .await
-                        .unwrap();
-                    tx.send(&round).await.unwrap();
-                    assert_eq!(rx.recv().await.unwrap(), round + 1);
-                    // This side drops its halves first in even rounds, last in odd ones.
-                    if round % 2 == 1 {
-                        barewire_engine::time::sleep(Duration::from_millis(2)).await;
-                    }
-                });
-                let (tx, rx) = eb
-                    .open_channel::<u64>(ChannelOptions::new(8, 8))
-                    .await
-                    .unwrap();
-                assert_eq!(rx.recv().await.unwrap(), round);
-                tx.send(&(round + 1)).await.unwrap();
-                tx.flush().await.unwrap();
-                if round % 2 == 0 {
-                    barewire_engine::time::sleep(Duration::from_millis(2)).await;
-                }
-                drop((tx, rx));
-                side_a.await.unwrap();
-            }
-            // Let the last notices land.
-            barewire_engine::time::sleep(Duration::from_millis(20)).await;
-            for ep in [&ea, &eb] {
-                let left = ep.inner().retired.borrow().len();
-                assert_eq!(left, 0, "{left} buffers of dropped halves still held");
-            }
-            // The connection still works.
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        for round in 0..50u64 {
             let ea2 = ea.clone();
             let side_a = barewire_engine::spawn_local(async move {
-                let (tx, _rx) = ea2
+                let (tx, rx) = ea2
                     .open_channel::<u64>(ChannelOptions::new(8, 8))
                     .await
                     .unwrap();
-                tx.send(&7).await.unwrap();
-                tx.flush().await.unwrap();
+                tx.send(&round).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), round + 1);
+                // This side drops its halves first in even rounds, last in odd ones.
+                if round % 2 == 1 {
+                    barewire_engine::time::sleep(Duration::from_millis(2)).await;
+                }
             });
-            let (_tx, rx) = eb
+            let (tx, rx) = eb
                 .open_channel::<u64>(ChannelOptions::new(8, 8))
                 .await
                 .unwrap();
-            assert_eq!(rx.recv().await.unwrap(), 7);
+            assert_eq!(rx.recv().await.unwrap(), round);
+            tx.send(&(round + 1)).await.unwrap();
+            tx.flush().await.unwrap();
+            if round % 2 == 0 {
+                barewire_engine::time::sleep(Duration::from_millis(2)).await;
+            }
+            drop((tx, rx));
             side_a.await.unwrap();
+        }
+        // Let the last notices land.
+        barewire_engine::time::sleep(Duration::from_millis(20)).await;
+        for ep in [&ea, &eb] {
+            let left = ep.inner().retired.borrow().len();
+            assert_eq!(left, 0, "{left} buffers of dropped halves still held");
+        }
+        // The connection still works.
+        let ea2 = ea.clone();
+        let side_a = barewire_engine::spawn_local(async move {
+            let (tx, _rx) = ea2
+                .open_channel::<u64>(ChannelOptions::new(8, 8))
+                .await
+                .unwrap();
+            tx.send(&7).await.unwrap();
+            tx.flush().await.unwrap();
         });
+        let (_tx, rx) = eb
+            .open_channel::<u64>(ChannelOptions::new(8, 8))
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap(), 7);
+        side_a.await.unwrap();
+    });
 }
 
 /// A channel whose announced direction would keep more receives posted than the connection's
@@ -117,46 +123,84 @@ fn refused_on_both_sides(
     at_b: ChannelOptions,
     why: &'static str,
 ) {
-    barewire_engine::Runtime::builder()
-        .cores(1)
-        .sleeping()
-        .build()
-        .unwrap()
-        .block_on(async {
-            let (_nodes, ea, eb) = connected(cfg).await;
-            limit_a(&ea);
-            let ea2 = ea.clone();
-            let side_a = barewire_engine::spawn_local(async move {
-                ea2.open_channel::<u64>(at_a).await.map(|_| ())
-            });
-            let opened_b = eb.open_channel::<u64>(at_b).await.map(|_| ());
-            match side_a.await.unwrap() {
-                Err(Error::Invalid(e)) => assert!(e.contains(why), "{e}"),
-                other => panic!("a: expected the channel refused, got {other:?}"),
-            }
-            match opened_b {
-                Err(e) => assert!(
-                    e.to_string().contains("refused") && e.to_string().contains(why),
-                    "{e}"
-                ),
-                Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
-            }
-            // The connection still works.
-            let ea2 = ea.clone();
-            let side_a = barewire_engine::spawn_local(async move {
-                let (tx, rx) = ea2.open_channel::<u64>(at_a).await.unwrap();
-                tx.send(&41).await.unwrap();
-                assert_eq!(rx.recv().await.unwrap(), 42);
-            });
-            let (tx, rx) = eb
-                .open_channel::<u64>(ChannelOptions::new(64, 8))
-                .await
-                .unwrap();
-            assert_eq!(rx.recv().await.unwrap(), 41);
-            tx.send(&42).await.unwrap();
-            tx.flush().await.unwrap();
-            side_a.await.unwrap();
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(cfg).await;
+        limit_a(&ea);
+        let ea2 = ea.clone();
+        let side_a =
+            barewire_engine::spawn_local(
+                async move { ea2.open_channel::<u64>(at_a).await.map(|_| ()) },
+            );
+        let opened_b = eb.open_channel::<u64>(at_b).await.map(|_| ());
+        match side_a.await.unwrap() {
+            Err(Error::Invalid(e)) => assert!(e.contains(why), "{e}"),
+            other => panic!("a: expected the channel refused, got {other:?}"),
+        }
+        match opened_b {
+            Err(e) => assert!(
+                e.to_string().contains("refused") && e.to_string().contains(why),
+                "{e}"
+            ),
+            Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
+        }
+        // The connection still works.
+        let ea2 = ea.clone();
+        let side_a = barewire_engine::spawn_local(async move {
+            let (tx, rx) = ea2.open_channel::<u64>(at_a).await.unwrap();
+            tx.send(&41).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap(), 42);
         });
+        let (tx, rx) = eb
+            .open_channel::<u64>(ChannelOptions::new(64, 8))
+            .await
+            .unwrap();
+        assert_eq!(rx.recv().await.unwrap(), 41);
+        tx.send(&42).await.unwrap();
+        tx.flush().await.unwrap();
+        side_a.await.unwrap();
+    });
+}
+
+/// A peer that sends control messages faster than anything here takes them (each waits in
+/// memory, and each wait for one scans them all) is not served: up to the bound they wait, one
+/// more fails the connection with the reason and hangs up, and the peer's side fails too.
+#[test]
+fn a_peer_flooding_control_messages_loses_the_connection() {
+    use crate::control::Control;
+    use crate::endpoint::MAX_QUEUED_CONTROLS;
+    use std::time::Duration;
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        let hello = Control::Hello { rank: 0, size: 1 };
+        for _ in 0..MAX_QUEUED_CONTROLS {
+            eb.inner().send_control(&hello).await.unwrap();
+        }
+        // All of them wait on a's side, taken by nobody, and the connection stands.
+        barewire_engine::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(ea.inner().shared.borrow().inbox.len(), MAX_QUEUED_CONTROLS);
+        assert!(ea.failed().is_none() && eb.failed().is_none());
+        eb.inner().send_control(&hello).await.unwrap();
+        let failed = barewire_engine::time::timeout(Duration::from_secs(5), async {
+            loop {
+                if let (Some(a), Some(b)) = (ea.failed(), eb.failed()) {
+                    return (a, b);
+                }
+                barewire_engine::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("both sides fail within the provider's bound");
+        match failed.0 {
+            Error::Malformed(why) => assert!(why.contains("flood"), "{why}"),
+            other => panic!("a: expected the flood named, got {other:?}"),
+        }
+        assert!(
+            ea.open_channel::<u64>(ChannelOptions::new(8, 8))
+                .await
+                .is_err(),
+            "a failed connection opens no channel"
+        );
+    });
 }
 
 /// A polled ring's slot seen at every stage of its placement, byte by byte in stream order

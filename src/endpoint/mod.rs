@@ -37,7 +37,7 @@ const CONTROL_RECVS: usize = 32;
 pub(crate) struct Shared {
     /// Control messages not yet taken, each with its ordinal among the peer's channel Opens
     /// (channels pair up in the order both sides open them).
-    inbox: VecDeque<(usize, Control)>,
+    pub(crate) inbox: VecDeque<(usize, Control)>,
     opens_arrived: usize,
     waiters: Vec<Waker>,
     pub(crate) chans: ChanTable,
@@ -79,6 +79,11 @@ pub(crate) struct Inner {
     /// [`Endpoint::set_channel_ring_limit`]).
     pub(crate) ring_limit: Cell<usize>,
 }
+
+/// The most control messages (a region sent with [`Endpoint::send_region`], a channel's
+/// opening) that wait on a connection for this side to take them; a peer that sends more is
+/// flooding, and the connection fails with [`Error::Malformed`] and closes.
+pub(crate) const MAX_QUEUED_CONTROLS: usize = 1024;
 
 /// What a region or channel handshake waits for the peer by default.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -378,7 +383,9 @@ impl Endpoint {
     }
 
     /// Sends `region`'s descriptor, with `T`'s fingerprint, to the peer (who takes it with
-    /// [`recv_region`](Self::recv_region)).
+    /// [`recv_region`](Self::recv_region)). Up to 1,024 control messages (regions sent and
+    /// channel opens) may wait at the peer for it to take them; one more, and the peer takes
+    /// the connection for a flood and closes it.
     ///
     /// The descriptor names a window bound to this connection alone (iWARP type 2 memory
     /// window semantics): the peer may read, write and update the region through this

@@ -9,7 +9,7 @@ use barewire_drivers::{
     Access, Buffer, CompletionQueue, RecvWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::Inner;
+use super::{Inner, MAX_QUEUED_CONTROLS};
 use crate::channel::{RxState, TxState};
 use crate::control::{imm, Control, MAX as CONTROL_MAX};
 use crate::error::{Error, Result};
@@ -166,6 +166,16 @@ impl Inner {
                     buf.read_at(*off, &mut bytes);
                 }
                 match Control::decode(&bytes) {
+                    Ok(_) if self.shared.borrow().inbox.len() >= MAX_QUEUED_CONTROLS => {
+                        // Each waits in memory, and each wait scans them all: a peer sending
+                        // faster than anything here takes them is not served.
+                        self.fail_with(Error::Malformed(format!(
+                            "the peer sent more than {MAX_QUEUED_CONTROLS} control messages \
+                             (regions, channel opens) that nothing here has taken: a flood, \
+                             so the connection is closed"
+                        )));
+                        self.ops.qp().disconnect();
+                    }
                     Ok(c) => {
                         let mut s = self.shared.borrow_mut();
                         let ord = s.opens_arrived;

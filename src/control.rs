@@ -164,6 +164,13 @@ impl Control {
                     Fingerprint::NAME_MAX
                 )))
             }
+            Control::Open { capacity, slot, .. }
+                if !crate::channel::ring_shape_fits(*capacity, *slot) =>
+            {
+                Err(Error::Malformed(format!(
+                    "channel of {capacity} slots of {slot} bytes"
+                )))
+            }
             Control::Refuse { reason, .. } if fit_reason(reason.as_str()).len() < reason.len() => {
                 Err(Error::Malformed(format!(
                     "a refusal of {} bytes",
@@ -342,6 +349,40 @@ mod tests {
         for (c, bytes) in golden {
             assert_eq!(c.encode(), bytes, "{c:?}");
             assert_eq!(Control::decode(bytes).unwrap(), c);
+        }
+    }
+
+    /// An Open whose ring no channel could have (no slot, or a slot that is not a multiple of
+    /// 8, too small for a 1-byte message, or larger than the largest message) does not decode,
+    /// so the connection fails on it; the extremes that fit do.
+    #[test]
+    fn an_open_of_a_ring_no_channel_has_does_not_decode() {
+        let open = |capacity, slot| Control::Open {
+            id: 1,
+            fp: Fingerprint::of::<u64>(),
+            codec: 1,
+            capacity,
+            slot,
+            credit: d(1),
+        };
+        // The largest slot that is a multiple of 8.
+        let most = ((imm::MAX_MESSAGE + 64) / 8 * 8) as u32;
+        for (capacity, slot) in [
+            (0, 64),
+            (8, 12),
+            (8, 8),
+            (8, 0),
+            (8, most + 8),
+            (8, u32::MAX),
+        ] {
+            let e = Control::decode(&open(capacity, slot).encode()).unwrap_err();
+            assert!(
+                matches!(&e, Error::Malformed(m) if m.contains("slots")),
+                "{capacity} x {slot}: {e}"
+            );
+        }
+        for (capacity, slot) in [(1, 16), (u32::MAX, 16), (8, most)] {
+            assert!(Control::decode(&open(capacity, slot).encode()).is_ok());
         }
     }
 

@@ -100,6 +100,17 @@ pub(crate) fn credit_word_final(word: &Buffer) -> bool {
     word.load_u64(0) & GONE != 0
 }
 
+/// Whether a peer's channel of `capacity` slots of `slot` bytes is one this side can hold: at
+/// least one slot, each a multiple of 8 bytes with room for a length, a 1-byte message and a
+/// mark, and none beyond the largest message. (An `Open` that asks for another is malformed:
+/// the connection fails on it, see `Control::decode`.)
+pub(crate) fn ring_shape_fits(capacity: u32, slot: u32) -> bool {
+    capacity > 0
+        && slot as usize >= extent(1)
+        && slot % 8 == 0
+        && slot as usize <= crate::control::imm::MAX_MESSAGE + 64
+}
+
 /// Credits are returned after this many messages (a quarter of the ring).
 fn credit_step(capacity: u32) -> u64 {
     (capacity as u64 / 4).max(1)

@@ -148,15 +148,8 @@ impl Endpoint {
         if let Some(e) = mismatch {
             return Err(refuse(inner, pid, id, e).await);
         }
-        if pcap == 0
-            || (pslot as usize) < extent(1)
-            || pslot % 8 != 0
-            || pslot as usize > imm::MAX_MESSAGE + 64
-        {
-            return Err(Error::Malformed(format!(
-                "channel of {pcap} slots of {pslot} bytes"
-            )));
-        }
+        // (`Control::decode` let through only Opens whose shape fits.)
+        debug_assert!(super::ring_shape_fits(pcap, pslot));
         // The peer chose this ring's size: refuse one beyond the limit, or one that cannot be
         // had, rather than leave the peer's open waiting.
         let ring_bytes = pcap as usize * pslot as usize;

@@ -34,6 +34,8 @@ mod core;
 mod driver;
 mod error;
 pub mod fs;
+#[doc(hidden)]
+pub mod fuzz;
 mod mesh;
 pub mod net;
 mod op;

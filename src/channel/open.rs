@@ -255,7 +255,8 @@ impl Endpoint {
 }
 
 /// Refuses the peer's half `pid` of a channel this side cannot open, so that the peer's open
-/// fails with `e`'s reason instead of waiting; forgets this side's half `id`.
+/// fails with `e`'s reason instead of waiting; forgets this side's half `id`, with the peer's
+/// answer to it if that came meanwhile (one that comes later is dropped on arrival).
 async fn refuse(inner: &crate::endpoint::Inner, pid: u16, id: u16, e: Error) -> Error {
     let _ = inner
         .send_control(&Control::Refuse {
@@ -263,7 +264,11 @@ async fn refuse(inner: &crate::endpoint::Inner, pid: u16, id: u16, e: Error) -> 
             reason: e.to_string(),
         })
         .await;
-    inner.shared.borrow_mut().chans.remove(&id);
+    let mut s = inner.shared.borrow_mut();
+    s.chans.remove(&id);
+    s.inbox.retain(|(_, c)| {
+        !matches!(c, Control::Accept { id: a, .. } | Control::Refuse { id: a, .. } if *a == id)
+    });
     e
 }
 

@@ -126,22 +126,27 @@ fn refused_on_both_sides(
     on_a_sleeping_core(async {
         let (_nodes, ea, eb) = connected(cfg).await;
         limit_a(&ea);
-        let ea2 = ea.clone();
-        let side_a =
-            barewire_engine::spawn_local(
-                async move { ea2.open_channel::<u64>(at_a).await.map(|_| ()) },
-            );
-        let opened_b = eb.open_channel::<u64>(at_b).await.map(|_| ());
-        match side_a.await.unwrap() {
-            Err(Error::Invalid(e)) => assert!(e.contains(why), "{e}"),
-            other => panic!("a: expected the channel refused, got {other:?}"),
-        }
-        match opened_b {
-            Err(e) => assert!(
-                e.to_string().contains("refused") && e.to_string().contains(why),
-                "{e}"
-            ),
-            Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
+        // Twice: a opening first; then b, so that b's answer to a's Open reaches a after a has
+        // refused and given up its half.
+        for b_first in [false, true] {
+            let eb2 = eb.clone();
+            let side_b = barewire_engine::spawn_local(async move {
+                eb2.open_channel::<u64>(at_b).await.map(|_| ())
+            });
+            if b_first {
+                barewire_engine::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            match ea.open_channel::<u64>(at_a).await.map(|_| ()) {
+                Err(Error::Invalid(e)) => assert!(e.contains(why), "{e}"),
+                other => panic!("a: expected the channel refused, got {other:?}"),
+            }
+            match side_b.await.unwrap() {
+                Err(e) => assert!(
+                    e.to_string().contains("refused") && e.to_string().contains(why),
+                    "{e}"
+                ),
+                Ok(()) => panic!("b: the peer refused the channel, yet it opened"),
+            }
         }
         // The connection still works.
         let ea2 = ea.clone();
@@ -158,6 +163,47 @@ fn refused_on_both_sides(
         tx.send(&42).await.unwrap();
         tx.flush().await.unwrap();
         side_a.await.unwrap();
+        // Nothing is left waiting: b's answers to a's Opens, which a gave up on when it refused
+        // b's halves, were dropped, not kept for ever.
+        for ep in [&ea, &eb] {
+            let inbox = &ep.inner().shared.borrow().inbox;
+            assert!(inbox.is_empty(), "{inbox:?}");
+        }
+    });
+}
+
+/// An answer (Accept or Refuse) for a channel this side has no open half of (one it gave up,
+/// or never had) is dropped on arrival: nothing would ever take it from the queue.
+#[test]
+fn an_answer_for_no_open_channel_is_dropped() {
+    use crate::control::Control;
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        let ring = eb.inner().scratch(64).unwrap().descriptor();
+        for c in [
+            Control::Accept {
+                id: 999,
+                ring,
+                polled: true,
+            },
+            Control::Refuse {
+                id: 999,
+                reason: "no".into(),
+            },
+            Control::Hello { rank: 0, size: 1 },
+        ] {
+            eb.inner().send_control(&c).await.unwrap();
+        }
+        barewire_engine::time::sleep(std::time::Duration::from_millis(20)).await;
+        // Only the Hello, which a mesh would take, waits.
+        let inbox = &ea.inner().shared.borrow().inbox;
+        assert!(
+            matches!(
+                inbox.iter().map(|(_, c)| c).collect::<Vec<_>>()[..],
+                [Control::Hello { .. }]
+            ),
+            "{inbox:?}"
+        );
     });
 }
 

@@ -176,6 +176,12 @@ impl Inner {
                         )));
                         self.ops.qp().disconnect();
                     }
+                    Ok(Control::Accept { id, .. } | Control::Refuse { id, .. })
+                        if self.shared.borrow().chans.get(&id).is_none() =>
+                    {
+                        // The answer to an Open of ours that this side gave up on (it refused
+                        // the peer's half first, or the open failed): nobody will take it.
+                    }
                     Ok(c) => {
                         let mut s = self.shared.borrow_mut();
                         let ord = s.opens_arrived;

@@ -48,7 +48,7 @@ pub(crate) use ring::RxState;
 pub(crate) use send::{ensure_flusher, TxState};
 
 use crate::control::imm;
-use crate::endpoint::{Inner, Link};
+use crate::endpoint::{Inner, Link, Retired};
 use crate::error::{Error, Result};
 use ring::{extent, watch, LEN_SET, MARK, MARK_LEN, PREFIX};
 use send::schedule;
@@ -407,13 +407,16 @@ impl<T, C: Codec<T>> Drop for Sender<T, C> {
             }
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
-        // The receiver may still write its credit word, until its final one.
-        if !credit_word_final(&self.st.credit) {
-            self.inner()
-                .retired
-                .borrow_mut()
-                .push((self.st.id, self.st.credit.clone()));
-        }
+        // The receiver may still write its credit word, until its final one; after that the
+        // id is free for another channel.
+        self.inner().half_dropped(
+            Retired {
+                id: self.st.id,
+                buf: self.st.credit.clone(),
+                recvs: self.st.recvs,
+            },
+            credit_word_final(&self.st.credit),
+        );
     }
 }
 
@@ -632,11 +635,13 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
         }
         self.inner().shared.borrow_mut().chans.remove(&self.st.id);
         // The sender may still write into the ring, until its close notice.
-        if !self.st.closed.get() {
-            self.inner()
-                .retired
-                .borrow_mut()
-                .push((self.st.id, self.st.ring.clone()));
-        }
+        self.inner().half_dropped(
+            Retired {
+                id: self.st.id,
+                buf: self.st.ring.clone(),
+                recvs: self.st.recvs,
+            },
+            self.st.closed.get(),
+        );
     }
 }

@@ -40,6 +40,8 @@ pub(crate) struct RxState {
     /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
     /// otherwise each run's immediate counts them (`arrived`).
     pub(super) polled: bool,
+    /// Receives this half added to the connection's pool.
+    pub(super) recvs: usize,
     /// Where the waited-for message starts, while on the core's watch list.
     pub(super) watch_at: Cell<usize>,
     pub(super) watched: Cell<bool>,

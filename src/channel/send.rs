@@ -62,6 +62,8 @@ pub(crate) struct TxState {
     /// Messages below this count have room in the ring, as the credit word last read showed
     /// (see `Sender::try_place`).
     pub(super) room_until: Cell<u64>,
+    /// Receives this half added to the connection's pool (for credit notices).
+    pub(super) recvs: usize,
 }
 
 impl TxState {

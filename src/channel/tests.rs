@@ -73,6 +73,47 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
     });
 }
 
+/// A long-lived connection opens and closes more channels over its life than it has ids (1,024
+/// per side, for the immediate's 11 bits) or receives (each channel adds some to the
+/// connection's pool): an id comes back once its sender is dropped and the receiver's final
+/// word for it has arrived, a closed channel's receives serve the next one, and the opens never
+/// run out.
+#[test]
+fn a_connection_opens_more_channels_over_its_life_than_it_has_ids() {
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        for round in 0..1500u64 {
+            let ea2 = ea.clone();
+            let side_a = barewire_engine::spawn_local(async move {
+                let (tx, rx) = ea2
+                    .open_channel::<u64>(ChannelOptions::new(4, 8))
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                tx.send(&round).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), round + 1);
+            });
+            let (tx, rx) = eb
+                .open_channel::<u64>(ChannelOptions::new(4, 8))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(rx.recv().await.unwrap(), round);
+            tx.send(&(round + 1)).await.unwrap();
+            tx.flush().await.unwrap();
+            drop((tx, rx));
+            side_a.await.unwrap();
+        }
+        barewire_engine::time::sleep(std::time::Duration::from_millis(20)).await;
+        for ep in [&ea, &eb] {
+            assert!(ep.inner().retired.borrow().is_empty());
+            assert!(ep.inner().shared.borrow().inbox.is_empty());
+            // Each channel's receives went back to the pool: it holds the control receives
+            // and a few channels' worth, not 1,500 channels' (12 each).
+            let slots = ep.inner().receive_slots();
+            assert!(slots < 200, "{slots} receive slots");
+        }
+    });
+}
+
 /// A channel whose announced direction would keep more receives posted than the connection's
 /// completion queue holds is refused on both sides with the reason, before anything is
 /// posted for it, and the connection goes on serving channels that fit.
@@ -332,6 +373,7 @@ fn with_polled_slot(f: impl FnOnce(&Rc<Buffer>, &RxState, usize)) {
                 closed: Cell::new(false),
                 waker: Waiters::default(),
                 polled: true,
+                recvs: 0,
                 watch_at: Cell::new(0),
                 watched: Cell::new(false),
             };

@@ -42,6 +42,9 @@ pub(crate) struct Shared {
     waiters: Vec<Waker>,
     pub(crate) chans: ChanTable,
     next_chan: u16,
+    /// Ids of this side's channels that both sides are done with (see `free_chan_id`), taken
+    /// again before new ones.
+    free_ids: Vec<u16>,
     pub(crate) error: Option<Error>,
     /// Channels opened so far (pairs the k-th open on each side).
     opened: usize,
@@ -63,7 +66,7 @@ pub(crate) struct Inner {
     /// whose sender has not yet sent its close notice, a credit word whose receiver has not yet
     /// said it is gone): they stay registered until that last word arrives, so a late write
     /// lands harmlessly instead of meeting a dead STag and a Terminate.
-    pub(crate) retired: RefCell<Vec<(u16, Rc<Buffer>)>>,
+    pub(crate) retired: RefCell<Vec<Retired>>,
     /// Which channel ids this side opens: even on the connecting side, odd on the accepting.
     parity: u16,
     /// Windows bound for the peer on this connection (see [`Endpoint::send_region`]); they die
@@ -84,6 +87,16 @@ pub(crate) struct Inner {
 /// opening) that wait on a connection for this side to take them; a peer that sends more is
 /// flooding, and the connection fails with [`Error::Malformed`] and closes.
 pub(crate) const MAX_QUEUED_CONTROLS: usize = 1024;
+
+/// A dropped channel half's buffer that the peer may still write (see `Inner::retired`).
+pub(crate) struct Retired {
+    /// The channel's id.
+    pub(crate) id: u16,
+    /// The ring (a receiver's) or the credit word (a sender's).
+    pub(crate) buf: Rc<Buffer>,
+    /// The receives the half added to the connection's pool, given back with the buffer.
+    pub(crate) recvs: usize,
+}
 
 /// What a region or channel handshake waits for the peer by default.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -251,14 +264,28 @@ impl Inner {
 
     pub(crate) fn next_chan_id(&self) -> Result<u16> {
         let mut s = self.shared.borrow_mut();
+        if let Some(id) = s.free_ids.pop() {
+            return Ok(id);
+        }
         let id = s.next_chan * 2 + self.parity;
         if id > 0x7ff {
             return Err(Error::Invalid(
-                "more than 1024 channels on one endpoint".into(),
+                "more than 1024 channels open (or closing) on one endpoint".into(),
             ));
         }
         s.next_chan += 1;
         Ok(id)
+    }
+
+    /// This side's channel `id` may be given to a new channel: its sender has been dropped
+    /// (and sent its close notice, which reaches the peer before any later Open) and the
+    /// receiver's final credit word, its last word for `id`, has arrived. (Ids go into an
+    /// immediate's 11 bits, so each side has 1,024.) A channel whose opening failed keeps its
+    /// id: the peer may still hold a half of it.
+    pub(crate) fn free_chan_id(&self, id: u16) {
+        if id & 1 == self.parity {
+            self.shared.borrow_mut().free_ids.push(id);
+        }
     }
 
     pub(crate) fn next_open_index(&self) -> usize {
@@ -306,6 +333,7 @@ impl Endpoint {
                 waiters: Vec::new(),
                 chans: ChanTable::default(),
                 next_chan: 0,
+                free_ids: Vec::new(),
                 error: None,
                 opened: 0,
             }),

@@ -9,7 +9,7 @@ use barewire_drivers::{
     Access, Buffer, CompletionQueue, RecvWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::{Inner, MAX_QUEUED_CONTROLS};
+use super::{Inner, Retired, MAX_QUEUED_CONTROLS};
 use crate::channel::{RxState, TxState};
 use crate::control::{imm, Control, MAX as CONTROL_MAX};
 use crate::error::{Error, Result};
@@ -55,6 +55,11 @@ impl ChanTable {
 pub(crate) struct RecvSide {
     pub(super) slots: RefCell<Vec<(Rc<Buffer>, usize)>>,
     pub(super) posted: Cell<usize>,
+    /// Posted receives no channel counts on any more (their channels closed): the next
+    /// `add_recvs` takes them over, or each is retired when it completes.
+    surplus: Cell<usize>,
+    /// Slots of retired receives, posted again by a later `add_recvs`.
+    free_slots: RefCell<Vec<usize>>,
 }
 
 impl RecvSide {
@@ -71,6 +76,9 @@ impl Inner {
     /// than its receive completion queue holds: a burst that completed them all at once could
     /// overflow the queue, which stops the queue pair.
     pub(crate) fn add_recvs(&self, n: usize) -> Result<()> {
+        // Receives closed channels left posted serve first.
+        let taken_over = n.min(self.recv.surplus.get());
+        let n = n - taken_over;
         let (posted, holds) = (self.recv.posted.get(), self.rcq.capacity());
         if posted + n > holds {
             return Err(Error::Invalid(format!(
@@ -79,16 +87,38 @@ impl Inner {
                  on it, or raise BAREWIRE_QUEUE_DEPTH (the queues are 16 times it)"
             )));
         }
-        let buf = Buffer::new(&self.pd, n * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
-        for i in 0..n {
-            let id = {
-                let mut slots = self.recv.slots.borrow_mut();
+        self.recv.surplus.set(self.recv.surplus.get() - taken_over);
+        // Then slots of retired receives, then new ones.
+        let reused: Vec<usize> = {
+            let mut free = self.recv.free_slots.borrow_mut();
+            let keep = free.len().saturating_sub(n);
+            free.split_off(keep)
+        };
+        let fresh = n - reused.len();
+        if fresh > 0 {
+            let buf = Buffer::new(&self.pd, fresh * CONTROL_MAX, 64, Access::LOCAL_WRITE)?;
+            let mut slots = self.recv.slots.borrow_mut();
+            for i in 0..fresh {
                 slots.push((buf.clone(), i * CONTROL_MAX));
-                slots.len() - 1
-            };
+            }
+        }
+        let first_fresh = self.recv.slots.borrow().len() - fresh;
+        for id in reused.into_iter().chain(first_fresh..first_fresh + fresh) {
             self.post_slot(id)?;
         }
         Ok(())
+    }
+
+    /// How many receive slots the connection has made (posted or not).
+    #[cfg(test)]
+    pub(crate) fn receive_slots(&self) -> usize {
+        self.recv.slots.borrow().len()
+    }
+
+    /// A closed channel's `n` receives are no longer needed: the pool keeps them posted for
+    /// the next channel, or retires them as they complete.
+    pub(crate) fn give_back_recvs(&self, n: usize) {
+        self.recv.surplus.set(self.recv.surplus.get() + n);
     }
 
     fn post_slot(&self, id: usize) -> Result<()> {
@@ -135,9 +165,13 @@ impl Inner {
         }
         self.dispatch(&wc);
         if self.shared.borrow().error.is_none() {
-            // A slot that cannot be posted again would leave the peer's next control message
-            // without a receive: the connection is failed now, with the reason.
-            if let Err(e) = self.post_slot(wc.wr_id as usize) {
+            if self.recv.surplus.get() > 0 {
+                // One fewer needed (a closed channel's): retired, its slot kept for later.
+                self.recv.surplus.set(self.recv.surplus.get() - 1);
+                self.recv.free_slots.borrow_mut().push(wc.wr_id as usize);
+            } else if let Err(e) = self.post_slot(wc.wr_id as usize) {
+                // A slot that cannot be posted again would leave the peer's next control
+                // message without a receive: the connection is failed now, with the reason.
                 self.fail_with(e);
             }
         }
@@ -207,17 +241,36 @@ impl Inner {
     /// word, marked gone, into ours), the buffer can go.
     fn last_word(&self, id: u16, credit: bool, len: Option<usize>) {
         let mut retired = self.retired.borrow_mut();
-        let Some(i) = retired.iter().position(|(r, _)| *r == id) else {
+        let Some(i) = retired.iter().position(|r| r.id == id) else {
             return;
         };
         let done = if credit {
-            crate::channel::credit_word_final(&retired[i].1)
+            crate::channel::credit_word_final(&retired[i].buf)
         } else {
             len.is_none()
         };
         if done {
-            retired.swap_remove(i);
+            let gone = retired.swap_remove(i);
+            drop(retired);
+            self.release(gone);
         }
+    }
+
+    /// A channel half was dropped here. With `peer_done` (the peer's last word for it has
+    /// come) it is released now, otherwise its buffer stays registered until that word comes.
+    pub(crate) fn half_dropped(&self, half: Retired, peer_done: bool) {
+        if peer_done {
+            self.release(half);
+        } else {
+            self.retired.borrow_mut().push(half);
+        }
+    }
+
+    /// Both sides are done with a dropped half: its buffer goes, its receives go back to the
+    /// pool, and (a sender's) its id may serve a new channel.
+    fn release(&self, half: Retired) {
+        self.give_back_recvs(half.recvs);
+        self.free_chan_id(half.id);
     }
 }
 

@@ -148,7 +148,7 @@ impl Endpoint {
             })
         });
         if let Some(e) = mismatch {
-            return Err(refuse(inner, pid, id, e).await);
+            return Err(refuse(inner, pid, id, tx_recvs, e).await);
         }
         // (`Control::decode` let through only Opens whose shape fits.)
         debug_assert!(super::ring_shape_fits(pcap, pslot));
@@ -162,7 +162,7 @@ impl Endpoint {
                  (Endpoint::set_channel_ring_limit)",
                 inner.ring_limit.get()
             ));
-            return Err(refuse(inner, pid, id, e).await);
+            return Err(refuse(inner, pid, id, tx_recvs, e).await);
         }
         let ring = match Buffer::new(
             &inner.pd,
@@ -171,7 +171,7 @@ impl Endpoint {
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         ) {
             Ok(ring) => ring,
-            Err(e) => return Err(refuse(inner, pid, id, e.into()).await),
+            Err(e) => return Err(refuse(inner, pid, id, tx_recvs, e.into()).await),
         };
         // Watch the ring (it is zeroed) where the transport lets memory be watched: the
         // peer's WRITEs then land in ascending order and wake this core if it sleeps.
@@ -193,7 +193,7 @@ impl Endpoint {
             watched: Cell::new(false),
         });
         if let Err(e) = inner.add_recvs(rx_recvs) {
-            return Err(refuse(inner, pid, id, e).await);
+            return Err(refuse(inner, pid, id, tx_recvs, e).await);
         }
         inner
             .shared
@@ -227,7 +227,13 @@ impl Endpoint {
                 tx.polled.set(polled);
             }
             Err(reason) => {
-                inner.shared.borrow_mut().chans.remove(&id);
+                // Neither half will carry anything: the peer dropped its own (its open failed
+                // on our refusal's reason), so ours take nothing more either.
+                let mut s = inner.shared.borrow_mut();
+                s.chans.remove(&id);
+                s.chans.remove(&pid);
+                drop(s);
+                inner.give_back_recvs(tx_recvs + rx_recvs);
                 return Err(Error::type_mismatch(
                     format!("{fp} with codec {}", C::ID),
                     format!("a channel the peer refused: {reason}"),
@@ -260,8 +266,15 @@ impl Endpoint {
 
 /// Refuses the peer's half `pid` of a channel this side cannot open, so that the peer's open
 /// fails with `e`'s reason instead of waiting; forgets this side's half `id`, with the peer's
-/// answer to it if that came meanwhile (one that comes later is dropped on arrival).
-async fn refuse(inner: &crate::endpoint::Inner, pid: u16, id: u16, e: Error) -> Error {
+/// answer to it if that came meanwhile (one that comes later is dropped on arrival), and gives
+/// back the `recvs` receives it added (the peer, whose open fails too, sends it nothing).
+async fn refuse(
+    inner: &crate::endpoint::Inner,
+    pid: u16,
+    id: u16,
+    recvs: usize,
+    e: Error,
+) -> Error {
     let _ = inner
         .send_control(&Control::Refuse {
             id: pid,
@@ -273,6 +286,8 @@ async fn refuse(inner: &crate::endpoint::Inner, pid: u16, id: u16, e: Error) -> 
     s.inbox.retain(|(_, c)| {
         !matches!(c, Control::Accept { id: a, .. } | Control::Refuse { id: a, .. } if *a == id)
     });
+    drop(s);
+    inner.give_back_recvs(recvs);
     e
 }
 

@@ -54,23 +54,27 @@ fn dropped_channels_release_their_buffers_once_the_peer_is_done() {
             let left = ep.inner().retired.borrow().len();
             assert_eq!(left, 0, "{left} buffers of dropped halves still held");
         }
-        // The connection still works.
-        let ea2 = ea.clone();
-        let side_a = barewire_engine::spawn_local(async move {
-            let (tx, _rx) = ea2
-                .open_channel::<u64>(ChannelOptions::new(8, 8))
-                .await
-                .unwrap();
-            tx.send(&7).await.unwrap();
-            tx.flush().await.unwrap();
-        });
-        let (_tx, rx) = eb
+        still_serves(&ea, &eb).await;
+    });
+}
+
+/// The connection of `ea` and `eb` still opens a channel, and a message crosses it.
+async fn still_serves(ea: &crate::Endpoint, eb: &crate::Endpoint) {
+    let ea2 = ea.clone();
+    let side_a = barewire_engine::spawn_local(async move {
+        let (tx, _rx) = ea2
             .open_channel::<u64>(ChannelOptions::new(8, 8))
             .await
             .unwrap();
-        assert_eq!(rx.recv().await.unwrap(), 7);
-        side_a.await.unwrap();
+        tx.send(&7).await.unwrap();
+        tx.flush().await.unwrap();
     });
+    let (_tx, rx) = eb
+        .open_channel::<u64>(ChannelOptions::new(8, 8))
+        .await
+        .unwrap();
+    assert_eq!(rx.recv().await.unwrap(), 7);
+    side_a.await.unwrap();
 }
 
 /// A long-lived connection opens and closes more channels over its life than it has ids (1,024
@@ -108,6 +112,40 @@ fn a_connection_opens_more_channels_over_its_life_than_it_has_ids() {
             assert!(ep.inner().shared.borrow().inbox.is_empty());
             // Each channel's receives went back to the pool: it holds the control receives
             // and a few channels' worth, not 1,500 channels' (12 each).
+            let slots = ep.inner().receive_slots();
+            assert!(slots < 200, "{slots} receive slots");
+        }
+    });
+}
+
+/// Channels refused over and over (here, types that do not match) leave nothing behind: the
+/// receives each attempt added go back to the pool, and the connection opens channels after
+/// more refusals than its pool could hold attempts' worth of receives.
+#[test]
+fn refused_channels_give_back_their_receives() {
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        for round in 0..500 {
+            let ea2 = ea.clone();
+            let side_a = barewire_engine::spawn_local(async move {
+                ea2.open_channel::<u64>(ChannelOptions::new(4, 8))
+                    .await
+                    .map(|_| ())
+            });
+            let at_b = eb
+                .open_channel::<u32>(ChannelOptions::new(4, 8))
+                .await
+                .map(|_| ());
+            let at_a = side_a.await.unwrap();
+            for (side, r) in [("a", at_a), ("b", at_b)] {
+                match r {
+                    Err(e) => assert!(e.to_string().contains("type"), "round {round}, {side}: {e}"),
+                    Ok(()) => panic!("round {round}, {side}: mismatched types opened"),
+                }
+            }
+        }
+        still_serves(&ea, &eb).await;
+        for ep in [&ea, &eb] {
             let slots = ep.inner().receive_slots();
             assert!(slots < 200, "{slots} receive slots");
         }

@@ -413,7 +413,7 @@ impl<T, C: Codec<T>> Drop for Sender<T, C> {
             Retired {
                 id: self.st.id,
                 buf: self.st.credit.clone(),
-                recvs: self.st.recvs,
+                recvs: self.st.recvs(),
             },
             credit_word_final(&self.st.credit),
         );
@@ -639,7 +639,7 @@ impl<T, C: Codec<T>> Drop for Receiver<T, C> {
             Retired {
                 id: self.st.id,
                 buf: self.st.ring.clone(),
-                recvs: self.st.recvs,
+                recvs: self.st.recvs(),
             },
             self.st.closed.get(),
         );

@@ -76,7 +76,6 @@ impl Endpoint {
 
         // Our direction: a credit word the peer may write, receives for its credit notices.
         let id = inner.next_chan_id()?;
-        let tx_recvs = (cap / credit_step(opts.capacity)) as usize + 4;
         let credit = Buffer::new(
             &inner.pd,
             64,
@@ -105,8 +104,8 @@ impl Endpoint {
             direct: OnceCell::new(),
             wake_due: Cell::new(false),
             room_until: Cell::new(0),
-            recvs: tx_recvs,
         });
+        let tx_recvs = tx.recvs();
         inner.add_recvs(tx_recvs)?;
         inner
             .shared
@@ -176,9 +175,6 @@ impl Endpoint {
         // Watch the ring (it is zeroed) where the transport lets memory be watched: the
         // peer's WRITEs then land in ascending order and wake this core if it sleeps.
         let polled = !opts.announce && inner.ops.qp().watch_memory();
-        // Announced runs need a receive posted for every message the peer may have in flight
-        // before it may send; a polled ring only for the close notice.
-        let rx_recvs = if polled { 4 } else { pcap as usize + 4 };
         let rx = Rc::new(RxState {
             id: pid,
             capacity: pcap as u64,
@@ -188,10 +184,10 @@ impl Endpoint {
             closed: Cell::new(false),
             waker: Waiters::default(),
             polled,
-            recvs: rx_recvs,
             watch_at: Cell::new(0),
             watched: Cell::new(false),
         });
+        let rx_recvs = rx.recvs();
         if let Err(e) = inner.add_recvs(rx_recvs) {
             return Err(refuse(inner, pid, id, tx_recvs, e).await);
         }

@@ -40,14 +40,22 @@ pub(crate) struct RxState {
     /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
     /// otherwise each run's immediate counts them (`arrived`).
     pub(super) polled: bool,
-    /// Receives this half added to the connection's pool.
-    pub(super) recvs: usize,
     /// Where the waited-for message starts, while on the core's watch list.
     pub(super) watch_at: Cell<usize>,
     pub(super) watched: Cell<bool>,
 }
 
 impl RxState {
+    /// Receives this half keeps in the connection's pool: announced runs need one for every
+    /// message the peer may have in flight; a polled ring only the close notice's, and a few.
+    pub(super) fn recvs(&self) -> usize {
+        if self.polled {
+            4
+        } else {
+            self.capacity as usize + 4
+        }
+    }
+
     pub(crate) fn wake(&self) {
         self.waker.wake();
     }

@@ -62,11 +62,15 @@ pub(crate) struct TxState {
     /// Messages below this count have room in the ring, as the credit word last read showed
     /// (see `Sender::try_place`).
     pub(super) room_until: Cell<u64>,
-    /// Receives this half added to the connection's pool (for credit notices).
-    pub(super) recvs: usize,
 }
 
 impl TxState {
+    /// Receives this half keeps in the connection's pool: one per credit notice the ring's
+    /// capacity allows in flight, and a few.
+    pub(super) fn recvs(&self) -> usize {
+        (self.capacity / super::credit_step(self.capacity as u32)) as usize + 4
+    }
+
     pub(crate) fn wake(&self) {
         self.waker.wake();
     }

@@ -411,7 +411,6 @@ fn with_polled_slot(f: impl FnOnce(&Rc<Buffer>, &RxState, usize)) {
                 closed: Cell::new(false),
                 waker: Waiters::default(),
                 polled: true,
-                recvs: 0,
                 watch_at: Cell::new(0),
                 watched: Cell::new(false),
             };

@@ -40,6 +40,18 @@ pub trait Codec<T> {
         fill(bytes);
         Self::decode(bytes)
     }
+    /// Decodes a `len`-byte message as `decode_from` does into `out`, which it initializes
+    /// when it returns `Ok`: for [`Receiver::recv`](super::Receiver::recv), which returns the
+    /// value from there, so that plain-old-data is copied out of the ring into the value the
+    /// caller gets, with no `Result` around it to move on the way.
+    fn decode_into(
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        out: &mut std::mem::MaybeUninit<T>,
+    ) -> Result<()> {
+        out.write(Self::decode_from(len, fill)?);
+        Ok(())
+    }
     /// Decodes a `len`-byte message as `decode_from` does and appends it to `out`: for a
     /// receiver taking many at once ([`Receiver::recv_many`](super::Receiver::recv_many)),
     /// which plain-old-data fills in place, with no value moved through a `Result`.
@@ -76,6 +88,18 @@ impl<T: Pod> Codec<T> for Raw {
         let mut v = T::zeroed();
         fill(bytemuck::bytes_of_mut(&mut v));
         Ok(v)
+    }
+    fn decode_into(
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+        out: &mut std::mem::MaybeUninit<T>,
+    ) -> Result<()> {
+        if len != std::mem::size_of::<T>() {
+            return Err(Raw::wrong_size::<T>(len));
+        }
+        // Straight into the value: one copy out of the ring.
+        fill(bytemuck::bytes_of_mut(out.write(T::zeroed())));
+        Ok(())
     }
     fn decode_push(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<T>) -> Result<()> {
         if len != std::mem::size_of::<T>() {

@@ -206,33 +206,72 @@ impl<T, C: Codec<T>> Sender<T, C> {
     /// Sends one message: in order, exactly once, unless the connection fails. Returns once
     /// the message is in its slot of the outgoing run (it goes out when this task yields, or
     /// sooner; see the module docs); waits while the ring is full.
-    pub async fn send(&self, item: &T) -> Result<()> {
-        if let Some(bytes) = C::as_bytes(item) {
-            // Room in the ring is the common case: placed without a future of its own.
-            return match self.try_place(bytes) {
-                Ok(true) => Ok(()),
-                Ok(false) => self.send_bytes(bytes).await,
-                Err(e) => Err(*e),
-            };
+    ///
+    /// A message that finds room is placed by the first poll of the returned future, inlined
+    /// where it is awaited, with no state machine of its own.
+    pub fn send<'a>(&'a self, item: &'a T) -> Sending<'a, T, C> {
+        Sending {
+            tx: self,
+            item,
+            encoded: None,
+            waiting: false,
         }
-        let mut bytes = std::mem::take(&mut *self.scratch.borrow_mut());
-        bytes.clear();
-        let r = match C::encode(item, &mut bytes) {
-            Ok(()) => self.send_bytes(&bytes).await,
-            Err(e) => Err(e),
-        };
-        *self.scratch.borrow_mut() = bytes;
-        r
     }
 
+    /// Sends `bytes` as one message, as `send` does with an item's encoding (tests send
+    /// what no codec would).
+    #[cfg(test)]
     async fn send_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let mut waiting = false;
+        poll_fn(|cx| self.poll_place(bytes, &mut waiting, cx)).await
+    }
+
+    /// Places `bytes` as the next message, or waits for room (`waiting`: this send has found
+    /// the ring full before, and posted what was pending then).
+    #[inline(always)]
+    fn poll_place(
+        &self,
+        bytes: &[u8],
+        waiting: &mut bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<()>> {
         loop {
             match self.try_place(bytes) {
-                Ok(true) => return Ok(()),
-                Ok(false) => self.wait_room(self.st.seq.get()).await?,
-                Err(e) => return Err(*e),
+                Ok(true) => return Poll::Ready(Ok(())),
+                Ok(false) => {}
+                Err(e) => return Poll::Ready(Err(*e)),
+            }
+            match self.poll_room(waiting, cx) {
+                Poll::Ready(Ok(())) => {}
+                other => return other,
             }
         }
+    }
+
+    /// Ready once the next message has a free slot in the ring (`Ok`), or the channel has
+    /// failed or the receiver gone (`Err`); otherwise registers to be woken by the receiver's
+    /// next credits. The first time a send finds the ring full it posts what is pending: the
+    /// receiver cannot free slots it has not seen.
+    #[inline(never)]
+    fn poll_room(&self, waiting: &mut bool, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let st = &self.st;
+        let seq = st.seq.get();
+        if !std::mem::replace(waiting, true) && seq - self.credits().min(seq) >= st.capacity {
+            st.post_run()?;
+        }
+        if let Some(e) = &self.inner().shared.borrow().error {
+            return Poll::Ready(Err(e.clone()));
+        }
+        let c = self.credits();
+        if c & GONE != 0 {
+            return Poll::Ready(Err(Error::Closed));
+        }
+        if seq - c < st.capacity {
+            *waiting = false;
+            return Poll::Ready(Ok(()));
+        }
+        st.waker.register(cx.waker());
+        Poll::Pending
     }
 
     /// Places `bytes` as the next message if the ring has room for it (`false`: it has not,
@@ -323,30 +362,6 @@ impl<T, C: Codec<T>> Sender<T, C> {
     /// The connection has failed.
     fn failed(&self) -> bool {
         self.inner().failed.get()
-    }
-
-    /// Waits until message `seq` has a free slot in the ring (or the channel fails).
-    async fn wait_room(&self, seq: u64) -> Result<()> {
-        let st = &self.st;
-        if seq - self.credits().min(seq) >= st.capacity {
-            // Post what is pending first: the receiver cannot free slots it has not seen.
-            st.post_run()?;
-        }
-        poll_fn(|cx| {
-            if let Some(e) = &self.inner().shared.borrow().error {
-                return Poll::Ready(Err(e.clone()));
-            }
-            let c = self.credits();
-            if c & GONE != 0 {
-                return Poll::Ready(Err(Error::Closed));
-            }
-            if seq - c < st.capacity {
-                return Poll::Ready(Ok(()));
-            }
-            st.waker.register(cx.waker());
-            Poll::Pending
-        })
-        .await
     }
 
     /// Waits until every message sent so far has been placed in the receiver's ring. If the
@@ -476,7 +491,11 @@ impl<T, C: Codec<T>> Receiver<T, C> {
             // A decode error is kept aside, and `take_with` builds its own result (see there).
             let mut failed = None;
             self.take_with(|len, at| {
-                failed = C::decode_push(len, |b| self.st.ring.read_at(at, b), out).err();
+                // Only an error is stored: an `Ok` moved into `failed` is a copy of stale
+                // stack words per message, from stores of other widths.
+                if let Err(e) = C::decode_push(len, |b| self.st.ring.read_at(at, b), out) {
+                    failed = Some(e);
+                }
             })?;
             if let Some(e) = failed {
                 return Err(e);
@@ -520,20 +539,13 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     }
 
     /// Takes the next message, which is here (`ready`): `decode` gets its length and where its
-    /// bytes start in the ring; then its slot is freed (also when `decode` fails: the message
-    /// was the peer's, and is gone).
-    #[inline(always)]
-    fn take<R>(&self, decode: impl FnOnce(usize, usize) -> Result<R>) -> Result<R> {
-        let mut item = None;
-        self.take_with(|len, at| item = Some(decode(len, at)))?;
-        item.unwrap_or_else(|| unreachable!("take_with decodes every message it takes"))
-    }
-
-    /// [`take`](Self::take) for a `decode` that keeps its own result: what this returns is
+    /// bytes start in the ring, and is called exactly once when this returns `Ok` (never when
+    /// the length word is bad); then the slot is freed (also when `decode` fails: the message
+    /// was the peer's, and is gone). `decode` keeps its own result, so what this returns is
     /// built here, never moved from the closure. (A `Result` the closure returned, moved out
     /// after the bookkeeping below, is copied whole, payload bytes included, from stores of
     /// other widths: a failed store forwarding per message, about a tenth of the receiver's
-    /// time in channel-bench's `recv_many`.)
+    /// time in channel-bench's `recv_many`, and a sixth in `recv`'s.)
     #[inline(always)]
     fn take_with(&self, decode: impl FnOnce(usize, usize)) -> Result<()> {
         let n = self.consumed.get();
@@ -617,12 +629,81 @@ impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let rx = self.rx;
         match rx.poll_ready(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(
-                rx.take(|len, at| C::decode_from(len, |out| rx.st.ring.read_at(at, out))),
-            ),
+            Poll::Ready(Ok(())) => {
+                // Decoded in place and returned from there (see `Codec::decode_into`).
+                let mut value = std::mem::MaybeUninit::uninit();
+                let mut failed = None;
+                rx.take_with(|len, at| {
+                    if let Err(e) =
+                        C::decode_into(len, |out| rx.st.ring.read_at(at, out), &mut value)
+                    {
+                        failed = Some(e);
+                    }
+                })?;
+                Poll::Ready(match failed {
+                    Some(e) => Err(e),
+                    // SAFETY: `take_with` calls its closure exactly once when it returns `Ok`
+                    // (it returned `Ok`: the `?` above), and `decode_into` initialized
+                    // `value` (it returned `Ok`: `failed` is `None`).
+                    None => Ok(unsafe { value.assume_init() }),
+                })
+            }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// The future of [`Sender::send`]. A named type whose `poll` inlines into the awaiting code:
+/// a message that finds room in the ring is placed by the first poll, with no state machine
+/// of its own around it.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Sending<'a, T, C: Codec<T>> {
+    tx: &'a Sender<T, C>,
+    item: &'a T,
+    /// The item's encoding, for a codec that encodes (the sender's scratch buffer, taken by
+    /// the first poll and given back once the message is placed).
+    encoded: Option<Vec<u8>>,
+    /// The ring was full, and the run pending then was posted.
+    waiting: bool,
+}
+
+impl<T, C: Codec<T>> Future for Sending<'_, T, C> {
+    type Output = Result<()>;
+
+    #[inline(always)]
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        if let Some(bytes) = C::as_bytes(this.item) {
+            return this.tx.poll_place(bytes, &mut this.waiting, cx);
+        }
+        this.poll_encoded(cx)
+    }
+}
+
+impl<T, C: Codec<T>> Sending<'_, T, C> {
+    /// `poll` for a codec that encodes: once into the scratch buffer, then placed from there.
+    fn poll_encoded(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let tx = self.tx;
+        let bytes = match &mut self.encoded {
+            Some(bytes) => bytes,
+            None => {
+                let mut bytes = std::mem::take(&mut *tx.scratch.borrow_mut());
+                bytes.clear();
+                if let Err(e) = C::encode(self.item, &mut bytes) {
+                    *tx.scratch.borrow_mut() = bytes;
+                    return Poll::Ready(Err(e));
+                }
+                self.encoded.insert(bytes)
+            }
+        };
+        let r = tx.poll_place(bytes, &mut self.waiting, cx);
+        if r.is_ready() {
+            if let Some(bytes) = self.encoded.take() {
+                *tx.scratch.borrow_mut() = bytes;
+            }
+        }
+        r
     }
 }
 

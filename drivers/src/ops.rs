@@ -188,6 +188,7 @@ impl Buffer {
 
     /// Reads the aligned 8-byte word at `offset` (native endian), atomically with respect to
     /// the device's atomics on it.
+    #[inline]
     pub fn load_u64(&self, offset: usize) -> u64 {
         self.check(offset, 8);
         if (self.ptr as usize + offset) % 8 != 0 {
@@ -212,6 +213,7 @@ impl Buffer {
     /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering: what a
     /// task watching memory a peer writes uses (a peer's later bytes are then read after it).
     /// Panics if the word is outside the buffer or unaligned.
+    #[inline]
     pub fn load_u32_le(&self, offset: usize) -> u32 {
         self.check(offset, 4);
         if (self.ptr as usize + offset) % 4 != 0 {

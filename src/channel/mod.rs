@@ -506,6 +506,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     }
 
     /// Whether the next message is here.
+    #[inline(always)]
     fn ready(&self) -> bool {
         if self.st.polled {
             self.st.landed(self.tail.get() * self.st.slot)
@@ -521,7 +522,18 @@ impl<T, C: Codec<T>> Receiver<T, C> {
 
     /// Ready once the next message is here (`Ok`), or the channel is closed or failed (`Err`);
     /// otherwise registers to be woken when that changes.
+    #[inline(always)]
     fn poll_ready(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if self.ready() {
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_arrival(cx)
+    }
+
+    /// `poll_ready` once the next message was not there: out of line, so that a receiver
+    /// keeping up with a stream takes each message with no call.
+    #[inline(never)]
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         if self.ready() {
             return Poll::Ready(Ok(()));
         }

@@ -74,12 +74,19 @@ impl RxState {
     /// length and mark words are all there is to clear; otherwise the slot is zeroed as far as
     /// the sender may have written (a run carries whole slots, a lone large-slot message only
     /// its extent).
+    #[inline(always)]
     pub(super) fn clear_taken(&self, at: usize, len: usize, fixed: bool) {
         if fixed {
             self.ring.store_u32_le(at, 0);
             self.ring.store_u32_le(at + extent(len) - MARK_LEN, 0);
             return;
         }
+        self.clear_slot(at, len);
+    }
+
+    /// `clear_taken` for a message of a length the next one need not share.
+    #[inline(never)]
+    fn clear_slot(&self, at: usize, len: usize) {
         let written = if self.slot <= super::COALESCE_MAX_SLOT {
             self.slot
         } else {

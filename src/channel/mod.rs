@@ -209,6 +209,18 @@ impl<T, C: Codec<T>> Sender<T, C> {
     ///
     /// A message that finds room is placed by the first poll of the returned future, inlined
     /// where it is awaited, with no state machine of its own.
+    ///
+    /// ```no_run
+    /// # async fn demo(tx: barewire::Sender<[u8; 64]>) -> barewire::Result<()> {
+    /// for i in 0..1000u32 {
+    ///     let mut msg = [0u8; 64];
+    ///     msg[..4].copy_from_slice(&i.to_le_bytes());
+    ///     tx.send(&msg).await?; // waits only while the receiver's ring is full
+    /// }
+    /// tx.flush().await?; // every message is in the receiver's ring
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn send<'a>(&'a self, item: &'a T) -> Sending<'a, T, C> {
         Sending {
             tx: self,

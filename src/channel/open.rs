@@ -75,13 +75,14 @@ impl Endpoint {
         let index = inner.next_open_index();
 
         // Our direction: a credit word the peer may write, receives for its credit notices.
-        let id = inner.next_chan_id()?;
         let credit = Buffer::new(
             &inner.pd,
             64,
             64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
+        let staging = Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?;
+        let id = inner.next_chan_id()?;
         let tx = Rc::new(TxState {
             id,
             capacity: cap,
@@ -90,7 +91,7 @@ impl Endpoint {
             ring: Cell::new(None),
             waker: Waiters::default(),
             link: Rc::downgrade(inner),
-            staging: Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?,
+            staging,
             seq: Cell::new(0),
             head: Cell::new(0),
             posted: Cell::new(0),
@@ -106,7 +107,11 @@ impl Endpoint {
             room_until: Cell::new(0),
         });
         let tx_recvs = tx.recvs();
-        inner.add_recvs(tx_recvs)?;
+        if let Err(e) = inner.add_recvs(tx_recvs) {
+            // The peer never heard of `id`.
+            inner.free_chan_id(id);
+            return Err(e);
+        }
         inner
             .shared
             .borrow_mut()
@@ -230,6 +235,8 @@ impl Endpoint {
                 s.chans.remove(&pid);
                 drop(s);
                 inner.give_back_recvs(tx_recvs + rx_recvs);
+                // The refusal was the peer's last word for `id`.
+                inner.free_chan_id(id);
                 return Err(Error::type_mismatch(
                     format!("{fp} with codec {}", C::ID),
                     format!("a channel the peer refused: {reason}"),
@@ -263,7 +270,8 @@ impl Endpoint {
 /// Refuses the peer's half `pid` of a channel this side cannot open, so that the peer's open
 /// fails with `e`'s reason instead of waiting; forgets this side's half `id`, with the peer's
 /// answer to it if that came meanwhile (one that comes later is dropped on arrival), and gives
-/// back the `recvs` receives it added (the peer, whose open fails too, sends it nothing).
+/// back the `recvs` receives it added (the peer, whose open fails too, sends it nothing). The
+/// id is free again once that answer has come (see `Shared::unanswered`).
 async fn refuse(
     inner: &crate::endpoint::Inner,
     pid: u16,
@@ -279,10 +287,18 @@ async fn refuse(
         .await;
     let mut s = inner.shared.borrow_mut();
     s.chans.remove(&id);
+    let queued = s.inbox.len();
     s.inbox.retain(|(_, c)| {
         !matches!(c, Control::Accept { id: a, .. } | Control::Refuse { id: a, .. } if *a == id)
     });
+    let answered = s.inbox.len() < queued;
+    if !answered {
+        s.unanswered.push(id);
+    }
     drop(s);
+    if answered {
+        inner.free_chan_id(id);
+    }
     inner.give_back_recvs(recvs);
     e
 }

@@ -118,29 +118,47 @@ fn a_connection_opens_more_channels_over_its_life_than_it_has_ids() {
     });
 }
 
-/// Channels refused over and over (here, types that do not match) leave nothing behind: the
-/// receives each attempt added go back to the pool, and the connection opens channels after
-/// more refusals than its pool could hold attempts' worth of receives.
+/// A connection refuses any number of channel opens over its life: each refused open gives
+/// back the receives it added and, once the peer's answer to it has come, its id. 1,100
+/// rounds (more than the 1,024 ids a side has) of the two ways an open is refused: a type
+/// mismatch, which both sides refuse, and a ring beyond a's limit, which only a refuses (b
+/// accepts a's half, so b's Accept reaches a after a gave its half up), with either side
+/// opening first.
 #[test]
-fn refused_channels_give_back_their_receives() {
+fn refused_channels_give_back_their_receives_and_ids() {
     on_a_sleeping_core(async {
         let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
-        for round in 0..500 {
+        ea.set_channel_ring_limit(16 << 10);
+        for round in 0..1100 {
+            let mismatch = round % 2 == 0;
             let ea2 = ea.clone();
             let side_a = barewire_engine::spawn_local(async move {
+                if round % 4 >= 2 {
+                    barewire_engine::yield_now().await;
+                }
                 ea2.open_channel::<u64>(ChannelOptions::new(4, 8))
                     .await
                     .map(|_| ())
             });
-            let at_b = eb
-                .open_channel::<u32>(ChannelOptions::new(4, 8))
-                .await
-                .map(|_| ());
+            let at_b = if mismatch {
+                eb.open_channel::<u32>(ChannelOptions::new(4, 8))
+                    .await
+                    .map(|_| ())
+            } else {
+                eb.open_channel::<u64>(ChannelOptions::new(1025, 8))
+                    .await
+                    .map(|_| ())
+            };
             let at_a = side_a.await.unwrap();
+            let why = if mismatch {
+                "type"
+            } else {
+                "set_channel_ring_limit"
+            };
             for (side, r) in [("a", at_a), ("b", at_b)] {
                 match r {
-                    Err(e) => assert!(e.to_string().contains("type"), "round {round}, {side}: {e}"),
-                    Ok(()) => panic!("round {round}, {side}: mismatched types opened"),
+                    Err(e) => assert!(e.to_string().contains(why), "round {round}, {side}: {e}"),
+                    Ok(()) => panic!("round {round}, {side}: a refused channel opened"),
                 }
             }
         }
@@ -148,6 +166,12 @@ fn refused_channels_give_back_their_receives() {
         for ep in [&ea, &eb] {
             let slots = ep.inner().receive_slots();
             assert!(slots < 200, "{slots} receive slots");
+            let s = ep.inner().shared.borrow();
+            assert!(
+                s.unanswered.len() <= 1,
+                "{} ids await answers",
+                s.unanswered.len()
+            );
         }
     });
 }

@@ -45,6 +45,10 @@ pub(crate) struct Shared {
     /// Ids of this side's channels that both sides are done with (see `free_chan_id`), taken
     /// again before new ones.
     free_ids: Vec<u16>,
+    /// Ids of this side's channels whose open this side gave up (it refused the peer's half)
+    /// before the peer's answer to it came: each is freed when that answer arrives, the
+    /// peer's last word for it.
+    pub(crate) unanswered: Vec<u16>,
     pub(crate) error: Option<Error>,
     /// Channels opened so far (pairs the k-th open on each side).
     opened: usize,
@@ -279,9 +283,9 @@ impl Inner {
 
     /// This side's channel `id` may be given to a new channel: its sender has been dropped
     /// (and sent its close notice, which reaches the peer before any later Open) and the
-    /// receiver's final credit word, its last word for `id`, has arrived. (Ids go into an
-    /// immediate's 11 bits, so each side has 1,024.) A channel whose opening failed keeps its
-    /// id: the peer may still hold a half of it.
+    /// receiver's final credit word, its last word for `id`, has arrived; or its open failed
+    /// and the peer's answer to it (Accept or Refuse, exactly one per Open) has arrived, or it
+    /// never reached the peer. (Ids go into an immediate's 11 bits, so each side has 1,024.)
     pub(crate) fn free_chan_id(&self, id: u16) {
         if id & 1 == self.parity {
             self.shared.borrow_mut().free_ids.push(id);
@@ -334,6 +338,7 @@ impl Endpoint {
                 chans: ChanTable::default(),
                 next_chan: 0,
                 free_ids: Vec::new(),
+                unanswered: Vec::new(),
                 error: None,
                 opened: 0,
             }),

@@ -214,7 +214,14 @@ impl Inner {
                         if self.shared.borrow().chans.get(&id).is_none() =>
                     {
                         // The answer to an Open of ours that this side gave up on (it refused
-                        // the peer's half first, or the open failed): nobody will take it.
+                        // the peer's half first): nobody will take it, and it was the peer's
+                        // last word for the id.
+                        let mut s = self.shared.borrow_mut();
+                        if let Some(i) = s.unanswered.iter().position(|&u| u == id) {
+                            s.unanswered.swap_remove(i);
+                            drop(s);
+                            self.free_chan_id(id);
+                        }
                     }
                     Ok(c) => {
                         let mut s = self.shared.borrow_mut();

@@ -139,4 +139,46 @@ impl Node {
         let (qp, _) = barewire_drivers::connect(addr, &self.pd, &scq, &rcq, &opts).await?;
         Endpoint::new(qp, scq, rcq, self.pd.clone(), false, recv)
     }
+
+    /// Two nodes on this core, made with `cfg` and connected over loopback, as a socket pair
+    /// is: for tests, and for trying out code that talks to a peer. Returns the nodes (keep
+    /// them while the endpoints are in use) and the accepting node's endpoint, then the
+    /// connecting node's.
+    ///
+    /// ```
+    /// # use barewire::{drivers::DriverConfig, engine::Runtime, ChannelOptions, Node};
+    /// Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+    ///     let cfg = DriverConfig::parse("soft", None).unwrap();
+    ///     let (_nodes, a, b) = Node::loopback_pair(&cfg).await.unwrap();
+    ///     let opts = ChannelOptions::new(16, 8);
+    ///     let at_a = barewire::engine::spawn_local(async move {
+    ///         let (tx, _rx) = a.open_channel::<u64>(opts).await.unwrap();
+    ///         tx.send(&42).await.unwrap();
+    ///         tx.flush().await.unwrap();
+    ///     });
+    ///     let (_tx, rx) = b.open_channel::<u64>(opts).await.unwrap();
+    ///     assert_eq!(rx.recv().await.unwrap(), 42);
+    ///     at_a.await.unwrap();
+    /// });
+    /// ```
+    pub async fn loopback_pair(cfg: &DriverConfig) -> Result<([Node; 2], Endpoint, Endpoint)> {
+        let a = Node::with_config(cfg)?;
+        let b = Node::with_config(cfg)?;
+        let port = a.listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let accepted = barewire_engine::spawn_local(async move {
+            let ep = a.accept().await;
+            (a, ep)
+        });
+        let eb = match b.connect(SocketAddr::from(([127, 0, 0, 1], port))).await {
+            Ok(eb) => eb,
+            Err(e) => {
+                accepted.cancel();
+                return Err(e);
+            }
+        };
+        let (a, ea) = accepted
+            .await
+            .map_err(|e| Error::Invalid(format!("the accepting task failed: {e}")))?;
+        Ok(([a, b], ea?, eb))
+    }
 }

@@ -170,18 +170,7 @@ fn run(
 ) -> (Vec<u64>, Vec<u64>) {
     let cfg = DriverConfig::parse(driver, None).unwrap();
     rt().block_on(async move {
-        let a = Node::with_config(&cfg).unwrap();
-        let b = Node::with_config(&cfg).unwrap();
-        let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let accepted = spawn_local(async move {
-            let ep = a.accept().await.unwrap();
-            (a, ep)
-        });
-        let eb = b
-            .connect(format!("127.0.0.1:{port}").parse().unwrap())
-            .await
-            .unwrap();
-        let (_a, ea) = accepted.await.unwrap();
+        let (_nodes, ea, eb) = Node::loopback_pair(&cfg).await.unwrap();
 
         let sent = Rc::new(RefCell::new(Vec::new()));
         let sent2 = sent.clone();

@@ -389,20 +389,7 @@ fn a_polled_slot_lands_only_with_the_last_byte_of_its_mark() {
 /// Two nodes made with `cfg` on this core, connected over loopback, and their two endpoints
 /// (the accepting node's first).
 async fn connected(cfg: &DriverConfig) -> ([crate::Node; 2], crate::Endpoint, crate::Endpoint) {
-    use crate::Node;
-    let a = Node::with_config(cfg).unwrap();
-    let b = Node::with_config(cfg).unwrap();
-    let port = a.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let accepted = barewire_engine::spawn_local(async move {
-        let ep = a.accept().await.unwrap();
-        (a, ep)
-    });
-    let eb = b
-        .connect(format!("127.0.0.1:{port}").parse().unwrap())
-        .await
-        .unwrap();
-    let (a, ea) = accepted.await.unwrap();
-    ([a, b], ea, eb)
+    crate::Node::loopback_pair(cfg).await.unwrap()
 }
 
 fn slot_bytes(len: usize) -> Vec<u8> {

@@ -211,11 +211,25 @@ async fn run<A: Actor>(
     End::Exit(reason)
 }
 
+thread_local! {
+    /// Handlers being polled on this thread, nested (see `super::panics`).
+    static IN_HANDLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether a panic now comes from an actor's code (a handler, `started`, or a task
+/// run through `catch`).
+pub(crate) fn in_handler() -> bool {
+    IN_HANDLER.with(|n| n.get() > 0)
+}
+
 /// Runs `f` to completion; a panic inside becomes `ExitReason::Panic` with its message.
 pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
     let mut f = std::pin::pin!(f);
     poll_fn(|cx| {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx))) {
+        IN_HANDLER.with(|n| n.set(n.get() + 1));
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx)));
+        IN_HANDLER.with(|n| n.set(n.get() - 1));
+        match polled {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
             Err(p) => {

@@ -7,6 +7,11 @@
 //! that panics ends its actor with [`ExitReason::Panic`]; the core and every other actor go
 //! on.
 //!
+//! A panic is an ordinary way for an actor to end, so the standard panic hook's cost matters:
+//! with `RUST_BACKTRACE` set it resolves the backtrace on the panicking core, which holds every
+//! task there (and, across nodes, the heartbeats) for as long as that takes. Call
+//! [`report_panics`] once at start to have actors' panics reported from a thread of their own.
+//!
 //! A [`Supervisor`] starts children from [`ChildSpec`]s in order and restarts them as OTP's
 //! `supervisor` does:
 //!
@@ -45,12 +50,14 @@
 
 mod cell;
 mod core;
+mod panics;
 mod supervisor;
 mod system;
 
 pub use self::core::spawn_on_core;
 pub(crate) use cell::catch;
 pub use cell::{link, spawn, ActorRef, Context};
+pub use panics::{report_panics, report_panics_with};
 pub use supervisor::{register, whereis, ChildSpec, Restart, Strategy, Supervisor, SupervisorSpec};
 pub(crate) use system::{decode, encode};
 pub use system::{ActorSystem, Detector, Migratable, RemoteActor, SystemOptions};

@@ -222,6 +222,15 @@ pub(crate) fn in_handler() -> bool {
     IN_HANDLER.with(|n| n.get() > 0)
 }
 
+/// The message a panic was raised with (its payload, when that is a string).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
 /// Runs `f` to completion; a panic inside becomes `ExitReason::Panic` with its message.
 pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
     let mut f = std::pin::pin!(f);
@@ -232,14 +241,7 @@ pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
         match polled {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,
-            Err(p) => {
-                let msg = p
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic without a message".into());
-                Poll::Ready(Err(ExitReason::Panic(msg)))
-            }
+            Err(p) => Poll::Ready(Err(ExitReason::Panic(panic_message(&*p)))),
         }
     })
     .await

@@ -64,12 +64,7 @@ pub fn report_panics_with(write: impl Fn(String) + Send + 'static) {
             if !super::cell::in_handler() {
                 return before(info);
             }
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
+            let message = super::cell::panic_message(info.payload());
             let report = Report {
                 thread: std::thread::current()
                     .name()

@@ -65,6 +65,17 @@ pub trait Codec<T> {
 pub struct Raw;
 
 impl Raw {
+    /// `Ok` when a `len`-byte message can be a `T` (it is exactly `T`'s size).
+    #[inline(always)]
+    fn fits<T>(len: usize) -> Result<()> {
+        if len == std::mem::size_of::<T>() {
+            Ok(())
+        } else {
+            Err(Raw::wrong_size::<T>(len))
+        }
+    }
+
+    #[cold]
     fn wrong_size<T>(len: usize) -> Error {
         Error::Malformed(format!("{len} bytes for a {}", std::any::type_name::<T>()))
     }
@@ -81,9 +92,7 @@ impl<T: Pod> Codec<T> for Raw {
         Some(bytemuck::bytes_of(item))
     }
     fn decode_from(len: usize, fill: impl FnOnce(&mut [u8])) -> Result<T> {
-        if len != std::mem::size_of::<T>() {
-            return Err(Raw::wrong_size::<T>(len));
-        }
+        Raw::fits::<T>(len)?;
         // Straight into the value: one copy out of the ring.
         let mut v = T::zeroed();
         fill(bytemuck::bytes_of_mut(&mut v));
@@ -94,17 +103,13 @@ impl<T: Pod> Codec<T> for Raw {
         fill: impl FnOnce(&mut [u8]),
         out: &mut std::mem::MaybeUninit<T>,
     ) -> Result<()> {
-        if len != std::mem::size_of::<T>() {
-            return Err(Raw::wrong_size::<T>(len));
-        }
+        Raw::fits::<T>(len)?;
         // Straight into the value: one copy out of the ring.
         fill(bytemuck::bytes_of_mut(out.write(T::zeroed())));
         Ok(())
     }
     fn decode_push(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<T>) -> Result<()> {
-        if len != std::mem::size_of::<T>() {
-            return Err(Raw::wrong_size::<T>(len));
-        }
+        Raw::fits::<T>(len)?;
         // Straight into the vector's new element: one copy out of the ring.
         out.push(T::zeroed());
         let last = out.last_mut().expect("just pushed");

@@ -2,6 +2,7 @@
 //! them. A `Core` lives on one thread and is reached through a thread-local pointer while that
 //! thread runs it; `CoreShared` is the part other threads may touch (inbox, sleep flag, doorbell).
 
+use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -16,6 +17,7 @@ use crate::driver::Driver;
 use crate::mesh::Mesh;
 use crate::poller::Poller;
 use crate::stats::{bump, Stats};
+use crate::task::cache::CellCache;
 use crate::task::cells::SharedCells;
 use crate::task::raw::{Header, RawJoin, RawTask, RemoteRef, RunQueue, CANCELLED, COMPLETE};
 use crate::task::{JoinError, JoinHandle};
@@ -98,6 +100,8 @@ impl Drop for CoreShared {
 pub(crate) struct CoreConfig {
     pub(crate) budget: usize,
     pub(crate) idle_spin: Duration,
+    /// How long a freed task cell stays cached (`Builder::task_cache`).
+    pub(crate) task_cache: Duration,
 }
 
 pub(crate) struct Core {
@@ -110,6 +114,9 @@ pub(crate) struct Core {
     /// Task cells spawned here, less those freed on this thread while it ran the core (the
     /// owner side of the count in `task/cells.rs`).
     cells: Cell<isize>,
+    /// Freed cells kept for the next spawns (see `task/cache.rs`). Dropped after every task
+    /// (the core's shutdown freed them into it).
+    pub(crate) cache: CellCache,
     tasks_head: Cell<Option<NonNull<Header>>>,
     pub(crate) driver: Driver,
     pub(crate) timers: Timers,
@@ -155,24 +162,32 @@ pub(crate) fn try_with_core<R>(f: impl FnOnce(&Core) -> R) -> Option<R> {
     Some(f(unsafe { &*ptr }))
 }
 
-/// A task cell of `owner` was freed: counted on the core when this thread runs it, else on the
-/// shared side; the free that leaves no cell after the core's handover releases the `Arc` the
-/// handover kept (see `task/cells.rs`).
+/// A task cell of `owner` died: its memory goes to the owner's cache when this thread runs
+/// that core, else to the allocator, and the cell is counted freed on the same side (see
+/// `task/cells.rs`); the free that leaves no cell after the core's handover releases the `Arc`
+/// the handover kept.
 ///
 /// # Safety
-/// `owner` is the freed cell's owner, which its count kept alive until now; called once per
-/// cell.
-pub(crate) unsafe fn cell_freed(owner: NonNull<CoreShared>) {
+/// `owner` is the dead cell's owner, which its count kept alive until now; `mem` is the cell,
+/// allocated with `layout` and no longer used; called once per cell.
+pub(crate) unsafe fn free_cell(owner: NonNull<CoreShared>, mem: NonNull<u8>, layout: Layout) {
     let counted_here = try_with_core(|c| {
         let mine = std::ptr::eq(Arc::as_ptr(&c.shared), owner.as_ptr());
         if mine {
             c.cells.set(c.cells.get() - 1);
+            // SAFETY: forwarded contract.
+            unsafe { c.cache.free(mem, layout) };
         }
         mine
     })
     .unwrap_or(false);
+    if counted_here {
+        return;
+    }
+    // SAFETY: forwarded contract.
+    unsafe { std::alloc::dealloc(mem.as_ptr(), layout) };
     // SAFETY: not counted yet, so the shared half is alive (caller's contract).
-    if !counted_here && unsafe { owner.as_ref() }.cells.freed() {
+    if unsafe { owner.as_ref() }.cells.freed() {
         // SAFETY: the last cell after the handover: the Arc the handover kept is ours to drop.
         unsafe { Arc::decrement_strong_count(owner.as_ptr()) };
     }
@@ -277,6 +292,7 @@ impl Core {
             cpu,
             run_queue: RunQueue::new(),
             cells: Cell::new(0),
+            cache: CellCache::new(config.task_cache),
             tasks_head: Cell::new(None),
             driver,
             timers: Timers::default(),
@@ -310,7 +326,7 @@ impl Core {
         F: Future + 'static,
         F::Output: 'static,
     {
-        let ptr = RawTask::allocate(future, &self.shared);
+        let ptr = RawTask::allocate(future, &self.shared, &self.cache);
         self.cells.set(self.cells.get() + 1);
         bump(&self.stats.tasks_spawned);
         // SAFETY: allocate handed out three references: list, JoinHandle, run queue.
@@ -418,6 +434,7 @@ impl Core {
     /// One pass over every completion source. True if any made progress.
     fn poll_sources(&self) -> bool {
         bump(&self.stats.poller_passes);
+        self.cache.pass();
         let mut did = self.drain_inbox();
         did |= self.mesh.receive(&self.stats) > 0;
         did |= self.timers.fire_due();
@@ -515,10 +532,13 @@ impl Core {
             && !main_woken.load(Ordering::Acquire)
             && !self.shared.stop.load(Ordering::SeqCst)
         {
-            let timeout = self
-                .timers
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(Instant::now()));
+            let now = Instant::now();
+            // A core with cells cached wakes to give back what stays unused.
+            let deadline = match (self.timers.next_deadline(), self.cache.trim(now)) {
+                (Some(t), Some(c)) => Some(t.min(c)),
+                (t, c) => t.or(c),
+            };
+            let timeout = deadline.map(|d| d.saturating_duration_since(now));
             bump(&self.stats.sleeps);
             self.driver.park(timeout, &self.stats);
         }

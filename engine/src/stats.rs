@@ -43,11 +43,22 @@ pub struct CoreStats {
     pub mesh_sent: u64,
     /// Messages this core received over the mesh.
     pub mesh_received: u64,
+    /// Freed task cells this core holds for its next spawns (see `Builder::task_cache`).
+    pub task_cells_cached: u64,
+    /// Spawns that reused a cached cell instead of allocating.
+    pub task_cells_reused: u64,
 }
 
 impl Stats {
-    pub(crate) fn snapshot(&self, core: usize, driver: &crate::driver::Driver) -> CoreStats {
+    pub(crate) fn snapshot(
+        &self,
+        core: usize,
+        driver: &crate::driver::Driver,
+        cache: &crate::task::cache::CellCache,
+    ) -> CoreStats {
         CoreStats {
+            task_cells_cached: cache.cached() as u64,
+            task_cells_reused: cache.reused(),
             submit_calls: driver.submit_calls(),
             registered_files: driver.registered_files(),
             core,

@@ -11,8 +11,11 @@
 //! one process share its heap, and how one leaves it (the allocator's trim and mmap thresholds
 //! move with the sizes freed) changed the next one's time by up to 1.5x. A process spawns
 //! `tasks` tasks of `async move { i }` on one core, keeps their handles, awaits them all in
-//! order; it does that once unmeasured, then three times, and reports the median. Prints the
-//! median over reps of each runtime and the ratios of medians.
+//! order; it does that four times and reports the first burst's time and the median of the
+//! other three. Prints the median over reps of each runtime and the ratios of medians, for the
+//! later bursts (the row the issue names) and, apart, for the first: barewire keeps finished
+//! tasks' cells on the core for the next spawns (`Builder::task_cache`), so only its later
+//! bursts run on reused memory, and the first says what a spawn costs on a cold core.
 
 use std::process::Command;
 use std::time::Instant;
@@ -33,7 +36,8 @@ struct Cli {
     /// Reps (each runs every runtime once).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     reps: u64,
-    /// Internal: run one runtime's bursts in this process and print its median in ms.
+    /// Internal: run one runtime's bursts in this process and print its first burst's time and
+    /// the median of the rest, in ms.
     #[arg(long, value_parser = RUNTIMES, hide = true)]
     one: Option<String>,
 }
@@ -47,11 +51,13 @@ fn ms(t: Instant) -> f64 {
 fn main() {
     let cli = Cli::parse();
     if let Some(rt) = &cli.one {
-        println!("{:.3}", one(rt, cli.tasks));
+        let (first, rest) = one(rt, cli.tasks);
+        println!("{first:.3} {rest:.3}");
         return;
     }
     let exe = std::env::current_exe().expect("this binary's path");
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); RUNTIMES.len()];
+    let mut firsts: Vec<Vec<f64>> = vec![Vec::new(); RUNTIMES.len()];
     for rep in 0..cli.reps {
         for (i, rt) in RUNTIMES.iter().enumerate() {
             let out = Command::new(&exe)
@@ -63,18 +69,22 @@ fn main() {
                 "{rt}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let t: f64 = String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse()
-                .expect("a time in ms");
-            times[i].push(t);
+            let text = String::from_utf8_lossy(&out.stdout);
+            let t: Vec<f64> = text
+                .split_whitespace()
+                .map(|v| v.parse().expect("a time in ms"))
+                .collect();
+            firsts[i].push(t[0]);
+            times[i].push(t[1]);
         }
+        let r = rep as usize;
         eprintln!(
-            "rep {rep}: barewire {:.1} ms, monoio {:.1} ms, tokio {:.1} ms",
-            times[0][rep as usize], times[1][rep as usize], times[2][rep as usize]
+            "rep {rep}: barewire {:.1} ms, monoio {:.1} ms, tokio {:.1} ms (first bursts {:.1} / {:.1} / {:.1})",
+            times[0][r], times[1][r], times[2][r], firsts[0][r], firsts[1][r], firsts[2][r]
         );
     }
     let [b, m, t] = [0, 1, 2].map(|i| median(times[i].clone()));
+    let [bf, mf, tf] = [0, 1, 2].map(|i| median(firsts[i].clone()));
     println!(
         "spawn+join of {} tasks, median of {} interleaved reps: barewire {b:.1} ms, monoio {m:.1} ms, tokio current_thread {t:.1} ms",
         cli.tasks, cli.reps
@@ -84,11 +94,16 @@ fn main() {
         b / m,
         t / b
     );
+    println!(
+        "first burst of each process (cold): barewire {bf:.1} ms, monoio {mf:.1} ms, tokio {tf:.1} ms; barewire / monoio {:.2}, tokio / barewire {:.2}",
+        bf / mf,
+        tf / bf
+    );
 }
 
-/// One unmeasured burst, then three measured; the median in ms. `burst` runs one burst and
-/// returns the sum of the outputs, checked here.
-fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> f64 {
+/// Four bursts: the first one's time and the median of the other three, in ms. `burst` runs
+/// one burst and returns the sum of the outputs, checked here.
+fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> (f64, f64) {
     let t: Vec<f64> = (0..4)
         .map(|_| {
             let t0 = Instant::now();
@@ -96,11 +111,11 @@ fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> f64 {
             ms(t0)
         })
         .collect();
-    median(t[1..].to_vec())
+    (t[0], median(t[1..].to_vec()))
 }
 
-/// `rt`'s bursts of `n` tasks.
-fn one(rt: &str, n: u64) -> f64 {
+/// `rt`'s bursts of `n` tasks: the first's time and the median of the rest.
+fn one(rt: &str, n: u64) -> (f64, f64) {
     match rt {
         "barewire" => {
             let rt = barewire_engine::Runtime::builder()

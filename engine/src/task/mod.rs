@@ -1,5 +1,6 @@
 //! Tasks: spawning, joining, cancelling.
 
+pub(crate) mod cache;
 pub(crate) mod cells;
 pub(crate) mod raw;
 mod refs;

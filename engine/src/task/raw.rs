@@ -1,5 +1,6 @@
 //! The task cell: one heap block per task holding a small header and the future (later its
-//! output).
+//! output). The block comes from the core's cache of dead cells of its size when there is one
+//! (`cache.rs`), else from the allocator, and a cell that dies on its core goes back there.
 //!
 //! The header's state is split (see `refs.rs`): flags and the references held on the owner
 //! thread live in a plain word that only the owner touches, so spawning, running, completing and
@@ -11,6 +12,7 @@
 //! `JoinHandle`, or at core shutdown), a last reference released on a foreign thread only frees
 //! memory, never runs a `!Send` destructor there.
 
+use std::alloc::Layout;
 use std::any::Any;
 use std::cell::{Cell as StdCell, UnsafeCell};
 use std::future::Future;
@@ -21,6 +23,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::{Context, Poll, RawWaker, RawWakerVTable, Waker};
 
+use super::cache::CellCache;
 use super::refs::Refs;
 pub(crate) use super::refs::{CANCELLED, COMPLETE, JOIN_INTEREST, SCHEDULED};
 use super::refs::{STAGE_ERROR, STAGE_FUTURE, STAGE_OUTPUT, STAGE_VACANT};
@@ -150,7 +153,10 @@ struct Vtable {
     drop_stage: unsafe fn(NonNull<Header>),
     /// Moves the output into `*mut Option<Result<T, JoinError>>`.
     take_output: unsafe fn(NonNull<Header>, *mut ()),
-    dealloc: unsafe fn(NonNull<Header>),
+    /// Drops whatever the stage still holds before the cell's memory goes.
+    finish: unsafe fn(NonNull<Header>),
+    /// The cell's layout, to free (or cache) its memory.
+    layout: Layout,
 }
 
 /// What a task's cell holds after its header: the future while it runs, then its output or why
@@ -247,23 +253,30 @@ impl RawTask {
     pub(crate) fn allocate<F: Future + 'static>(
         future: F,
         owner: &Arc<CoreShared>,
+        cache: &CellCache,
     ) -> NonNull<Header> {
-        let cell = Box::new(TaskCell {
-            header: Header {
-                refs: Refs::new(SCHEDULED | JOIN_INTEREST, 3),
-                vtable: vtable::<F>(),
-                owner: NonNull::from(&**owner),
-                prev: StdCell::new(None),
-                next: StdCell::new(None),
-                run_next: StdCell::new(None),
-                join: JoinSlot::new(),
-            },
-            // `Refs::new` starts the stage at STAGE_FUTURE.
-            stage: UnsafeCell::new(Stage {
-                future: ManuallyDrop::new(future),
-            }),
-        });
-        NonNull::from(Box::leak(cell)).cast()
+        let mem = cache
+            .alloc(Layout::new::<TaskCell<F>>())
+            .cast::<TaskCell<F>>();
+        // SAFETY: fresh memory (or a dead cell's) with TaskCell<F>'s layout, written whole.
+        unsafe {
+            mem.as_ptr().write(TaskCell {
+                header: Header {
+                    refs: Refs::new(SCHEDULED | JOIN_INTEREST, 3),
+                    vtable: vtable::<F>(),
+                    owner: NonNull::from(&**owner),
+                    prev: StdCell::new(None),
+                    next: StdCell::new(None),
+                    run_next: StdCell::new(None),
+                    join: JoinSlot::new(),
+                },
+                // `Refs::new` starts the stage at STAGE_FUTURE.
+                stage: UnsafeCell::new(Stage {
+                    future: ManuallyDrop::new(future),
+                }),
+            })
+        };
+        mem.cast()
     }
 
     /// Adopts one reference that the caller owns.
@@ -351,13 +364,14 @@ unsafe fn remote_dec(ptr: NonNull<Header>) {
 /// No reference to the task is left.
 unsafe fn dealloc_task(ptr: NonNull<Header>) {
     // SAFETY: the caller's last reference keeps the header alive until the free below.
-    let owner = unsafe { ptr.as_ref() }.owner;
+    let (owner, vtable) = unsafe { (ptr.as_ref().owner, ptr.as_ref().vtable) };
     // SAFETY: the stage no longer needs dropping on the owner: every path that ends a task's
-    // life on its core (completion, abort, JoinHandle drop, core shutdown) left it Consumed or
-    // with an output its JoinHandle already dropped; see `dealloc`.
-    unsafe { (ptr.as_ref().vtable.dealloc)(ptr) }
-    // SAFETY: the cell just freed was counted live by its owner, which kept `owner` alive.
-    unsafe { crate::core::cell_freed(owner) }
+    // life on its core (completion, abort, JoinHandle drop, core shutdown) left it vacant or
+    // with an output its JoinHandle already dropped; see `finish`.
+    unsafe { (vtable.finish)(ptr) }
+    // SAFETY: the cell is dead, allocated with its vtable's layout, and counted live by its
+    // owner, which kept `owner` alive.
+    unsafe { crate::core::free_cell(owner, ptr.cast(), vtable.layout) }
 }
 
 /// A core's run queue, linked through the tasks' headers: a queued task costs no slot in a
@@ -445,18 +459,26 @@ fn schedule(ptr: NonNull<Header>) {
     }
 }
 
-fn vtable<F: Future + 'static>() -> &'static Vtable {
-    &Vtable {
+/// `F`'s vtable, a constant so that a reference to it is promoted to a static.
+struct VtableOf<F>(std::marker::PhantomData<F>);
+
+impl<F: Future + 'static> VtableOf<F> {
+    const VTABLE: Vtable = Vtable {
         poll: poll::<F>,
         abort: abort::<F>,
         drop_stage: drop_stage::<F>,
         take_output: take_output::<F>,
-        dealloc: dealloc::<F>,
-    }
+        finish: finish::<F>,
+        layout: Layout::new::<TaskCell<F>>(),
+    };
+}
+
+fn vtable<F: Future + 'static>() -> &'static Vtable {
+    &VtableOf::<F>::VTABLE
 }
 
 /// # Safety
-/// Owner thread (or the holder of the last reference, in `dealloc`); `ptr` is a live
+/// Owner thread (or the holder of the last reference, in `finish`); `ptr` is a live
 /// `TaskCell<F>`.
 unsafe fn stage<'a, F: Future>(ptr: NonNull<Header>) -> &'a mut Stage<F> {
     // SAFETY: the header is the first field of a repr(C) TaskCell<F>; the stage is only
@@ -572,20 +594,18 @@ unsafe fn take_output<F: Future + 'static>(ptr: NonNull<Header>, dst: *mut ()) {
     unsafe { *(dst as *mut Option<Result<F::Output, JoinError>>) = Some(out) };
 }
 
-unsafe fn dealloc<F: Future + 'static>(ptr: NonNull<Header>) {
+unsafe fn finish<F: Future + 'static>(ptr: NonNull<Header>) {
     // SAFETY: last reference, so nothing else touches the cell (the references' release and
     // acquire order the owner's last writes to its local word before this read). The stage is
     // vacant, or holds an output whose JoinHandle already dropped it (see drop_stage), except
     // at process teardown when a core vanished without shutdown, where dropping here is the
-    // only choice left.
+    // only choice left. The cell's memory is freed by the caller; a union stage and the
+    // header drop nothing of their own.
     unsafe {
         if refs(ptr).stage() != STAGE_VACANT {
             vacate::<F>(ptr);
         }
     }
-    // SAFETY: last reference; the cell was allocated as a Box<TaskCell<F>>, and a union stage
-    // drops nothing of its own.
-    drop(unsafe { Box::from_raw(ptr.cast::<TaskCell<F>>().as_ptr()) });
 }
 
 static WAKER_VTABLE: RawWakerVTable =

@@ -4,8 +4,11 @@
 //! shared machine the single-core speed drifts by more than the differences measured.
 //!
 //! ```text
-//! spawn-bench [--tasks 1000000] [--reps 15]
+//! spawn-bench [--tasks 1000000] [--reps 15] [--serial]
 //! ```
+//!
+//! `--serial` awaits each task before spawning the next (one live task at a time, as a server
+//! spawning a task per request does), instead of spawning the whole burst first.
 //!
 //! Each rep runs every runtime in a process of its own (this binary with `--one`): runtimes in
 //! one process share its heap, and how one leaves it (the allocator's trim and mmap thresholds
@@ -36,6 +39,12 @@ struct Cli {
     /// Reps (each runs every runtime once).
     #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..))]
     reps: u64,
+    /// Await each task before spawning the next.
+    #[arg(long)]
+    serial: bool,
+    /// barewire's `Builder::task_cache`, in ms (0 turns its cache of finished tasks' cells off).
+    #[arg(long, default_value_t = 1000)]
+    task_cache_ms: u64,
     /// Internal: run one runtime's bursts in this process and print its first burst's time and
     /// the median of the rest, in ms.
     #[arg(long, value_parser = RUNTIMES, hide = true)]
@@ -51,7 +60,7 @@ fn ms(t: Instant) -> f64 {
 fn main() {
     let cli = Cli::parse();
     if let Some(rt) = &cli.one {
-        let (first, rest) = one(rt, cli.tasks);
+        let (first, rest) = one(rt, &cli);
         println!("{first:.3} {rest:.3}");
         return;
     }
@@ -60,10 +69,13 @@ fn main() {
     let mut firsts: Vec<Vec<f64>> = vec![Vec::new(); RUNTIMES.len()];
     for rep in 0..cli.reps {
         for (i, rt) in RUNTIMES.iter().enumerate() {
-            let out = Command::new(&exe)
-                .args(["--one", rt, "--tasks", &cli.tasks.to_string()])
-                .output()
-                .expect("run this binary");
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--one", rt, "--tasks", &cli.tasks.to_string()]);
+            cmd.args(["--task-cache-ms", &cli.task_cache_ms.to_string()]);
+            if cli.serial {
+                cmd.arg("--serial");
+            }
+            let out = cmd.output().expect("run this binary");
             assert!(
                 out.status.success(),
                 "{rt}: {}",
@@ -86,8 +98,10 @@ fn main() {
     let [b, m, t] = [0, 1, 2].map(|i| median(times[i].clone()));
     let [bf, mf, tf] = [0, 1, 2].map(|i| median(firsts[i].clone()));
     println!(
-        "spawn+join of {} tasks, median of {} interleaved reps: barewire {b:.1} ms, monoio {m:.1} ms, tokio current_thread {t:.1} ms",
-        cli.tasks, cli.reps
+        "spawn+join of {} tasks{}, median of {} interleaved reps: barewire {b:.1} ms, monoio {m:.1} ms, tokio current_thread {t:.1} ms",
+        cli.tasks,
+        if cli.serial { " one at a time" } else { "" },
+        cli.reps
     );
     println!(
         "barewire time / monoio time: {:.2} (target <= 1.0); tokio time / barewire time: {:.2} (target >= 3)",
@@ -114,21 +128,30 @@ fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> (f64, f64) {
     (t[0], median(t[1..].to_vec()))
 }
 
-/// `rt`'s bursts of `n` tasks: the first's time and the median of the rest.
-fn one(rt: &str, n: u64) -> (f64, f64) {
+/// `rt`'s bursts of `n` tasks: the first's time and the median of the rest. A burst spawns
+/// every task, keeping the handles, then awaits them in order; or, `serial`, awaits each before
+/// spawning the next. (`cli` gives the count, the pattern and barewire's cache setting.)
+fn one(rt: &str, cli: &Cli) -> (f64, f64) {
+    let (n, serial) = (cli.tasks, cli.serial);
     match rt {
         "barewire" => {
             let rt = barewire_engine::Runtime::builder()
                 .cores(1)
                 .pin(false)
+                .task_cache(std::time::Duration::from_millis(cli.task_cache_ms))
                 .build()
                 .expect("a barewire runtime");
+            let spawn = |i: u64| barewire_engine::spawn_local(async move { i });
             bursts(n, || {
                 rt.block_on(async {
-                    let hs: Vec<_> = (0..n)
-                        .map(|i| barewire_engine::spawn_local(async move { i }))
-                        .collect();
                     let mut s = 0;
+                    if serial {
+                        for i in 0..n {
+                            s += spawn(i).await.expect("a task that cannot fail");
+                        }
+                        return s;
+                    }
+                    let hs: Vec<_> = (0..n).map(spawn).collect();
                     for h in hs {
                         s += h.await.expect("a task that cannot fail");
                     }
@@ -140,10 +163,17 @@ fn one(rt: &str, n: u64) -> (f64, f64) {
             let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
                 .build()
                 .expect("a monoio runtime");
+            let spawn = |i: u64| monoio::spawn(async move { i });
             bursts(n, || {
                 rt.block_on(async {
-                    let hs: Vec<_> = (0..n).map(|i| monoio::spawn(async move { i })).collect();
                     let mut s = 0;
+                    if serial {
+                        for i in 0..n {
+                            s += spawn(i).await;
+                        }
+                        return s;
+                    }
+                    let hs: Vec<_> = (0..n).map(spawn).collect();
                     for h in hs {
                         s += h.await;
                     }
@@ -155,10 +185,17 @@ fn one(rt: &str, n: u64) -> (f64, f64) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("a tokio runtime");
+            let spawn = |i: u64| tokio::spawn(async move { i });
             bursts(n, || {
                 rt.block_on(async {
-                    let hs: Vec<_> = (0..n).map(|i| tokio::spawn(async move { i })).collect();
                     let mut s = 0;
+                    if serial {
+                        for i in 0..n {
+                            s += spawn(i).await.expect("a task that cannot fail");
+                        }
+                        return s;
+                    }
+                    let hs: Vec<_> = (0..n).map(spawn).collect();
                     for h in hs {
                         s += h.await.expect("a task that cannot fail");
                     }

@@ -364,3 +364,36 @@ fn a_panicking_handler_is_an_exit_reason_and_the_core_goes_on() {
         assert_eq!(other.ask(5, Duration::from_secs(1)).await.unwrap(), 20);
     });
 }
+
+/// A panic in `stopped` is the actor's exit reason, as an exception in an OTP `terminate`
+/// becomes the process's: whoever waits on the actor or supervises it learns it ended, and a
+/// supervisor restarts it as it would after a crash.
+#[test]
+fn a_panic_in_stopped_is_the_exit_reason() {
+    struct Leaky;
+    impl Actor for Leaky {
+        type Msg = ();
+        type Reply = ();
+        async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+            ctx.stop(ExitReason::Normal);
+        }
+        fn stopped(&mut self, _: &ExitReason) {
+            panic!("cleanup failed");
+        }
+    }
+    rt().block_on(async {
+        let a = spawn(Leaky);
+        a.tell(()).unwrap();
+        let reason = time::timeout(Duration::from_secs(5), a.wait())
+            .await
+            .expect("the actor's exit is known");
+        assert_eq!(reason, ExitReason::Panic("cleanup failed".into()));
+        // Stopped from outside, the same.
+        let b = spawn(Leaky);
+        b.stop(ExitReason::Shutdown);
+        let reason = time::timeout(Duration::from_secs(5), b.wait())
+            .await
+            .expect("the actor's exit is known");
+        assert_eq!(reason, ExitReason::Panic("cleanup failed".into()));
+    });
+}

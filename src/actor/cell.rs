@@ -207,8 +207,21 @@ async fn run<A: Actor>(
             break r;
         }
     };
-    actor.stopped(&reason);
-    End::Exit(reason)
+    // A panic in `stopped` is the exit reason, as an exception in an OTP `terminate` is.
+    let stopped =
+        in_actor(|| std::panic::catch_unwind(AssertUnwindSafe(|| actor.stopped(&reason))));
+    match stopped {
+        Ok(()) => End::Exit(reason),
+        Err(p) => End::Exit(ExitReason::Panic(panic_message(&*p))),
+    }
+}
+
+/// Runs `f` counted as an actor's code (see `in_handler`).
+fn in_actor<R>(f: impl FnOnce() -> R) -> R {
+    IN_HANDLER.with(|n| n.set(n.get() + 1));
+    let r = f();
+    IN_HANDLER.with(|n| n.set(n.get() - 1));
+    r
 }
 
 thread_local! {
@@ -216,8 +229,8 @@ thread_local! {
     static IN_HANDLER: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether a panic now comes from an actor's code (a handler, `started`, or a task
-/// run through `catch`).
+/// Whether a panic now comes from an actor's code (a handler, `started`, `stopped`, or a
+/// task run through `catch`).
 pub(crate) fn in_handler() -> bool {
     IN_HANDLER.with(|n| n.get() > 0)
 }
@@ -235,9 +248,9 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
     let mut f = std::pin::pin!(f);
     poll_fn(|cx| {
-        IN_HANDLER.with(|n| n.set(n.get() + 1));
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx)));
-        IN_HANDLER.with(|n| n.set(n.get() - 1));
+        let polled = in_actor(|| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx)))
+        });
         match polled {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
             Ok(Poll::Pending) => Poll::Pending,

@@ -119,6 +119,7 @@ pub trait Actor: Sized + 'static {
     /// Handles one message.
     fn handle(&mut self, msg: Self::Msg, ctx: &Context<Self>) -> impl Future<Output = Self::Reply>;
 
-    /// Runs once, after the last message (whatever the reason, except a kill).
+    /// Runs once, after the last message (whatever the reason, except a kill). A panic here
+    /// becomes the actor's exit reason, as an exception in an OTP `terminate` does.
     fn stopped(&mut self, _reason: &ExitReason) {}
 }

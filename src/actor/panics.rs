@@ -31,7 +31,7 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// Makes panics inside actors (their handlers and `started`, and cluster tasks) report
+/// Makes panics inside actors (their handlers, `started` and `stopped`, and cluster tasks) report
 /// from a thread of their own, as Erlang's logger writes crash reports: the panicking core
 /// only captures the backtrace (unresolved, when `RUST_BACKTRACE` asks for one) and goes on;
 /// the reporter resolves it and hands the report to `write`. Every other panic goes to the

@@ -397,3 +397,31 @@ fn a_panic_in_stopped_is_the_exit_reason() {
         assert_eq!(reason, ExitReason::Panic("cleanup failed".into()));
     });
 }
+
+/// An actor whose `Drop` panics (after `stopped` ran) still has a known exit: the panic.
+#[test]
+fn a_panic_in_an_actors_drop_is_the_exit_reason() {
+    struct Sticky;
+    impl Actor for Sticky {
+        type Msg = ();
+        type Reply = ();
+        async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+            ctx.stop(ExitReason::Normal);
+        }
+    }
+    impl Drop for Sticky {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                panic!("drop failed");
+            }
+        }
+    }
+    rt().block_on(async {
+        let a = spawn(Sticky);
+        a.tell(()).unwrap();
+        let reason = time::timeout(Duration::from_secs(5), a.wait())
+            .await
+            .expect("the actor's exit is known");
+        assert_eq!(reason, ExitReason::Panic("drop failed".into()));
+    });
+}

@@ -160,7 +160,9 @@ pub fn spawn<A: Actor>(actor: A) -> ActorRef<A> {
     };
     let exit = shared.exit.clone();
     let task = spawn_local(async move {
-        let end = run(actor, rx, &ctx).await;
+        // Anything else of the actor's that panics (its `Drop`, say) ends it the same way, so
+        // its exit is always known.
+        let end = catch(run(actor, rx, &ctx)).await.unwrap_or_else(End::Exit);
         // The context holds a reference to this actor: drop the mailbox with it.
         drop(ctx);
         match end {

@@ -229,3 +229,100 @@ impl Drop for CellCache {
 fn layout_of(c: usize) -> Layout {
     Layout::from_size_align(c * WORD, WORD).expect("a class's size is a valid layout")
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const CELL: Layout = match Layout::from_size_align(64, WORD) {
+        Ok(l) => l,
+        Err(_) => panic!("a valid layout"),
+    };
+
+    /// Caches `n` fresh cells of `CELL`'s class.
+    fn fill(c: &CellCache, n: usize) {
+        let cells: Vec<_> = (0..n).map(|_| c.alloc(CELL)).collect();
+        for p in cells {
+            // SAFETY: allocated just above with CELL, unused.
+            unsafe { c.free(p, CELL) };
+        }
+    }
+
+    #[test]
+    fn cells_in_use_during_an_interval_stay_and_unused_ones_go_at_its_end_in_slices() {
+        let keep = Duration::from_secs(1);
+        let c = CellCache::new(keep);
+        let n = TRIM_BUDGET + 100;
+        fill(&c, n);
+        assert_eq!(c.cached(), n);
+        let first = c.due.get().expect("a look is due once something is cached");
+        // Before the look is due nothing goes, and the sleeping core is told when to look.
+        assert_eq!(c.trim(first - Duration::from_millis(1)), Some(first));
+        assert_eq!(c.cached(), n);
+        // The first interval began with nothing cached: its low-water mark is 0, nothing goes.
+        let second = c.trim(first).expect("cells still cached");
+        assert_eq!(second, first + keep);
+        assert_eq!(c.cached(), n);
+        // In the second interval all but 10 cells are taken and given back: only those 10
+        // stayed cached throughout, and only they go at its end.
+        let taken: Vec<_> = (0..n - 10).map(|_| c.alloc(CELL)).collect();
+        assert_eq!(c.reused(), (n - 10) as u64);
+        for p in taken {
+            // SAFETY: cells this cache handed out, unused.
+            unsafe { c.free(p, CELL) };
+        }
+        assert_eq!(c.trim(second), Some(second + keep));
+        assert_eq!(c.cached(), n - 10);
+        // The third interval nobody spawns: all of them go at its end, TRIM_BUDGET per look,
+        // the next look a millisecond later while any of the surplus is left.
+        let third = second + keep;
+        assert_eq!(c.trim(third), Some(third + Duration::from_millis(1)));
+        assert_eq!(c.cached(), n - 10 - TRIM_BUDGET);
+        // Nothing left: no look is due, and the next free starts the clock again.
+        assert_eq!(c.trim(third + Duration::from_millis(1)), None);
+        assert_eq!(c.cached(), 0);
+        fill(&c, 1);
+        assert!(c.due.get().is_some());
+    }
+
+    #[test]
+    fn only_cells_of_a_word_aligned_layout_up_to_the_largest_class_are_cached() {
+        let c = CellCache::new(Duration::from_secs(1));
+        for layout in [
+            Layout::from_size_align(MAX_SIZE, WORD).unwrap(),
+            Layout::from_size_align(8, WORD).unwrap(),
+        ] {
+            let p = c.alloc(layout);
+            // SAFETY: allocated just above with `layout`, unused.
+            unsafe { c.free(p, layout) };
+        }
+        assert_eq!(c.cached(), 2);
+        for layout in [
+            Layout::from_size_align(MAX_SIZE + WORD, WORD).unwrap(),
+            Layout::from_size_align(64, 2 * WORD).unwrap(),
+        ] {
+            let p = c.alloc(layout);
+            // SAFETY: as above.
+            unsafe { c.free(p, layout) };
+        }
+        assert_eq!(
+            c.cached(),
+            2,
+            "larger or more aligned cells go to the allocator"
+        );
+        // A cached cell serves only its own size.
+        let other = Layout::from_size_align(16, WORD).unwrap();
+        let p = c.alloc(other);
+        assert_eq!(c.reused(), 0);
+        // SAFETY: as above.
+        unsafe { c.free(p, other) };
+    }
+
+    #[test]
+    fn a_zero_keep_caches_nothing() {
+        let c = CellCache::new(Duration::ZERO);
+        fill(&c, 10);
+        assert_eq!(c.cached(), 0);
+        assert_eq!(c.trim(Instant::now()), None);
+    }
+}

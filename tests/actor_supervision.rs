@@ -425,3 +425,50 @@ fn a_panic_in_an_actors_drop_is_the_exit_reason() {
         assert_eq!(reason, ExitReason::Panic("drop failed".into()));
     });
 }
+
+/// A child whose start panics (its constructor, say) counts as a child that exited with that
+/// panic: the supervisor restarts it under its intensity, as OTP treats a failed restart,
+/// instead of dying without an exit reason and leaving its other children unsupervised.
+#[test]
+fn a_panicking_child_start_counts_as_an_exit_and_is_restarted() {
+    rt().block_on(async {
+        let journal: Journal = Rc::default();
+        let made = Rc::new(std::cell::Cell::new(0u32));
+        let (m, j) = (made.clone(), journal.clone());
+        let flaky = ChildSpec::actor("flaky", move || {
+            m.set(m.get() + 1);
+            if m.get() == 2 {
+                panic!("constructor failed");
+            }
+            Child {
+                name: "flaky".into(),
+                journal: j.clone(),
+            }
+        });
+        let sup = Supervisor::start(
+            SupervisorSpec::new(Kind::OneForOne, vec![flaky]).intensity(5, Duration::from_secs(5)),
+        )
+        .await;
+        settle().await;
+        let first = whereis::<Child>("flaky").unwrap();
+        first
+            .tell(Cmd::Exit(ExitReason::Panic("crash".into())))
+            .unwrap();
+        // Restart 1 panics in the constructor; restart 2 starts it.
+        let t0 = Instant::now();
+        while sup.starts("flaky") != Some(3) || !sup.is_running("flaky") {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "not restarted after a failed start: starts {:?}, supervisor exit {:?}",
+                sup.starts("flaky"),
+                sup.exit_reason()
+            );
+            settle().await;
+        }
+        assert_eq!(made.get(), 3);
+        assert_eq!(sup.restarts(), 2);
+        assert_eq!(sup.exit_reason(), None);
+        sup.stop();
+        assert_eq!(sup.wait().await, ExitReason::Shutdown);
+    });
+}

@@ -1,5 +1,6 @@
 //! OTP supervision: children started in order, restarted by strategy and restart type, within
-//! a restart intensity, and stopped in reverse order.
+//! a restart intensity, and stopped in reverse order. A child whose start panics (its
+//! constructor, say) counts as a child that exited with that panic.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -348,9 +349,14 @@ impl Supervisor {
     }
 }
 
+/// Starts child `i`. A start that panics (a constructor, say) gives a child that exited with
+/// that panic, which the supervisor treats as any other exit (OTP counts a failed restart the
+/// same way): the supervisor itself goes on.
 async fn start_child(state: &State, i: usize) {
     let start = state.slots.borrow()[i].spec.start.clone();
-    let child = start().await;
+    let child = super::cell::catch(async move { start().await })
+        .await
+        .unwrap_or_else(Child::exited);
     let mut slots = state.slots.borrow_mut();
     slots[i].running = Some(child);
     slots[i].starts += 1;

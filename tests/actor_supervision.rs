@@ -9,8 +9,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use barewire::actor::{
-    spawn, whereis, Actor, ChildSpec, Context, ExitReason, Restart, Strategy as Kind, Supervisor,
-    SupervisorSpec,
+    spawn, whereis, Actor, ActorRef, ChildSpec, Context, ExitReason, Restart, Strategy as Kind,
+    Supervisor, SupervisorSpec,
 };
 use barewire::engine::{time, yield_now};
 use proptest::prelude::*;
@@ -370,30 +370,15 @@ fn a_panicking_handler_is_an_exit_reason_and_the_core_goes_on() {
 /// supervisor restarts it as it would after a crash.
 #[test]
 fn a_panic_in_stopped_is_the_exit_reason() {
-    struct Leaky;
-    impl Actor for Leaky {
-        type Msg = ();
-        type Reply = ();
-        async fn handle(&mut self, _: (), ctx: &Context<Self>) {
-            ctx.stop(ExitReason::Normal);
-        }
-        fn stopped(&mut self, _: &ExitReason) {
-            panic!("cleanup failed");
-        }
-    }
     rt().block_on(async {
-        let a = spawn(Leaky);
+        let a = spawn(Fragile::panicking_in_stopped());
         a.tell(()).unwrap();
-        let reason = time::timeout(Duration::from_secs(5), a.wait())
-            .await
-            .expect("the actor's exit is known");
+        let reason = exit_within_5s(&a).await;
         assert_eq!(reason, ExitReason::Panic("cleanup failed".into()));
         // Stopped from outside, the same.
-        let b = spawn(Leaky);
+        let b = spawn(Fragile::panicking_in_stopped());
         b.stop(ExitReason::Shutdown);
-        let reason = time::timeout(Duration::from_secs(5), b.wait())
-            .await
-            .expect("the actor's exit is known");
+        let reason = exit_within_5s(&b).await;
         assert_eq!(reason, ExitReason::Panic("cleanup failed".into()));
     });
 }
@@ -401,29 +386,58 @@ fn a_panic_in_stopped_is_the_exit_reason() {
 /// An actor whose `Drop` panics (after `stopped` ran) still has a known exit: the panic.
 #[test]
 fn a_panic_in_an_actors_drop_is_the_exit_reason() {
-    struct Sticky;
-    impl Actor for Sticky {
-        type Msg = ();
-        type Reply = ();
-        async fn handle(&mut self, _: (), ctx: &Context<Self>) {
-            ctx.stop(ExitReason::Normal);
-        }
-    }
-    impl Drop for Sticky {
-        fn drop(&mut self) {
-            if !std::thread::panicking() {
-                panic!("drop failed");
-            }
-        }
-    }
     rt().block_on(async {
-        let a = spawn(Sticky);
+        let a = spawn(Fragile {
+            panic_in_stopped: false,
+            panic_in_drop: true,
+        });
         a.tell(()).unwrap();
-        let reason = time::timeout(Duration::from_secs(5), a.wait())
-            .await
-            .expect("the actor's exit is known");
+        let reason = exit_within_5s(&a).await;
         assert_eq!(reason, ExitReason::Panic("drop failed".into()));
     });
+}
+
+/// Stops at its first message; panics in `stopped` or in its `Drop`, as set.
+struct Fragile {
+    panic_in_stopped: bool,
+    panic_in_drop: bool,
+}
+
+impl Fragile {
+    fn panicking_in_stopped() -> Fragile {
+        Fragile {
+            panic_in_stopped: true,
+            panic_in_drop: false,
+        }
+    }
+}
+
+impl Actor for Fragile {
+    type Msg = ();
+    type Reply = ();
+    async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+        ctx.stop(ExitReason::Normal);
+    }
+    fn stopped(&mut self, _: &ExitReason) {
+        if self.panic_in_stopped {
+            panic!("cleanup failed");
+        }
+    }
+}
+
+impl Drop for Fragile {
+    fn drop(&mut self) {
+        if self.panic_in_drop && !std::thread::panicking() {
+            panic!("drop failed");
+        }
+    }
+}
+
+/// How `a` ended; fails the test if that is not known within 5 s.
+async fn exit_within_5s<A: Actor>(a: &ActorRef<A>) -> ExitReason {
+    time::timeout(Duration::from_secs(5), a.wait())
+        .await
+        .expect("the actor's exit is known")
 }
 
 /// A child whose start panics (its constructor, say) counts as a child that exited with that

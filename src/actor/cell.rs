@@ -210,20 +210,16 @@ async fn run<A: Actor>(
         }
     };
     // A panic in `stopped` is the exit reason, as an exception in an OTP `terminate` is.
-    let stopped =
-        in_actor(|| std::panic::catch_unwind(AssertUnwindSafe(|| actor.stopped(&reason))));
-    match stopped {
-        Ok(()) => End::Exit(reason),
-        Err(p) => End::Exit(ExitReason::Panic(panic_message(&*p))),
-    }
+    End::Exit(catch_now(|| actor.stopped(&reason)).map_or_else(|panic| panic, |()| reason))
 }
 
-/// Runs `f` counted as an actor's code (see `in_handler`).
-fn in_actor<R>(f: impl FnOnce() -> R) -> R {
+/// Runs `f` as an actor's code (see `in_handler`); a panic inside becomes
+/// `ExitReason::Panic` with its message.
+fn catch_now<R>(f: impl FnOnce() -> R) -> Result<R, ExitReason> {
     IN_HANDLER.with(|n| n.set(n.get() + 1));
-    let r = f();
+    let r = std::panic::catch_unwind(AssertUnwindSafe(f));
     IN_HANDLER.with(|n| n.set(n.get() - 1));
-    r
+    r.map_err(|p| ExitReason::Panic(panic_message(&*p)))
 }
 
 thread_local! {
@@ -249,15 +245,10 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Runs `f` to completion; a panic inside becomes `ExitReason::Panic` with its message.
 pub(crate) async fn catch<F: Future>(f: F) -> Result<F::Output, ExitReason> {
     let mut f = std::pin::pin!(f);
-    poll_fn(|cx| {
-        let polled = in_actor(|| {
-            std::panic::catch_unwind(AssertUnwindSafe(|| Pin::as_mut(&mut f).poll(cx)))
-        });
-        match polled {
-            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(p) => Poll::Ready(Err(ExitReason::Panic(panic_message(&*p)))),
-        }
+    poll_fn(|cx| match catch_now(|| Pin::as_mut(&mut f).poll(cx)) {
+        Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(panic) => Poll::Ready(Err(panic)),
     })
     .await
 }

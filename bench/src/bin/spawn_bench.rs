@@ -128,9 +128,8 @@ fn bursts(n: u64, mut burst: impl FnMut() -> u64) -> (f64, f64) {
     (t[0], median(t[1..].to_vec()))
 }
 
-/// `rt`'s bursts of `n` tasks: the first's time and the median of the rest. A burst spawns
-/// every task, keeping the handles, then awaits them in order; or, `serial`, awaits each before
-/// spawning the next. (`cli` gives the count, the pattern and barewire's cache setting.)
+/// `rt`'s bursts of `n` tasks: the first's time and the median of the rest. (`cli` gives the
+/// count, the pattern and barewire's cache setting.)
 fn one(rt: &str, cli: &Cli) -> (f64, f64) {
     let (n, serial) = (cli.tasks, cli.serial);
     match rt {
@@ -141,67 +140,63 @@ fn one(rt: &str, cli: &Cli) -> (f64, f64) {
                 .task_cache(std::time::Duration::from_millis(cli.task_cache_ms))
                 .build()
                 .expect("a barewire runtime");
-            let spawn = |i: u64| barewire_engine::spawn_local(async move { i });
             bursts(n, || {
-                rt.block_on(async {
-                    let mut s = 0;
-                    if serial {
-                        for i in 0..n {
-                            s += spawn(i).await.expect("a task that cannot fail");
-                        }
-                        return s;
-                    }
-                    let hs: Vec<_> = (0..n).map(spawn).collect();
-                    for h in hs {
-                        s += h.await.expect("a task that cannot fail");
-                    }
-                    s
-                })
+                rt.block_on(spawn_join(
+                    n,
+                    serial,
+                    |i| barewire_engine::spawn_local(async move { i }),
+                    |r| r.expect("a task that cannot fail"),
+                ))
             })
         }
         "monoio" => {
             let mut rt = monoio::RuntimeBuilder::<monoio::IoUringDriver>::new()
                 .build()
                 .expect("a monoio runtime");
-            let spawn = |i: u64| monoio::spawn(async move { i });
             bursts(n, || {
-                rt.block_on(async {
-                    let mut s = 0;
-                    if serial {
-                        for i in 0..n {
-                            s += spawn(i).await;
-                        }
-                        return s;
-                    }
-                    let hs: Vec<_> = (0..n).map(spawn).collect();
-                    for h in hs {
-                        s += h.await;
-                    }
-                    s
-                })
+                rt.block_on(spawn_join(
+                    n,
+                    serial,
+                    |i| monoio::spawn(async move { i }),
+                    |v| v,
+                ))
             })
         }
         _ => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .expect("a tokio runtime");
-            let spawn = |i: u64| tokio::spawn(async move { i });
             bursts(n, || {
-                rt.block_on(async {
-                    let mut s = 0;
-                    if serial {
-                        for i in 0..n {
-                            s += spawn(i).await.expect("a task that cannot fail");
-                        }
-                        return s;
-                    }
-                    let hs: Vec<_> = (0..n).map(spawn).collect();
-                    for h in hs {
-                        s += h.await.expect("a task that cannot fail");
-                    }
-                    s
-                })
+                rt.block_on(spawn_join(
+                    n,
+                    serial,
+                    |i| tokio::spawn(async move { i }),
+                    |r| r.expect("a task that cannot fail"),
+                ))
             })
         }
     }
+}
+
+/// One burst: spawns `n` tasks with `spawn`, keeping the handles, then awaits them in order;
+/// or, `serial`, awaits each before spawning the next. Returns the sum of the outputs (`out`
+/// reads one from what its handle gives).
+async fn spawn_join<H: std::future::Future>(
+    n: u64,
+    serial: bool,
+    spawn: impl Fn(u64) -> H,
+    out: impl Fn(H::Output) -> u64,
+) -> u64 {
+    let mut s = 0;
+    if serial {
+        for i in 0..n {
+            s += out(spawn(i).await);
+        }
+        return s;
+    }
+    let hs: Vec<_> = (0..n).map(spawn).collect();
+    for h in hs {
+        s += out(h.await);
+    }
+    s
 }

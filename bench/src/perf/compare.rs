@@ -134,12 +134,11 @@ pub fn client_server(
     let mut out = pinned(cpus[0], &argv).output();
     for _ in 0..3 {
         let refused = out.as_ref().is_ok_and(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .to_lowercase()
-                .contains("connection refused")
-                || String::from_utf8_lossy(&o.stderr)
+            [&o.stdout, &o.stderr].iter().any(|text| {
+                String::from_utf8_lossy(text)
                     .to_lowercase()
                     .contains("connection refused")
+            })
         });
         if !refused || !matches!(srv.try_wait(), Ok(None)) {
             break;

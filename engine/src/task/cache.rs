@@ -49,17 +49,37 @@ struct Class {
     surplus: Cell<usize>,
 }
 
+impl Class {
+    fn pop(&self) -> Option<NonNull<Free>> {
+        let cell = self.head.get()?;
+        // SAFETY: a cached cell is memory this cache owns, its first word a `Free`.
+        self.head.set(unsafe { cell.as_ref() }.next);
+        self.len.set(self.len.get() - 1);
+        Some(cell)
+    }
+
+    /// # Safety
+    /// `cell` is dead memory of this class (at least a word, aligned to one), owned by the
+    /// cache from now on.
+    unsafe fn push(&self, cell: NonNull<Free>) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            cell.as_ptr().write(Free {
+                next: self.head.get(),
+            })
+        };
+        self.head.set(Some(cell));
+        self.len.set(self.len.get() + 1);
+    }
+}
+
 /// Owner thread only (a field of `Core`, which never leaves its thread).
 pub(crate) struct CellCache {
     classes: Box<[Class]>,
     /// Zero: nothing is cached.
     keep: Duration,
-    /// Cells cached in all classes.
-    cached: Cell<usize>,
     /// When the next look is due; `None` while nothing is cached.
     due: Cell<Option<Instant>>,
-    /// The last look ran out of budget: the next one continues the same interval's release.
-    releasing: Cell<bool>,
     passes: Cell<u32>,
     reused: Cell<u64>,
 }
@@ -78,9 +98,7 @@ impl CellCache {
         CellCache {
             classes: (0..CLASSES).map(|_| Class::default()).collect(),
             keep,
-            cached: Cell::new(0),
             due: Cell::new(None),
-            releasing: Cell::new(false),
             passes: Cell::new(0),
             reused: Cell::new(0),
         }
@@ -91,13 +109,8 @@ impl CellCache {
     pub(crate) fn alloc(&self, layout: Layout) -> NonNull<u8> {
         if let Some(c) = class_of(layout) {
             let class = &self.classes[c];
-            if let Some(cell) = class.head.get() {
-                // SAFETY: a cached cell is memory this cache owns, its first word a `Free`.
-                class.head.set(unsafe { cell.as_ref() }.next);
-                let len = class.len.get() - 1;
-                class.len.set(len);
-                class.low.set(class.low.get().min(len));
-                self.cached.set(self.cached.get() - 1);
+            if let Some(cell) = class.pop() {
+                class.low.set(class.low.get().min(class.len.get()));
                 self.reused.set(self.reused.get() + 1);
                 return cell.cast();
             }
@@ -116,17 +129,9 @@ impl CellCache {
     pub(crate) unsafe fn free(&self, mem: NonNull<u8>, layout: Layout) {
         match class_of(layout) {
             Some(c) if !self.keep.is_zero() => {
-                let class = &self.classes[c];
-                let cell = mem.cast::<Free>();
-                // SAFETY: the cell is dead and at least a word, aligned to one (its class).
-                unsafe {
-                    cell.as_ptr().write(Free {
-                        next: class.head.get(),
-                    })
-                };
-                class.head.set(Some(cell));
-                class.len.set(class.len.get() + 1);
-                self.cached.set(self.cached.get() + 1);
+                // SAFETY: the cell is dead, of class `c` (at least a word, aligned to one), and
+                // the cache owns it now (caller's contract).
+                unsafe { self.classes[c].push(mem.cast()) };
                 if self.due.get().is_none() {
                     self.due.set(Some(Instant::now() + self.keep));
                 }
@@ -157,8 +162,8 @@ impl CellCache {
         if now < due {
             return Some(due);
         }
-        // An interval ended, unless this look continues giving back the last one's surplus.
-        if !self.releasing.get() {
+        // An interval ended, unless this look goes on giving back the last one's surplus.
+        if self.classes.iter().all(|c| c.surplus.get() == 0) {
             for class in self.classes.iter() {
                 class.surplus.set(class.low.get());
                 class.low.set(class.len.get());
@@ -169,28 +174,22 @@ impl CellCache {
             let surplus = class.surplus.get().min(class.len.get());
             let n = surplus.min(budget);
             for _ in 0..n {
-                let cell = class.head.get().expect("a class holds len cells");
-                // SAFETY: a cached cell, owned here, its first word a `Free`.
-                class.head.set(unsafe { cell.as_ref() }.next);
+                let cell = class.pop().expect("a class holds len cells");
                 // SAFETY: cached cells came from the allocator with their class's layout, and
                 // nothing else holds them.
                 unsafe { std::alloc::dealloc(cell.as_ptr().cast(), layout_of(c)) };
             }
-            class.len.set(class.len.get() - n);
             class.low.set(class.low.get().min(class.len.get()));
             class.surplus.set(surplus - n);
-            self.cached.set(self.cached.get() - n);
             budget -= n;
         }
-        self.releasing.set(budget == 0);
-        let next = if self.cached.get() == 0 {
-            self.releasing.set(false);
+        let next = if self.cached() == 0 {
             for class in self.classes.iter() {
                 class.surplus.set(0);
                 class.low.set(0);
             }
             None
-        } else if self.releasing.get() {
+        } else if self.classes.iter().any(|c| c.surplus.get() > 0) {
             // More to give back: soon, in slices, so the loop never stalls long.
             Some(now + Duration::from_millis(1))
         } else {
@@ -202,7 +201,7 @@ impl CellCache {
 
     /// Cells cached now.
     pub(crate) fn cached(&self) -> usize {
-        self.cached.get()
+        self.classes.iter().map(|c| c.len.get()).sum()
     }
 
     /// Spawns served from the cache so far.
@@ -214,10 +213,7 @@ impl CellCache {
 impl Drop for CellCache {
     fn drop(&mut self) {
         for (c, class) in self.classes.iter().enumerate() {
-            let mut next = class.head.take();
-            while let Some(cell) = next {
-                // SAFETY: a cached cell, owned here.
-                next = unsafe { cell.as_ref() }.next;
+            while let Some(cell) = class.pop() {
                 // SAFETY: as in `trim`.
                 unsafe { std::alloc::dealloc(cell.as_ptr().cast(), layout_of(c)) };
             }

@@ -61,6 +61,13 @@ pub enum Error {
     /// Bytes from the peer that do not decode.
     #[error("malformed message from the peer: {0}")]
     Malformed(String),
+    /// The receiver cannot take more now, and this message was not queued: an actor's mailbox
+    /// at the bound its node keeps for messages from other nodes, or more bytes waiting for a
+    /// peer that is not reading than this node keeps (see
+    /// [`SystemOptions`](crate::actor::SystemOptions)). Nothing else was lost; try again later
+    /// or shed the load.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
     /// A setting outside what barewire supports.
     #[error("invalid argument: {0}")]
     Invalid(String),

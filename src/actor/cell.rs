@@ -397,6 +397,36 @@ impl<A: Actor> ActorRef<A> {
         }
     }
 
+    /// Messages waiting in its mailbox (Erlang's `message_queue_len`), for an actor of this
+    /// core that has not moved away: the handler's current message is no longer counted, and
+    /// messages held while it is being moved are. `None` for an actor elsewhere.
+    ///
+    /// ```
+    /// use barewire::actor::{spawn, Actor, Context};
+    /// struct Idle;
+    /// impl Actor for Idle {
+    ///     type Msg = u32;
+    ///     type Reply = ();
+    ///     async fn handle(&mut self, _: u32, _: &Context<Self>) {}
+    /// }
+    /// # barewire::engine::Runtime::builder().cores(1).pin(false).build().unwrap().block_on(async {
+    /// let a = spawn(Idle);
+    /// a.tell(1).unwrap();
+    /// a.tell(2).unwrap();
+    /// assert_eq!(a.queued(), Some(2)); // it has not run yet
+    /// # });
+    /// ```
+    pub fn queued(&self) -> Option<usize> {
+        let Kind::Local(s) = &self.kind else {
+            return None;
+        };
+        match &*s.moving.borrow() {
+            Moving::No => Some(s.tx.len()),
+            Moving::Holding(held) => Some(s.tx.len() + held.len()),
+            Moving::Moved(_) => None,
+        }
+    }
+
     /// The rank of the node it runs on, for a remote actor; `None` for one of this process.
     pub fn node(&self) -> Option<usize> {
         match &self.kind {

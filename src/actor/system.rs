@@ -13,6 +13,13 @@
 //! longer than the deadline stops its heartbeats, and its peers will take its node for dead.
 //! Long work belongs on another core, or needs a longer `SystemOptions::misses`.
 //!
+//! A peer cannot make this node hold without bound what it sends or what waits for it: an
+//! actor's mailbox takes at most `SystemOptions::max_mailbox` messages from other nodes (a
+//! tell beyond that is dropped and counted in [`ActorSystem::refused`], an ask is answered
+//! with [`Error::Overloaded`]), and while `max_backlog` bytes wait for a peer that does not
+//! read them, tells and asks to it fail at once with `Overloaded` and replies and heartbeats
+//! to it are dropped. A tell that returned `Ok` is never dropped by either bound.
+//!
 //! A moved actor ([`ActorSystem::migrate`]) is reached at its old address until each sender
 //! switches: the old home forwards a sender's messages in arrival order and tells that sender
 //! where the actor went; the sender holds its further messages for it, sends a fence through
@@ -68,6 +75,19 @@ pub struct SystemOptions {
     pub max_message: usize,
     /// Who decides that a node is down. Default: this system's own heartbeat deadline.
     pub detector: Detector,
+    /// Messages that may wait in one actor's mailbox before this node refuses more from other
+    /// nodes: a tell beyond it is dropped and counted ([`ActorSystem::refused`]), an ask is
+    /// answered with [`Error::Overloaded`]. Messages from this node are not held to it. So a
+    /// peer that floods a slow actor costs this node at most this many messages of that
+    /// actor's memory, where Erlang would queue them until the node runs out. Default 65,536.
+    pub max_mailbox: usize,
+    /// Bytes that may wait for one peer (queued here, not yet taken by its channel) before a
+    /// tell, ask, lookup or spawn toward it fails at once with [`Error::Overloaded`], and
+    /// replies and heartbeats to it are dropped. Only a peer that stops reading while this
+    /// node keeps sending reaches it: the channel takes frames as fast as the peer consumes
+    /// them. Protocol frames this node's own actions need (monitors, exits, migration fences)
+    /// are never refused. Default 64 MiB.
+    pub max_backlog: usize,
 }
 
 /// Who decides that a node is down.
@@ -88,6 +108,8 @@ impl Default for SystemOptions {
             misses: 5,
             max_message: 16 * 1024,
             detector: Detector::Heartbeats,
+            max_mailbox: 65_536,
+            max_backlog: 64 << 20,
         }
     }
 }
@@ -163,6 +185,9 @@ enum Wire {
 
 /// `Wire::Tell`'s variant index in BARE (the order of `Wire`'s variants).
 const TELL: u8 = 1;
+
+/// How a reply's error says the receiver was overloaded (`Error::Overloaded`'s display).
+const OVERLOADED: &str = "overloaded: ";
 
 /// Appends a BARE `uint` (LEB128).
 fn put_uint(out: &mut Vec<u8>, mut v: u64) {
@@ -272,6 +297,13 @@ struct Export<A: RemoteActor>(ActorRef<A>);
 
 impl<A: RemoteActor> Exported for Export<A> {
     fn deliver(&self, msg: &[u8], reply: Option<(usize, u64)>, sys: &Rc<Sys>) -> Result<()> {
+        if self.0.queued().is_some_and(|n| n >= sys.max_mailbox) {
+            sys.refused.set(sys.refused.get() + 1);
+            return Err(Error::Overloaded(format!(
+                "its mailbox holds {} messages (SystemOptions::max_mailbox)",
+                sys.max_mailbox
+            )));
+        }
         let m: A::Msg = decode(msg)?;
         let Some((node, req)) = reply else {
             return self.0.tell(m);
@@ -338,6 +370,11 @@ pub(crate) struct Sys {
     rank: usize,
     /// Largest frame that fits in one channel message.
     max_frame: usize,
+    /// `SystemOptions::max_mailbox` and `max_backlog`.
+    max_mailbox: usize,
+    max_backlog: usize,
+    /// Messages from other nodes refused because their actor's mailbox was full.
+    refused: Cell<u64>,
     peers: Vec<Option<Peer>>,
     /// Actors of this node that others may reach, by id: the wire side, and the `ActorRef`
     /// itself (for handing back refs to this node's own actors).
@@ -429,6 +466,9 @@ impl ActorSystem {
         let sys = Rc::new(Sys {
             rank,
             max_frame: opts.max_message - 4,
+            max_mailbox: opts.max_mailbox,
+            max_backlog: opts.max_backlog,
+            refused: Cell::new(0),
             peers,
             exported: RefCell::default(),
             refs: RefCell::default(),
@@ -641,6 +681,22 @@ impl ActorSystem {
         self.sys.forwarded.get()
     }
 
+    /// Messages from other nodes this node refused because their actor's mailbox held
+    /// `SystemOptions::max_mailbox` already: tells dropped, asks answered with
+    /// [`Error::Overloaded`].
+    pub fn refused(&self) -> u64 {
+        self.sys.refused.get()
+    }
+
+    /// Bytes waiting to go to node `rank` (queued here, not yet taken by its channel); at most
+    /// `SystemOptions::max_backlog` plus one frame. 0 for this node or one not in the mesh.
+    pub fn backlog(&self, rank: usize) -> usize {
+        match self.sys.peers.get(rank) {
+            Some(Some(p)) => p.out.borrow().len(),
+            _ => 0,
+        }
+    }
+
     /// Declares node `rank` down, as the cluster's membership decided: its pending asks fail,
     /// monitors and links of its actors fire with `NoConnection`, supervisors restart its
     /// children elsewhere, [`next_down`](Self::next_down) reports it, and the connection to it
@@ -746,8 +802,14 @@ impl Sys {
         })
     }
 
-    /// Queues a frame for `node`; `write` appends its payload.
-    fn frame(&self, node: usize, write: impl FnOnce(&mut Vec<u8>) -> Result<()>) -> Result<()> {
+    /// Queues a frame for `node`; `write` appends its payload. A `bounded` frame is refused
+    /// while `max_backlog` bytes or more wait for that node.
+    fn frame(
+        &self,
+        node: usize,
+        bounded: bool,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
         let Some(Some(p)) = self.peers.get(node) else {
             return Err(Error::Invalid(format!("no node {node}")));
         };
@@ -755,6 +817,13 @@ impl Sys {
             return Err(Error::PeerGone(format!("node {node} is down")));
         }
         let mut out = p.out.borrow_mut();
+        if bounded && out.len() >= self.max_backlog {
+            return Err(Error::Overloaded(format!(
+                "{} bytes wait for node {node}, which is not taking them \
+                 (SystemOptions::max_backlog)",
+                out.len()
+            )));
+        }
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
         let r = write(&mut out);
@@ -775,10 +844,26 @@ impl Sys {
         Ok(())
     }
 
+    /// Queues `w` for `node`. Replies and heartbeats are bounded (dropped while the node's
+    /// backlog is full: it is not reading them); what this node's own protocol needs is not.
     fn send(&self, node: usize, w: Wire) {
-        let _ = self.frame(node, |out| {
+        let _ = self.send_wire(node, w);
+    }
+
+    fn send_wire(&self, node: usize, w: Wire) -> Result<()> {
+        // (A `Tell` sent this way is one already accepted, passed on to where its actor
+        // moved, and an `Adopt` is a migration under way: neither may be dropped.)
+        let bounded = matches!(
+            w,
+            Wire::Heartbeat
+                | Wire::Reply { .. }
+                | Wire::Ask { .. }
+                | Wire::Lookup { .. }
+                | Wire::Spawn { .. }
+        );
+        self.frame(node, bounded, |out| {
             serde_bare::to_writer(out, &w).map_err(|e| Error::Invalid(format!("encoding: {e}")))
-        });
+        })
     }
 
     /// A tell, written straight into the peer's batch in the layout BARE gives
@@ -790,7 +875,7 @@ impl Sys {
             m.clear();
             serde_bare::to_writer(&mut *m, msg)
                 .map_err(|e| Error::Invalid(format!("encoding: {e}")))?;
-            self.frame(node, |out| {
+            self.frame(node, true, |out| {
                 out.push(TELL);
                 out.extend_from_slice(&to.to_le_bytes());
                 put_uint(out, m.len() as u64);
@@ -841,10 +926,16 @@ impl Sys {
         let req = self.id();
         let (tx, rx) = oneshot::channel();
         self.pending.borrow_mut().insert(req, (node, tx));
-        self.send(node, make(req));
+        if let Err(e) = self.send_wire(node, make(req)) {
+            self.pending.borrow_mut().remove(&req);
+            return Err(e);
+        }
         match rx.await {
             Ok(Ok(b)) => Ok(b),
-            Ok(Err(e)) => Err(Error::Refused(e)),
+            Ok(Err(e)) => Err(match e.strip_prefix(OVERLOADED) {
+                Some(m) => Error::Overloaded(m.to_string()),
+                None => Error::Refused(e),
+            }),
             Err(_) => Err(Error::PeerGone(format!("node {node} is down"))),
         }
     }

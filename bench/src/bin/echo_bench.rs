@@ -101,6 +101,10 @@ struct Opts {
     /// The client's CPU.
     #[arg(long, default_value_t = 0, value_parser = barewire_bench::cpu_arg)]
     client_cpu: usize,
+    /// barewire only: how long an idle core spins before it sleeps, in microseconds
+    /// (`barewire-nospin` forces 0).
+    #[arg(long, default_value_t = 100)]
+    spin_us: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -131,7 +135,7 @@ impl Opts {
             secs: self.secs,
             server_cpu: self.server_cpu.unwrap_or(1.min(n - 1)),
             client_cpu: self.client_cpu,
-            spin: Duration::from_micros(100),
+            spin: Duration::from_micros(self.spin_us),
             fixed_files: None,
             multishot: false,
         }

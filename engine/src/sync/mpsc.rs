@@ -92,6 +92,16 @@ pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
 }
 
 impl<T> Sender<T> {
+    /// Messages queued and not yet received.
+    pub fn len(&self) -> usize {
+        self.chan.borrow().queue.len()
+    }
+
+    /// True if nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Queues `v` now, or says why not.
     pub fn try_send(&self, v: T) -> Result<(), TrySendError<T>> {
         let mut c = self.chan.borrow_mut();

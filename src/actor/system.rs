@@ -86,7 +86,8 @@ pub struct SystemOptions {
     /// replies and heartbeats to it are dropped. Only a peer that stops reading while this
     /// node keeps sending reaches it: the channel takes frames as fast as the peer consumes
     /// them. Protocol frames this node's own actions need (monitors, exits, migration fences)
-    /// are never refused. Default 64 MiB.
+    /// are never refused. With the batch the channel is writing out, a stalled peer holds at
+    /// most about twice this here. Default 64 MiB.
     pub max_backlog: usize,
 }
 
@@ -688,8 +689,10 @@ impl ActorSystem {
         self.sys.refused.get()
     }
 
-    /// Bytes waiting to go to node `rank` (queued here, not yet taken by its channel); at most
-    /// `SystemOptions::max_backlog` plus one frame. 0 for this node or one not in the mesh.
+    /// Bytes waiting to go to node `rank` (queued here, not yet taken by its channel's sender):
+    /// at most `SystemOptions::max_backlog` plus one frame. The batch the sender is writing
+    /// out meanwhile, at most as much again, is not counted. 0 for this node or one not in
+    /// the mesh.
     pub fn backlog(&self, rank: usize) -> usize {
         match self.sys.peers.get(rank) {
             Some(Some(p)) => p.out.borrow().len(),

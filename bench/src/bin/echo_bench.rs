@@ -227,8 +227,26 @@ fn compare(opts: &Opts, reps: usize, runtimes: &[Runtime], args: &[String]) {
             results[i].1.push(field("p50_ns="));
             results[i].2.push(field("p99_ns="));
             eprintln!("rep {rep}: {line}");
+            // barewire's per-core counters, so a slow rep can be told from a fast one.
+            for l in String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| l.starts_with("STATS"))
+            {
+                eprintln!("rep {rep}: {l}");
+            }
         }
     }
+    // Each rep runs every runtime back to back, seconds apart: the ratio within a rep pairs
+    // runs that met the same phase of this shared host.
+    let per_rep: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| {
+            r.0.iter()
+                .zip(&results[0].0)
+                .map(|(this, first)| first / this)
+                .collect()
+        })
+        .collect();
     let mut med: Vec<(f64, f64, f64)> = results
         .iter_mut()
         .map(|(r, a, b)| (median(r), median(a), median(b)))
@@ -239,15 +257,19 @@ fn compare(opts: &Opts, reps: usize, runtimes: &[Runtime], args: &[String]) {
         cfg.mode, cfg.conns, cfg.size, cfg.secs, reps, cfg.server_cpu, cfg.client_cpu
     );
     println!(
-        "| runtime | round trips/s (median) | {0} ÷ this | p50 µs | p99 µs | this p50 ÷ {0} p50 |",
+        "| runtime | round trips/s (median) | {0} ÷ this | per-rep {0} ÷ this: median (range) | p50 µs | p99 µs | this p50 ÷ {0} p50 |",
         names[0]
     );
-    println!("|---|---|---|---|---|---|");
-    for (rt, m) in names.iter().zip(med.iter_mut()) {
+    println!("|---|---|---|---|---|---|---|");
+    for ((rt, m), mut r) in names.iter().zip(med.iter_mut()).zip(per_rep) {
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         println!(
-            "| {rt} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
+            "| {rt} | {:.0} | {:.2} | {:.2} ({lo:.2}–{hi:.2}) | {:.2} | {:.2} | {} |",
             m.0,
             base.0 / m.0,
+            median(&mut r),
             m.1 / 1000.0,
             m.2 / 1000.0,
             if base.1 > 0.0 {

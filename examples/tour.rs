@@ -147,7 +147,7 @@ fn lead() -> Result<()> {
     let r = runtime(0).block_on(async move {
         let node = Node::new()?;
         println!(
-            "barewire tour: 3 nodes on loopback, driver {} ({})",
+            "barewire tour: 3 nodes on loopback, device {} ({})",
             node.device().name(),
             node.device().transport()
         );
@@ -157,6 +157,14 @@ fn lead() -> Result<()> {
         let eb = node
             .connect(format!("127.0.0.1:{pb}").parse().unwrap())
             .await?;
+        // What each connection runs over: under `auto`, a peer on this host is reached through
+        // shared memory; `BAREWIRE_DRIVER=soft` (what scripts/demo.sh sets) keeps the software
+        // provider, iWARP over TCP, as on a machine with no RDMA device and peers elsewhere.
+        println!(
+            "connected to a over {} and to b over {}",
+            ea.transport(),
+            eb.transport()
+        );
         one_sided(&ea).await?;
         channel(&ea).await?;
         fan_out(&[ea.clone(), eb.clone()]).await?;

@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+# The software provider (iWARP over TCP through io_uring), barewire's own transport where there
+# is no RDMA device. Under `auto`, peers on one host would talk through shared memory instead:
+# `BAREWIRE_DRIVER=auto bash scripts/demo.sh` shows that.
+export BAREWIRE_DRIVER="${BAREWIRE_DRIVER:-soft}"
 cargo run --release --example tour
 cargo run --release --example dsm
 cargo run --release --example actors

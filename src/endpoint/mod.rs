@@ -409,6 +409,22 @@ impl Endpoint {
         self.inner().ring_limit.get()
     }
 
+    /// The transport this connection runs over. The node's device says what was asked for;
+    /// under `auto` (the default, and where there is no RDMA device) a peer on this host and
+    /// network namespace is reached through shared memory ([`Transport::Shm`]), others through
+    /// the device's transport or the software provider.
+    ///
+    /// ```
+    /// # fn demo(ep: &barewire::Endpoint) {
+    /// println!("connected over {}", ep.transport()); // "shm", "soft", "roce2", ...
+    /// # }
+    /// ```
+    ///
+    /// [`Transport::Shm`]: barewire_drivers::Transport::Shm
+    pub fn transport(&self) -> barewire_drivers::Transport {
+        self.inner().ops.qp().transport()
+    }
+
     /// The error this connection already failed with, if it did: an operation posted now
     /// would certainly not reach the peer.
     pub(crate) fn failed(&self) -> Option<Error> {

@@ -998,7 +998,12 @@ impl QpInner {
                 sock::send(self.sock.as_raw_fd(), &m, &[])
             }
         };
-        sent.map_err(|e| format!("answering a grant request: {e}"))
+        match sent {
+            // The peer hung up meanwhile (it is shutting down): not this side's error, and the
+            // next receive on the socket sees the hang-up and fails the queue pair as gone.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => Ok(()),
+            other => other.map_err(|e| format!("answering a grant request: {e}")),
+        }
     }
 }
 

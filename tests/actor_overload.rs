@@ -252,3 +252,64 @@ fn a_peer_that_stops_reading_holds_the_backlog_to_its_bound_and_loses_no_accepte
         }
     });
 }
+
+#[test]
+fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
+    const BOUND: usize = 20;
+    let checked = Arc::new(AtomicBool::new(false));
+    common::meshed(2, move |rank, _node, mesh| {
+        let checked = checked.clone();
+        async move {
+            let opts = SystemOptions {
+                max_monitors: BOUND,
+                ..patient()
+            };
+            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
+            if rank == 1 {
+                sys.register("a", &spawn(Ack)).unwrap();
+                sys.register("b", &spawn(Ack)).unwrap();
+            } else {
+                // Each lookup is a reference of its own, and places its own monitor.
+                let mut refs = Vec::new();
+                for _ in 0..BOUND + 5 {
+                    let r = find::<Ack>(&sys, 1, "a").await;
+                    assert_eq!(r.exit_reason(), None);
+                    refs.push(r);
+                }
+                let b = find::<Ack>(&sys, 1, "b").await;
+                // Answered after every monitor above, and after their refusals came back.
+                b.ask((), ASK).await.unwrap();
+                for (i, r) in refs.iter().enumerate() {
+                    match r.exit_reason() {
+                        None if i < BOUND => {}
+                        Some(barewire::actor::ExitReason::Error(m))
+                            if i >= BOUND && m.contains("max_monitors") => {}
+                        other => panic!("monitor {i}: {other:?}"),
+                    }
+                }
+                // The bound is per node: one on b is refused too, while a's 20 hold.
+                let _ = b.exit_reason();
+                b.ask((), ASK).await.unwrap();
+                assert!(b.exit_reason().is_some(), "a monitor beyond the bound");
+                // a ends: its 20 monitors fire with its reason, and give their places back.
+                refs[0].stop(barewire::actor::ExitReason::Shutdown);
+                for r in &refs[..BOUND] {
+                    let reason = time::timeout(ASK, r.wait())
+                        .await
+                        .expect("a's monitor fired");
+                    assert_eq!(reason, barewire::actor::ExitReason::Shutdown);
+                }
+                let b2 = find::<Ack>(&sys, 1, "b").await;
+                let _ = b2.exit_reason();
+                b2.ask((), ASK).await.unwrap();
+                assert_eq!(b2.exit_reason(), None, "a monitor within the bound again");
+                checked.store(true, Ordering::SeqCst);
+            }
+            until("both sides done", Duration::from_secs(30), || {
+                checked.load(Ordering::SeqCst)
+            })
+            .await;
+            time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}

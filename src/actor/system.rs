@@ -18,7 +18,10 @@
 //! tell beyond that is dropped and counted in [`ActorSystem::refused`], an ask is answered
 //! with [`Error::Overloaded`]), and while `max_backlog` bytes wait for a peer that does not
 //! read them, tells and asks to it fail at once with `Overloaded` and replies and heartbeats
-//! to it are dropped. A tell that returned `Ok` is never dropped by either bound.
+//! to it are dropped. A tell that returned `Ok` is never dropped by either bound. Monitors
+//! another node holds here are a list entry each (one waiting task per monitored actor),
+//! dropped when that node goes down, and at most `max_monitors` per node: beyond it a monitor
+//! is answered at once with a `Down` saying it was refused.
 //!
 //! A moved actor ([`ActorSystem::migrate`]) is reached at its old address until each sender
 //! switches: the old home forwards a sender's messages in arrival order and tells that sender
@@ -92,6 +95,11 @@ pub struct SystemOptions {
     /// are never refused. With the batch the channel is writing out, a stalled peer holds at
     /// most about twice this here. Default 64 MiB.
     pub max_backlog: usize,
+    /// Monitors one other node may hold on this node's actors at once. Each is a task here
+    /// until its actor exits or that node goes down; beyond the bound a monitor is answered at
+    /// once with a `Down` of `ExitReason::Error("monitor refused: ...")`, as a monitor of an
+    /// actor that does not exist is answered with `noproc`. Default 65,536.
+    pub max_monitors: usize,
 }
 
 /// Who decides that a node is down.
@@ -114,6 +122,7 @@ impl Default for SystemOptions {
             detector: Detector::Heartbeats,
             max_mailbox: 65_536,
             max_backlog: 64 << 20,
+            max_monitors: 65_536,
         }
     }
 }
@@ -368,15 +377,18 @@ struct Peer {
     pump: RefCell<Option<Waker>>,
     last_heard: Cell<Instant>,
     down: Cell<bool>,
+    /// Monitors it holds on this node's actors (see `SystemOptions::max_monitors`).
+    monitors: Cell<usize>,
 }
 
 pub(crate) struct Sys {
     rank: usize,
     /// Largest frame that fits in one channel message.
     max_frame: usize,
-    /// `SystemOptions::max_mailbox` and `max_backlog`.
+    /// `SystemOptions::max_mailbox`, `max_backlog` and `max_monitors`.
     max_mailbox: usize,
     max_backlog: usize,
+    max_monitors: usize,
     /// Messages from other nodes refused because their actor's mailbox was full.
     refused: Cell<u64>,
     peers: Vec<Option<Peer>>,
@@ -392,6 +404,8 @@ pub(crate) struct Sys {
     pending: RefCell<HashMap<u64, (usize, ReplyTo)>>,
     /// Monitors this node placed on other nodes' actors: monitor ref -> (node, exit cell).
     watching: RefCell<HashMap<u64, (usize, Rc<Exit>)>>,
+    /// Monitors other nodes hold on this node's actors: actor id -> (node, monitor ref).
+    monitored: RefCell<HashMap<u64, Vec<(usize, u64)>>>,
     next: Cell<u64>,
     /// Moved actors' new addresses, as this node learned them: (old node, old id) -> route.
     routes: RefCell<HashMap<(usize, u64), Route>>,
@@ -464,6 +478,7 @@ impl ActorSystem {
                     pump: RefCell::default(),
                     last_heard: Cell::new(Instant::now()),
                     down: Cell::new(false),
+                    monitors: Cell::new(0),
                 })
             })
             .collect();
@@ -472,6 +487,7 @@ impl ActorSystem {
             max_frame: opts.max_message - 4,
             max_mailbox: opts.max_mailbox,
             max_backlog: opts.max_backlog,
+            max_monitors: opts.max_monitors,
             refused: Cell::new(0),
             peers,
             exported: RefCell::default(),
@@ -481,6 +497,7 @@ impl ActorSystem {
             adopters: RefCell::default(),
             pending: RefCell::default(),
             watching: RefCell::default(),
+            monitored: RefCell::default(),
             next: Cell::new(1),
             routes: RefCell::default(),
             route_waiters: RefCell::default(),
@@ -921,6 +938,50 @@ impl Sys {
         }
     }
 
+    /// Node `from` monitors this node's actor `target` (its exit cell `exit`) as `mref`. Every
+    /// monitor of one actor waits on one task, which sends each watcher its `Down` when the
+    /// actor exits; a node that goes down is dropped from every list (`node_down`). Refused
+    /// beyond `max_monitors` monitors from that node.
+    fn monitor(self: &Rc<Self>, from: usize, target: u64, mref: u64, exit: Rc<Exit>) {
+        let Some(Some(p)) = self.peers.get(from) else {
+            return;
+        };
+        if let Some(reason) = exit.get() {
+            self.send(from, Wire::Down { mref, reason });
+            return;
+        }
+        if p.monitors.get() >= self.max_monitors {
+            let reason = ExitReason::Error(format!(
+                "monitor refused: node {from} already holds {} monitors here \
+                 (SystemOptions::max_monitors)",
+                self.max_monitors
+            ));
+            self.send(from, Wire::Down { mref, reason });
+            return;
+        }
+        p.monitors.set(p.monitors.get() + 1);
+        let mut monitored = self.monitored.borrow_mut();
+        let watchers = monitored.entry(target).or_default();
+        watchers.push((from, mref));
+        if watchers.len() > 1 {
+            return; // its task is already waiting
+        }
+        drop(monitored);
+        let sys = Rc::downgrade(self);
+        spawn_local(async move {
+            let reason = std::future::poll_fn(|cx| exit.poll_exit(cx)).await;
+            let Some(sys) = sys.upgrade() else { return };
+            let watchers = sys.monitored.borrow_mut().remove(&target);
+            for (node, mref) in watchers.into_iter().flatten() {
+                if let Some(Some(p)) = sys.peers.get(node) {
+                    p.monitors.set(p.monitors.get() - 1);
+                }
+                let reason = reason.clone();
+                sys.send(node, Wire::Down { mref, reason });
+            }
+        });
+    }
+
     fn is_down(&self, node: usize) -> bool {
         matches!(self.peers.get(node), Some(Some(p)) if p.down.get())
     }
@@ -1055,16 +1116,7 @@ impl Sys {
                             reason: ExitReason::Error("noproc".into()),
                         },
                     ),
-                    Some(e) => {
-                        let exit = e.exit();
-                        let sys = Rc::downgrade(self);
-                        spawn_local(async move {
-                            let reason = std::future::poll_fn(|cx| exit.poll_exit(cx)).await;
-                            if let Some(sys) = sys.upgrade() {
-                                sys.send(from, Wire::Down { mref, reason });
-                            }
-                        });
-                    }
+                    Some(e) => self.monitor(from, target, mref, e.exit()),
                 }
             }
             Wire::Down { mref, reason } => {
@@ -1159,13 +1211,6 @@ impl Sys {
 
     /// `node` is gone: fail what waits on it, once.
     fn node_down(&self, node: usize, _why: &str) {
-        if std::env::var("DBGD").is_ok() {
-            eprintln!(
-                "DBGD {} node_down {node}: {_why} at {:?}",
-                self.rank,
-                std::time::SystemTime::now()
-            );
-        }
         let Some(Some(p)) = self.peers.get(node) else {
             return;
         };
@@ -1188,6 +1233,11 @@ impl Sys {
         for e in gone {
             e.set(ExitReason::NoConnection);
         }
+        // Its monitors of this node's actors go: nobody is left to tell.
+        for watchers in self.monitored.borrow_mut().values_mut() {
+            watchers.retain(|(n, _)| *n != node);
+        }
+        p.monitors.set(0);
         self.downs.borrow_mut().push(node);
         for w in self.down_waiters.borrow_mut().drain(..) {
             w.wake();

@@ -1,6 +1,7 @@
 //! Actors on another core of the same process: started there, reached from here, in order,
 //! with replies, stops and panics reported back.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use barewire::actor::{spawn_on_core, Actor, Context, ExitReason};
@@ -57,5 +58,60 @@ fn an_actor_on_another_core_runs_there_in_order_and_reports_its_exit() {
             let v = spawn_on_core(1, || Tally { n: 1 });
             assert_eq!(v.ask(Msg::Add(1), ASK).await.unwrap(), (2, 1));
             assert_eq!(current_core(), 0);
+        });
+}
+
+/// Holds its messages until `OPEN`; records the longest mailbox it saw and what it handled.
+struct Slow;
+static OPEN: AtomicBool = AtomicBool::new(false);
+static LONGEST: AtomicUsize = AtomicUsize::new(0);
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+impl Actor for Slow {
+    type Msg = u64;
+    type Reply = u64;
+    async fn handle(&mut self, n: u64, ctx: &Context<Self>) -> u64 {
+        while !OPEN.load(Ordering::SeqCst) {
+            barewire::engine::time::sleep(Duration::from_millis(1)).await;
+        }
+        let queued = ctx.myself().queued().unwrap();
+        LONGEST.fetch_max(queued, Ordering::SeqCst);
+        // In order: message n is the n-th handled.
+        assert_eq!(HANDLED.fetch_add(1, Ordering::SeqCst), n);
+        n
+    }
+}
+
+#[test]
+fn a_slow_actor_on_another_core_leaves_its_backlog_on_the_sending_core() {
+    const SENT: u64 = 5_000;
+    Runtime::builder()
+        .cores(2)
+        .sleeping()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let s = spawn_on_core(1, || Slow);
+            for n in 0..SENT {
+                s.tell(n).unwrap();
+                if n % 256 == 0 {
+                    barewire::engine::yield_now().await;
+                }
+            }
+            // Give the pump and the forwarder time to move what they will.
+            barewire::engine::time::sleep(Duration::from_millis(100)).await;
+            // At most the ring (1,024), the mailbox's 1,024, the one in the handler and one
+            // in the hand of each task between went on; the rest waits here, counted.
+            let here = s.queued().unwrap() as u64;
+            assert!(
+                here >= SENT - 2 * 1024 - 3 && here <= SENT,
+                "{here} of {SENT} wait on the sending core"
+            );
+            OPEN.store(true, Ordering::SeqCst);
+            assert_eq!(s.ask(SENT, ASK).await.unwrap(), SENT);
+            assert_eq!(HANDLED.load(Ordering::SeqCst), SENT + 1);
+            let longest = LONGEST.load(Ordering::SeqCst);
+            assert!(longest <= 1024, "core 1's mailbox held {longest}");
+            assert_eq!(s.queued(), Some(0));
         });
 }

@@ -399,7 +399,10 @@ impl<A: Actor> ActorRef<A> {
 
     /// Messages waiting in its mailbox (Erlang's `message_queue_len`), for an actor of this
     /// core that has not moved away: the handler's current message is no longer counted, and
-    /// messages held while it is being moved are. `None` for an actor elsewhere.
+    /// messages held while it is being moved are. For an actor of another core of this
+    /// process ([`spawn_on_core`](super::spawn_on_core)), the messages waiting on this core to
+    /// cross to it (its core takes them only while its mailbox is short). `None` for an actor
+    /// on another node.
     ///
     /// ```
     /// use barewire::actor::{spawn, Actor, Context};
@@ -417,8 +420,10 @@ impl<A: Actor> ActorRef<A> {
     /// # });
     /// ```
     pub fn queued(&self) -> Option<usize> {
-        let Kind::Local(s) = &self.kind else {
-            return None;
+        let s = match &self.kind {
+            Kind::Local(s) => s,
+            Kind::Core(c) => return Some(c.queued()),
+            Kind::Remote(_) => return None,
         };
         match &*s.moving.borrow() {
             Moving::No => Some(s.tx.len()),

@@ -5,7 +5,13 @@
 //! ring brings and puts it in the actor's mailbox, in order. On this side, the reference queues
 //! to a pump task that moves envelopes onto the ring (waiting for room when it is full), so
 //! `tell` stays synchronous and ordered. Replies and the exit reason come back on rings of
-//! their own.
+//! their own. The forwarder takes from the ring only while the actor's mailbox holds fewer
+//! than `FORWARD_AHEAD` messages, so a slow actor's backlog waits on the sending core, where
+//! [`ActorRef::queued`] counts it (and an actor system bounds what other nodes add to it).
+
+/// Messages the forwarder lets wait in the actor's mailbox before it leaves the rest on the
+/// ring (and behind it, on the sending core).
+const FORWARD_AHEAD: usize = 1024;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +45,11 @@ pub(crate) struct CoreRef<A: Actor> {
 }
 
 impl<A: Actor> CoreRef<A> {
+    /// Envelopes waiting on this core for room on the ring.
+    pub(crate) fn queued(&self) -> usize {
+        self.tx.len()
+    }
+
     pub(crate) fn send(&self, e: Envelope<A>) -> Result<()> {
         if let Some(r) = self.exit.get() {
             return Err(Error::Exited(r.to_string()));
@@ -104,6 +115,12 @@ where
         let to = r.clone();
         let fwd = spawn_local(async move {
             while let Some(e) = ring_rx.recv().await {
+                // A mailbox this long is the actor falling behind: wait for it (rarely, so a
+                // short sleep serves) rather than move the backlog here.
+                while to.queued().is_some_and(|n| n >= FORWARD_AHEAD) && to.exit_reason().is_none()
+                {
+                    time::sleep(Duration::from_micros(200)).await;
+                }
                 match e {
                     Envelope::Tell(m) => {
                         let _ = to.tell(m);

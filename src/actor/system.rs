@@ -82,10 +82,9 @@ pub struct SystemOptions {
     /// nodes: a tell beyond it is dropped and counted ([`ActorSystem::refused`]), an ask is
     /// answered with [`Error::Overloaded`]. Messages from this node are not held to it. So a
     /// peer that floods a slow actor costs this node at most this many messages of that
-    /// actor's memory, where Erlang would queue them until the node runs out. (Only actors
-    /// of the core that runs the system are counted: one registered from another core,
-    /// `spawn_on_core`, is reached through that core's queue and is not held to it.) Default
-    /// 65,536.
+    /// actor's memory, where Erlang would queue them until the node runs out. (For an actor of
+    /// another core, `spawn_on_core`, what counts is what waits on this core to cross to it:
+    /// that core takes messages only while the actor's own mailbox is short.) Default 65,536.
     pub max_mailbox: usize,
     /// Bytes that may wait for one peer (queued here, not yet taken by its channel) before a
     /// tell, ask, lookup or spawn toward it fails at once with [`Error::Overloaded`], and

@@ -104,7 +104,7 @@ fn a_slow_actor_on_another_core_leaves_its_backlog_on_the_sending_core() {
             // in the hand of each task between went on; the rest waits here, counted.
             let here = s.queued().unwrap() as u64;
             assert!(
-                here >= SENT - 2 * 1024 - 3 && here <= SENT,
+                (SENT - 2 * 1024 - 3..=SENT).contains(&here),
                 "{here} of {SENT} wait on the sending core"
             );
             OPEN.store(true, Ordering::SeqCst);

@@ -432,6 +432,16 @@ impl<A: Actor> ActorRef<A> {
         }
     }
 
+    /// Waits until this core's actor's mailbox holds fewer than `below` messages (at once for
+    /// an actor elsewhere, or one that has moved away or exited).
+    pub(crate) async fn mailbox_room(&self, below: usize) {
+        if let Kind::Local(s) = &self.kind {
+            while matches!(*s.moving.borrow(), Moving::No) && s.tx.len() >= below {
+                s.tx.room(below).await;
+            }
+        }
+    }
+
     /// The rank of the node it runs on, for a remote actor; `None` for one of this process.
     pub fn node(&self) -> Option<usize> {
         match &self.kind {

@@ -115,12 +115,9 @@ where
         let to = r.clone();
         let fwd = spawn_local(async move {
             while let Some(e) = ring_rx.recv().await {
-                // A mailbox this long is the actor falling behind: wait for it (rarely, so a
-                // short sleep serves) rather than move the backlog here.
-                while to.queued().is_some_and(|n| n >= FORWARD_AHEAD) && to.exit_reason().is_none()
-                {
-                    time::sleep(Duration::from_micros(200)).await;
-                }
+                // A mailbox this long is the actor falling behind: wait for it rather than
+                // move the backlog here.
+                to.mailbox_room(FORWARD_AHEAD).await;
                 match e {
                     Envelope::Tell(m) => {
                         let _ = to.tell(m);

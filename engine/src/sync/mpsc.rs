@@ -102,6 +102,33 @@ impl<T> Sender<T> {
         self.len() == 0
     }
 
+    /// Waits until fewer than `below` messages are queued, or the receiver is gone: a
+    /// producer's own backpressure on a channel without a bound (or a lower one than the
+    /// channel's).
+    ///
+    /// ```
+    /// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+    /// rt.block_on(async {
+    ///     let (tx, mut rx) = barewire_engine::sync::mpsc::unbounded::<u32>();
+    ///     for i in 0..4 { tx.try_send(i).unwrap(); }
+    ///     barewire_engine::spawn_local(async move { while rx.recv().await.is_some() {} });
+    ///     tx.room(2).await; // the receiver took at least three
+    ///     assert!(tx.len() < 2);
+    /// });
+    /// ```
+    pub async fn room(&self, below: usize) {
+        poll_fn(|cx| {
+            let mut c = self.chan.borrow_mut();
+            if c.queue.len() < below || !c.rx_alive {
+                return Poll::Ready(());
+            }
+            // Woken by the receiver's next take (or its drop), then looked at again.
+            c.tx_waiters.push_back(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
     /// Queues `v` now, or says why not.
     pub fn try_send(&self, v: T) -> Result<(), TrySendError<T>> {
         let mut c = self.chan.borrow_mut();

@@ -82,6 +82,16 @@ async fn find<A: barewire::actor::RemoteActor>(
     }
 }
 
+/// Waits until the side that checks has finished (so neither leaves while the other still
+/// talks to it), then a moment for the last frames.
+async fn both_done(checked: &AtomicBool) {
+    until("both sides done", Duration::from_secs(40), || {
+        checked.load(Ordering::SeqCst)
+    })
+    .await;
+    time::sleep(Duration::from_millis(100)).await;
+}
+
 async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !cond() {
@@ -157,11 +167,7 @@ fn a_flooded_actor_holds_at_most_its_bound_and_the_rest_is_refused_and_counted()
                 ack.ask((), ASK).await.unwrap();
                 flooded.store(true, Ordering::SeqCst);
             }
-            until("both sides done", Duration::from_secs(30), || {
-                checked.load(Ordering::SeqCst)
-            })
-            .await;
-            time::sleep(Duration::from_millis(100)).await;
+            both_done(&checked).await;
         }
     });
 }
@@ -244,11 +250,7 @@ fn a_peer_that_stops_reading_holds_the_backlog_to_its_bound_and_loses_no_accepte
                 assert_eq!(sys.backlog(1), 0);
                 checked.store(true, Ordering::SeqCst);
             }
-            until("both sides done", Duration::from_secs(40), || {
-                checked.load(Ordering::SeqCst)
-            })
-            .await;
-            time::sleep(Duration::from_millis(100)).await;
+            both_done(&checked).await;
         }
     });
 }
@@ -305,11 +307,7 @@ fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
                 assert_eq!(b2.exit_reason(), None, "a monitor within the bound again");
                 checked.store(true, Ordering::SeqCst);
             }
-            until("both sides done", Duration::from_secs(30), || {
-                checked.load(Ordering::SeqCst)
-            })
-            .await;
-            time::sleep(Duration::from_millis(100)).await;
+            both_done(&checked).await;
         }
     });
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, SystemOptions};
+use barewire::actor::{spawn, Actor, ActorRef, ActorSystem, Context, ExitReason, SystemOptions};
 use barewire::engine::{time, yield_now};
 use barewire::Error;
 
@@ -284,8 +284,7 @@ fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
                 for (i, r) in refs.iter().enumerate() {
                     match r.exit_reason() {
                         None if i < BOUND => {}
-                        Some(barewire::actor::ExitReason::Error(m))
-                            if i >= BOUND && m.contains("max_monitors") => {}
+                        Some(ExitReason::Error(m)) if i >= BOUND && m.contains("max_monitors") => {}
                         other => panic!("monitor {i}: {other:?}"),
                     }
                 }
@@ -294,18 +293,72 @@ fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
                 b.ask((), ASK).await.unwrap();
                 assert!(b.exit_reason().is_some(), "a monitor beyond the bound");
                 // a ends: its 20 monitors fire with its reason, and give their places back.
-                refs[0].stop(barewire::actor::ExitReason::Shutdown);
+                refs[0].stop(ExitReason::Shutdown);
                 for r in &refs[..BOUND] {
                     let reason = time::timeout(ASK, r.wait())
                         .await
                         .expect("a's monitor fired");
-                    assert_eq!(reason, barewire::actor::ExitReason::Shutdown);
+                    assert_eq!(reason, ExitReason::Shutdown);
                 }
                 let b2 = find::<Ack>(&sys, 1, "b").await;
                 let _ = b2.exit_reason();
                 b2.ask((), ASK).await.unwrap();
                 assert_eq!(b2.exit_reason(), None, "a monitor within the bound again");
                 checked.store(true, Ordering::SeqCst);
+            }
+            both_done(&checked).await;
+        }
+    });
+}
+
+/// Stops on its first message.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Short;
+impl Actor for Short {
+    type Msg = ();
+    type Reply = ();
+    async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+        ctx.stop(ExitReason::Normal);
+    }
+}
+
+#[test]
+fn actors_started_for_a_peer_leave_no_trace_once_they_exit() {
+    const STARTS: usize = 200;
+    let started = Arc::new(AtomicBool::new(false));
+    let checked = Arc::new(AtomicBool::new(false));
+    common::meshed(2, move |rank, _node, mesh| {
+        let (started, checked) = (started.clone(), checked.clone());
+        async move {
+            let sys = ActorSystem::start(&mesh, patient()).await.unwrap();
+            sys.register_kind("short", |()| Short);
+            sys.register("ack", &spawn(Ack)).unwrap();
+            if rank == 1 {
+                until("the peer's starts", Duration::from_secs(30), || {
+                    started.load(Ordering::SeqCst)
+                })
+                .await;
+                // Only the registered actor is left.
+                until("exited actors forgotten", ASK, || sys.exported() == 1).await;
+                checked.store(true, Ordering::SeqCst);
+            } else {
+                find::<Ack>(&sys, 1, "ack").await;
+                let mut refs = Vec::new();
+                for _ in 0..STARTS {
+                    let r = sys.spawn_on::<Short, ()>(1, "short", &()).await.unwrap();
+                    r.tell(()).unwrap();
+                    refs.push(r);
+                }
+                for r in &refs {
+                    let reason = time::timeout(ASK, r.wait()).await.expect("it exited");
+                    assert_eq!(reason, ExitReason::Normal);
+                }
+                // An exited actor's node is no longer holding it, but still says how it ended.
+                match refs[0].ask((), ASK).await {
+                    Err(Error::Exited(m)) => assert!(m.contains("normal"), "{m}"),
+                    other => panic!("an ask to an exited actor: {other:?}"),
+                }
+                started.store(true, Ordering::SeqCst);
             }
             both_done(&checked).await;
         }

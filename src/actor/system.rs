@@ -21,7 +21,9 @@
 //! to it are dropped. A tell that returned `Ok` is never dropped by either bound. Monitors
 //! another node holds here are a list entry each (one waiting task per monitored actor),
 //! dropped when that node goes down, and at most `max_monitors` per node: beyond it a monitor
-//! is answered at once with a `Down` saying it was refused.
+//! is answered at once with a `Down` saying it was refused. An actor other nodes could reach
+//! is forgotten when it exits (its exit reason is kept among the last 4,096, for a monitor or
+//! ask already on its way), so starting and restarting actors for peers leaves nothing behind.
 //!
 //! A moved actor ([`ActorSystem::migrate`]) is reached at its old address until each sender
 //! switches: the old home forwards a sender's messages in arrival order and tells that sender
@@ -197,6 +199,9 @@ enum Wire {
 
 /// `Wire::Tell`'s variant index in BARE (the order of `Wire`'s variants).
 const TELL: u8 = 1;
+
+/// Exit reasons of exported actors kept after their exit (see `Sys::export`).
+const TOMBSTONES: usize = 4096;
 
 /// How a reply's error says the receiver was overloaded (`Error::Overloaded`'s display).
 const OVERLOADED: &str = "overloaded: ";
@@ -405,6 +410,9 @@ pub(crate) struct Sys {
     watching: RefCell<HashMap<u64, (usize, Rc<Exit>)>>,
     /// Monitors other nodes hold on this node's actors: actor id -> (node, monitor ref).
     monitored: RefCell<HashMap<u64, Vec<(usize, u64)>>>,
+    /// The exit reasons of the last `TOMBSTONES` exported actors to exit, by id, oldest first
+    /// in the queue: a monitor or ask that set out before the exit still gets the reason.
+    tombstones: RefCell<(HashMap<u64, ExitReason>, std::collections::VecDeque<u64>)>,
     next: Cell<u64>,
     /// Moved actors' new addresses, as this node learned them: (old node, old id) -> route.
     routes: RefCell<HashMap<(usize, u64), Route>>,
@@ -497,6 +505,7 @@ impl ActorSystem {
             pending: RefCell::default(),
             watching: RefCell::default(),
             monitored: RefCell::default(),
+            tombstones: RefCell::default(),
             next: Cell::new(1),
             routes: RefCell::default(),
             route_waiters: RefCell::default(),
@@ -708,6 +717,12 @@ impl ActorSystem {
         self.sys.refused.get()
     }
 
+    /// Actors of this node that other nodes can reach (registered, started for a peer, or moved
+    /// here) and that have not exited. An actor's entry goes when it exits.
+    pub fn exported(&self) -> usize {
+        self.sys.exported.borrow().len()
+    }
+
     /// Bytes waiting to go to node `rank` (queued here, not yet taken by its channel's sender):
     /// at most `SystemOptions::max_backlog` plus one frame. The batch the sender is writing
     /// out meanwhile, at most as much again, is not counted. 0 for this node or one not in
@@ -775,7 +790,12 @@ impl Sys {
         id
     }
 
-    fn export<A: RemoteActor>(&self, actor: &ActorRef<A>) -> Result<u64> {
+    /// Makes `actor` reachable from other nodes under a new id, until it exits: then a task
+    /// sends its monitors their `Down` and forgets the id (and any name for it), keeping only
+    /// its exit reason among the last `TOMBSTONES` (for a monitor or ask already on its way).
+    /// Later ones find no actor (`noproc`), as in OTP, and a node that keeps starting and
+    /// restarting actors for its peers keeps no more than that of the dead ones.
+    fn export<A: RemoteActor>(self: &Rc<Self>, actor: &ActorRef<A>) -> Result<u64> {
         if actor.node().is_some() {
             return Err(Error::Invalid(
                 "only an actor of this node can be exported".into(),
@@ -786,6 +806,33 @@ impl Sys {
             .borrow_mut()
             .insert(id, Rc::new(Export(actor.clone())));
         self.refs.borrow_mut().insert(id, Rc::new(actor.clone()));
+        let exit = actor.exit_cell();
+        let sys = Rc::downgrade(self);
+        spawn_local(async move {
+            let reason = std::future::poll_fn(|cx| exit.poll_exit(cx)).await;
+            let Some(sys) = sys.upgrade() else { return };
+            sys.exported.borrow_mut().remove(&id);
+            sys.refs.borrow_mut().remove(&id);
+            sys.names.borrow_mut().retain(|_, v| *v != id);
+            {
+                let (reasons, order) = &mut *sys.tombstones.borrow_mut();
+                reasons.insert(id, reason.clone());
+                order.push_back(id);
+                if order.len() > TOMBSTONES {
+                    if let Some(old) = order.pop_front() {
+                        reasons.remove(&old);
+                    }
+                }
+            }
+            let watchers = sys.monitored.borrow_mut().remove(&id);
+            for (node, mref) in watchers.into_iter().flatten() {
+                if let Some(Some(p)) = sys.peers.get(node) {
+                    p.monitors.set(p.monitors.get() - 1);
+                }
+                let reason = reason.clone();
+                sys.send(node, Wire::Down { mref, reason });
+            }
+        });
         Ok(id)
     }
 
@@ -937,8 +984,8 @@ impl Sys {
         }
     }
 
-    /// Node `from` monitors this node's actor `target` (its exit cell `exit`) as `mref`. Every
-    /// monitor of one actor waits on one task, which sends each watcher its `Down` when the
+    /// Node `from` monitors this node's actor `target` (its exit cell `exit`) as `mref`: an
+    /// entry in the actor's list, which the task `export` started sends its `Down` when the
     /// actor exits; a node that goes down is dropped from every list (`node_down`). Refused
     /// beyond `max_monitors` monitors from that node.
     fn monitor(self: &Rc<Self>, from: usize, target: u64, mref: u64, exit: Rc<Exit>) {
@@ -959,26 +1006,19 @@ impl Sys {
             return;
         }
         p.monitors.set(p.monitors.get() + 1);
-        let mut monitored = self.monitored.borrow_mut();
-        let watchers = monitored.entry(target).or_default();
-        watchers.push((from, mref));
-        if watchers.len() > 1 {
-            return; // its task is already waiting
+        self.monitored
+            .borrow_mut()
+            .entry(target)
+            .or_default()
+            .push((from, mref));
+    }
+
+    /// Why there is no actor `id` here: its exit reason if it exited lately, else `noproc`.
+    fn gone(&self, id: u64) -> String {
+        match self.tombstones.borrow().0.get(&id) {
+            Some(r) => r.to_string(),
+            None => "no such actor (noproc)".into(),
         }
-        drop(monitored);
-        let sys = Rc::downgrade(self);
-        spawn_local(async move {
-            let reason = std::future::poll_fn(|cx| exit.poll_exit(cx)).await;
-            let Some(sys) = sys.upgrade() else { return };
-            let watchers = sys.monitored.borrow_mut().remove(&target);
-            for (node, mref) in watchers.into_iter().flatten() {
-                if let Some(Some(p)) = sys.peers.get(node) {
-                    p.monitors.set(p.monitors.get() - 1);
-                }
-                let reason = reason.clone();
-                sys.send(node, Wire::Down { mref, reason });
-            }
-        });
     }
 
     fn is_down(&self, node: usize) -> bool {
@@ -1058,7 +1098,7 @@ impl Sys {
                         self.note_forward(from, to, e.as_ref());
                         r
                     }
-                    None => Err(Error::Exited("no such actor (noproc)".into())),
+                    None => Err(Error::Exited(self.gone(to))),
                 };
                 if let Err(e) = r {
                     self.send(
@@ -1108,13 +1148,11 @@ impl Sys {
             Wire::Monitor { target, mref } => {
                 let e = self.exported.borrow().get(&target).cloned();
                 match e {
-                    None => self.send(
-                        from,
-                        Wire::Down {
-                            mref,
-                            reason: ExitReason::Error("noproc".into()),
-                        },
-                    ),
+                    None => {
+                        let reason = self.tombstones.borrow().0.get(&target).cloned();
+                        let reason = reason.unwrap_or(ExitReason::Error("noproc".into()));
+                        self.send(from, Wire::Down { mref, reason });
+                    }
                     Some(e) => self.monitor(from, target, mref, e.exit()),
                 }
             }

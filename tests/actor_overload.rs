@@ -82,14 +82,30 @@ async fn find<A: barewire::actor::RemoteActor>(
     }
 }
 
-/// Waits until the side that checks has finished (so neither leaves while the other still
-/// talks to it), then a moment for the last frames.
-async fn both_done(checked: &AtomicBool) {
-    until("both sides done", Duration::from_secs(40), || {
-        checked.load(Ordering::SeqCst)
-    })
-    .await;
-    time::sleep(Duration::from_millis(100)).await;
+/// Runs `body(rank, system, checked)` on two members, each an actor system with `opts`; the
+/// member that checks sets `checked` when it is done, and neither leaves before that (nor
+/// while the last frames are on their way), so neither sees the other go mid-test.
+fn two_systems<F, Fut>(opts: SystemOptions, body: F)
+where
+    F: Fn(usize, ActorSystem, Arc<AtomicBool>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    let checked = Arc::new(AtomicBool::new(false));
+    let body = Arc::new(body);
+    common::meshed(2, move |rank, _node, mesh| {
+        let (checked, body) = (checked.clone(), body.clone());
+        async move {
+            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
+            // (A clone: this side's system lives until both are done.)
+            body(rank, sys.clone(), checked.clone()).await;
+            until("both sides done", Duration::from_secs(40), || {
+                checked.load(Ordering::SeqCst)
+            })
+            .await;
+            time::sleep(Duration::from_millis(100)).await;
+            drop(sys);
+        }
+    });
 }
 
 async fn until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
@@ -105,15 +121,13 @@ fn a_flooded_actor_holds_at_most_its_bound_and_the_rest_is_refused_and_counted()
     const BOUND: usize = 100;
     const SENT: u64 = 5_000;
     let flooded = Arc::new(AtomicBool::new(false));
-    let checked = Arc::new(AtomicBool::new(false));
-    common::meshed(2, move |rank, _node, mesh| {
-        let (flooded, checked) = (flooded.clone(), checked.clone());
+    let opts = SystemOptions {
+        max_mailbox: BOUND,
+        ..patient()
+    };
+    two_systems(opts, move |rank, sys, checked| {
+        let flooded = flooded.clone();
         async move {
-            let opts = SystemOptions {
-                max_mailbox: BOUND,
-                ..patient()
-            };
-            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
             if rank == 1 {
                 let open = Rc::new(Cell::new(false));
                 let handled = Rc::new(Cell::new(0));
@@ -167,7 +181,6 @@ fn a_flooded_actor_holds_at_most_its_bound_and_the_rest_is_refused_and_counted()
                 ack.ask((), ASK).await.unwrap();
                 flooded.store(true, Ordering::SeqCst);
             }
-            both_done(&checked).await;
         }
     });
 }
@@ -178,15 +191,13 @@ fn a_peer_that_stops_reading_holds_the_backlog_to_its_bound_and_loses_no_accepte
     const STALL: Duration = Duration::from_millis(700);
     let stall = Arc::new(AtomicBool::new(false));
     let stalled = Arc::new(AtomicBool::new(false));
-    let checked = Arc::new(AtomicBool::new(false));
-    common::meshed(2, move |rank, _node, mesh| {
-        let (stall, stalled, checked) = (stall.clone(), stalled.clone(), checked.clone());
+    let opts = SystemOptions {
+        max_backlog: BACKLOG,
+        ..patient()
+    };
+    two_systems(opts, move |rank, sys, checked| {
+        let (stall, stalled) = (stall.clone(), stalled.clone());
         async move {
-            let opts = SystemOptions {
-                max_backlog: BACKLOG,
-                ..patient()
-            };
-            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
             if rank == 1 {
                 sys.register("sink", &spawn(Sink(0))).unwrap();
                 until("asked to stall", Duration::from_secs(20), || {
@@ -250,7 +261,6 @@ fn a_peer_that_stops_reading_holds_the_backlog_to_its_bound_and_loses_no_accepte
                 assert_eq!(sys.backlog(1), 0);
                 checked.store(true, Ordering::SeqCst);
             }
-            both_done(&checked).await;
         }
     });
 }
@@ -258,15 +268,12 @@ fn a_peer_that_stops_reading_holds_the_backlog_to_its_bound_and_loses_no_accepte
 #[test]
 fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
     const BOUND: usize = 20;
-    let checked = Arc::new(AtomicBool::new(false));
-    common::meshed(2, move |rank, _node, mesh| {
-        let checked = checked.clone();
+    let opts = SystemOptions {
+        max_monitors: BOUND,
+        ..patient()
+    };
+    two_systems(opts, move |rank, sys, checked| {
         async move {
-            let opts = SystemOptions {
-                max_monitors: BOUND,
-                ..patient()
-            };
-            let sys = ActorSystem::start(&mesh, opts).await.unwrap();
             if rank == 1 {
                 sys.register("a", &spawn(Ack)).unwrap();
                 sys.register("b", &spawn(Ack)).unwrap();
@@ -306,7 +313,6 @@ fn monitors_beyond_the_bound_are_refused_at_once_and_the_others_fire() {
                 assert_eq!(b2.exit_reason(), None, "a monitor within the bound again");
                 checked.store(true, Ordering::SeqCst);
             }
-            both_done(&checked).await;
         }
     });
 }
@@ -326,11 +332,9 @@ impl Actor for Short {
 fn actors_started_for_a_peer_leave_no_trace_once_they_exit() {
     const STARTS: usize = 200;
     let started = Arc::new(AtomicBool::new(false));
-    let checked = Arc::new(AtomicBool::new(false));
-    common::meshed(2, move |rank, _node, mesh| {
-        let (started, checked) = (started.clone(), checked.clone());
+    two_systems(patient(), move |rank, sys, checked| {
+        let started = started.clone();
         async move {
-            let sys = ActorSystem::start(&mesh, patient()).await.unwrap();
             sys.register_kind("short", |()| Short);
             sys.register("ack", &spawn(Ack)).unwrap();
             if rank == 1 {
@@ -360,7 +364,6 @@ fn actors_started_for_a_peer_leave_no_trace_once_they_exit() {
                 }
                 started.store(true, Ordering::SeqCst);
             }
-            both_done(&checked).await;
         }
     });
 }

@@ -19,8 +19,8 @@
 //! with [`Error::Overloaded`]), and while `max_backlog` bytes wait for a peer that does not
 //! read them, tells and asks to it fail at once with `Overloaded` and replies and heartbeats
 //! to it are dropped. A tell that returned `Ok` is never dropped by either bound. Monitors
-//! another node holds here are a list entry each (one waiting task per monitored actor),
-//! dropped when that node goes down, and at most `max_monitors` per node: beyond it a monitor
+//! another node holds here are a list entry each (served by the one task each exported actor
+//! has), dropped when that node goes down, and at most `max_monitors` per node: beyond it a monitor
 //! is answered at once with a `Down` saying it was refused. An actor other nodes could reach
 //! is forgotten when it exits (its exit reason is kept among the last 4,096, for a monitor or
 //! ask already on its way), so starting and restarting actors for peers leaves nothing behind.
@@ -96,7 +96,7 @@ pub struct SystemOptions {
     /// are never refused. With the batch the channel is writing out, a stalled peer holds at
     /// most about twice this here. Default 64 MiB.
     pub max_backlog: usize,
-    /// Monitors one other node may hold on this node's actors at once. Each is a task here
+    /// Monitors one other node may hold on this node's actors at once. Each is an entry here
     /// until its actor exits or that node goes down; beyond the bound a monitor is answered at
     /// once with a `Down` of `ExitReason::Error("monitor refused: ...")`, as a monitor of an
     /// actor that does not exist is answered with `noproc`. Default 65,536.
@@ -913,8 +913,9 @@ impl Sys {
         Ok(())
     }
 
-    /// Queues `w` for `node`. Replies and heartbeats are bounded (dropped while the node's
-    /// backlog is full: it is not reading them); what this node's own protocol needs is not.
+    /// Queues `w` for `node`. Heartbeats, replies and requests are bounded (dropped, or for
+    /// requests refused, while the node's backlog is full: it is not reading them); what this
+    /// node's own protocol needs is not.
     fn send(&self, node: usize, w: Wire) {
         let _ = self.send_wire(node, w);
     }
@@ -988,7 +989,7 @@ impl Sys {
     /// entry in the actor's list, which the task `export` started sends its `Down` when the
     /// actor exits; a node that goes down is dropped from every list (`node_down`). Refused
     /// beyond `max_monitors` monitors from that node.
-    fn monitor(self: &Rc<Self>, from: usize, target: u64, mref: u64, exit: Rc<Exit>) {
+    fn monitor(&self, from: usize, target: u64, mref: u64, exit: Rc<Exit>) {
         let Some(Some(p)) = self.peers.get(from) else {
             return;
         };
@@ -1013,12 +1014,9 @@ impl Sys {
             .push((from, mref));
     }
 
-    /// Why there is no actor `id` here: its exit reason if it exited lately, else `noproc`.
-    fn gone(&self, id: u64) -> String {
-        match self.tombstones.borrow().0.get(&id) {
-            Some(r) => r.to_string(),
-            None => "no such actor (noproc)".into(),
-        }
+    /// The exit reason of actor `id`, gone from here, if it exited lately (see `export`).
+    fn tombstone(&self, id: u64) -> Option<ExitReason> {
+        self.tombstones.borrow().0.get(&id).cloned()
     }
 
     fn is_down(&self, node: usize) -> bool {
@@ -1098,7 +1096,10 @@ impl Sys {
                         self.note_forward(from, to, e.as_ref());
                         r
                     }
-                    None => Err(Error::Exited(self.gone(to))),
+                    None => Err(Error::Exited(
+                        self.tombstone(to)
+                            .map_or("no such actor (noproc)".into(), |r| r.to_string()),
+                    )),
                 };
                 if let Err(e) = r {
                     self.send(
@@ -1149,8 +1150,9 @@ impl Sys {
                 let e = self.exported.borrow().get(&target).cloned();
                 match e {
                     None => {
-                        let reason = self.tombstones.borrow().0.get(&target).cloned();
-                        let reason = reason.unwrap_or(ExitReason::Error("noproc".into()));
+                        let reason = self
+                            .tombstone(target)
+                            .unwrap_or_else(|| ExitReason::Error("noproc".into()));
                         self.send(from, Wire::Down { mref, reason });
                     }
                     Some(e) => self.monitor(from, target, mref, e.exit()),

@@ -273,7 +273,7 @@ impl Stream {
                 .expect("sized for the header");
             let head_len = FPDU_HEADER_LEN + hlen;
             let mut crc = if self.cfg.crc {
-                crc32c::crc32c(&head[..head_len])
+                crate::wire::crc32c_append(0, &head[..head_len])
             } else {
                 0
             };
@@ -293,7 +293,7 @@ impl Stream {
                     left -= take;
                 }
                 if self.cfg.crc {
-                    crc = crc32c::crc32c_append(crc, &head[head_len..at]);
+                    crc = crate::wire::crc32c_append(crc, &head[head_len..at]);
                 }
                 let mut tail = [0u8; 8];
                 let t = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
@@ -337,7 +337,7 @@ impl Stream {
                 if self.cfg.crc {
                     // SAFETY: the SGE was checked against a live local region; the verbs
                     // contract keeps it untouched until the work request completes.
-                    crc = crc32c::crc32c_append(crc, unsafe {
+                    crc = crate::wire::crc32c_append(crc, unsafe {
                         std::slice::from_raw_parts(ptr, take)
                     });
                 }
@@ -374,7 +374,7 @@ impl Stream {
         b[at..at + body.len()].copy_from_slice(body);
         let end = at + body.len();
         let crc = if self.cfg.crc {
-            crc32c::crc32c(&b[..end])
+            crate::wire::crc32c_append(0, &b[..end])
         } else {
             0
         };
@@ -432,7 +432,7 @@ impl Stream {
                     // SAFETY: just checked: len bytes at src lie in a live region granting
                     // remote reads.
                     let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, len) }.into();
-                    let crc = crc32c::crc32c_append(head_crc, &copy);
+                    let crc = crate::wire::crc32c_append(head_crc, &copy);
                     let mut tail = [0u8; 8];
                     let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
                     if let Some(Chunk::Inline(b, m)) = self.tx.get_mut(i + 1) {

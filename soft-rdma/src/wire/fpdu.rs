@@ -7,6 +7,7 @@
 //! `fpdu_trailer` write only the bytes around the payload; the CRC is accumulated over the
 //! pieces as they are, with no copy.
 
+use super::crc::crc32c_append;
 use super::ddp::{TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 use super::error::{TermCode, WireError};
 
@@ -26,9 +27,7 @@ fn pad_len(ulpdu_len: usize) -> usize {
 
 /// CRC32c over `pieces` (the length field, the ULPDU's parts and the pad), as MPA computes it.
 pub fn crc32c_fpdu(pieces: &[&[u8]]) -> u32 {
-    pieces
-        .iter()
-        .fold(0u32, |crc, p| crc32c::crc32c_append(crc, p))
+    pieces.iter().fold(0u32, |crc, p| crc32c_append(crc, p))
 }
 
 /// Writes the 2-byte ULPDU length.
@@ -56,7 +55,7 @@ pub fn fpdu_trailer(pieces: &[&[u8]], ulpdu_len: usize, crc: bool, out: &mut [u8
 }
 
 /// As [`fpdu_trailer`], for a sender that accumulated the CRC32c of the bytes before the pad
-/// itself (with `crc32c::crc32c_append`, starting from 0) as it queued them.
+/// itself (with [`crc32c_append`], starting from 0) as it queued them.
 pub fn fpdu_trailer_after(
     crc_so_far: u32,
     ulpdu_len: usize,
@@ -69,7 +68,7 @@ pub fn fpdu_trailer_after(
         out[pad..pad + 4].fill(0);
         return pad + 4;
     }
-    let c = crc32c::crc32c_append(crc_so_far, &out[..pad]);
+    let c = crc32c_append(crc_so_far, &out[..pad]);
     // Linux (siw) writes the CRC least significant byte first.
     out[pad..pad + 4].copy_from_slice(&c.to_le_bytes());
     pad + 4
@@ -283,7 +282,7 @@ impl Framer {
 
     fn sum(&mut self, bytes: &[u8]) {
         if self.crc {
-            self.sum = crc32c::crc32c_append(self.sum, bytes);
+            self.sum = crc32c_append(self.sum, bytes);
         }
     }
 
@@ -293,7 +292,7 @@ impl Framer {
             Phase::Start { have } => {
                 let now = have + n;
                 if self.crc {
-                    self.sum = crc32c::crc32c_append(self.sum, &self.hdr[have..now]);
+                    self.sum = crc32c_append(self.sum, &self.hdr[have..now]);
                 }
                 if have < FPDU_HEADER_LEN && now >= FPDU_HEADER_LEN {
                     self.ulpdu_len = u16::from_be_bytes([self.hdr[0], self.hdr[1]]) as usize;
@@ -324,7 +323,7 @@ impl Framer {
             Phase::Header { have } => {
                 let now = have + n;
                 if self.crc {
-                    self.sum = crc32c::crc32c_append(self.sum, &self.hdr[have..now]);
+                    self.sum = crc32c_append(self.sum, &self.hdr[have..now]);
                 }
                 if now < self.hend {
                     self.phase = Phase::Header { have: now };
@@ -352,7 +351,7 @@ impl Framer {
                     self.trailer[pad + 3],
                 ]);
                 if self.crc {
-                    self.sum = crc32c::crc32c_append(self.sum, &self.trailer[..pad]);
+                    self.sum = crc32c_append(self.sum, &self.trailer[..pad]);
                 }
                 if self.crc && got != self.sum {
                     return self.fail(WireError::new(

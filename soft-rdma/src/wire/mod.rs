@@ -28,6 +28,7 @@
 //! assert_eq!(Segment::decode(fpdu.ulpdu).unwrap(), seg);
 //! ```
 
+mod crc;
 mod ddp;
 mod error;
 mod fpdu;
@@ -37,6 +38,7 @@ mod mpa;
 mod rdmap;
 mod segment;
 
+pub use crc::crc32c_append;
 pub use ddp::{DdpHeader, RdmapOpcode, Segment, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 pub use error::{
     DdpTaggedErrorCode, DdpUntaggedErrorCode, Layer, MpaErrorCode, RdmapErrorCode, RdmapErrorType,

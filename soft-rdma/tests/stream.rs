@@ -291,6 +291,45 @@ fn a_read_response_with_crc_covers_the_bytes_as_sent() {
     assert!(sink.data().iter().all(|&x| x == 2), "the bytes as sent");
 }
 
+/// Snapshots reuse buffers from one response to the next: each response still carries the bytes
+/// its source held when it left, never an earlier response's.
+#[test]
+fn read_responses_with_crc_in_reused_buffers_carry_their_own_bytes() {
+    let (mut a, mut b) = (side(1, true, 4), side(2, true, 4));
+    let src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
+    for (i, value) in (10u8..16).enumerate() {
+        let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
+        a.stream
+            .post_send(SendWr {
+                wr_id: i as u64,
+                op: SendOp::Read {
+                    remote_addr: src.addr(),
+                    rkey: src.stag(),
+                },
+                sges: [sink.sge(0, 3000)].into(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        let mut round = 0;
+        assert!(
+            transfer(&mut a, &mut b, 100, &mut round),
+            "the Read Request"
+        );
+        // SAFETY: our own registered buffer, written between two calls into the stream.
+        unsafe { std::ptr::write_bytes(src.addr() as *mut u8, value, 3000) };
+        pump(&mut a, &mut b, 700);
+        assert_eq!(a.stream.last_terminate(), None);
+        let wcs = drain(&a.scq);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(i as u64, WcStatus::Success)]
+        );
+        assert!(sink.data().iter().all(|&x| x == value), "response {i}");
+        assert!(sink.guards_intact());
+    }
+}
+
 /// A counter word written again and again (a channel's credit, say) changes while its last
 /// Write waits to be sent. With CRC the Write must still arrive intact: small segments are
 /// copied when posted, so they carry the value of that moment.

@@ -431,7 +431,8 @@ impl Stream {
                     }
                     // SAFETY: just checked: len bytes at src lie in a live region granting
                     // remote reads.
-                    let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, len) }.into();
+                    let copy =
+                        super::spare::copy_of(unsafe { std::slice::from_raw_parts(src, len) });
                     let crc = crate::wire::crc32c_append(head_crc, &copy);
                     let mut tail = [0u8; 8];
                     let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
@@ -464,11 +465,21 @@ impl Stream {
     /// deregistered: then the stream has stopped (see [`Stream::rx_dead`]) and the connection
     /// should be closed.
     pub fn tx_iovecs<'a>(&'a mut self, out: &mut [IoSlice<'a>]) -> usize {
-        if !self.prepare(out.len()) {
+        // At most `spare::KEEP` snapshots per send, so that they all go back to be kept.
+        let mut snapshots = 0;
+        let n = self
+            .tx
+            .iter()
+            .take(out.len())
+            .take_while(|c| {
+                snapshots += matches!(c, Chunk::Snapshot { .. } | Chunk::Owned(_)) as usize;
+                snapshots <= super::spare::KEEP
+            })
+            .count();
+        if !self.prepare(n) {
             self.source_gone();
             return 0;
         }
-        let n = out.len().min(self.tx.len());
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
@@ -516,7 +527,9 @@ impl Stream {
             let left = front.len() - self.tx_front_off;
             if n >= left {
                 n -= left;
-                self.tx.pop_front();
+                if let Some(Chunk::Owned(buf)) = self.tx.pop_front() {
+                    super::spare::give_back(buf);
+                }
                 self.tx_front_off = 0;
             } else {
                 self.tx_front_off += n;

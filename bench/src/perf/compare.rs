@@ -121,9 +121,15 @@ pub fn client_server(
             .envs(env.iter().copied());
         c
     };
+    // The server's errors go to a file, to be shown if the client never reaches it.
+    let log_path = std::env::temp_dir().join(format!(
+        "barewire-perf-peer-server-{}.log",
+        std::process::id()
+    ));
+    let log = std::fs::File::create(&log_path).map_err(|e| format!("server log: {e}"))?;
     let mut srv = pinned(cpus[1], server)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .map_err(|e| format!("start: {e}"))?;
     std::thread::sleep(Duration::from_millis(500));
@@ -131,25 +137,45 @@ pub fn client_server(
     argv.extend_from_slice(client);
     // A server slower to start than the wait above (a loaded host) refuses the client's
     // connection; the client runs again while the server is still up, a few times.
-    let mut out = pinned(cpus[0], &argv).output();
-    for _ in 0..3 {
-        let refused = out.as_ref().is_ok_and(|o| {
+    let refused = |out: &std::io::Result<std::process::Output>| {
+        out.as_ref().is_ok_and(|o| {
             [&o.stdout, &o.stderr].iter().any(|text| {
                 String::from_utf8_lossy(text)
                     .to_lowercase()
                     .contains("connection refused")
             })
-        });
-        if !refused || !matches!(srv.try_wait(), Ok(None)) {
-            break;
-        }
+        })
+    };
+    let mut out = pinned(cpus[0], &argv).output();
+    let mut tries = 1;
+    while tries < 4 && refused(&out) && matches!(srv.try_wait(), Ok(None)) {
         std::thread::sleep(Duration::from_millis(500));
         out = pinned(cpus[0], &argv).output();
+        tries += 1;
     }
     // Servers that serve forever (qperf, sockperf) are stopped here; others have exited.
     std::thread::sleep(Duration::from_millis(100));
+    let ended = srv.try_wait().ok().flatten();
     let _ = srv.kill();
     let _ = srv.wait();
+    let server_log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    if refused(&out) {
+        // Say why: a server that had exited (its port taken, say) or one still starting.
+        let server = match ended {
+            Some(status) => format!("the server had exited ({status})"),
+            None => "the server was still running".to_string(),
+        };
+        let said: Vec<&str> = server_log.lines().rev().take(3).collect();
+        return Err(format!(
+            "the client's connection was refused {tries} times; {server}; its last words: {}",
+            if said.is_empty() {
+                "none".to_string()
+            } else {
+                said.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            }
+        ));
+    }
     let out = out.map_err(|e| format!("run: {e}"))?;
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -754,6 +780,26 @@ pub fn memcpy_mib_per_sec(block: usize, how_long: Duration) -> f64 {
 mod tests {
     use super::*;
     use crate::perf::report::table;
+
+    /// A peer whose server dies at once (its port taken, say) is reported with the server's own
+    /// words, not as a client with "no figure".
+    #[test]
+    fn a_refused_client_says_what_its_server_said() {
+        let server = [
+            "sh",
+            "-c",
+            "echo 'bind: address already in use' >&2; exit 3",
+        ];
+        let client = ["sh", "-c", "echo 'connect: Connection refused'"];
+        let e = client_server([0, 0], &[], &server, &client).unwrap_err();
+        assert!(e.contains("refused 1 times"), "{e}");
+        assert!(e.contains("exited"), "{e}");
+        assert!(e.contains("address already in use"), "{e}");
+        // A client that is not refused gets its output back.
+        let ok = ["sh", "-c", "echo 8 1000 x x x x 5.0 y"];
+        let out = client_server([0, 0], &[], &["sleep", "5"], &ok).unwrap();
+        assert!(out.contains("5.0"), "{out}");
+    }
 
     #[test]
     fn a_cpu_is_busy_by_the_share_of_its_ticks_that_were_not_idle() {

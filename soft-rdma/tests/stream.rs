@@ -252,24 +252,27 @@ fn read_request_delivered(crc: bool) -> (Side, Side, Guarded, Guarded) {
     let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
     let src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
     let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
+    deliver_read(&mut a, &mut b, 7, &src, &sink);
+    (a, b, src, sink)
+}
+
+/// A posts a Read (`wr_id`) of all of `src` into all of `sink`, and its request reaches B.
+fn deliver_read(a: &mut Side, b: &mut Side, wr_id: u64, src: &Guarded, sink: &Guarded) {
+    let len = src.data().len();
     a.stream
         .post_send(SendWr {
-            wr_id: 7,
+            wr_id,
             op: SendOp::Read {
                 remote_addr: src.addr(),
                 rkey: src.stag(),
             },
-            sges: [sink.sge(0, 3000)].into(),
+            sges: [sink.sge(0, len)].into(),
             signaled: true,
             fence: false,
         })
         .unwrap();
     let mut round = 0;
-    assert!(
-        transfer(&mut a, &mut b, 100, &mut round),
-        "the Read Request"
-    );
-    (a, b, src, sink)
+    assert!(transfer(a, b, 100, &mut round), "the Read Request");
 }
 
 /// The responder's memory may change between a Read Request's arrival and its response's
@@ -299,23 +302,7 @@ fn read_responses_with_crc_in_reused_buffers_carry_their_own_bytes() {
     let src = Guarded::new(&b, 3000, Access::REMOTE_READ, 1);
     for (i, value) in (10u8..16).enumerate() {
         let sink = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0);
-        a.stream
-            .post_send(SendWr {
-                wr_id: i as u64,
-                op: SendOp::Read {
-                    remote_addr: src.addr(),
-                    rkey: src.stag(),
-                },
-                sges: [sink.sge(0, 3000)].into(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
-        let mut round = 0;
-        assert!(
-            transfer(&mut a, &mut b, 100, &mut round),
-            "the Read Request"
-        );
+        deliver_read(&mut a, &mut b, i as u64, &src, &sink);
         // SAFETY: our own registered buffer, written between two calls into the stream.
         unsafe { std::ptr::write_bytes(src.addr() as *mut u8, value, 3000) };
         pump(&mut a, &mut b, 700);

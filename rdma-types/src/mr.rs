@@ -328,6 +328,7 @@ impl Device {
 
     /// Checks a local scatter/gather element: `lkey` must be live in domain `pd`, cover
     /// `[addr, addr+len)`, and grant LOCAL_WRITE when the operation writes into it.
+    #[inline]
     pub fn check_local(
         &self,
         lkey: Stag,

@@ -294,19 +294,16 @@ impl QpInner {
             self.complete(&self.scq, self.wc(wr.wr_id, WcStatus::WrFlushErr, op, 0));
             return Ok(());
         }
-        let idle = self.tx.borrow().queue.is_empty();
-        if !idle {
-            self.tx
-                .borrow_mut()
-                .queue
-                .push_back(Work::Op { wr, sent: 0 });
-            self.progress();
-            return Ok(());
-        }
-        // Nothing ahead of it: run it now, without queueing it.
         let mut sent = 0;
         let step = {
             let mut tx = self.tx.borrow_mut();
+            if !tx.queue.is_empty() {
+                tx.queue.push_back(Work::Op { wr, sent: 0 });
+                drop(tx);
+                self.progress();
+                return Ok(());
+            }
+            // Nothing ahead of it: run it now, without queueing it.
             self.execute(&mut tx.w, &wr, &mut sent)
         };
         self.revoke_invalidated();
@@ -427,7 +424,7 @@ impl QpInner {
     }
 
     /// The mapping of the peer's key `rkey`, asking for it on first use. `Ok(None)`: wait.
-    #[inline]
+    #[inline(always)]
     fn mapping(&self, rkey: Stag) -> Result<Option<*const Mapping>, WcStatus> {
         match self.grants.mapped(rkey.0) {
             Some(m) => Ok(Some(m.as_ptr())),
@@ -462,15 +459,17 @@ impl QpInner {
         wr: &SendWr,
         sent: &mut usize,
     ) -> Result<Step, (u64, WcOpcode, WcStatus)> {
-        let opcode = wr.op.opcode();
-        let fail = |s: WcStatus| (wr.wr_id, opcode, s);
+        // (The opcode is looked up only for an error's completion.)
+        let fail = |s: WcStatus| (wr.wr_id, wr.op.opcode(), s);
         let done = |len: usize| Ok(Step::Done(wr.signaled.then_some(len as u32)));
-        let total: usize = wr.sges.iter().map(|s| s.len as usize).sum();
+        // (Counted in the arms that move bytes: an atomic names its one 8-byte SGE.)
+        let bytes = || -> usize { wr.sges.iter().map(|s| s.len as usize).sum() };
         match wr.op {
             SendOp::Send {
                 solicited,
                 invalidate,
             } => {
+                let total = bytes();
                 let flags_base = if solicited { ring::SOLICITED } else { 0 };
                 for s in &wr.sges {
                     self.local(s, false).map_err(fail)?;
@@ -510,6 +509,7 @@ impl QpInner {
             | SendOp::WriteWithImm {
                 remote_addr, rkey, ..
             } => {
+                let total = bytes();
                 let Some(m) = self.mapping(rkey).map_err(fail)? else {
                     return Ok(Step::Wait);
                 };
@@ -543,13 +543,14 @@ impl QpInner {
                 }
                 done(total)
             }
-            SendOp::Read { .. } if total == 0 => {
-                // As RFC 5040 §4.4 and the software provider: a zero-length Read names no
-                // region (its key is not checked); it completes in order with what was posted
-                // before it, which on shm has all been carried out.
-                done(0)
-            }
             SendOp::Read { remote_addr, rkey } => {
+                let total = bytes();
+                if total == 0 {
+                    // As RFC 5040 §4.4 and the software provider: a zero-length Read names no
+                    // region (its key is not checked); it completes in order with what was
+                    // posted before it, which on shm has all been carried out.
+                    return done(0);
+                }
                 let Some(m) = self.mapping(rkey).map_err(fail)? else {
                     return Ok(Step::Wait);
                 };

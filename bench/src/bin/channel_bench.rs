@@ -62,6 +62,9 @@ struct Cli {
     /// messages may be in flight before the sender waits for credits.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..))]
     capacity: u32,
+    /// Only tokio's buffered program, `--reps` times (to profile it alone).
+    #[arg(long, hide = true)]
+    tokio_only: bool,
     #[arg(long, num_args = 2, value_names = ["CPU", "N"], hide = true)]
     serve_barewire: Option<Vec<usize>>,
     /// The driver of the `--serve-barewire` half.
@@ -412,6 +415,13 @@ fn main() {
     // Before any thread or child starts: the server halves read it (they are started with
     // their own arguments only).
     std::env::set_var("CHANNEL_BENCH_CAPACITY", cli.capacity.to_string());
+    if cli.tokio_only {
+        for rep in 0..cli.reps {
+            let rate = run_tokio(cli.cpu, cli.n as usize);
+            println!("rep {rep}: tokio buffered {:.3} M msg/s", rate / 1e6);
+        }
+        return;
+    }
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);

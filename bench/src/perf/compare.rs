@@ -121,9 +121,12 @@ pub fn client_server(
             .envs(env.iter().copied());
         c
     };
-    // The server's errors go to a file, to be shown if the client never reaches it.
+    // The server's errors go to a file, to be shown if the client never reaches it: one file
+    // per call (the process id and a count), so calls from several threads keep their own.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let log_path = std::env::temp_dir().join(format!(
-        "barewire-perf-peer-server-{}.log",
+        "barewire-perf-peer-server-{}-{call}.log",
         std::process::id()
     ));
     let log = std::fs::File::create(&log_path).map_err(|e| format!("server log: {e}"))?;

@@ -1,7 +1,7 @@
 //! What one look at an idle TCP socket costs, by each way the soft provider can look: the floor
 //! under its polling pass on a core with few queue pairs (`soft-rdma/src/provider/ring.rs`).
 //!
-//!     recv-floor [--iters N] [--reps R] [--cpu C]
+//!     recv-floor [--iters N] [--reps R] [--cpu C] [--threads T]
 //!
 //! On a connected loopback socket with nothing to read, per look:
 //! - `recv`: one `recv(MSG_DONTWAIT)` system call (the raw path's receive);
@@ -11,6 +11,12 @@
 //!   ring and submitted and reaped in one `io_uring_enter` (the io_uring path's pass), through
 //!   the engine's own raw queue, as the provider does;
 //! - `ring RECV, own buffer`: the same naming a plain buffer (no provided-buffer selection).
+//! - `own ring, by descriptor` / `own ring, by registered index`: that look on a ring of the
+//!   bench's own (the io-uring crate's, outside the engine), entered by its descriptor or, after
+//!   `IORING_REGISTER_RING_FDS`, by its index (`IORING_ENTER_REGISTERED_RING`), as the engine's
+//!   rings are. The difference is the kernel's lookup of the ring's file, which takes and drops
+//!   a reference on it in a process whose file table is shared: run with `--threads 2` (an idle
+//!   second thread, as a node with two cores has) to see it.
 //!
 //! And with 8 bytes waiting each time (the peer writes them just before; that write is
 //! timed too and reported alone): `recv` and both `ring RECV`s again. Each figure is the median over
@@ -42,6 +48,38 @@ struct Opts {
     /// The CPU to pin to.
     #[arg(long, default_value_t = 0, value_parser = barewire_bench::cpu_arg)]
     cpu: usize,
+    /// Threads in the process (the others sleep): with more than one the file table is shared.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+/// A ring of the bench's own, entered by descriptor or by registered index.
+fn own_ring_looks(fd: i32, iters: u32, registered: bool) -> f64 {
+    let mut ring = io_uring::IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(8)
+        .expect("an io_uring");
+    let (mut submitter, mut sq, mut cq) = ring.split();
+    if registered {
+        submitter
+            .register_ring_fd()
+            .expect("IORING_REGISTER_RING_FDS");
+    }
+    let mut buf = vec![0u8; BUF];
+    per_op(iters, || {
+        let e = opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), BUF as u32)
+            .flags(libc::MSG_DONTWAIT)
+            .build();
+        // SAFETY: the receive names `buf`, live across the submission that completes it
+        // (MSG_DONTWAIT).
+        unsafe { sq.push(&e).expect("a free submission slot") };
+        sq.sync();
+        submitter.submit().expect("io_uring_enter");
+        cq.sync();
+        let c: io_uring::cqueue::Entry = cq.next().expect("completed in its submission");
+        assert_eq!(c.result(), -libc::EAGAIN);
+    })
 }
 
 /// Bytes one look may take (the provider's receive buffers are this size).
@@ -72,6 +110,11 @@ fn per_op(iters: u32, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     let o = Opts::parse();
+    for _ in 1..o.threads {
+        std::thread::spawn(|| loop {
+            std::thread::park();
+        });
+    }
     let rt = barewire_engine::Runtime::builder()
         .core_ids(&[o.cpu])
         .reactor(barewire_engine::Reactor::IoUring)
@@ -127,12 +170,22 @@ fn main() {
             "8 B waiting: write + recv",
             "8 B waiting: write + ring RECV, provided buffer",
             "8 B waiting: write + ring RECV, own buffer",
+            "own ring, by descriptor",
+            "own ring, by registered index",
         ];
         let mut res: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
         // A throwaway first rep warms every path.
         for rep in 0..=o.reps {
             let n = o.iters;
+            // The two own-ring ways, in alternating order rep by rep.
+            let (by_fd, by_index) = if rep % 2 == 0 {
+                let by_fd = own_ring_looks(fd, n, false);
+                (by_fd, own_ring_looks(fd, n, true))
+            } else {
+                let by_index = own_ring_looks(fd, n, true);
+                (own_ring_looks(fd, n, false), by_index)
+            };
             let r = [
                 per_op(n, || {
                     assert_eq!(sys_recv(fd, &mut buf), -1);
@@ -168,6 +221,8 @@ fn main() {
                     peer.write_all(&[7u8; 8]).unwrap();
                     assert_eq!(ring_look(true, &mut buf), 8);
                 }),
+                by_fd,
+                by_index,
             ];
             if rep > 0 {
                 for (v, x) in res.iter_mut().zip(r) {
@@ -176,9 +231,11 @@ fn main() {
             }
         }
         println!(
-            "recv-floor: {} looks x {} reps, pinned to CPU {}; ns per look, median of the reps",
-            o.iters, o.reps, o.cpu
+            "recv-floor: {} looks x {} reps, pinned to CPU {}, {} thread(s); ns per look, median of the reps",
+            o.iters, o.reps, o.cpu, o.threads
         );
+        // The two own-ring ways ran seconds apart in each rep: their ratio is taken per rep.
+        let own_ratio = median(res[9].iter().zip(&res[8]).map(|(r, d)| r / d).collect());
         let med: Vec<f64> = res.into_iter().map(median).collect();
         for (name, m) in names.iter().zip(&med) {
             println!("  {name:<48} {m:>8.0}");
@@ -190,6 +247,7 @@ fn main() {
                 (med[busy] - med[4]) / (med[5] - med[4])
             );
         }
+        println!("  own ring: by registered index {own_ratio:.2}x by descriptor (median of the reps' ratios)");
         let _ = std::io::stdout().flush();
     });
 }

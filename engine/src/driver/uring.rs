@@ -14,7 +14,13 @@
 //! kernel thread reads the submission queue, and a submission makes a system call only when
 //! that thread has gone to sleep (`IORING_SQ_NEED_WAKEUP`).
 //!
-//! See io_uring_setup(2) and io_uring_enter(2).
+//! Each core also registers its ring's descriptor with the kernel (`IORING_REGISTER_RING_FDS`,
+//! 5.18) and enters the kernel by that index (`IORING_ENTER_REGISTERED_RING`): a process with
+//! more than one thread shares its file table, and there every `io_uring_enter` on a plain
+//! descriptor looks the file up and takes and drops a reference on it. A kernel that refuses
+//! the registration is entered by descriptor, as is an SQPOLL ring.
+//!
+//! See io_uring_setup(2), io_uring_enter(2) and io_uring_register(2).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -69,6 +75,11 @@ pub(crate) struct Uring {
     /// Slots in the registered file table.
     fixed_total: Cell<u32>,
     park_ts: Box<std::cell::UnsafeCell<types::Timespec>>,
+    /// The ring's index among this thread's registered ring descriptors, which every enter
+    /// names instead of the descriptor; `None` where the kernel refused it (or under SQPOLL).
+    enter_index: Option<u32>,
+    /// The thread that registered it (the table is per thread): only it may unregister.
+    registrar: std::thread::ThreadId,
 }
 
 impl Uring {
@@ -118,6 +129,10 @@ impl Uring {
             match builder.build(entries) {
                 Ok(ring) => {
                     let ext_arg = ring.params().is_feature_ext_arg();
+                    let enter_index = match flags {
+                        UringFlags::SqPoll => None,
+                        _ => register_ring_fd(&ring),
+                    };
                     let u = Uring {
                         ring: RefCell::new(ring),
                         ops: RefCell::new(Slab::with_capacity(entries as usize)),
@@ -132,6 +147,8 @@ impl Uring {
                         fixed_free: RefCell::new(Vec::new()),
                         fixed_total: Cell::new(0),
                         park_ts: Box::new(std::cell::UnsafeCell::new(types::Timespec::new())),
+                        enter_index,
+                        registrar: std::thread::current().id(),
                     };
                     // A kernel without sparse file tables (before 5.19) runs without one: every
                     // socket then uses its descriptor.
@@ -166,7 +183,7 @@ impl Uring {
                 return;
             }
             self.enters.set(self.enters.get() + 1);
-            if let Err(e) = ring.submit() {
+            if let Err(e) = self.enter(&mut ring, 0, None) {
                 if e.raw_os_error() != Some(libc::EBUSY) {
                     panic!("io_uring submit failed with a full submission queue: {e}");
                 }
@@ -288,7 +305,7 @@ impl Uring {
                     || ring.submission().need_wakeup()
                     || ring.submission().cq_overflow();
                 self.enters.set(self.enters.get() + enters as u64);
-                match ring.submit() {
+                match self.enter(&mut ring, 0, None) {
                     Ok(_) => {}
                     Err(e)
                         if matches!(
@@ -379,15 +396,15 @@ impl Uring {
     /// Sleeps until a completion, the wake eventfd, or `timeout`.
     pub(crate) fn park(&self, timeout: Option<Duration>) {
         self.arm_wake_read();
-        let ring = self.ring.borrow();
+        let mut ring = self.ring.borrow_mut();
         let res = match timeout {
-            None => ring.submit_and_wait(1),
+            None => self.enter(&mut ring, 1, None),
             Some(t) if self.ext_arg => {
                 let ts = types::Timespec::new()
                     .sec(t.as_secs())
                     .nsec(t.subsec_nanos());
                 let args = types::SubmitArgs::new().timespec(&ts);
-                ring.submitter().submit_with_args(1, &args)
+                self.enter(&mut ring, 1, Some(&args))
             }
             Some(t) => {
                 drop(ring);
@@ -402,8 +419,8 @@ impl Uring {
                         .nsec(t.subsec_nanos())
                 };
                 self.push(opcode::Timeout::new(ts_ptr).build().user_data(IGNORE_TOKEN));
-                let ring = self.ring.borrow();
-                ring.submit_and_wait(1)
+                let mut ring = self.ring.borrow_mut();
+                self.enter(&mut ring, 1, None)
             }
         };
         match res {
@@ -415,6 +432,68 @@ impl Uring {
                 ) => {}
             Err(e) => panic!("io_uring_enter (wait) failed: {e}"),
         }
+    }
+
+    /// Submits what the submission queue holds and, with `want` > 0, waits for that many
+    /// completions (bounded by `args`' timeout where given): `io_uring_enter` by the ring's
+    /// registered index, with the flags the io-uring crate's `submit_and_wait` and
+    /// `submit_with_args` would pass; through those where the ring is not registered.
+    fn enter(
+        &self,
+        ring: &mut IoUring,
+        want: u32,
+        args: Option<&types::SubmitArgs<'_, '_>>,
+    ) -> io::Result<usize> {
+        let Some(index) = self.enter_index else {
+            return match args {
+                None => ring.submit_and_wait(want as usize),
+                Some(a) => ring.submitter().submit_with_args(want as usize, a),
+            };
+        };
+        let sq = ring.submission();
+        let to_submit = sq.len() as u32;
+        let mut flags = IORING_ENTER_REGISTERED_RING;
+        // Deferred task work runs only in an enter that asks for completions.
+        if want > 0 || sq.cq_overflow() || sq.taskrun() {
+            flags |= IORING_ENTER_GETEVENTS;
+        }
+        drop(sq);
+        let (arg, size) = match args {
+            Some(a) => {
+                flags |= IORING_ENTER_EXT_ARG;
+                (
+                    a as *const types::SubmitArgs<'_, '_> as *const libc::c_void,
+                    std::mem::size_of_val(a),
+                )
+            }
+            None => (std::ptr::null(), std::mem::size_of::<libc::sigset_t>()),
+        };
+        // SAFETY: `index` names this ring among this thread's registered rings (a core's ring
+        // is registered and entered only by the core's own thread); the submission queue's
+        // tail was published when its entries were pushed; `arg` is null or points at a live
+        // `io_uring_getevents_arg` (SubmitArgs is transparent over it) of `size` bytes.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_io_uring_enter,
+                index as libc::c_int,
+                to_submit,
+                want,
+                flags,
+                arg,
+                size,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+
+    /// Whether this ring is entered by its registered index (see the module's docs).
+    #[cfg(test)]
+    pub(crate) fn registered(&self) -> bool {
+        self.enter_index.is_some()
     }
 
     /// Number of operations the kernel still owns.
@@ -502,8 +581,70 @@ impl Uring {
     }
 }
 
+/// io_uring_enter(2) flags used by [`Uring::enter`].
+const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
+const IORING_ENTER_EXT_ARG: u32 = 1 << 3;
+const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
+/// io_uring_register(2) opcodes that register and unregister ring descriptors (5.18).
+const IORING_REGISTER_RING_FDS: libc::c_uint = 20;
+const IORING_UNREGISTER_RING_FDS: libc::c_uint = 21;
+
+/// `struct io_uring_rsrc_update`.
+#[repr(C)]
+struct RsrcUpdate {
+    offset: u32,
+    resv: u32,
+    data: u64,
+}
+
+/// Registers `ring`'s descriptor among the calling thread's registered rings; its index, or
+/// `None` where the kernel refuses (before 5.18, or a table full of them).
+fn register_ring_fd(ring: &IoUring) -> Option<u32> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(ring);
+    // Any free index (`offset` u32::MAX); the kernel writes the one it took back.
+    let mut up = RsrcUpdate {
+        offset: u32::MAX,
+        resv: 0,
+        data: fd as u64,
+    };
+    // SAFETY: io_uring_register on a live ring descriptor with one valid, writable update.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            fd,
+            IORING_REGISTER_RING_FDS,
+            &mut up as *mut RsrcUpdate,
+            1u32,
+        )
+    };
+    (r == 1).then_some(up.offset)
+}
+
 impl Drop for Uring {
     fn drop(&mut self) {
+        // The registration holds the ring's file open: give the slot back, or a thread that
+        // builds runtime after runtime would keep every old ring alive and run out of slots.
+        if let Some(index) = self.enter_index {
+            if std::thread::current().id() == self.registrar {
+                let up = RsrcUpdate {
+                    offset: index,
+                    resv: 0,
+                    data: 0,
+                };
+                let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.ring.borrow());
+                // SAFETY: io_uring_register on this live ring with one valid update, from the
+                // thread whose table holds `index`.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_io_uring_register,
+                        fd,
+                        IORING_UNREGISTER_RING_FDS,
+                        &up as *const RsrcUpdate,
+                        1u32,
+                    )
+                };
+            }
+        }
         if self.wake_armed.get() {
             // The eventfd read may still reference wake_buf: it is cheap to leak.
             std::mem::forget(std::mem::replace(
@@ -511,5 +652,70 @@ impl Drop for Uring {
                 Box::new(Cell::new(0)),
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wake_fd() -> RawFd {
+        // SAFETY: eventfd with valid flags.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        assert!(fd >= 0, "eventfd");
+        fd
+    }
+
+    /// Kernel release as (major, minor).
+    fn kernel() -> (u32, u32) {
+        let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut it = r.trim().split(|c: char| !c.is_ascii_digit());
+        let major = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let minor = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        (major, minor)
+    }
+
+    /// Pushes a NOP and parks until its completion is reaped.
+    fn nop_round_trip(u: &Uring, stats: &Stats) {
+        u.push(opcode::Nop::new().build().user_data(IGNORE_TOKEN));
+        let before = stats.ops_completed.get();
+        u.poll(stats);
+        if stats.ops_completed.get() == before {
+            u.park(Some(Duration::from_millis(100)));
+            u.poll(stats);
+        }
+        assert!(stats.ops_completed.get() > before, "the NOP completed");
+    }
+
+    #[test]
+    fn a_ring_is_entered_by_its_registered_index_and_gives_it_back() {
+        let fd = wake_fd();
+        let stats = Stats::default();
+        let registered = {
+            let u = Uring::new(64, fd, None, 0).expect("an io_uring");
+            if kernel() >= (5, 18) {
+                assert!(
+                    u.registered(),
+                    "a 5.18+ kernel registers the ring's descriptor"
+                );
+            }
+            // Submissions, completions, and waits with and without a timeout all go through
+            // the index.
+            nop_round_trip(&u, &stats);
+            u.park(Some(Duration::from_millis(1)));
+            nop_round_trip(&u, &stats);
+            u.registered()
+        };
+        if registered {
+            // Each dropped ring gives its slot back: far more rings than a thread may register
+            // at once (16) are all registered in turn.
+            for _ in 0..40 {
+                let u = Uring::new(8, fd, None, 0).expect("an io_uring");
+                assert!(u.registered(), "the slots of dropped rings were given back");
+                nop_round_trip(&u, &stats);
+            }
+        }
+        // SAFETY: closing the eventfd made above.
+        unsafe { libc::close(fd) };
     }
 }

@@ -58,11 +58,13 @@ use send::schedule;
 pub struct ChannelOptions {
     /// Messages that may be in flight (sent, not yet received) per direction. The ring's
     /// bytes (`capacity` × the slot) are the channel's window: a sender in a burst waits for
-    /// credits, which come back every quarter of the ring, and then sends at most that quarter
-    /// as one run. Over TCP (the software provider) keep the window at a few hundred KiB for
-    /// streams of small messages, so that runs reach 64 KiB: 64-byte messages went 1.3-1.8x
-    /// faster with 4096 slots (288 KiB) than with 1024 in channel-bench (bench/RESULTS.md,
-    /// thirteenth session). Over shm the window matters little.
+    /// credits, which the receiver earns every quarter of the ring and sends with its core's
+    /// next pass. Over TCP (the software provider) a window that a burst outruns makes the two
+    /// sides take turns: the sender fills the whole ring, the receiver drains all of it, then
+    /// its credits go out together. Keep the window at a few hundred KiB for streams of small
+    /// messages there: 64-byte messages went 1.3-1.8x faster with 4096 slots (288 KiB) than
+    /// with 1024 in channel-bench, and 2.7x faster with 4096 than with 512 (bench/RESULTS.md,
+    /// thirteenth and twenty-seventh sessions). Over shm the window matters little.
     pub capacity: u32,
     /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
     /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512

@@ -472,13 +472,14 @@ impl Uring {
         // is registered and entered only by the core's own thread); the submission queue's
         // tail was published when its entries were pushed; `arg` is null or points at a live
         // `io_uring_getevents_arg` (SubmitArgs is transparent over it) of `size` bytes.
+        // (Every argument widened to a full register: the call reads each as a `long`.)
         let r = unsafe {
             libc::syscall(
                 libc::SYS_io_uring_enter,
-                index as libc::c_int,
-                to_submit,
-                want,
-                flags,
+                index as libc::c_long,
+                to_submit as libc::c_long,
+                want as libc::c_long,
+                flags as libc::c_long,
                 arg,
                 size,
             )
@@ -611,10 +612,10 @@ fn register_ring_fd(ring: &IoUring) -> Option<u32> {
     let r = unsafe {
         libc::syscall(
             libc::SYS_io_uring_register,
-            fd,
-            IORING_REGISTER_RING_FDS,
+            fd as libc::c_long,
+            IORING_REGISTER_RING_FDS as libc::c_long,
             &mut up as *mut RsrcUpdate,
-            1u32,
+            1 as libc::c_long,
         )
     };
     (r == 1).then_some(up.offset)
@@ -637,10 +638,10 @@ impl Drop for Uring {
                 unsafe {
                     libc::syscall(
                         libc::SYS_io_uring_register,
-                        fd,
-                        IORING_UNREGISTER_RING_FDS,
+                        fd as libc::c_long,
+                        IORING_UNREGISTER_RING_FDS as libc::c_long,
                         &up as *const RsrcUpdate,
-                        1u32,
+                        1 as libc::c_long,
                     )
                 };
             }

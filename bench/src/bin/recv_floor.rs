@@ -14,9 +14,9 @@
 //! - `own ring, by descriptor` / `own ring, by registered index`: that look on a ring of the
 //!   bench's own (the io-uring crate's, outside the engine), entered by its descriptor or, after
 //!   `IORING_REGISTER_RING_FDS`, by its index (`IORING_ENTER_REGISTERED_RING`), as the engine's
-//!   rings are. The difference is the kernel's lookup of the ring's file, which takes and drops
-//!   a reference on it in a process whose file table is shared: run with `--threads 2` (an idle
-//!   second thread, as a node with two cores has) to see it.
+//!   rings are. The difference is the kernel's lookup of the ring's file, which in a process
+//!   whose file table is shared also takes and drops a reference on it: `--threads 2` (an idle
+//!   second thread, as a node with two cores has) measures that case.
 //!
 //! And with 8 bytes waiting each time (the peer writes them just before; that write is
 //! timed too and reported alone): `recv` and both `ring RECV`s again. Each figure is the median over
@@ -241,7 +241,7 @@ fn main() {
             "recv-floor: {} looks x {} reps, pinned to CPU {}, {} thread(s); ns per look, median of the reps",
             o.iters, o.reps, o.cpu, o.threads
         );
-        // The two own-ring ways ran seconds apart in each rep: their ratio is taken per rep.
+        // The two own-ring ways ran back to back in each rep: their ratio is taken per rep.
         let own_ratio = median(res[9].iter().zip(&res[8]).map(|(r, d)| r / d).collect());
         let med: Vec<f64> = res.into_iter().map(median).collect();
         for (name, m) in names.iter().zip(&med) {

@@ -15,10 +15,10 @@
 //! that thread has gone to sleep (`IORING_SQ_NEED_WAKEUP`).
 //!
 //! Each core also registers its ring's descriptor with the kernel (`IORING_REGISTER_RING_FDS`,
-//! 5.18) and enters the kernel by that index (`IORING_ENTER_REGISTERED_RING`): a process with
-//! more than one thread shares its file table, and there every `io_uring_enter` on a plain
-//! descriptor looks the file up and takes and drops a reference on it. A kernel that refuses
-//! the registration is entered by descriptor, as is an SQPOLL ring.
+//! 5.18) and enters the kernel by that index (`IORING_ENTER_REGISTERED_RING`): every
+//! `io_uring_enter` on a plain descriptor looks the ring's file up, and in a process with more
+//! than one thread, whose file table is shared, also takes and drops a reference on it. A
+//! kernel that refuses the registration is entered by descriptor, as is an SQPOLL ring.
 //!
 //! See io_uring_setup(2), io_uring_enter(2) and io_uring_register(2).
 

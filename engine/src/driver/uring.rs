@@ -608,17 +608,23 @@ fn register_ring_fd(ring: &IoUring) -> Option<u32> {
         resv: 0,
         data: fd as u64,
     };
+    (ring_fds_update(fd, IORING_REGISTER_RING_FDS, &mut up) == 1).then_some(up.offset)
+}
+
+/// One `io_uring_register` call of `opcode` (registering or unregistering ring descriptors)
+/// with the single update `up`, which the kernel may write back; its result.
+fn ring_fds_update(fd: RawFd, opcode: libc::c_uint, up: &mut RsrcUpdate) -> libc::c_long {
     // SAFETY: io_uring_register on a live ring descriptor with one valid, writable update.
-    let r = unsafe {
+    // (Every argument widened to a full register: the call reads each as a `long`.)
+    unsafe {
         libc::syscall(
             libc::SYS_io_uring_register,
             fd as libc::c_long,
-            IORING_REGISTER_RING_FDS as libc::c_long,
-            &mut up as *mut RsrcUpdate,
+            opcode as libc::c_long,
+            up as *mut RsrcUpdate,
             1 as libc::c_long,
         )
-    };
-    (r == 1).then_some(up.offset)
+    }
 }
 
 impl Drop for Uring {
@@ -627,23 +633,14 @@ impl Drop for Uring {
         // builds runtime after runtime would keep every old ring alive and run out of slots.
         if let Some(index) = self.enter_index {
             if std::thread::current().id() == self.registrar {
-                let up = RsrcUpdate {
+                let mut up = RsrcUpdate {
                     offset: index,
                     resv: 0,
                     data: 0,
                 };
+                // From the thread whose table holds `index` (checked above).
                 let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.ring.borrow());
-                // SAFETY: io_uring_register on this live ring with one valid update, from the
-                // thread whose table holds `index`.
-                unsafe {
-                    libc::syscall(
-                        libc::SYS_io_uring_register,
-                        fd as libc::c_long,
-                        IORING_UNREGISTER_RING_FDS as libc::c_long,
-                        &up as *const RsrcUpdate,
-                        1 as libc::c_long,
-                    )
-                };
+                ring_fds_update(fd, IORING_UNREGISTER_RING_FDS, &mut up);
             }
         }
         if self.wake_armed.get() {

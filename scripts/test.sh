@@ -19,7 +19,7 @@ BAREWIRE_REACTOR=epoll cargo test --workspace --doc
 echo "== the soft provider and the facade's channels under SQPOLL (sends from copies)"
 # (tests/listener.rs is left out here: under SQPOLL on two busy CPUs its flood test's pending
 # handshakes piled up past its 16 MiB memory bound in CI, 60 MiB; on an idle machine +0.2 MiB.)
-BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire-soft-rdma --lib --test provider --test roundtrip --test faults --test stream --test fuzz_corpus
+BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire-soft-rdma --lib --test provider --test roundtrip --test faults --test stream --test fuzz_corpus --test alloc
 # Only in-process tests (their runtimes sleep when idle): tests that start member processes,
 # whose cores spin, starve the SQ threads on two CPUs (6-8 ms per round trip, bench/RESULTS.md)
 # and miss their deadlines (tests/actor_remote.rs did in CI).

@@ -426,7 +426,8 @@ fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r:
 /// answer or an acknowledgement then leaves as soon as its request is processed, and a
 /// task's post before the task yields. With more queue pairs everything waits for the pass
 /// and shares its one submission. Nothing runs between the pushes and this submission.
-fn send_now(p: &Provider, r: &Ring, keys: &[usize]) {
+/// `reaped` is the caller's scratch (empty, and left empty), kept so that no send allocates.
+fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>) {
     let mut any = false;
     for &key in keys {
         let Some(qp) = p.get(key) else { continue };
@@ -445,9 +446,9 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize]) {
         r.raw.submit();
         // The sends are done (MSG_DONTWAIT, inside that call): apply them now, before any
         // task runs, so no stream ever has bytes on the wire that it still counts as queued.
-        let mut now = std::mem::take(&mut *r.backlog.borrow_mut());
-        r.raw.drain(&mut now);
-        for c in now {
+        reaped.append(&mut r.backlog.borrow_mut());
+        r.raw.drain(reaped);
+        for c in reaped.drain(..) {
             complete(c, r, p);
         }
     }
@@ -820,6 +821,10 @@ pub(super) struct RingPoller {
     completions: Vec<Completion>,
     /// Scratch: the queue pairs an immediate send looks at (kept, so no pass allocates).
     keys: Vec<usize>,
+    /// Scratch: the queue pairs `prepare_submit` (or a core going to sleep) arms, kept as
+    /// `keys` is: taking the ring's list instead left it without capacity, and every pass
+    /// allocated it again.
+    arming: Vec<usize>,
     last_timeout_check: Instant,
     gone: Vec<usize>,
 }
@@ -829,6 +834,7 @@ impl RingPoller {
         RingPoller {
             completions: Vec::with_capacity(64),
             keys: Vec::new(),
+            arming: Vec::new(),
             last_timeout_check: Instant::now(),
             gone: Vec::new(),
         }
@@ -843,9 +849,10 @@ impl Poller for RingPoller {
             let poll = polling_mode(p);
             // Every look buffer handed out last pass was read in that pass's poll.
             r.next_look.set(0);
-            let mut pending = std::mem::take(&mut *r.pending.borrow_mut());
-            pending.append(&mut r.polling.borrow_mut());
-            for key in pending {
+            // (Moved out first: arming a queue pair may queue it again, for the next pass.)
+            self.arming.append(&mut r.pending.borrow_mut());
+            self.arming.append(&mut r.polling.borrow_mut());
+            for key in self.arming.drain(..) {
                 if let Some(qp) = p.get(key) {
                     arm(&mut qp.borrow_mut(), r, poll);
                 }
@@ -871,7 +878,7 @@ impl Poller for RingPoller {
                     // goes out now; the rest of each queue pair's needs wait for the pass.
                     self.keys.clear();
                     self.keys.extend_from_slice(&r.pending.borrow());
-                    send_now(p, r, &self.keys);
+                    send_now(p, r, &self.keys, &mut self.completions);
                 }
             }
             moved |= sweep_active(
@@ -911,8 +918,8 @@ impl Poller for RingPoller {
             // Polled queue pairs get the multishot receive that will wake the core; it goes
             // out with the sleep's own submission.
             if let Some(r) = p.ring.borrow().as_ref() {
-                let polled = std::mem::take(&mut *r.polling.borrow_mut());
-                for key in polled {
+                self.arming.append(&mut r.polling.borrow_mut());
+                for key in self.arming.drain(..) {
                     if let Some(qp) = p.get(key) {
                         let mut guard = qp.borrow_mut();
                         let i = &mut *guard;

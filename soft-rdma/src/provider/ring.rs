@@ -186,7 +186,8 @@ const SEND_IOV_FEW: usize = 64;
 /// Gather-list entries of one send at most: 128 full FPDUs (header and payload chunks), 2 MiB
 /// at the default MULPDU. A stream of large Writes then takes one `SENDMSG` per 2 MiB rather
 /// than per 512 KiB; each costs a pass, and the kernel's TCP does less per byte in larger
-/// sends (`bench/RESULTS.md`, twenty-eighth session: 1 MiB write_bw about 10% faster).
+/// sends (`bench/RESULTS.md`, twenty-eighth session: 1 MiB write_bw 1.22x, median of six
+/// alternations). The epoll path, which sends in a loop, gained nothing from it.
 const SEND_IOV: usize = 256;
 
 /// A gather list of `n` empty entries.

@@ -1099,6 +1099,128 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
     assert!(!a.stream.wants_tx());
 }
 
+/// Where each FPDU of `wire` ends (MPA: a 16-bit ULPDU length, the ULPDU, padding to four
+/// bytes, and a 4-byte CRC field).
+fn fpdu_ends(wire: &[u8]) -> Vec<usize> {
+    let (mut at, mut ends) = (0, Vec::new());
+    while at + 2 <= wire.len() {
+        let ulpdu = u16::from_be_bytes([wire[at], wire[at + 1]]) as usize;
+        at += (2 + ulpdu).div_ceil(4) * 4 + 4;
+        ends.push(at);
+    }
+    ends
+}
+
+/// The bytes of `iov`, in order.
+fn flatten(iov: &[std::io::IoSlice]) -> Vec<u8> {
+    iov.iter().flat_map(|s| s.iter().copied()).collect()
+}
+
+/// A Write of many FPDUs takes two gather entries per FPDU, plus the last trailer: each
+/// trailer shares its entry with the next FPDU's header. The peer reads the bytes as the same
+/// FPDUs, with and without CRC.
+#[test]
+fn a_segmented_write_takes_two_gather_entries_per_fpdu() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let src = Guarded::new(&a, 9000, Access::LOCAL_WRITE, 0x3C);
+        let dst = Guarded::new(&b, 9000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+        a.stream
+            .post_send(SendWr {
+                wr_id: 1,
+                op: SendOp::Write {
+                    remote_addr: dst.addr(),
+                    rkey: dst.stag(),
+                },
+                sges: [src.sge(0, 9000)].into(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let n = a.stream.tx_iovecs(&mut iov);
+        let wire = flatten(&iov[..n]);
+        let fpdus = fpdu_ends(&wire);
+        assert_eq!(fpdus.last(), Some(&wire.len()), "crc {crc}: whole FPDUs");
+        assert!(
+            fpdus.len() >= 9,
+            "crc {crc}: segmented ({} FPDUs)",
+            fpdus.len()
+        );
+        assert_eq!(n, 2 * fpdus.len() + 1, "crc {crc}: gather entries");
+        a.stream.tx_advance(wire.len());
+        assert_eq!(b.stream.rx_feed(&wire), wire.len(), "crc {crc}");
+        assert_eq!(
+            b.stream.state(),
+            QpState::Rts,
+            "crc {crc}: no framing error"
+        );
+        assert!(dst.data().iter().all(|&x| x == 0x3C), "crc {crc}: landed");
+        assert!(dst.guards_intact());
+        assert_eq!(drain(&a.scq).len(), 1, "crc {crc}: the Write completed");
+    }
+}
+
+/// A close while a send is in flight finishes the FPDU that send started and no more: when the
+/// send stopped inside a trailer whose gather entry also holds the next FPDU's header, that
+/// header is not sent, so the peer's stream ends on an FPDU boundary.
+#[test]
+fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
+    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    a.stream
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: [src.sge(0, 3000)].into(),
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    let all = {
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let n = a.stream.tx_iovecs(&mut iov);
+        flatten(&iov[..n])
+    };
+    let first = fpdu_ends(&all)[0];
+    // The send stopped two bytes before the first FPDU's end, inside its CRC field.
+    let taken = first - 2;
+    a.stream.tx_take(taken);
+    a.stream.enter_error(WcStatus::WrFlushErr);
+    a.stream.tx_settle(taken);
+    let rest = {
+        let mut iov = [std::io::IoSlice::new(&[]); 64];
+        let n = a.stream.tx_iovecs(&mut iov);
+        flatten(&iov[..n])
+    };
+    a.stream.tx_advance(rest.len());
+    assert!(!a.stream.wants_tx());
+    let mut wire = all[..taken].to_vec();
+    wire.extend_from_slice(&rest);
+    assert_eq!(
+        wire.len(),
+        first,
+        "the stream ends where the first FPDU does"
+    );
+    assert_eq!(b.stream.rx_feed(&wire), wire.len());
+    assert_eq!(
+        b.stream.state(),
+        QpState::Rts,
+        "no framing error at the peer"
+    );
+    let landed = dst.data().iter().take_while(|&&x| x == 0x77).count();
+    assert!(
+        landed > 0 && landed < 3000,
+        "the first FPDU landed ({landed} bytes)"
+    );
+    assert!(dst.data()[landed..].iter().all(|&x| x == 0));
+    assert!(dst.guards_intact());
+}
+
 /// A completion queue with no room loses a completion. The queue pair then stops (ERROR, and a
 /// Terminate tells the peer) rather than carry on with work it can no longer report: on the
 /// send side, and on the receive side.

@@ -183,12 +183,13 @@ pub(super) struct RingOps {
 /// queue pair, at 1 KiB.
 const SEND_IOV_FEW: usize = 64;
 
-/// Gather-list entries of one send at most: 85 full FPDUs (three entries each: the header, the
-/// payload and the trailer), 1.4 MB at the default MULPDU. A stream of large Writes then takes
-/// one `SENDMSG` per 1.4 MB rather than per 344 KB (21 FPDUs in 64 entries); each costs a
-/// pass, and the kernel's TCP does less per byte in larger
-/// sends (`bench/RESULTS.md`, twenty-eighth session: 1 MiB write_bw 1.22x, median of six
-/// alternations). The epoll path, which sends in a loop, gained nothing from it.
+/// Gather-list entries of one send at most: 127 full FPDUs (two entries each: the payload, and
+/// one holding the trailer of the FPDU before it with this one's header), 2 MiB at the default
+/// MULPDU. A stream of large Writes then takes one `SENDMSG` per 2 MiB rather than per 512 KiB
+/// (31 FPDUs in 64 entries); each costs a pass, and the kernel's TCP does less per byte in
+/// larger sends (`bench/RESULTS.md`, twenty-eighth session: 1 MiB write_bw 1.22x, median of six
+/// alternations, when an FPDU still took three entries). The epoll path, which sends in a loop,
+/// gained nothing from it.
 const SEND_IOV: usize = 256;
 
 /// A gather list of `n` empty entries.

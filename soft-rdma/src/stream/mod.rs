@@ -87,8 +87,10 @@ pub enum PostError {
 const INLINE: usize = 96;
 
 enum Chunk {
-    /// Bytes of ours: a header, a trailer, a control message.
-    Inline([u8; INLINE], u8),
+    /// Bytes of ours: a header, a trailer, a control message; how many; and where the FPDU
+    /// they begin starts when they also end the one before (an FPDU's trailer with the next
+    /// FPDU's header: see `Stream::push_head`), else 0.
+    Inline([u8; INLINE], u8, u8),
     /// Payload bytes in a registered region, sent from where they are.
     Raw(*const u8, usize),
     /// A Read Response segment's payload on a stream with CRC, still in the region: copied
@@ -207,7 +209,7 @@ mod spare {
 impl Chunk {
     fn len(&self) -> usize {
         match self {
-            Chunk::Inline(_, n) => *n as usize,
+            Chunk::Inline(_, n, _) => *n as usize,
             Chunk::Raw(_, n) => *n,
             Chunk::Snapshot { len, .. } | Chunk::Served { len, .. } => *len,
             Chunk::Owned(b) => b.len(),
@@ -678,16 +680,24 @@ impl Stream {
         // asynchronous send has taken count as started: their bytes are, or will be, on the
         // wire, and its completion advances over them.
         let held = self.tx_front_off + self.tx_taken;
-        let mut start = 0;
+        let (mut start, mut last) = (0, 0);
         let started = self
             .tx
             .iter()
             .take_while(|c| {
                 let s = start;
                 start += c.len();
+                last = if s < held { s } else { last };
                 s < held
             })
             .count();
+        // A started chunk that ends one FPDU and begins the next ends at the first, if none of
+        // the next one's bytes have gone.
+        if let Some(Chunk::Inline(_, n, join)) = started.checked_sub(1).map(|i| &mut self.tx[i]) {
+            if *join > 0 && held - last <= *join as usize {
+                *n = *join;
+            }
+        }
         let terminate = if self.terminate_sent && self.tx.len() > started {
             self.tx.pop_back()
         } else {

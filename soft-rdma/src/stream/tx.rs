@@ -237,6 +237,26 @@ impl Stream {
         self.tx.push_back(c);
     }
 
+    /// Queues the first `n` bytes of `head`, which begin an FPDU. When the FPDU before it is of
+    /// the same message (`joined`), they go into its trailer's chunk where they fit: a stream
+    /// of full FPDUs then takes two gather entries per FPDU instead of three (header and
+    /// trailer, payload), so each send carries half as many FPDUs again. Bytes queued never
+    /// move: the header goes after the trailer, which keeps its place at the chunk's start
+    /// (where `prepare` writes a snapshot's CRC). Only within a message, so that a control
+    /// message (a Terminate) is always a chunk of its own.
+    fn push_head(&mut self, head: &[u8; INLINE], n: usize, joined: bool) {
+        if let Some(Chunk::Inline(back, m, join)) = self.tx.back_mut().filter(|_| joined) {
+            let at = *m as usize;
+            if *join == 0 && at + n <= INLINE {
+                back[at..at + n].copy_from_slice(&head[..n]);
+                (*m, *join) = ((at + n) as u8, at as u8);
+                self.tx_queued += n as u64;
+                return;
+            }
+        }
+        self.push(Chunk::Inline(*head, n as u8, 0));
+    }
+
     /// Queues a (possibly segmented) message whose payload lies in `extents`. A Read
     /// Response on a stream with CRC is queued as snapshots (see [`Chunk::Snapshot`]); every
     /// other payload is sent from where it is, which the verbs contract keeps unchanged until
@@ -260,6 +280,8 @@ impl Stream {
             off: 0,
         };
         for (off, len, last) in split(total, hlen, self.cfg.mulpdu) {
+            // After the message's first FPDU, the previous chunk is that FPDU's trailer.
+            let joined = off > 0;
             let seg = Segment {
                 last,
                 opcode: op,
@@ -298,10 +320,10 @@ impl Stream {
                 let mut tail = [0u8; 8];
                 let t = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
                 head[at..at + t].copy_from_slice(&tail[..t]);
-                self.push(Chunk::Inline(head, (at + t) as u8));
+                self.push_head(&head, at + t, joined);
                 continue;
             }
-            self.push(Chunk::Inline(head, head_len as u8));
+            self.push_head(&head, head_len, joined);
             // A Read Response segment's own source: the message's, `off` bytes on.
             let here = source.map(|(stag, to)| (stag, to.wrapping_add(off as u64)));
             if let Some(here) = here.filter(|_| snapshot && len > 0) {
@@ -317,7 +339,7 @@ impl Stream {
                 });
                 // The trailer's pad and CRC are written when the snapshot is taken.
                 let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
-                self.push(Chunk::Inline([0; INLINE], pad_and_crc as u8));
+                self.push(Chunk::Inline([0; INLINE], pad_and_crc as u8, 0));
                 continue;
             }
             let mut left = len;
@@ -348,7 +370,7 @@ impl Stream {
             let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
             let mut inline = [0u8; INLINE];
             inline[..n].copy_from_slice(&tail[..n]);
-            self.push(Chunk::Inline(inline, n as u8));
+            self.push(Chunk::Inline(inline, n as u8, 0));
         }
     }
 
@@ -381,7 +403,7 @@ impl Stream {
         let mut tail = [0u8; 8];
         let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
         b[end..end + n].copy_from_slice(&tail[..n]);
-        self.push(Chunk::Inline(b, (end + n) as u8));
+        self.push(Chunk::Inline(b, (end + n) as u8, 0));
     }
 
     /// Bytes handed to the transport so far.
@@ -436,8 +458,13 @@ impl Stream {
                     let crc = crate::wire::crc32c_append(head_crc, &copy);
                     let mut tail = [0u8; 8];
                     let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
-                    if let Some(Chunk::Inline(b, m)) = self.tx.get_mut(i + 1) {
-                        debug_assert_eq!(*m as usize, n, "the trailer chunk was sized for it");
+                    if let Some(Chunk::Inline(b, m, join)) = self.tx.get_mut(i + 1) {
+                        // The chunk starts with the trailer (the next FPDU's header may follow).
+                        debug_assert_eq!(
+                            if *join > 0 { *join } else { *m } as usize,
+                            n,
+                            "the trailer chunk was sized for it"
+                        );
                         b[..n].copy_from_slice(&tail[..n]);
                     }
                     self.tx[i] = Chunk::Owned(copy);
@@ -483,7 +510,7 @@ impl Stream {
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
-                Chunk::Inline(b, n) => &b[skip..*n as usize],
+                Chunk::Inline(b, n, _) => &b[skip..*n as usize],
                 // SAFETY: Raw chunks point into checked local regions that the verbs contract
                 // keeps alive and unchanged until the work request completes; Served ones were
                 // checked to be live in `prepare` just now, and nothing runs between here and

@@ -390,19 +390,18 @@ fn arm_multishot(fd: types::Fd, token: u64, ops: &mut RingOps, r: &Ring) {
 /// it queued one.
 fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r: &Ring) -> bool {
     if ops.tx == TxOp::Idle && stream.wants_tx() {
-        let mut slices = [std::io::IoSlice::new(&[]); SEND_IOV];
-        let count = stream.tx_iovecs(&mut slices);
+        let (mut count, mut taken) = if ops.iov.len() < SEND_IOV {
+            // One entry more than the list holds tells whether more chunks are queued.
+            gather::<{ SEND_IOV_FEW + 1 }>(stream, &mut ops.iov)
+        } else {
+            gather::<SEND_IOV>(stream, &mut ops.iov)
+        };
         if count > ops.iov.len() {
             // A burst of large messages: this queue pair keeps the long gather list.
             ops.iov = empty_iov(SEND_IOV);
+            (count, taken) = gather::<SEND_IOV>(stream, &mut ops.iov);
         }
         if count > 0 {
-            let mut taken = 0;
-            for (v, s) in ops.iov.iter_mut().zip(&slices[..count]) {
-                v.iov_base = s.as_ptr() as *mut libc::c_void;
-                v.iov_len = s.len();
-                taken += s.len();
-            }
             ops.msg.msg_iov = ops.iov.as_mut_ptr();
             ops.msg.msg_iovlen = count;
             let e = opcode::SendMsg::new(fd, &*ops.msg)
@@ -421,6 +420,25 @@ fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r:
         // after this submission closes the connection.
     }
     false
+}
+
+/// Fills `iov` with the chunks the stream has queued, through `N` slices: how many the stream
+/// offered (more than `iov` holds when `N` is larger: then `iov` holds none of them) and the
+/// bytes in those `iov` took. `N` is a constant so that the slices live on the stack, sized to
+/// the list: a latency-bound queue pair's send fills 65 of them, not 256.
+fn gather<const N: usize>(stream: &mut Stream, iov: &mut [libc::iovec]) -> (usize, usize) {
+    let mut slices = [std::io::IoSlice::new(&[]); N];
+    let count = stream.tx_iovecs(&mut slices);
+    if count > iov.len() {
+        return (count, 0);
+    }
+    let mut taken = 0;
+    for (v, s) in iov.iter_mut().zip(&slices[..count]) {
+        v.iov_base = s.as_ptr() as *mut libc::c_void;
+        v.iov_len = s.len();
+        taken += s.len();
+    }
+    (count, taken)
 }
 
 /// On a core with few queue pairs (where latency matters more than batching: see

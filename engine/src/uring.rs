@@ -131,6 +131,51 @@ impl RawQueue {
         });
     }
 
+    /// Puts `fd` in a free slot of the core's registered file table, so that operations may
+    /// name the slot instead (the slot as their descriptor, with [`squeue::Flags::FIXED_FILE`]):
+    /// the kernel then neither looks the file up nor counts a reference on it for each one.
+    /// `None` if the table is full, or the core runs without one (`Builder::fixed_files`).
+    /// The table keeps the file open until [`RawQueue::unregister_file`]: give the slot back
+    /// before the descriptor is dropped, or the socket stays open.
+    ///
+    /// ```
+    /// use barewire_engine::uring::{opcode, squeue, types, RawQueue};
+    /// use std::os::fd::AsRawFd;
+    /// let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+    /// rt.block_on(async {
+    ///     let Some(q) = RawQueue::new() else { return }; // an epoll core has no ring
+    ///     let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    ///     let Some(slot) = q.register_file(a.as_raw_fd()) else { return };
+    ///     let e = opcode::Send::new(types::Fd(slot as i32), b"hi".as_ptr(), 2)
+    ///         .build()
+    ///         .flags(squeue::Flags::FIXED_FILE);
+    ///     // SAFETY: the bytes are a static; the send completes inside the submission.
+    ///     unsafe { q.push(e, 1) };
+    ///     q.submit();
+    ///     let mut done = Vec::new();
+    ///     q.drain(&mut done);
+    ///     assert_eq!((done[0].token, done[0].result), (1, 2));
+    ///     q.unregister_file(slot);
+    /// });
+    /// ```
+    pub fn register_file(&self, fd: std::os::fd::RawFd) -> Option<u32> {
+        try_with_core(|c| match &c.driver {
+            Driver::Uring(u) => u.register_fixed(fd),
+            Driver::Epoll(_) => None,
+        })
+        .flatten()
+    }
+
+    /// Empties a slot [`RawQueue::register_file`] filled. Operations in flight keep their own
+    /// reference to the file. Outside the runtime the core's table has gone already.
+    pub fn unregister_file(&self, slot: u32) {
+        try_with_core(|c| {
+            if let Driver::Uring(u) = &c.driver {
+                u.unregister_fixed(slot);
+            }
+        });
+    }
+
     /// Moves the completions reaped so far into `out` (appended, in arrival order).
     pub fn drain(&self, out: &mut Vec<Completion>) {
         try_with_core(|c| {

@@ -365,6 +365,29 @@ fn dropping_the_last_handle_closes_the_connection() {
     });
 }
 
+/// On an io_uring core a queue pair names its socket by a slot in the core's registered file
+/// table, and gives the slot back when it is dropped: the table would otherwise hold the
+/// socket open after its descriptor closed. (On epoll there is no table, and under SQPOLL the
+/// queue pairs send through duplicates of their descriptors: both stay at none.)
+#[test]
+fn a_dropped_queue_pair_gives_its_registered_file_back() {
+    rt().block_on(async {
+        let uses_table = matches!(
+            barewire_engine::reactor(),
+            barewire_engine::ReactorKind::IoUring(f) if f != barewire_engine::UringFlags::SqPoll
+        );
+        let files = || barewire_engine::stats().registered_files;
+        let before = files();
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        if uses_table {
+            assert!(files() >= before + 2, "each queue pair holds a slot");
+        }
+        drop((qa, qb));
+        assert_eq!(files(), before, "the slots went back");
+    });
+}
+
 #[test]
 fn a_refused_write_completes_with_rem_access_err_on_the_initiator() {
     rt().block_on(async {

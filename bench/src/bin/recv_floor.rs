@@ -11,6 +11,8 @@
 //!   ring and submitted and reaped in one `io_uring_enter` (the io_uring path's pass), through
 //!   the engine's own raw queue, as the provider does;
 //! - `ring RECV, own buffer`: the same naming a plain buffer (no provided-buffer selection).
+//! - `ring RECV, own buffer, registered file`: that look naming the socket by its slot in the
+//!   core's registered file table (`RawQueue::register_file`), as the provider's queue pairs do.
 //! - `own ring, by descriptor` / `own ring, by registered index`: that look on a ring of the
 //!   bench's own (the io-uring crate's, outside the engine), entered by its descriptor or, after
 //!   `IORING_REGISTER_RING_FDS`, by its index (`IORING_ENTER_REGISTERED_RING`), as the engine's
@@ -144,8 +146,15 @@ fn main() {
         let added = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) };
         assert_eq!(added, 0, "epoll_ctl");
         let mut done = Vec::with_capacity(4);
-        let mut ring_look = |own: bool, buf: &mut [u8]| -> i32 {
-            let e = if own {
+        let slot = q.register_file(fd).expect("a slot in the core's file table");
+        // A look: own buffer or provided, the socket named by its descriptor or its slot.
+        let mut ring_look = |own: bool, fixed: bool, buf: &mut [u8]| -> i32 {
+            let e = if own && fixed {
+                opcode::Recv::new(types::Fd(slot as i32), buf.as_mut_ptr(), buf.len() as u32)
+                    .flags(libc::MSG_DONTWAIT)
+                    .build()
+                    .flags(squeue::Flags::FIXED_FILE)
+            } else if own {
                 opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
                     .flags(libc::MSG_DONTWAIT)
                     .build()
@@ -179,6 +188,8 @@ fn main() {
             "8 B waiting: write + ring RECV, own buffer",
             "own ring, by descriptor",
             "own ring, by registered index",
+            "ring RECV, own buffer, registered file",
+            "8 B waiting: write + ring RECV, own, registered file",
         ];
         let mut res: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 8];
@@ -203,10 +214,10 @@ fn main() {
                     assert_eq!(sys_recv(fd, &mut buf), -1);
                 }),
                 per_op(n, || {
-                    assert_eq!(ring_look(false, &mut buf), -libc::EAGAIN);
+                    assert_eq!(ring_look(false, false, &mut buf), -libc::EAGAIN);
                 }),
                 per_op(n, || {
-                    assert_eq!(ring_look(true, &mut buf), -libc::EAGAIN);
+                    assert_eq!(ring_look(true, false, &mut buf), -libc::EAGAIN);
                 }),
                 {
                     let t = per_op(n / 4, || {
@@ -222,14 +233,21 @@ fn main() {
                 }),
                 per_op(n / 4, || {
                     peer.write_all(&[7u8; 8]).unwrap();
-                    assert_eq!(ring_look(false, &mut buf), 8);
+                    assert_eq!(ring_look(false, false, &mut buf), 8);
                 }),
                 per_op(n / 4, || {
                     peer.write_all(&[7u8; 8]).unwrap();
-                    assert_eq!(ring_look(true, &mut buf), 8);
+                    assert_eq!(ring_look(true, false, &mut buf), 8);
                 }),
                 by_fd,
                 by_index,
+                per_op(n, || {
+                    assert_eq!(ring_look(true, true, &mut buf), -libc::EAGAIN);
+                }),
+                per_op(n / 4, || {
+                    peer.write_all(&[7u8; 8]).unwrap();
+                    assert_eq!(ring_look(true, true, &mut buf), 8);
+                }),
             ];
             if rep > 0 {
                 for (v, x) in res.iter_mut().zip(r) {
@@ -243,6 +261,8 @@ fn main() {
         );
         // The two own-ring ways ran back to back in each rep: their ratio is taken per rep.
         let own_ratio = median(res[9].iter().zip(&res[8]).map(|(r, d)| r / d).collect());
+        // The registered-file look against the same look by descriptor, per rep.
+        let file_ratio = median(res[10].iter().zip(&res[3]).map(|(f, d)| f / d).collect());
         let med: Vec<f64> = res.into_iter().map(median).collect();
         for (name, m) in names.iter().zip(&med) {
             println!("  {name:<48} {m:>8.0}");
@@ -255,6 +275,7 @@ fn main() {
             );
         }
         println!("  own ring: by registered index {own_ratio:.2}x by descriptor (median of the reps' ratios)");
+        println!("  ring RECV, own buffer: idle look by registered file {file_ratio:.2}x by descriptor (median of the reps' ratios)");
         let _ = std::io::stdout().flush();
     });
 }

@@ -738,6 +738,8 @@ impl Drop for QpInner {
         if self.ring.is_some() {
             // Under SQPOLL its wire sends what it still holds and goes after its operations.
             ring::detach(self);
+            // The registered file table lets go of the socket, which closes with `fd`.
+            ring::release_file(self);
         }
         // Have the poller free the slot; the fd leaves the epoll set as it closes.
         let key = self.key;

@@ -27,6 +27,11 @@
 //!   region. Where a NIC makes zero copy pay, it fits a requester's own WRITE or SEND payload
 //!   only, with the completion held until the notification.
 //!
+//! Operations name a queue pair's socket by its slot in the core's registered file table where
+//! it got one (`RawQueue::register_file`; given back when the queue pair is dropped), so the
+//! kernel neither looks the file up nor counts a reference on it for each of them: an idle
+//! look costs 5-6% less (`recv-floor`, `bench/RESULTS.md`, twenty-ninth session).
+//!
 //! Every operation that names queue-pair memory (a send's chunks, a receive's region extent) is
 //! queued from [`Poller::prepare_submit`] with `MSG_DONTWAIT`, so it is carried out inside the
 //! pass's one `io_uring_enter` and is complete when that call returns: the kernel touches the
@@ -177,6 +182,8 @@ pub(super) struct RingOps {
     /// chunks queued than that (see `arm_send`).
     iov: Box<[libc::iovec]>,
     msg: Box<libc::msghdr>,
+    /// The socket's slot in the core's registered file table, if it got one (see `target`).
+    file: Option<u32>,
 }
 
 /// Gather-list entries a queue pair starts with: enough for the messages of a latency-bound
@@ -213,6 +220,7 @@ impl RingOps {
             iov: empty_iov(SEND_IOV_FEW),
             // SAFETY: msghdr is plain old data; zero is "no name, no control".
             msg: Box::new(unsafe { std::mem::zeroed() }),
+            file: None,
         }
     }
 }
@@ -265,6 +273,20 @@ fn untoken(t: u64) -> (usize, u32, Option<Kind>) {
     )
 }
 
+/// How an operation names a socket: a descriptor, or a slot of the core's registered file table
+/// with the flag that says so.
+type Target = (types::Fd, squeue::Flags);
+
+/// How the ring's operations name the queue pair's socket: by its registered slot where it got
+/// one (the kernel then skips looking the file up and counting a reference for each operation,
+/// and a polling core makes one or more per pass), else by its descriptor.
+fn target(i: &QpInner) -> Target {
+    match i.ring.as_ref().and_then(|o| o.file) {
+        Some(slot) => (types::Fd(slot as i32), squeue::Flags::FIXED_FILE),
+        None => (types::Fd(i.fd.as_raw_fd()), squeue::Flags::empty()),
+    }
+}
+
 /// Has the next `prepare_submit` look at this queue pair.
 pub(super) fn queue(i: &mut QpInner) {
     let Some(ops) = i.ring.as_mut() else { return };
@@ -314,8 +336,27 @@ pub(super) fn attach(i: &mut QpInner) -> bool {
                 false
             }
         },
-        _ => true,
+        Some(r) => {
+            // A full table is no error: the queue pair names its descriptor instead.
+            let slot = r.raw.register_file(i.fd.as_raw_fd());
+            i.ring.as_mut().expect("a ring queue pair").file = slot;
+            true
+        }
+        None => true,
     })
+}
+
+/// The queue pair is being dropped: its slot in the registered file table goes back, so that
+/// the table does not keep its socket open once the descriptor closes.
+pub(super) fn release_file(i: &mut QpInner) {
+    let Some(slot) = i.ring.as_mut().and_then(|o| o.file.take()) else {
+        return;
+    };
+    let _ = PROVIDER.try_with(|p| {
+        if let Some(r) = p.ring.borrow().as_ref() {
+            r.raw.unregister_file(slot);
+        }
+    });
 }
 
 /// Under SQPOLL, copies what the stream has queued to its wire and starts the send if none is
@@ -379,8 +420,10 @@ pub(super) fn detach(i: &mut QpInner) {
 }
 
 /// Arms the multishot receive (`token`) of a queue pair with no receive outstanding.
-fn arm_multishot(fd: types::Fd, token: u64, ops: &mut RingOps, r: &Ring) {
-    let e = opcode::RecvMulti::new(fd, r.bufs.group_id()).build();
+fn arm_multishot((fd, named): Target, token: u64, ops: &mut RingOps, r: &Ring) {
+    let e = opcode::RecvMulti::new(fd, r.bufs.group_id())
+        .build()
+        .flags(named);
     // SAFETY: the multishot receive writes only into the ring's own buffers.
     unsafe { r.raw.push(e, token) };
     ops.rx = RxOp::Multi;
@@ -388,7 +431,13 @@ fn arm_multishot(fd: types::Fd, token: u64, ops: &mut RingOps, r: &Ring) {
 
 /// Queues the gather send of what the stream has queued, if no send is outstanding. True if
 /// it queued one.
-fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r: &Ring) -> bool {
+fn arm_send(
+    (fd, named): Target,
+    send: u64,
+    stream: &mut Stream,
+    ops: &mut RingOps,
+    r: &Ring,
+) -> bool {
     if ops.tx == TxOp::Idle && stream.wants_tx() {
         let (mut count, mut taken) = if ops.iov.len() < SEND_IOV {
             // One entry more than the list holds tells whether more chunks are queued.
@@ -406,7 +455,8 @@ fn arm_send(fd: types::Fd, send: u64, stream: &mut Stream, ops: &mut RingOps, r:
             ops.msg.msg_iovlen = count;
             let e = opcode::SendMsg::new(fd, &*ops.msg)
                 .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
-                .build();
+                .build()
+                .flags(named);
             // SAFETY: the gather list lives in `ops` (boxed) and names chunks the stream
             // just checked; with MSG_DONTWAIT the kernel reads them inside this pass's
             // submission, which follows `prepare_submit` with nothing in between.
@@ -457,7 +507,7 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>
         if i.closed {
             continue;
         }
-        let (fd, send) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::Send));
+        let (fd, send) = (target(i), token(i, Kind::Send));
         let QpInner { stream, ring, .. } = i;
         if let Some(ops) = ring.as_mut() {
             any |= arm_send(fd, send, stream, ops, r);
@@ -498,7 +548,7 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
         let Some(r) = ring.as_ref() else {
             return false;
         };
-        let (fd, send) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::Send));
+        let (fd, send) = (target(i), token(i, Kind::Send));
         let QpInner { stream, ring, .. } = i;
         let Some(ops) = ring.as_mut() else {
             return false;
@@ -561,7 +611,7 @@ fn arm_copy(i: &mut QpInner, r: &Ring) {
     if ops.rx == RxOp::Idle && i.stream.rx_buffer().is_some() {
         let mut wires = r.wires.borrow_mut();
         if let Some(fd) = wires.fd(id) {
-            arm_multishot(fd, multi, ops, r);
+            arm_multishot((fd, squeue::Flags::empty()), multi, ops, r);
             wires.pushed(id);
         }
     }
@@ -572,7 +622,8 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     if r.copy {
         return arm_copy(i, r);
     }
-    let fd = types::Fd(i.fd.as_raw_fd());
+    let t = target(i);
+    let (fd, named) = t;
     let send = token(i, Kind::Send);
     let direct = token(i, Kind::RecvDirect);
     let multi = token(i, Kind::RecvMulti);
@@ -590,13 +641,14 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     if *closed {
         return;
     }
-    arm_send(fd, send, stream, ops, r);
+    arm_send(t, send, stream, ops, r);
     if ops.rx == RxOp::Idle {
         match stream.rx_buffer() {
             Some((dst, want)) if want >= DIRECT_SWITCH => {
                 let e = opcode::Recv::new(fd, dst, want.min(BUDGET) as u32)
                     .flags(libc::MSG_DONTWAIT)
-                    .build();
+                    .build()
+                    .flags(named);
                 // SAFETY: the stream handed out a checked extent of `want` bytes; with
                 // MSG_DONTWAIT the kernel writes it inside this pass's submission only.
                 unsafe { r.raw.push(e, direct) };
@@ -611,7 +663,8 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                 if want >= DIRECT_PLACEMENT {
                     let e = opcode::Recv::new(fd, dst, want.min(BUDGET) as u32)
                         .flags(libc::MSG_DONTWAIT)
-                        .build();
+                        .build()
+                        .flags(named);
                     // SAFETY: a checked extent of `want` bytes, written by the kernel inside
                     // this pass's submission only (MSG_DONTWAIT).
                     unsafe { r.raw.push(e, polled_direct) };
@@ -630,7 +683,8 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                     }
                     let e = opcode::Recv::new(fd, looks[k].as_mut_ptr(), LOOK_BUF as u32)
                         .flags(libc::MSG_DONTWAIT)
-                        .build();
+                        .build()
+                        .flags(named);
                     // SAFETY: the core's look buffer `k`, handed to this receive alone in this
                     // pass and written by the kernel inside its submission only (MSG_DONTWAIT).
                     unsafe { r.raw.push(e, own) };
@@ -642,7 +696,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                         .buf_group(r.bufs.group_id())
                         .flags(libc::MSG_DONTWAIT)
                         .build()
-                        .flags(squeue::Flags::BUFFER_SELECT);
+                        .flags(squeue::Flags::BUFFER_SELECT | named);
                     // SAFETY: the receive writes only into a buffer of the ring's own.
                     unsafe { r.raw.push(e, polled) };
                     n += 1;
@@ -650,7 +704,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                 ops.rx = RxOp::Polled;
                 ops.polled = (n, false);
             }
-            Some(_) => arm_multishot(fd, multi, ops, r),
+            Some(_) => arm_multishot(t, multi, ops, r),
             None => {} // receiving has stopped
         }
     }
@@ -814,7 +868,8 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
 
 /// Waits for the socket to be ready for `events` (a one-shot poll, completing as `kind`).
 fn push_poll(i: &QpInner, r: &Ring, events: u32, kind: Kind) {
-    let e = opcode::PollAdd::new(types::Fd(i.fd.as_raw_fd()), events).build();
+    let (fd, named) = target(i);
+    let e = opcode::PollAdd::new(fd, events).build().flags(named);
     // SAFETY: a poll names no memory.
     unsafe { r.raw.push(e, token(i, kind)) };
 }
@@ -944,7 +999,7 @@ impl Poller for RingPoller {
                     if let Some(qp) = p.get(key) {
                         let mut guard = qp.borrow_mut();
                         let i = &mut *guard;
-                        let (fd, multi) = (types::Fd(i.fd.as_raw_fd()), token(i, Kind::RecvMulti));
+                        let (fd, multi) = (target(i), token(i, Kind::RecvMulti));
                         if let Some(ops) = i.ring.as_mut().filter(|o| o.rx == RxOp::Idle) {
                             if !i.closed {
                                 arm_multishot(fd, multi, ops, r);

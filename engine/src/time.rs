@@ -18,6 +18,8 @@ use crate::core::with_core;
 pub(crate) struct Timers {
     map: RefCell<BTreeMap<(Instant, u64), Waker>>,
     seq: std::cell::Cell<u64>,
+    /// Scratch for `fire`, kept so that firing a timer does not allocate.
+    fired: RefCell<Vec<Waker>>,
 }
 
 impl Timers {
@@ -61,7 +63,8 @@ impl Timers {
     }
 
     fn fire(&self, now: Instant) -> bool {
-        let mut fired = Vec::new();
+        // Taken out while the wakers run: a wake may reach back into the timers.
+        let mut fired = std::mem::take(&mut *self.fired.borrow_mut());
         {
             let mut map = self.map.borrow_mut();
             while let Some(entry) = map.first_entry() {
@@ -72,9 +75,10 @@ impl Timers {
             }
         }
         let any = !fired.is_empty();
-        for w in fired {
+        for w in fired.drain(..) {
             w.wake();
         }
+        *self.fired.borrow_mut() = fired;
         any
     }
 

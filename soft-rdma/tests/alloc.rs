@@ -126,11 +126,13 @@ fn a_warm_connection_moves_small_writes_without_allocating() {
             assert_eq!((wc.wr_id, wc.status), (k, WcStatus::Success));
         }
         let made = allocs() - before;
-        // Nothing per message or per pass: none at all on either reactor here. Under SQPOLL
-        // a timer of the engine's fires about every 150 round trips, and its entry is
-        // allocated (11-15 in all). The code before this test made three per round trip.
+        // Nothing per message, per pass or per timer: none at all here, on either reactor and
+        // under SQPOLL (the bound leaves room for a one-off, such as a map growing). The code
+        // before this test made three per round trip (6,000); under SQPOLL, where a timer of the
+        // engine's fires about every 125 round trips, firing it allocated (16-17) until the
+        // timers kept their scratch list.
         assert!(
-            made < ROUNDS / 20,
+            made <= 4,
             "{made} allocations in {ROUNDS} WRITE round trips on one core"
         );
         // The connection still works after the count (nothing was left half done).

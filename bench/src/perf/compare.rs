@@ -364,22 +364,15 @@ impl Runner<'_> {
         let mut vals = Vec::new();
         let mut pct = Vec::new();
         for _ in 0..self.a.reps {
-            match client_server(self.a.cpus, env, &server, &client) {
-                Ok(out) => match (run.parse)(&out) {
-                    Some((v, p)) => {
-                        vals.push(v);
-                        if pct.is_empty() {
-                            pct = p;
-                        }
+            match client_server(self.a.cpus, env, &server, &client)
+                .and_then(|out| read_figure(run.parse, &out))
+            {
+                Ok((v, p)) => {
+                    vals.push(v);
+                    if pct.is_empty() {
+                        pct = p;
                     }
-                    None => self.cmp.failed.push((
-                        command.clone(),
-                        format!(
-                            "no figure in its output: {}",
-                            out.lines().last().unwrap_or("")
-                        ),
-                    )),
-                },
+                }
                 Err(e) => self.cmp.failed.push((command.clone(), e)),
             }
         }
@@ -403,6 +396,21 @@ impl Runner<'_> {
                 peer: p,
             });
         }
+    }
+}
+
+/// The figure a peer's parser reads from its output, if it is one: a run that printed none,
+/// or printed zero or less (a bandwidth of 0.00 from a run that went wrong), failed; its rep
+/// then has no ratio rather than an infinite one.
+fn read_figure(
+    parse: fn(&str) -> crate::perf::peers::Parsed,
+    out: &str,
+) -> Result<(f64, Vec<(f64, f64)>), String> {
+    let last = out.lines().last().unwrap_or("");
+    match parse(out) {
+        Some((v, p)) if v.is_finite() && v > 0.0 => Ok((v, p)),
+        Some((v, _)) => Err(format!("a figure of {v} in its output: {last}")),
+        None => Err(format!("no figure in its output: {last}")),
     }
 }
 
@@ -783,6 +791,23 @@ pub fn memcpy_mib_per_sec(block: usize, how_long: Duration) -> f64 {
 mod tests {
     use super::*;
     use crate::perf::report::table;
+
+    /// A peer run that printed a figure of zero failed: it gives no ratio (the report once showed
+    /// a rep range ending in "inf" from a UCX bandwidth run that printed 0.00).
+    #[test]
+    fn a_figure_of_zero_is_a_failed_run_not_a_ratio() {
+        fn bw(out: &str) -> crate::perf::peers::Parsed {
+            crate::perf::peers::parse_ucx(out).map(|(_, _, bw)| (bw, vec![]))
+        }
+        let good = include_str!("peers/samples/ucx_put_bw.txt");
+        assert_eq!(read_figure(bw, good).map(|f| f.0), Ok(350.80));
+        let zero = "Final:                  2000     16.151   178.162   178.162        0.00       0.00        5613        5613";
+        let err = read_figure(bw, zero).unwrap_err();
+        assert!(err.contains("a figure of 0"), "{err}");
+        assert!(read_figure(bw, "nothing")
+            .unwrap_err()
+            .contains("no figure"));
+    }
 
     /// A peer whose server dies at once (its port taken, say) is reported with the server's own
     /// words, not as a client with "no figure".

@@ -125,6 +125,20 @@ fn transfer(from: &mut Side, to: &mut Side, chunk: usize, round: &mut usize) -> 
     true
 }
 
+/// A signaled RDMA Write of `sge` to `off` bytes into `to`.
+fn write_wr(wr_id: u64, sge: Sge, to: &Guarded, off: u64) -> SendWr {
+    SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_addr: to.addr() + off,
+            rkey: to.stag(),
+        },
+        sges: [sge].into(),
+        signaled: true,
+        fence: false,
+    }
+}
+
 fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
     let mut out = vec![WorkCompletion::BLANK; 64];
     let n = cq.poll(&mut out);
@@ -184,16 +198,7 @@ fn write_larger_than_one_fpdu_lands_exactly_with_and_without_crc() {
         let src = Guarded::new(&a, 5000, Access::LOCAL_WRITE, 0x5A);
         let dst = Guarded::new(&b, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
         a.stream
-            .post_send(SendWr {
-                wr_id: 2,
-                op: SendOp::Write {
-                    remote_addr: dst.addr() + 100,
-                    rkey: dst.stag(),
-                },
-                sges: [src.sge(0, 5000)].into(),
-                signaled: true,
-                fence: false,
-            })
+            .post_send(write_wr(2, src.sge(0, 5000), &dst, 100))
             .unwrap();
         pump(&mut a, &mut b, 333);
         assert!(dst.data()[100..5100].iter().all(|&x| x == 0x5A));
@@ -326,16 +331,7 @@ fn a_small_write_carries_the_value_it_was_posted_with() {
     let word = Guarded::new(&a, 8, Access::LOCAL_WRITE, 5);
     let dst = Guarded::new(&b, 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     a.stream
-        .post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: dst.addr(),
-                rkey: dst.stag(),
-            },
-            sges: [word.sge(0, 8)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(1, word.sge(0, 8), &dst, 0))
         .unwrap();
     // SAFETY: our own registered word, written between two calls into the stream.
     unsafe { std::ptr::write_bytes(word.addr() as *mut u8, 6, 8) };
@@ -367,16 +363,7 @@ fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
     let dst = Guarded::new(&b, 256, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     // 100 bytes that would end 44 bytes past the region.
     a.stream
-        .post_send(SendWr {
-            wr_id: 3,
-            op: SendOp::Write {
-                remote_addr: dst.addr() + 200,
-                rkey: dst.stag(),
-            },
-            sges: [src.sge(0, 100)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(3, src.sge(0, 100), &dst, 200))
         .unwrap();
     pump(&mut a, &mut b, 7);
     assert!(dst.guards_intact(), "nothing outside the region changed");
@@ -503,16 +490,7 @@ fn a_corrupted_fpdu_fails_the_crc() {
     let src = Guarded::new(&a, 100, Access::LOCAL_WRITE, 3);
     let dst = Guarded::new(&b, 100, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     a.stream
-        .post_send(SendWr {
-            wr_id: 9,
-            op: SendOp::Write {
-                remote_addr: dst.addr(),
-                rkey: dst.stag(),
-            },
-            sges: [src.sge(0, 100)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(9, src.sge(0, 100), &dst, 0))
         .unwrap();
     let mut bytes = Vec::new();
     let mut iov = [std::io::IoSlice::new(&[]); 64];
@@ -565,16 +543,7 @@ fn send_with_invalidate_kills_the_named_stag() {
     );
     // A later Write to the invalidated STag is refused.
     a.stream
-        .post_send(SendWr {
-            wr_id: 3,
-            op: SendOp::Write {
-                remote_addr: exposed.addr(),
-                rkey: exposed.stag(),
-            },
-            sges: [src.sge(0, 8)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(3, src.sge(0, 8), &exposed, 0))
         .unwrap();
     pump(&mut a, &mut b, 9);
     assert_eq!(
@@ -882,16 +851,7 @@ fn local_invalidate_kills_the_stag_in_order() {
         (9, WcStatus::Success, WcOpcode::LocalInv)
     );
     a.stream
-        .post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: exposed.addr(),
-                rkey: exposed.stag(),
-            },
-            sges: [src.sge(0, 8)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(1, src.sge(0, 8), &exposed, 0))
         .unwrap();
     pump(&mut a, &mut b, 16);
     assert_eq!(
@@ -1049,16 +1009,7 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
     let dst = Guarded::new(&b, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     for k in 0..3u64 {
         a.stream
-            .post_send(SendWr {
-                wr_id: k,
-                op: SendOp::Write {
-                    remote_addr: dst.addr() + 2000 * k,
-                    rkey: dst.stag(),
-                },
-                sges: [src.sge(0, 1500)].into(),
-                signaled: true,
-                fence: false,
-            })
+            .post_send(write_wr(k, src.sge(0, 1500), &dst, 2000 * k))
             .unwrap();
     }
     // An asynchronous send takes what the first two Writes queued (several FPDUs each).
@@ -1126,16 +1077,7 @@ fn a_segmented_write_takes_two_gather_entries_per_fpdu() {
         let src = Guarded::new(&a, 9000, Access::LOCAL_WRITE, 0x3C);
         let dst = Guarded::new(&b, 9000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
         a.stream
-            .post_send(SendWr {
-                wr_id: 1,
-                op: SendOp::Write {
-                    remote_addr: dst.addr(),
-                    rkey: dst.stag(),
-                },
-                sges: [src.sge(0, 9000)].into(),
-                signaled: true,
-                fence: false,
-            })
+            .post_send(write_wr(1, src.sge(0, 9000), &dst, 0))
             .unwrap();
         let mut iov = [std::io::IoSlice::new(&[]); 64];
         let n = a.stream.tx_iovecs(&mut iov);
@@ -1170,16 +1112,7 @@ fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
     let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
     let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     a.stream
-        .post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: dst.addr(),
-                rkey: dst.stag(),
-            },
-            sges: [src.sge(0, 3000)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
         .unwrap();
     let all = {
         let mut iov = [std::io::IoSlice::new(&[]); 64];
@@ -1236,16 +1169,7 @@ fn an_overrun_completion_queue_stops_its_queue_pair_and_tells_the_peer() {
     let dst = Guarded::new(&b, 16 * 70, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
     for i in 0..70 {
         a.stream
-            .post_send(SendWr {
-                wr_id: i,
-                op: SendOp::Write {
-                    remote_addr: dst.addr() + i * 16,
-                    rkey: dst.stag(),
-                },
-                sges: [src.sge(0, 16)].into(),
-                signaled: true,
-                fence: false,
-            })
+            .post_send(write_wr(i, src.sge(0, 16), &dst, i * 16))
             .unwrap();
     }
     pump(&mut a, &mut b, 4096);
@@ -1262,16 +1186,7 @@ fn an_overrun_completion_queue_stops_its_queue_pair_and_tells_the_peer() {
     assert_eq!(b.stream.state(), QpState::Error);
     // With room again, work posted now completes, as a flush.
     a.stream
-        .post_send(SendWr {
-            wr_id: 99,
-            op: SendOp::Write {
-                remote_addr: dst.addr(),
-                rkey: dst.stag(),
-            },
-            sges: [src.sge(0, 16)].into(),
-            signaled: true,
-            fence: false,
-        })
+        .post_send(write_wr(99, src.sge(0, 16), &dst, 0))
         .unwrap();
     let wcs = drain(&a.scq);
     assert_eq!(

@@ -147,7 +147,9 @@ impl Builder {
 
     /// Registers up to `n` sockets per core in its ring's file table (`IORING_REGISTER_FILES`,
     /// sparse; 0 turns it off): a TCP stream or UDP socket takes a slot on its first operation
-    /// through the ring, and its operations name the slot (`IOSQE_FIXED_FILE`), so the kernel
+    /// through the ring (a raw queue's owner, such as a software-RDMA queue pair, takes one
+    /// with [`RawQueue::register_file`](crate::uring::RawQueue::register_file)), and its
+    /// operations name the slot (`IOSQE_FIXED_FILE`), so the kernel
     /// skips the per-operation file lookup and reference count. A socket finding the table
     /// full, used on another core, or on an epoll core, uses its descriptor as usual. Dropping
     /// the socket frees its slot (one `io_uring_register` call) before the descriptor closes;

@@ -670,12 +670,21 @@ fn a_loaded_core_makes_at_most_one_ring_call_per_pass() {
         let passes = after.poller_passes - before.poller_passes;
         let calls = after.submit_calls - before.submit_calls;
         match barewire_engine::reactor() {
-            barewire_engine::ReactorKind::IoUring(_) => {
+            barewire_engine::ReactorKind::IoUring(flags) => {
                 let sqes = after.ops_submitted - before.ops_submitted;
-                // Each WRITE needs at least its send and, for its acknowledgement, a receive
-                // completion on each side: far more SQEs than calls, if they are batched.
+                // Each WRITE needs its send and, for its acknowledgement, the peer's: far more
+                // SQEs than calls, if they are batched. Under SQPOLL a queue pair sends from
+                // copies, and what it queues while a send is in flight goes with its next one
+                // (the kernel thread's pace decides how many: 675 for these 1,024 WRITEs in
+                // one CI run, 124-594 with the test run alone, on this code and the code
+                // before), so there it is at least one SQE per queue pair on each side.
+                let least = if flags == barewire_engine::UringFlags::SqPoll {
+                    2 * PAIRS
+                } else {
+                    PAIRS * WRITES
+                };
                 assert!(
-                    sqes >= (PAIRS * WRITES) as u64,
+                    sqes >= least as u64,
                     "the provider's I/O went through the ring: {sqes} SQEs"
                 );
                 assert!(

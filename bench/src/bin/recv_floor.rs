@@ -149,21 +149,22 @@ fn main() {
         let slot = q.register_file(fd).expect("a slot in the core's file table");
         // A look: own buffer or provided, the socket named by its descriptor or its slot.
         let mut ring_look = |own: bool, fixed: bool, buf: &mut [u8]| -> i32 {
-            let e = if own && fixed {
-                opcode::Recv::new(types::Fd(slot as i32), buf.as_mut_ptr(), buf.len() as u32)
-                    .flags(libc::MSG_DONTWAIT)
-                    .build()
-                    .flags(squeue::Flags::FIXED_FILE)
-            } else if own {
-                opcode::Recv::new(types::Fd(fd), buf.as_mut_ptr(), buf.len() as u32)
-                    .flags(libc::MSG_DONTWAIT)
-                    .build()
+            let (target, named) = if fixed {
+                (types::Fd(slot as i32), squeue::Flags::FIXED_FILE)
             } else {
-                opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), BUF as u32)
+                (types::Fd(fd), squeue::Flags::empty())
+            };
+            let e = if own {
+                opcode::Recv::new(target, buf.as_mut_ptr(), buf.len() as u32)
+                    .flags(libc::MSG_DONTWAIT)
+                    .build()
+                    .flags(named)
+            } else {
+                opcode::Recv::new(target, std::ptr::null_mut(), BUF as u32)
                     .buf_group(ring.group_id())
                     .flags(libc::MSG_DONTWAIT)
                     .build()
-                    .flags(squeue::Flags::BUFFER_SELECT)
+                    .flags(squeue::Flags::BUFFER_SELECT | named)
             };
             // SAFETY: the receive names `buf` (live across the submission, which completes it:
             // MSG_DONTWAIT) or a buffer of the ring's own.

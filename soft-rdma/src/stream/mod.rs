@@ -687,7 +687,9 @@ impl Stream {
             .take_while(|c| {
                 let s = start;
                 start += c.len();
-                last = if s < held { s } else { last };
+                if s < held {
+                    last = s;
+                }
                 s < held
             })
             .count();

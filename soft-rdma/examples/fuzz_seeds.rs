@@ -201,13 +201,17 @@ fn main() {
         .unwrap()
         .unwrap();
     put("ddp_rdmap", "siw-read-request", f.ulpdu);
-    // The live stream's seeds name its arena's regions; the harness exists only with the
+    // The live stream's seeds name its arena's regions; the harnesses exist only with the
     // `fuzzing` feature.
     #[cfg(feature = "fuzzing")]
     for (name, bytes) in barewire_soft_rdma::stream::fuzz::seeds() {
         put("live_stream", name, &bytes);
     }
+    #[cfg(feature = "fuzzing")]
+    for (name, bytes) in barewire_soft_rdma::stream::fuzz::pair::seeds() {
+        put("stream_pair", &name, &bytes);
+    }
     #[cfg(not(feature = "fuzzing"))]
-    eprintln!("live_stream seeds skipped: run with --features fuzzing");
+    eprintln!("live_stream and stream_pair seeds skipped: run with --features fuzzing");
     println!("seeds written to {}", root.display());
 }

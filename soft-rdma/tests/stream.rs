@@ -95,6 +95,13 @@ impl Drop for Guarded {
     }
 }
 
+/// The bytes `stream` offers to send now, through at most `entries` gather entries.
+fn listed(stream: &mut Stream, entries: usize) -> Vec<u8> {
+    let mut iov = [std::io::IoSlice::new(&[]); 64];
+    let n = stream.tx_iovecs(&mut iov[..entries]);
+    iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
+}
+
 /// Moves bytes both ways until nothing is left to send, in chunks of varying size.
 fn pump(a: &mut Side, b: &mut Side, chunk: usize) {
     let mut round = 0;
@@ -103,12 +110,7 @@ fn pump(a: &mut Side, b: &mut Side, chunk: usize) {
 
 /// Sends everything `from` has queued into `to`; false if there was nothing.
 fn transfer(from: &mut Side, to: &mut Side, chunk: usize, round: &mut usize) -> bool {
-    let mut bytes = Vec::new();
-    let mut iov = [std::io::IoSlice::new(&[]); 64];
-    let n = from.stream.tx_iovecs(&mut iov);
-    for s in &iov[..n] {
-        bytes.extend_from_slice(s);
-    }
+    let bytes = listed(&mut from.stream, 64);
     if bytes.is_empty() {
         return false;
     }
@@ -492,12 +494,7 @@ fn a_corrupted_fpdu_fails_the_crc() {
     a.stream
         .post_send(write_wr(9, src.sge(0, 100), &dst, 0))
         .unwrap();
-    let mut bytes = Vec::new();
-    let mut iov = [std::io::IoSlice::new(&[]); 64];
-    let n = a.stream.tx_iovecs(&mut iov);
-    for s in &iov[..n] {
-        bytes.extend_from_slice(s);
-    }
+    let mut bytes = listed(&mut a.stream, 64);
     bytes[40] ^= 0x80; // inside the payload
     b.stream.rx_feed(&bytes);
     assert_eq!(
@@ -1013,22 +1010,14 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
             .unwrap();
     }
     // An asynchronous send takes what the first two Writes queued (several FPDUs each).
-    let all: Vec<u8> = {
-        let mut iov = [std::io::IoSlice::new(&[]); 64];
-        let n = a.stream.tx_iovecs(&mut iov);
-        iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
-    };
+    let all: Vec<u8> = listed(&mut a.stream, 64);
     let taken = all.len() * 2 / 3;
     a.stream.tx_take(taken);
     a.stream.enter_error(WcStatus::WrFlushErr);
     // Its completion: all of it went.
     a.stream.tx_settle(taken);
     // What it took reaches the peer as whole FPDUs (the rest of a started one follows).
-    let rest: Vec<u8> = {
-        let mut iov = [std::io::IoSlice::new(&[]); 64];
-        let n = a.stream.tx_iovecs(&mut iov);
-        iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
-    };
+    let rest: Vec<u8> = listed(&mut a.stream, 64);
     a.stream.tx_advance(rest.len());
     let mut wire = all[..taken].to_vec();
     wire.extend_from_slice(&rest);
@@ -1062,11 +1051,6 @@ fn fpdu_ends(wire: &[u8]) -> Vec<usize> {
     ends
 }
 
-/// The bytes of `iov`, in order.
-fn flatten(iov: &[std::io::IoSlice]) -> Vec<u8> {
-    iov.iter().flat_map(|s| s.iter().copied()).collect()
-}
-
 /// A Write of many FPDUs takes two gather entries per FPDU, plus the last trailer: each
 /// trailer shares its entry with the next FPDU's header. The peer reads the bytes as the same
 /// FPDUs, with and without CRC.
@@ -1081,7 +1065,7 @@ fn a_segmented_write_takes_two_gather_entries_per_fpdu() {
             .unwrap();
         let mut iov = [std::io::IoSlice::new(&[]); 64];
         let n = a.stream.tx_iovecs(&mut iov);
-        let wire = flatten(&iov[..n]);
+        let wire: Vec<u8> = iov[..n].iter().flat_map(|s| s.iter().copied()).collect();
         let fpdus = fpdu_ends(&wire);
         assert_eq!(fpdus.last(), Some(&wire.len()), "crc {crc}: whole FPDUs");
         assert!(
@@ -1114,22 +1098,14 @@ fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
     a.stream
         .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
         .unwrap();
-    let all = {
-        let mut iov = [std::io::IoSlice::new(&[]); 64];
-        let n = a.stream.tx_iovecs(&mut iov);
-        flatten(&iov[..n])
-    };
+    let all = listed(&mut a.stream, 64);
     let first = fpdu_ends(&all)[0];
     // The send stopped two bytes before the first FPDU's end, inside its CRC field.
     let taken = first - 2;
     a.stream.tx_take(taken);
     a.stream.enter_error(WcStatus::WrFlushErr);
     a.stream.tx_settle(taken);
-    let rest = {
-        let mut iov = [std::io::IoSlice::new(&[]); 64];
-        let n = a.stream.tx_iovecs(&mut iov);
-        flatten(&iov[..n])
-    };
+    let rest = listed(&mut a.stream, 64);
     a.stream.tx_advance(rest.len());
     assert!(!a.stream.wants_tx());
     let mut wire = all[..taken].to_vec();
@@ -1152,6 +1128,87 @@ fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
     );
     assert!(dst.data()[landed..].iter().all(|&x| x == 0));
     assert!(dst.guards_intact());
+}
+
+/// A Terminate that follows a send which stopped between an FPDU's header and its payload
+/// (the last entry of a full gather list, say) reaches the peer intact: the close finishes
+/// that FPDU first, so the Terminate starts on an FPDU boundary. (Before, the close dropped
+/// the payload and trailer, and the peer read the Terminate's bytes as the rest of the Write's
+/// FPDU.)
+#[test]
+fn a_terminate_after_a_send_that_stopped_at_a_header_reaches_the_peer() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x42);
+        let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+        a.stream
+            .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
+            .unwrap();
+        // The socket took exactly the first gather entry: the first FPDU's header.
+        let head = listed(&mut a.stream, 1);
+        a.stream.tx_advance(head.len());
+        // b writes outside any region of a's: a answers with a Terminate.
+        let bad = Guarded::new(&b, 64, Access::LOCAL_WRITE, 0x17);
+        let b_src = bad.sge(0, 8);
+        b.stream
+            .post_send(SendWr {
+                wr_id: 9,
+                op: SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: Stag(0xdead_0000),
+                },
+                sges: [b_src].into(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap();
+        let mut round = 0;
+        transfer(&mut b, &mut a, 5, &mut round);
+        assert!(a.stream.terminate_sent(), "crc {crc}: a refused the Write");
+        let mut wire = head;
+        while a.stream.wants_tx() {
+            let bytes = listed(&mut a.stream, 64);
+            a.stream.tx_advance(bytes.len());
+            wire.extend_from_slice(&bytes);
+        }
+        assert_eq!(
+            fpdu_ends(&wire).last(),
+            Some(&wire.len()),
+            "crc {crc}: whole FPDUs"
+        );
+        b.stream.rx_feed(&wire);
+        assert!(
+            b.stream.peer_terminated(),
+            "crc {crc}: b read the Terminate"
+        );
+        assert_eq!(
+            b.stream.last_terminate(),
+            a.stream.last_terminate(),
+            "crc {crc}: with a's code"
+        );
+        assert!(dst.guards_intact());
+    }
+}
+
+/// A close when a send stopped exactly where a joined chunk's trailer ends (the next FPDU's
+/// header not sent) leaves nothing to send: the chunk, cut back to its trailer, is done.
+/// (Before, the cut left a chunk of zero bytes to go at the front, and the stream asked for a
+/// send forever.)
+#[test]
+fn a_close_at_the_end_of_a_trailer_leaves_nothing_to_send() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
+    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    a.stream
+        .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
+        .unwrap();
+    let all = listed(&mut a.stream, 64);
+    let first = fpdu_ends(&all)[0];
+    a.stream.tx_advance(first);
+    a.stream.enter_error(WcStatus::WrFlushErr);
+    assert!(!a.stream.wants_tx(), "nothing left to send");
+    assert_eq!(b.stream.rx_feed(&all[..first]), first);
+    assert_eq!(b.stream.state(), QpState::Rts);
 }
 
 /// A completion queue with no room loses a completion. The queue pair then stops (ERROR, and a

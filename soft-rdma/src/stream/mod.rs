@@ -87,10 +87,17 @@ pub enum PostError {
 const INLINE: usize = 96;
 
 enum Chunk {
-    /// Bytes of ours: a header, a trailer, a control message; how many; and where the FPDU
-    /// they begin starts when they also end the one before (an FPDU's trailer with the next
-    /// FPDU's header: see `Stream::push_head`), else 0.
-    Inline([u8; INLINE], u8, u8),
+    /// Bytes of ours: a header, a trailer, a whole small FPDU, a control message.
+    Inline {
+        bytes: [u8; INLINE],
+        /// How many.
+        len: u8,
+        /// Where the FPDU they begin starts when they also end the one before (an FPDU's
+        /// trailer with the next FPDU's header: see `Stream::push_head`), else 0.
+        join: u8,
+        /// They end inside an FPDU (a header whose payload follows in other chunks).
+        open: bool,
+    },
     /// Payload bytes in a registered region, sent from where they are.
     Raw(*const u8, usize),
     /// A Read Response segment's payload on a stream with CRC, still in the region: copied
@@ -209,11 +216,16 @@ mod spare {
 impl Chunk {
     fn len(&self) -> usize {
         match self {
-            Chunk::Inline(_, n, _) => *n as usize,
+            Chunk::Inline { len, .. } => *len as usize,
             Chunk::Raw(_, n) => *n,
             Chunk::Snapshot { len, .. } | Chunk::Served { len, .. } => *len,
             Chunk::Owned(b) => b.len(),
         }
+    }
+
+    /// The chunk's last byte ends an FPDU (payload never does: a trailer follows it).
+    fn ends_fpdu(&self) -> bool {
+        matches!(self, Chunk::Inline { open: false, .. })
     }
 }
 
@@ -336,6 +348,9 @@ pub struct Stream {
     /// Bytes from the front that an asynchronous send has taken and not yet reported
     /// (`tx_take`): `enter_error` keeps the chunks holding them.
     tx_taken: usize,
+    /// The bytes sent so far end inside an FPDU: the front chunk carries on one that a sent
+    /// chunk began.
+    tx_open: bool,
     tx_queued: u64,
     tx_sent: u64,
     marks: VecDeque<TxMark>,
@@ -389,6 +404,7 @@ impl Stream {
             tx: VecDeque::new(),
             tx_front_off: 0,
             tx_taken: 0,
+            tx_open: false,
             tx_queued: 0,
             tx_sent: 0,
             marks: VecDeque::new(),
@@ -674,38 +690,48 @@ impl Stream {
                 0,
             );
         }
-        // Drop what the socket has not started: a started chunk must finish (or the peer's
-        // stream is cut mid-FPDU), and a Terminate, the last chunk queued, still goes out,
-        // promptly. (A Terminate that is itself the started chunk stays where it is.) Chunks an
-        // asynchronous send has taken count as started: their bytes are, or will be, on the
-        // wire, and its completion advances over them.
+        // Drop what the socket has not started, except what finishes the FPDU the sent bytes
+        // end in: the peer's stream must end on an FPDU boundary, or a Terminate queued behind
+        // would not frame. (A Terminate, the last chunk queued, still goes out, promptly; one
+        // that is itself started stays where it is.) Chunks an asynchronous send has taken
+        // count as started: their bytes are, or will be, on the wire, and its completion
+        // advances over them.
         let held = self.tx_front_off + self.tx_taken;
-        let (mut start, mut last) = (0, 0);
-        let started = self
-            .tx
-            .iter()
-            .take_while(|c| {
-                let s = start;
-                start += c.len();
-                if s < held {
-                    last = s;
-                }
-                s < held
-            })
-            .count();
-        // A started chunk that ends one FPDU and begins the next ends at the first, if none of
-        // the next one's bytes have gone.
-        if let Some(Chunk::Inline(_, n, join)) = started.checked_sub(1).map(|i| &mut self.tx[i]) {
-            if *join > 0 && held - last <= *join as usize {
-                *n = *join;
+        let (mut start, mut keep, mut boundary) = (0, 0, !self.tx_open);
+        for c in self.tx.iter_mut() {
+            if start >= held && boundary {
+                break;
             }
+            keep += 1;
+            boundary = c.ends_fpdu();
+            // A chunk that ends one FPDU and begins the next ends at the first, if none of the
+            // next one's bytes have gone.
+            if let Chunk::Inline {
+                len, join, open, ..
+            } = c
+            {
+                if *join > 0 && held.saturating_sub(start) <= *join as usize {
+                    (*len, *open, boundary) = (*join, false, true);
+                }
+            }
+            start += c.len();
         }
-        let terminate = if self.terminate_sent && self.tx.len() > started {
+        let terminate = if self.terminate_sent && self.tx.len() > keep {
             self.tx.pop_back()
         } else {
             None
         };
-        self.tx.truncate(started);
+        self.tx.truncate(keep);
+        // A front chunk cut back to the bytes already sent is done.
+        if self.tx_front_off > 0
+            && self
+                .tx
+                .front()
+                .is_some_and(|c| c.len() == self.tx_front_off)
+        {
+            self.tx.pop_front();
+            (self.tx_front_off, self.tx_open) = (0, false);
+        }
         self.tx.extend(terminate);
         self.tx_queued = self.tx_sent + self.tx.iter().map(|c| c.len() as u64).sum::<u64>()
             - self.tx_front_off as u64;

@@ -244,17 +244,40 @@ impl Stream {
     /// move: the header goes after the trailer, which keeps its place at the chunk's start
     /// (where `prepare` writes a snapshot's CRC). Only within a message, so that a control
     /// message (a Terminate) is always a chunk of its own.
-    fn push_head(&mut self, head: &[u8; INLINE], n: usize, joined: bool) {
-        if let Some(Chunk::Inline(back, m, join)) = self.tx.back_mut().filter(|_| joined) {
-            let at = *m as usize;
+    ///
+    /// `open`: only the FPDU's header is in `head`; its payload follows in other chunks.
+    fn push_head(&mut self, head: &[u8; INLINE], n: usize, joined: bool, open: bool) {
+        if let Some(Chunk::Inline {
+            bytes,
+            len,
+            join,
+            open: back_open,
+        }) = self.tx.back_mut().filter(|_| joined)
+        {
+            let at = *len as usize;
             if *join == 0 && at + n <= INLINE {
-                back[at..at + n].copy_from_slice(&head[..n]);
-                (*m, *join) = ((at + n) as u8, at as u8);
+                bytes[at..at + n].copy_from_slice(&head[..n]);
+                (*len, *join, *back_open) = ((at + n) as u8, at as u8, open);
                 self.tx_queued += n as u64;
                 return;
             }
         }
-        self.push(Chunk::Inline(*head, n as u8, 0));
+        self.push(Chunk::Inline {
+            bytes: *head,
+            len: n as u8,
+            join: 0,
+            open,
+        });
+    }
+
+    /// Queues bytes of ours that end an FPDU (a trailer, a whole FPDU).
+    fn push_closed(&mut self, bytes: [u8; INLINE], len: usize) {
+        self.push(Chunk::Inline {
+            bytes,
+            len: len as u8,
+            join: 0,
+            open: false,
+        });
     }
 
     /// Queues a (possibly segmented) message whose payload lies in `extents`. A Read
@@ -320,10 +343,10 @@ impl Stream {
                 let mut tail = [0u8; 8];
                 let t = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
                 head[at..at + t].copy_from_slice(&tail[..t]);
-                self.push_head(&head, at + t, joined);
+                self.push_head(&head, at + t, joined, false);
                 continue;
             }
-            self.push_head(&head, head_len, joined);
+            self.push_head(&head, head_len, joined, true);
             // A Read Response segment's own source: the message's, `off` bytes on.
             let here = source.map(|(stag, to)| (stag, to.wrapping_add(off as u64)));
             if let Some(here) = here.filter(|_| snapshot && len > 0) {
@@ -339,7 +362,7 @@ impl Stream {
                 });
                 // The trailer's pad and CRC are written when the snapshot is taken.
                 let pad_and_crc = (4 - (FPDU_HEADER_LEN + ulpdu_len) % 4) % 4 + 4;
-                self.push(Chunk::Inline([0; INLINE], pad_and_crc as u8, 0));
+                self.push_closed([0; INLINE], pad_and_crc);
                 continue;
             }
             let mut left = len;
@@ -370,7 +393,7 @@ impl Stream {
             let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
             let mut inline = [0u8; INLINE];
             inline[..n].copy_from_slice(&tail[..n]);
-            self.push(Chunk::Inline(inline, n as u8, 0));
+            self.push_closed(inline, n);
         }
     }
 
@@ -403,7 +426,7 @@ impl Stream {
         let mut tail = [0u8; 8];
         let n = fpdu_trailer_after(crc, ulpdu_len, self.cfg.crc, &mut tail);
         b[end..end + n].copy_from_slice(&tail[..n]);
-        self.push(Chunk::Inline(b, (end + n) as u8, 0));
+        self.push_closed(b, end + n);
     }
 
     /// Bytes handed to the transport so far.
@@ -458,10 +481,16 @@ impl Stream {
                     let crc = crate::wire::crc32c_append(head_crc, &copy);
                     let mut tail = [0u8; 8];
                     let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
-                    if let Some(Chunk::Inline(b, m, join)) = self.tx.get_mut(i + 1) {
+                    if let Some(Chunk::Inline {
+                        bytes: b,
+                        len,
+                        join,
+                        ..
+                    }) = self.tx.get_mut(i + 1)
+                    {
                         // The chunk starts with the trailer (the next FPDU's header may follow).
                         debug_assert_eq!(
-                            if *join > 0 { *join } else { *m } as usize,
+                            if *join > 0 { *join } else { *len } as usize,
                             n,
                             "the trailer chunk was sized for it"
                         );
@@ -510,7 +539,7 @@ impl Stream {
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
             let s: &'a [u8] = match c {
-                Chunk::Inline(b, n, _) => &b[skip..*n as usize],
+                Chunk::Inline { bytes, len, .. } => &bytes[skip..*len as usize],
                 // SAFETY: Raw chunks point into checked local regions that the verbs contract
                 // keeps alive and unchanged until the work request completes; Served ones were
                 // checked to be live in `prepare` just now, and nothing runs between here and
@@ -554,7 +583,9 @@ impl Stream {
             let left = front.len() - self.tx_front_off;
             if n >= left {
                 n -= left;
-                if let Some(Chunk::Owned(buf)) = self.tx.pop_front() {
+                let sent = self.tx.pop_front().expect("checked");
+                self.tx_open = !sent.ends_fpdu();
+                if let Chunk::Owned(buf) = sent {
                     super::spare::give_back(buf);
                 }
                 self.tx_front_off = 0;

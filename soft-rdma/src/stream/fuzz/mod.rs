@@ -21,6 +21,9 @@ use super::*;
 use crate::verbs::{Access, CompletionQueue, Device, MemoryRegion};
 use crate::wire::Deframer;
 
+pub mod pair;
+pub use pair::stream_pair;
+
 /// Where the arena is mapped, when that address is free.
 pub const ARENA: u64 = 0x10_0000_0000;
 const SIZE: usize = 4096;

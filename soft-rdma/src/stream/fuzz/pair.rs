@@ -1,0 +1,1063 @@
+//! The stream-pair fuzz check: two real [`Stream`]s back to back through an in-memory pipe,
+//! each the other's honest peer. The input is a script. It says which side posts what (Writes
+//! with up to three gather entries, Writes with immediate data, Sends, Reads and the three
+//! atomics, at offsets and lengths it picks), how many bytes each send hands over, whether a
+//! send is synchronous (`tx_advance`, the epoll path) or asynchronous (`tx_take`, other work,
+//! then `tx_settle` of part of it, the io_uring path), how the receiver's reads split the
+//! bytes, and when a side closes (`enter_error`). Where [`super::live_stream`] is the hostile
+//! peer's check, this one is the honest peer's: every byte an honest stream sends must be
+//! taken, placed and completed exactly.
+//!
+//! Promises checked on every input (a broken one panics, which the fuzzer reports):
+//! - no panic, including arithmetic overflow;
+//! - each side's wire is whole FPDUs, a close anywhere included, and its peer takes every byte
+//!   without a Terminate;
+//! - nothing outside the memory the peer may change changes: guard bytes, the source buffers,
+//!   the gap between a receive's two buffers, sink slots and receives nothing used;
+//! - every request completes at most once, in posting order, with its own opcode; with no
+//!   close, every one completes, successfully;
+//! - what completed successfully took effect (nothing acknowledged is lost): a Send's bytes
+//!   are in the receive it completed, a Read's sink holds the peer's bytes as they were at some
+//!   point at or after the Read reached it, an atomic's original value is the word's value when
+//!   it arrived, and the peer's region holds every Write that completed;
+//! - the peer's region ends as the requests, applied in posting order, leave it: all of them
+//!   with no close, a prefix of them (the last perhaps in part) with one.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+use super::super::{RecvWr, SendOp, SendWr, Sge, Stream, StreamConfig};
+use crate::verbs::{
+    Access, CompletionQueue, Device, MemoryRegion, QpState, Stag, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+use crate::wire::Deframer;
+
+/// Guard bytes around each area.
+const GUARD: usize = 64;
+const SRC_LEN: usize = 8192;
+const DST_LEN: usize = 4096;
+const SINK_LEN: usize = 8192;
+/// Receives each side posts before the script starts, one slot each.
+const RECVS: usize = 16;
+const RSLOT: usize = 1024;
+/// Where each area starts in a side's memory.
+const SRC: usize = GUARD;
+const DST: usize = SRC + SRC_LEN + GUARD;
+const SINK: usize = DST + DST_LEN + GUARD;
+const RBUF: usize = SINK + SINK_LEN + GUARD;
+const MEM: usize = RBUF + RECVS * RSLOT + GUARD;
+/// The longest Send: what the smaller (two-buffer) receives hold.
+const SEND_MAX: usize = 924;
+const WRITE_MAX: usize = 3000;
+const READ_MAX: usize = 2048;
+/// Requests per side, so the completion queues never overflow.
+const MAX_OPS: usize = 48;
+const CQ_DEPTH: usize = 256;
+const GUARD_BYTE: u8 = 0xEE;
+const BLANK: u8 = 0xCC;
+
+/// A side's source and initial target bytes: different on each side and at each offset.
+fn pattern(side: usize, i: usize, salt: u32) -> u8 {
+    let x = (i as u32 ^ salt.wrapping_mul(0x85EB_CA6B)).wrapping_mul(0x9E37_79B1);
+    (x >> 24) as u8 ^ (side as u8).wrapping_mul(0x5B)
+}
+
+/// Receive `j`'s buffers, as offsets into the side's memory: one buffer for even `j`, two with
+/// a gap between them for odd `j`.
+fn recv_buffers(j: usize) -> Vec<(usize, usize)> {
+    let at = RBUF + j * RSLOT;
+    if j % 2 == 0 {
+        vec![(at, RSLOT)]
+    } else {
+        vec![(at, 300), (at + 400, 624)]
+    }
+}
+
+/// The script: bytes read in order, and nothing (the end) once they run out.
+struct Script<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl Script<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.data.get(self.at)?;
+        self.at += 1;
+        Some(b)
+    }
+    fn b(&mut self) -> u8 {
+        self.byte().unwrap_or(0)
+    }
+    fn u16(&mut self) -> usize {
+        (self.b() as usize) << 8 | self.b() as usize
+    }
+    /// `len * f / 255` for the next byte `f`: a share of `len`, all of it at 255.
+    fn share(&mut self, len: usize) -> usize {
+        len * self.b() as usize / 255
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Atomic {
+    FetchAdd(u64),
+    CmpSwap(u64, u64),
+    Swap(u64),
+}
+
+impl Atomic {
+    fn apply(self, old: u64) -> u64 {
+        match self {
+            Atomic::FetchAdd(add) => old.wrapping_add(add),
+            Atomic::CmpSwap(compare, swap) => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            Atomic::Swap(swap) => swap,
+        }
+    }
+}
+
+/// A posted request and what it should do at the peer.
+#[derive(Debug)]
+enum Effect {
+    /// Bytes written at an offset of the peer's region (a Write, or a Write with immediate
+    /// data, which also takes one of the peer's receives).
+    Write {
+        off: usize,
+        bytes: Vec<u8>,
+        imm: Option<u32>,
+    },
+    /// Bytes into the peer's next receive.
+    Send { bytes: Vec<u8> },
+    /// `len` bytes of the peer's region at `off` into the sink at `sink`; `versions` are that
+    /// range as the requests leave it, from this Read's arrival on.
+    Read {
+        off: usize,
+        len: usize,
+        sink: usize,
+        versions: Vec<Vec<u8>>,
+    },
+    /// An atomic on a word of the peer's region, whose original value (`original`) lands at `sink`.
+    Atomic { sink: usize, original: u64 },
+}
+
+impl Effect {
+    /// Takes one of the peer's receives.
+    fn takes_receive(&self) -> bool {
+        matches!(
+            self,
+            Effect::Send { .. } | Effect::Write { imm: Some(_), .. }
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Op {
+    effect: Effect,
+    opcode: WcOpcode,
+    /// The peer's region as the requests before this one leave it.
+    before: Vec<u8>,
+}
+
+/// One end: a stream, its memory, and what the script did with it.
+struct Side {
+    /// Dropped first: its queued chunks name the memory below.
+    stream: Stream,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    /// Source (local), target (remote read, write and atomics), sink and receive buffers
+    /// (local write); dropped before the memory.
+    regions: Vec<MemoryRegion>,
+    /// The memory, read and written only through `base` once the regions exist.
+    base: *mut u8,
+    _mem: Vec<u64>,
+    closed: bool,
+    /// The bytes an asynchronous send took and has not settled.
+    taken: Option<Vec<u8>>,
+    /// Every byte handed over, and those the peer has not read yet.
+    wire: Vec<u8>,
+    pipe: VecDeque<u8>,
+    ops: Vec<Op>,
+    /// The peer's target region as every request posted so far leaves it.
+    model: Vec<u8>,
+    sink_used: usize,
+    wcs: Vec<WorkCompletion>,
+    rwcs: Vec<WorkCompletion>,
+}
+
+impl Side {
+    fn new(id: usize, cfg: StreamConfig) -> Side {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let (scq, rcq) = (
+            CompletionQueue::new(CQ_DEPTH),
+            CompletionQueue::new(CQ_DEPTH),
+        );
+        let mut mem = vec![0u64; MEM / 8];
+        let base = mem.as_mut_ptr() as *mut u8;
+        // SAFETY: `mem` is MEM bytes, ours alone, and never reallocated.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(base, MEM) };
+        bytes.fill(GUARD_BYTE);
+        for i in 0..SRC_LEN {
+            bytes[SRC + i] = pattern(id, i, 1);
+        }
+        for i in 0..DST_LEN {
+            bytes[DST + i] = pattern(id, i, 2);
+        }
+        bytes[SINK..SINK + SINK_LEN].fill(BLANK);
+        bytes[RBUF..RBUF + RECVS * RSLOT].fill(BLANK);
+        let local = Access::LOCAL_WRITE;
+        let areas = [
+            (SRC, SRC_LEN, Access::default()),
+            (
+                DST,
+                DST_LEN,
+                local | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            ),
+            (SINK, SINK_LEN, local),
+            (RBUF, RECVS * RSLOT, local),
+        ];
+        let regions = areas
+            .iter()
+            .map(|&(off, len, access)| {
+                // SAFETY: inside `mem`, which outlives the region (the field order drops the
+                // regions first).
+                unsafe { pd.register(base.add(off), len, access) }.expect("a region registers")
+            })
+            .collect();
+        let stream = Stream::new(
+            dev,
+            StreamConfig {
+                qp_num: id as u32 + 1,
+                pd: pd.id(),
+                ..cfg
+            },
+            scq.clone(),
+            rcq.clone(),
+        );
+        let mut side = Side {
+            stream,
+            scq,
+            rcq,
+            regions,
+            base,
+            _mem: mem,
+            closed: false,
+            taken: None,
+            wire: Vec::new(),
+            pipe: VecDeque::new(),
+            ops: Vec::new(),
+            model: Vec::new(),
+            sink_used: 0,
+            wcs: Vec::new(),
+            rwcs: Vec::new(),
+        };
+        for j in 0..RECVS {
+            let sges = recv_buffers(j)
+                .into_iter()
+                .map(|(off, len)| side.sge(3, off, len))
+                .collect();
+            side.stream
+                .post_recv(RecvWr {
+                    wr_id: j as u64,
+                    sges,
+                })
+                .expect("a receive posts");
+        }
+        side
+    }
+
+    /// This side's memory, read between steps (nothing writes it meanwhile: the streams run
+    /// on this thread, inside the steps).
+    fn mem(&self) -> &[u8] {
+        // SAFETY: MEM bytes owned by `_mem`; see above for why nothing writes them now.
+        unsafe { std::slice::from_raw_parts(self.base, MEM) }
+    }
+
+    fn sge(&self, region: usize, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.base as u64 + off as u64,
+            len: len as u32,
+            lkey: self.regions[region].stag(),
+        }
+    }
+
+    fn target(&self) -> (u64, Stag) {
+        (self.base as u64 + DST as u64, self.regions[1].stag())
+    }
+
+    fn poll(&mut self) {
+        let mut buf = [WorkCompletion::BLANK; 16];
+        for (cq, out) in [(&self.scq, &mut self.wcs), (&self.rcq, &mut self.rwcs)] {
+            loop {
+                let n = cq.poll(&mut buf);
+                out.extend_from_slice(&buf[..n]);
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// What `tx_iovecs` lists now, through at most `entries` gather entries.
+    fn listed(&mut self, entries: usize) -> Vec<u8> {
+        let mut iov = [IoSlice::new(&[]); 64];
+        let n = self.stream.tx_iovecs(&mut iov[..entries.clamp(1, 64)]);
+        iov[..n].iter().flat_map(|s| s.iter().copied()).collect()
+    }
+
+    fn hand_over(&mut self, bytes: &[u8]) {
+        self.wire.extend_from_slice(bytes);
+        self.pipe.extend(bytes);
+    }
+
+    /// A synchronous send of part of what is listed.
+    fn send(&mut self, entries: usize, script: &mut Script<'_>) {
+        if self.taken.is_some() {
+            return;
+        }
+        let bytes = self.listed(entries);
+        let n = script.share(bytes.len());
+        self.hand_over(&bytes[..n]);
+        self.stream.tx_advance(n);
+    }
+
+    /// An asynchronous send takes what is listed.
+    fn take(&mut self, entries: usize) {
+        if self.taken.is_none() {
+            let bytes = self.listed(entries);
+            if !bytes.is_empty() {
+                self.stream.tx_take(bytes.len());
+                self.taken = Some(bytes);
+            }
+        }
+    }
+
+    /// The asynchronous send completes, having sent `n` of the bytes it took.
+    fn settle(&mut self, n: impl FnOnce(usize) -> usize) {
+        if let Some(bytes) = self.taken.take() {
+            let n = n(bytes.len());
+            self.hand_over(&bytes[..n]);
+            self.stream.tx_settle(n);
+        }
+    }
+
+    fn close(&mut self) {
+        self.stream.enter_error(WcStatus::WrFlushErr);
+        self.closed = true;
+    }
+
+    /// Gather entries for `len` bytes of the source: up to three, each from its own offset.
+    fn gather(&self, len: usize, script: &mut Script<'_>) -> (Vec<Sge>, Vec<u8>) {
+        let (mut sges, mut bytes) = (Vec::new(), Vec::new());
+        let pieces = 1 + script.b() as usize % 3;
+        let mut left = len;
+        for k in 0..pieces {
+            let n = if k + 1 == pieces {
+                left
+            } else {
+                script.share(left)
+            };
+            if n == 0 {
+                continue;
+            }
+            let off = script.u16() % (SRC_LEN - n + 1);
+            sges.push(self.sge(0, SRC + off, n));
+            bytes.extend_from_slice(&self.mem()[SRC + off..SRC + off + n]);
+            left -= n;
+        }
+        (sges, bytes)
+    }
+
+    /// A sink slot of `len` bytes (8-aligned), if there is room.
+    fn sink(&mut self, len: usize) -> Option<usize> {
+        let at = self.sink_used.next_multiple_of(8);
+        (at + len <= SINK_LEN).then(|| {
+            self.sink_used = at + len;
+            SINK + at
+        })
+    }
+
+    /// Posts the request the script describes next (`kind` from the action byte), if it fits.
+    fn post(&mut self, kind: u8, peer: &Side, script: &mut Script<'_>) {
+        let receives = self.ops.iter().filter(|o| o.effect.takes_receive()).count();
+        if self.ops.len() >= MAX_OPS {
+            return;
+        }
+        let (remote, rkey) = peer.target();
+        let mut sges = Vec::new();
+        let (op, effect) = match kind {
+            0..=2 => {
+                let len = script.u16() % (WRITE_MAX + 1);
+                let off = script.u16() % (DST_LEN - len + 1);
+                let imm = (kind == 2).then(|| script.u16() as u32);
+                if imm.is_some() && receives >= RECVS {
+                    return;
+                }
+                let bytes;
+                (sges, bytes) = self.gather(len, script);
+                let remote_addr = remote + off as u64;
+                let op = match imm {
+                    Some(imm) => SendOp::WriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    },
+                    None => SendOp::Write { remote_addr, rkey },
+                };
+                (op, Effect::Write { off, bytes, imm })
+            }
+            3 => {
+                if receives >= RECVS {
+                    return;
+                }
+                let len = script.u16() % (SEND_MAX + 1);
+                let bytes;
+                (sges, bytes) = self.gather(len, script);
+                let solicited = script.b() & 1 != 0;
+                let op = SendOp::Send {
+                    solicited,
+                    invalidate: None,
+                };
+                (op, Effect::Send { bytes })
+            }
+            4 => {
+                let len = 1 + script.u16() % READ_MAX;
+                let off = script.u16() % (DST_LEN - len + 1);
+                let Some(sink) = self.sink(len) else { return };
+                sges.push(self.sge(2, sink, len));
+                let op = SendOp::Read {
+                    remote_addr: remote + off as u64,
+                    rkey,
+                };
+                let versions = Vec::new();
+                (
+                    op,
+                    Effect::Read {
+                        off,
+                        len,
+                        sink,
+                        versions,
+                    },
+                )
+            }
+            _ => {
+                let off = script.u16() % (DST_LEN / 8) * 8;
+                let Some(sink) = self.sink(8) else { return };
+                sges.push(self.sge(2, sink, 8));
+                let original = u64::from_ne_bytes(self.model[off..off + 8].try_into().unwrap());
+                let value = u64::from(script.u16() as u16) << 16 | script.u16() as u64;
+                let (op, atomic) = match kind {
+                    5 => (
+                        SendOp::FetchAdd {
+                            remote_addr: remote + off as u64,
+                            rkey,
+                            add: value,
+                        },
+                        Atomic::FetchAdd(value),
+                    ),
+                    6 => {
+                        // Half the time the comparison holds.
+                        let compare = if script.b() & 1 != 0 { original } else { value };
+                        let swap = value ^ 0x5A5A;
+                        (
+                            SendOp::CmpSwap {
+                                remote_addr: remote + off as u64,
+                                rkey,
+                                compare,
+                                swap,
+                            },
+                            Atomic::CmpSwap(compare, swap),
+                        )
+                    }
+                    _ => (
+                        SendOp::Swap {
+                            remote_addr: remote + off as u64,
+                            rkey,
+                            swap: value,
+                        },
+                        Atomic::Swap(value),
+                    ),
+                };
+                let after = atomic.apply(original);
+                let effect = Effect::Atomic { sink, original };
+                self.push_op(op, effect, sges, |m| {
+                    m[off..off + 8].copy_from_slice(&after.to_ne_bytes())
+                });
+                return;
+            }
+        };
+        let write = match &effect {
+            Effect::Write { off, bytes, .. } => Some((*off, bytes.clone())),
+            _ => None,
+        };
+        self.push_op(op, effect, sges, |m| {
+            if let Some((off, bytes)) = write {
+                m[off..off + bytes.len()].copy_from_slice(&bytes);
+            }
+        });
+    }
+
+    /// Posts `op` and records it; `change` is what it does to the peer's region.
+    fn push_op(
+        &mut self,
+        op: SendOp,
+        effect: Effect,
+        sges: Vec<Sge>,
+        change: impl FnOnce(&mut [u8]),
+    ) {
+        let wr_id = self.ops.len() as u64;
+        let opcode = op.opcode();
+        self.stream
+            .post_send(SendWr {
+                wr_id,
+                op,
+                sges: sges.into_iter().collect(),
+                signaled: true,
+                fence: false,
+            })
+            .expect("a valid request posts");
+        let before = self.model.clone();
+        change(&mut self.model);
+        // Every earlier Read may see this request's bytes (one that is not fenced may run
+        // before the Read's response is read), so each keeps the range as it is now too.
+        for o in &mut self.ops {
+            if let Effect::Read {
+                off, len, versions, ..
+            } = &mut o.effect
+            {
+                if self.model[*off..*off + *len] != before[*off..*off + *len] {
+                    versions.push(self.model[*off..*off + *len].to_vec());
+                }
+            }
+        }
+        let mut effect = effect;
+        if let Effect::Read {
+            off, len, versions, ..
+        } = &mut effect
+        {
+            versions.push(before[*off..*off + *len].to_vec());
+        }
+        self.ops.push(Op {
+            effect,
+            opcode,
+            before,
+        });
+    }
+}
+
+/// Moves up to `n` bytes of `from`'s pipe into `to`, in pieces of the script's sizes. An honest
+/// stream's bytes must all be taken, unless the receiving side closed (its socket is gone).
+fn deliver(from: &mut Side, to: &mut Side, n: usize, piece: u8) {
+    if to.closed {
+        from.pipe.clear();
+        return;
+    }
+    let n = n.min(from.pipe.len());
+    let bytes: Vec<u8> = from.pipe.drain(..n).collect();
+    let mut x = u32::from(piece) | 0x100;
+    let mut at = 0;
+    while at < bytes.len() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let k = (1 + x as usize % 160).min(bytes.len() - at);
+        let used = to.stream.rx_feed(&bytes[at..at + k]);
+        assert_eq!(
+            used,
+            k,
+            "an honest stream's bytes were refused (Terminate {:?})",
+            to.stream.last_terminate()
+        );
+        at += k;
+    }
+}
+
+/// What one input did, so tests can see that the checks ran on something.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    /// Requests that completed successfully, by opcode: Write (with immediate data or not),
+    /// Send, Read, atomic.
+    pub writes: usize,
+    /// See [`Tally::writes`].
+    pub sends: usize,
+    /// See [`Tally::writes`].
+    pub reads: usize,
+    /// See [`Tally::writes`].
+    pub atomics: usize,
+    /// Requests that were flushed by a close.
+    pub flushed: usize,
+    /// Sides that closed.
+    pub closes: usize,
+    /// FPDUs on the wires, both ways.
+    pub fpdus: usize,
+}
+
+/// Runs the check on one input (see the module doc).
+pub fn stream_pair(data: &[u8]) {
+    stream_pair_with(data, |_, _| {});
+}
+
+/// The check, with `meddle` run on the two sides' memory before the comparisons (for the tests
+/// that show the check catches what it should).
+pub(super) fn stream_pair_with(data: &[u8], meddle: impl FnOnce(*mut u8, *mut u8)) -> Tally {
+    let mut script = Script { data, at: 0 };
+    let ctl = script.b();
+    let cfg = StreamConfig {
+        qp_num: 0,
+        pd: 0,
+        crc: ctl & 1 != 0,
+        mulpdu: [128, 300, 1024, 4096][(ctl >> 1) as usize % 4],
+        ird: 4,
+        ord: 4,
+        remote_completion: ctl & 8 != 0,
+    };
+    let mut sides = [Side::new(0, cfg), Side::new(1, cfg)];
+    for (i, s) in sides.iter_mut().enumerate() {
+        // Each side models its peer's target region, which starts as the peer's pattern.
+        s.model = (0..DST_LEN).map(|k| pattern(1 - i, k, 2)).collect();
+    }
+    let mut steps = 0;
+    while let Some(action) = script.byte() {
+        steps += 1;
+        if steps > 2000 {
+            break;
+        }
+        let me = (action >> 4) as usize & 1;
+        let [a, b] = &mut sides;
+        let (x, y) = if me == 0 { (a, b) } else { (b, a) };
+        match action & 0xF {
+            k @ 0..=7 => x.post(k, y, &mut script),
+            8 | 14 => {
+                let entries = 1 + script.b() as usize % 64;
+                x.send(entries, &mut script);
+            }
+            9 => x.take(1 + script.b() as usize % 64),
+            10 => {
+                let f = script.b() as usize;
+                x.settle(|n| n * f / 255);
+            }
+            11 | 15 => {
+                let n = script.u16();
+                let piece = script.b();
+                deliver(x, y, n, piece);
+            }
+            // A close one time in sixteen, so that most scripts run to the end with both
+            // sides up and the exact checks apply.
+            12 => {
+                if script.b() < 16 {
+                    x.close();
+                }
+            }
+            _ => {
+                let piece = script.b();
+                deliver(x, y, usize::MAX, piece);
+            }
+        }
+        x.poll();
+        y.poll();
+    }
+    finish(&mut sides);
+    let [a, b] = &mut sides;
+    meddle(a.base, b.base);
+    check(&sides)
+}
+
+/// Runs both streams to quiet: the asynchronous sends finish, then everything queued goes and
+/// is read.
+fn finish(sides: &mut [Side; 2]) {
+    for s in sides.iter_mut() {
+        s.settle(|n| n);
+    }
+    for round in 0.. {
+        assert!(round < 100_000, "the streams did not go quiet");
+        let mut moved = false;
+        for me in 0..2 {
+            let [a, b] = &mut *sides;
+            let (x, y) = if me == 0 { (a, b) } else { (b, a) };
+            while x.stream.wants_tx() {
+                let bytes = x.listed(64);
+                assert!(!bytes.is_empty(), "queued bytes that cannot be listed");
+                x.hand_over(&bytes);
+                x.stream.tx_advance(bytes.len());
+                moved = true;
+            }
+            if !x.pipe.is_empty() {
+                deliver(x, y, usize::MAX, round as u8);
+                moved = true;
+            }
+            x.poll();
+            y.poll();
+        }
+        if !moved {
+            break;
+        }
+    }
+}
+
+/// Every check of the module doc, on both directions.
+fn check(sides: &[Side; 2]) -> Tally {
+    let closed = sides.iter().any(|s| s.closed);
+    let mut tally = Tally {
+        closes: sides.iter().filter(|s| s.closed).count(),
+        ..Tally::default()
+    };
+    for (i, s) in sides.iter().enumerate() {
+        tally.fpdus += whole_fpdus(&s.wire, s.stream.cfg.crc, i);
+        let peer = &sides[1 - i];
+        if !closed {
+            assert_eq!(s.stream.state(), QpState::Rts, "side {i} left RTS");
+        }
+        untouched(s, peer, i);
+        requests(s, i, closed, &mut tally);
+        receives(peer, s, 1 - i, closed);
+        target(s, peer, i, closed);
+    }
+    tally
+}
+
+/// The wire is whole FPDUs (with good CRCs where on); how many.
+fn whole_fpdus(wire: &[u8], crc: bool, side: usize) -> usize {
+    let mut d = Deframer::new(crc, u16::MAX as usize);
+    let mut n = 0;
+    d.feed(wire, |_| {
+        n += 1;
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("side {side}'s wire does not frame: {e:?}"));
+    assert_eq!(
+        d.buffered(),
+        0,
+        "side {side}'s wire ends inside an FPDU ({} bytes, {n} whole FPDUs)",
+        wire.len()
+    );
+    n
+}
+
+/// Nothing outside what the peer may change has changed in `s`'s memory.
+fn untouched(s: &Side, peer: &Side, side: usize) {
+    let mem = s.mem();
+    let mut open = vec![false; MEM];
+    let mut mark = |off: usize, len: usize| open[off..off + len].fill(true);
+    mark(DST, DST_LEN);
+    for o in &s.ops {
+        match o.effect {
+            Effect::Read { sink, len, .. } => mark(sink, len),
+            Effect::Atomic { sink, .. } => mark(sink, 8),
+            _ => {}
+        }
+    }
+    let used = peer.ops.iter().filter(|o| o.effect.takes_receive()).count();
+    for j in 0..used {
+        for (off, len) in recv_buffers(j) {
+            mark(off, len);
+        }
+    }
+    for (k, (&now, &open)) in mem.iter().zip(&open).enumerate() {
+        if open {
+            continue;
+        }
+        let was = if (SRC..SRC + SRC_LEN).contains(&k) {
+            pattern(side, k - SRC, 1)
+        } else if (SINK..SINK + SINK_LEN).contains(&k) || (RBUF..RBUF + RECVS * RSLOT).contains(&k)
+        {
+            BLANK
+        } else {
+            GUARD_BYTE
+        };
+        assert_eq!(
+            now, was,
+            "side {side}: byte {k} changed, outside any area a peer may write"
+        );
+    }
+}
+
+/// `s`'s send completions: once each, in order, and what succeeded took effect.
+fn requests(s: &Side, side: usize, closed: bool, tally: &mut Tally) {
+    let mut next = 0;
+    for wc in &s.wcs {
+        let id = wc.wr_id as usize;
+        assert!(
+            id >= next && id < s.ops.len(),
+            "side {side}: completion {id} out of order (next {next}) or unknown"
+        );
+        next = id + 1;
+        let op = &s.ops[id];
+        assert_eq!(wc.opcode, op.opcode, "side {side}: request {id}'s opcode");
+        if wc.status != WcStatus::Success {
+            assert!(
+                closed,
+                "side {side}: request {id} failed ({:?}) with no close",
+                wc.status
+            );
+            tally.flushed += 1;
+            continue;
+        }
+        let mem = s.mem();
+        match &op.effect {
+            Effect::Write { .. } => tally.writes += 1,
+            Effect::Send { .. } => tally.sends += 1,
+            Effect::Read {
+                sink,
+                len,
+                versions,
+                ..
+            } => {
+                tally.reads += 1;
+                for k in 0..*len {
+                    let got = mem[sink + k];
+                    assert!(
+                        versions.iter().any(|v| v[k] == got),
+                        "side {side}: Read {id} byte {k} is {got:#04x}, which the peer's region never held there"
+                    );
+                }
+            }
+            Effect::Atomic { sink, original, .. } => {
+                tally.atomics += 1;
+                let got = u64::from_ne_bytes(mem[*sink..sink + 8].try_into().unwrap());
+                assert_eq!(got, *original, "side {side}: atomic {id}'s original value");
+            }
+        }
+    }
+    if !closed {
+        assert_eq!(next, s.ops.len(), "side {side}: requests never completed");
+        assert_eq!(
+            s.wcs.len(),
+            s.ops.len(),
+            "side {side}: a request completed twice"
+        );
+    }
+}
+
+/// `r`'s receive completions, for what `s` sent: in order; each successful one holds the Send's
+/// bytes (or the Write's immediate data).
+fn receives(r: &Side, s: &Side, side: usize, closed: bool) {
+    let sent: Vec<&Op> = s.ops.iter().filter(|o| o.effect.takes_receive()).collect();
+    let mem = r.mem();
+    let mut ok = 0;
+    for (j, wc) in r.rwcs.iter().enumerate() {
+        assert_eq!(
+            wc.wr_id as usize, j,
+            "side {side}: receives complete in order"
+        );
+        if wc.status != WcStatus::Success {
+            assert!(
+                closed,
+                "side {side}: receive {j} failed ({:?}) with no close",
+                wc.status
+            );
+            continue;
+        }
+        assert_eq!(ok, j, "side {side}: a receive succeeded after one failed");
+        ok += 1;
+        let op = sent
+            .get(j)
+            .unwrap_or_else(|| panic!("side {side}: receive {j} completed with nothing sent"));
+        match &op.effect {
+            Effect::Send { bytes } => {
+                assert_eq!(
+                    wc.opcode,
+                    WcOpcode::Recv,
+                    "side {side}: receive {j}'s opcode"
+                );
+                assert_eq!(
+                    wc.byte_len as usize,
+                    bytes.len(),
+                    "side {side}: receive {j}'s length"
+                );
+                let mut placed = Vec::new();
+                for (off, len) in recv_buffers(j) {
+                    placed.extend_from_slice(&mem[off..off + len]);
+                }
+                assert!(
+                    placed[..bytes.len()] == bytes[..],
+                    "side {side}: receive {j} does not hold the Send's bytes"
+                );
+            }
+            Effect::Write { imm, .. } => {
+                assert_eq!(
+                    wc.opcode,
+                    WcOpcode::RecvRdmaWithImm,
+                    "side {side}: receive {j}"
+                );
+                assert_eq!(wc.imm, *imm, "side {side}: receive {j}'s immediate data");
+            }
+            _ => unreachable!("only Sends and Writes with immediate data take receives"),
+        }
+    }
+    // A Send that completed at its sender reached a receive, unless the receiver closed.
+    if !r.closed {
+        let acked = s
+            .wcs
+            .iter()
+            .filter(|wc| wc.status == WcStatus::Success)
+            .filter(|wc| s.ops[wc.wr_id as usize].effect.takes_receive())
+            .count();
+        assert!(
+            ok >= acked,
+            "side {side}: {acked} Sends completed, {ok} received"
+        );
+        if !closed {
+            assert_eq!(ok, sent.len(), "side {side}: receives never completed");
+        }
+    }
+}
+
+/// The peer's target region holds what `s`'s requests, applied in posting order, leave there:
+/// all of them with no close; with one, the requests before some point (at least every one
+/// that completed, where the peer was there to take it), the last perhaps in part.
+fn target(s: &Side, peer: &Side, side: usize, closed: bool) {
+    let now = &peer.mem()[DST..DST + DST_LEN];
+    if !closed {
+        assert!(
+            now == &s.model[..],
+            "side {side}'s requests did not leave the peer's region as they should: first \
+             difference at byte {:?}",
+            now.iter().zip(&s.model).position(|(a, b)| a != b)
+        );
+        return;
+    }
+    let done = |wc: &&WorkCompletion| {
+        wc.status == WcStatus::Success
+            && (!peer.closed
+                || matches!(
+                    s.ops[wc.wr_id as usize].effect,
+                    Effect::Read { .. } | Effect::Atomic { .. }
+                ))
+    };
+    let from = s
+        .wcs
+        .iter()
+        .filter(done)
+        .map(|wc| wc.wr_id as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let fits = |p: usize| {
+        let state = s.ops.get(p).map_or(&s.model, |o| &o.before);
+        let Some(Op {
+            effect: Effect::Write { off, bytes, .. },
+            ..
+        }) = s.ops.get(p)
+        else {
+            return now == &state[..];
+        };
+        let (off, end) = (*off, off + bytes.len());
+        if now[..off] != state[..off] || now[end..] != state[end..] {
+            return false;
+        }
+        // A prefix of the Write's bytes, then the region as it was.
+        let m = now[off..end]
+            .iter()
+            .zip(bytes)
+            .take_while(|(a, b)| a == b)
+            .count();
+        now[off + m..end] == state[off + m..end]
+    };
+    assert!(
+        (from..=s.ops.len()).any(fits),
+        "side {side}'s requests after a close: the peer's region is not what any prefix of \
+         them (from request {from} on) leaves"
+    );
+}
+
+/// Deterministic inputs for the tests and the corpus's seeds.
+pub fn seeds() -> Vec<(String, Vec<u8>)> {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    (0..12)
+        .map(|k| {
+            let bytes = (0..400)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 32) as u8
+                })
+                .collect();
+            (format!("random-{k}"), bytes)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many scripts, each a few hundred random bytes: together they must have exercised every
+    /// kind of request, the closes and the segmentation, or the checks above checked nothing.
+    #[test]
+    fn random_scripts_keep_every_promise() {
+        let mut total = Tally::default();
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..300 {
+            let input: Vec<u8> = (0..600)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect();
+            let t = stream_pair_with(&input, |_, _| {});
+            total.writes += t.writes;
+            total.sends += t.sends;
+            total.reads += t.reads;
+            total.atomics += t.atomics;
+            total.flushed += t.flushed;
+            total.closes += t.closes;
+            total.fpdus += t.fpdus;
+        }
+        eprintln!("{total:?}");
+        assert!(
+            total.writes > 100 && total.sends > 100 && total.reads > 100,
+            "{total:?}"
+        );
+        assert!(
+            total.atomics > 100 && total.flushed > 10 && total.closes > 10,
+            "{total:?}"
+        );
+    }
+
+    /// A script with no close: a Write then enough pumping to complete it.
+    fn one_write() -> Vec<u8> {
+        // ctl 0 (no CRC, MULPDU 128); side 0 posts a 600-byte Write at offset 8 of the peer's
+        // region from one source piece; then both sides send and deliver everything, twice.
+        let mut s = vec![0, 0x00, 0x02, 0x58, 0x00, 0x08, 0x00, 0x00, 0x10];
+        for _ in 0..2 {
+            s.extend([0x08, 63, 255, 0x0D, 7, 0x18, 63, 255, 0x1D, 7]);
+        }
+        s
+    }
+
+    #[test]
+    fn a_write_lands_and_completes() {
+        let t = stream_pair_with(&one_write(), |_, _| {});
+        assert_eq!(t.writes, 1, "{t:?}");
+        assert!(t.fpdus >= 5, "segmented at MULPDU 128: {t:?}");
+    }
+
+    #[test]
+    #[should_panic(expected = "did not leave the peer's region")]
+    fn the_check_catches_a_lost_byte_of_a_write() {
+        // SAFETY: DST + 8 lies in side 1's live memory; nothing else runs.
+        stream_pair_with(&one_write(), |_, b| unsafe { *b.add(DST + 8) ^= 1 });
+    }
+
+    #[test]
+    #[should_panic(expected = "outside any area a peer may write")]
+    fn the_check_catches_a_stray_write() {
+        // SAFETY: the guard byte before side 1's sink, in its live memory.
+        stream_pair_with(&one_write(), |_, b| unsafe { *b.add(SINK - 1) ^= 1 });
+    }
+
+    #[test]
+    fn the_seeds_and_the_corpus_replay() {
+        for (_, bytes) in seeds() {
+            stream_pair(&bytes);
+        }
+        crate::wire::fuzz::replay_corpus("stream_pair", stream_pair);
+    }
+}

@@ -362,9 +362,7 @@ impl Side {
             } else {
                 script.share(left)
             };
-            if n == 0 {
-                continue;
-            }
+            // A piece may be empty: an entry of length 0 is a valid one.
             let off = script.u16() % (SRC_LEN - n + 1);
             sges.push(self.sge(0, SRC + off, n));
             bytes.extend_from_slice(&self.mem()[SRC + off..SRC + off + n]);

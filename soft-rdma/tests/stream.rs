@@ -1211,6 +1211,38 @@ fn a_close_at_the_end_of_a_trailer_leaves_nothing_to_send() {
     assert_eq!(b.stream.state(), QpState::Rts);
 }
 
+/// A gather entry of length 0 is valid, and puts no empty slice into what the stream sends: a
+/// send whose gather list held only empty slices would move nothing and report 0 bytes.
+#[test]
+fn an_empty_gather_entry_sends_no_empty_slice() {
+    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
+    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x29);
+    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    let sges = [src.sge(0, 1000), src.sge(1000, 0), src.sge(1000, 2000)];
+    a.stream
+        .post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.stag(),
+            },
+            sges: sges.into_iter().collect(),
+            signaled: true,
+            fence: false,
+        })
+        .unwrap();
+    let mut iov = [std::io::IoSlice::new(&[]); 64];
+    let n = a.stream.tx_iovecs(&mut iov);
+    assert!(
+        iov[..n].iter().all(|s| !s.is_empty()),
+        "an empty slice among {:?}",
+        iov[..n].iter().map(|s| s.len()).collect::<Vec<_>>()
+    );
+    pump(&mut a, &mut b, 50);
+    assert!(dst.data().iter().all(|&x| x == 0x29), "landed");
+    assert_eq!(drain(&a.scq)[0].status, WcStatus::Success);
+}
+
 /// A completion queue with no room loses a completion. The queue pair then stops (ERROR, and a
 /// Terminate tells the peer) rather than carry on with work it can no longer report: on the
 /// send side, and on the receive side.

@@ -617,7 +617,12 @@ struct Pieces<'a> {
 
 impl Pieces<'_> {
     /// The next piece: where it starts and its length (at most `max`, and within one extent).
+    /// Empty extents (gather entries of length 0) are passed over, so no piece is empty; called
+    /// only while bytes remain, so a non-empty extent follows.
     fn next(&mut self, max: usize) -> (*const u8, usize) {
+        while self.extents[self.at].1 == 0 {
+            self.at += 1;
+        }
         let (p, n) = self.extents[self.at];
         let take = (n - self.off).min(max);
         let piece = (p.wrapping_add(self.off), take);

@@ -131,8 +131,12 @@ enum Effect {
         bytes: Vec<u8>,
         imm: Option<u32>,
     },
-    /// Bytes into the peer's next receive.
-    Send { bytes: Vec<u8> },
+    /// Bytes into the peer's next receive, perhaps invalidating one of the peer's STags.
+    Send {
+        bytes: Vec<u8>,
+        solicited: bool,
+        invalidate: Option<u32>,
+    },
     /// `len` bytes of the peer's region at `off` into the sink at `sink`; `versions` are that
     /// range as the requests leave it, from this Read's arrival on.
     Read {
@@ -170,8 +174,11 @@ struct Side {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     /// Source (local), target (remote read, write and atomics), sink and receive buffers
-    /// (local write); dropped before the memory.
+    /// (local write), and a spare region over the source that no request names, for the
+    /// peer's one Send with Invalidate; dropped before the memory.
     regions: Vec<MemoryRegion>,
+    /// This side sent its Send with Invalidate (the peer's spare STag is then gone).
+    invalidated: bool,
     /// The memory, read and written only through `base` once the regions exist.
     base: *mut u8,
     _mem: Vec<u64>,
@@ -220,6 +227,7 @@ impl Side {
             ),
             (SINK, SINK_LEN, local),
             (RBUF, RECVS * RSLOT, local),
+            (SRC, SRC_LEN, Access::REMOTE_READ),
         ];
         let regions = areas
             .iter()
@@ -244,6 +252,7 @@ impl Side {
             scq,
             rcq,
             regions,
+            invalidated: false,
             base,
             _mem: mem,
             closed: false,
@@ -416,12 +425,25 @@ impl Side {
                 let len = script.u16() % (SEND_MAX + 1);
                 let bytes;
                 (sges, bytes) = self.gather(len, script);
-                let solicited = script.b() & 1 != 0;
+                let flags = script.b();
+                let solicited = flags & 1 != 0;
+                let invalidate = (flags & 2 != 0 && !self.invalidated).then(|| {
+                    self.invalidated = true;
+                    peer.regions[4].stag()
+                });
                 let op = SendOp::Send {
                     solicited,
-                    invalidate: None,
+                    invalidate,
                 };
-                (op, Effect::Send { bytes })
+                let invalidate = invalidate.map(|s| s.0);
+                (
+                    op,
+                    Effect::Send {
+                        bytes,
+                        solicited,
+                        invalidate,
+                    },
+                )
             }
             4 => {
                 let len = 1 + script.u16() % READ_MAX;
@@ -587,6 +609,8 @@ pub struct Tally {
     pub reads: usize,
     /// See [`Tally::writes`].
     pub atomics: usize,
+    /// Receives that completed with the STag a Send invalidated.
+    pub invalidations: usize,
     /// Requests that were flushed by a close.
     pub flushed: usize,
     /// Sides that closed.
@@ -712,7 +736,7 @@ fn check(sides: &[Side; 2]) -> Tally {
         }
         untouched(s, peer, i);
         requests(s, i, closed, &mut tally);
-        receives(peer, s, 1 - i, closed);
+        tally.invalidations += receives(peer, s, 1 - i, closed);
         target(s, peer, i, closed);
     }
     tally
@@ -832,8 +856,9 @@ fn requests(s: &Side, side: usize, closed: bool, tally: &mut Tally) {
 }
 
 /// `r`'s receive completions, for what `s` sent: in order; each successful one holds the Send's
-/// bytes (or the Write's immediate data).
-fn receives(r: &Side, s: &Side, side: usize, closed: bool) {
+/// bytes, event flag and invalidated STag (or the Write's immediate data). How many invalidated.
+fn receives(r: &Side, s: &Side, side: usize, closed: bool) -> usize {
+    let mut invalidations = 0;
     let sent: Vec<&Op> = s.ops.iter().filter(|o| o.effect.takes_receive()).collect();
     let mem = r.mem();
     let mut ok = 0;
@@ -856,12 +881,22 @@ fn receives(r: &Side, s: &Side, side: usize, closed: bool) {
             .get(j)
             .unwrap_or_else(|| panic!("side {side}: receive {j} completed with nothing sent"));
         match &op.effect {
-            Effect::Send { bytes } => {
+            Effect::Send {
+                bytes,
+                solicited,
+                invalidate,
+            } => {
                 assert_eq!(
                     wc.opcode,
                     WcOpcode::Recv,
                     "side {side}: receive {j}'s opcode"
                 );
+                assert_eq!(wc.solicited, *solicited, "side {side}: receive {j}'s event");
+                assert_eq!(
+                    wc.invalidated, *invalidate,
+                    "side {side}: receive {j}'s invalidated STag"
+                );
+                invalidations += usize::from(invalidate.is_some());
                 assert_eq!(
                     wc.byte_len as usize,
                     bytes.len(),
@@ -883,6 +918,7 @@ fn receives(r: &Side, s: &Side, side: usize, closed: bool) {
                     "side {side}: receive {j}"
                 );
                 assert_eq!(wc.imm, *imm, "side {side}: receive {j}'s immediate data");
+                assert!(!wc.solicited, "side {side}: receive {j} asked for no event");
             }
             _ => unreachable!("only Sends and Writes with immediate data take receives"),
         }
@@ -903,6 +939,7 @@ fn receives(r: &Side, s: &Side, side: usize, closed: bool) {
             assert_eq!(ok, sent.len(), "side {side}: receives never completed");
         }
     }
+    invalidations
 }
 
 /// The peer's target region holds what `s`'s requests, applied in posting order, leave there:
@@ -1005,6 +1042,7 @@ mod tests {
             total.reads += t.reads;
             total.atomics += t.atomics;
             total.flushed += t.flushed;
+            total.invalidations += t.invalidations;
             total.closes += t.closes;
             total.fpdus += t.fpdus;
         }
@@ -1017,6 +1055,7 @@ mod tests {
             total.atomics > 100 && total.flushed > 10 && total.closes > 10,
             "{total:?}"
         );
+        assert!(total.invalidations > 10, "{total:?}");
     }
 
     /// A script with no close: a Write then enough pumping to complete it.

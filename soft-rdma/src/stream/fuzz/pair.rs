@@ -1,27 +1,36 @@
 //! The stream-pair fuzz check: two real [`Stream`]s back to back through an in-memory pipe,
 //! each the other's honest peer. The input is a script. It says which side posts what (Writes
-//! with up to three gather entries, Writes with immediate data, Sends, Reads and the three
-//! atomics, at offsets and lengths it picks), how many bytes each send hands over, whether a
-//! send is synchronous (`tx_advance`, the epoll path) or asynchronous (`tx_take`, other work,
-//! then `tx_settle` of part of it, the io_uring path), how the receiver's reads split the
-//! bytes, and when a side closes (`enter_error`). Where [`super::live_stream`] is the hostile
-//! peer's check, this one is the honest peer's: every byte an honest stream sends must be
-//! taken, placed and completed exactly.
+//! with up to three gather entries, empty ones included, Writes with immediate data, Sends with
+//! or without an event and one with Invalidate, Reads and the three atomics, at offsets and
+//! lengths it picks), how many bytes each send hands over, whether a send is synchronous
+//! (`tx_advance`, the epoll path) or asynchronous (`tx_take`, other work, then `tx_settle` of
+//! part of it, the io_uring path), how the receiver's reads split the bytes, when a side closes
+//! (`enter_error`), and when a byte of side 0's stream is altered on the way. Where
+//! [`super::live_stream`] is the hostile peer's check, this one is mostly the honest peer's:
+//! every byte an honest stream sends must be taken, placed and completed exactly.
 //!
 //! Promises checked on every input (a broken one panics, which the fuzzer reports):
 //! - no panic, including arithmetic overflow;
 //! - each side's wire is whole FPDUs, a close anywhere included, and its peer takes every byte
-//!   without a Terminate;
+//!   of it unaltered, without a Terminate;
 //! - nothing outside the memory the peer may change changes: guard bytes, the source buffers,
-//!   the gap between a receive's two buffers, sink slots and receives nothing used;
+//!   the gap between a receive's two buffers, sink slots and receives nothing used (with an
+//!   altered stream, the sinks and receives may take anything; the rest still holds);
+//! - a Terminate reaches the peer intact, with its code, unless the peer closed or stopped at
+//!   a violation of its own first;
 //! - every request completes at most once, in posting order, with its own opcode; with no
-//!   close, every one completes, successfully;
-//! - what completed successfully took effect (nothing acknowledged is lost): a Send's bytes
-//!   are in the receive it completed, a Read's sink holds the peer's bytes as they were at some
-//!   point at or after the Read reached it, an atomic's original value is the word's value when
-//!   it arrived, and the peer's region holds every Write that completed;
+//!   close and nothing altered, every one completes, successfully;
+//! - what completed successfully took effect (nothing acknowledged is lost): a Send's bytes,
+//!   event flag and invalidated STag are in the receive it completed, a Read's sink holds the
+//!   peer's bytes as they were at some point at or after the Read reached it, an atomic's
+//!   original value is the word's value when it arrived, and the peer's region holds every
+//!   Write that completed;
 //! - the peer's region ends as the requests, applied in posting order, leave it: all of them
 //!   with no close, a prefix of them (the last perhaps in part) with one.
+//!
+//! With a side's stream altered, its own requests' effects are not checked (the peer acted on
+//! what arrived), nor the results of the other side's Reads and atomics (their responses came
+//! in the altered stream).
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -183,6 +192,8 @@ struct Side {
     base: *mut u8,
     _mem: Vec<u64>,
     closed: bool,
+    /// Bytes of this side's pipe were altered on the way (side 0 only).
+    corrupted: bool,
     /// The bytes an asynchronous send took and has not settled.
     taken: Option<Vec<u8>>,
     /// Every byte handed over, and those the peer has not read yet.
@@ -256,6 +267,7 @@ impl Side {
             base,
             _mem: mem,
             closed: false,
+            corrupted: false,
             taken: None,
             wire: Vec::new(),
             pipe: VecDeque::new(),
@@ -571,7 +583,9 @@ impl Side {
 }
 
 /// Moves up to `n` bytes of `from`'s pipe into `to`, in pieces of the script's sizes. An honest
-/// stream's bytes must all be taken, unless the receiving side closed (its socket is gone).
+/// stream's bytes must all be taken, unless the receiving side closed (its socket is gone) or
+/// one of the two streams was altered on the way (then the receiver may stop at a violation,
+/// and what is left is dropped, as by a closed socket).
 fn deliver(from: &mut Side, to: &mut Side, n: usize, piece: u8) {
     if to.closed {
         from.pipe.clear();
@@ -587,6 +601,10 @@ fn deliver(from: &mut Side, to: &mut Side, n: usize, piece: u8) {
         x ^= x << 5;
         let k = (1 + x as usize % 160).min(bytes.len() - at);
         let used = to.stream.rx_feed(&bytes[at..at + k]);
+        if used < k && (from.corrupted || to.corrupted) {
+            from.pipe.clear();
+            return;
+        }
         assert_eq!(
             used,
             k,
@@ -615,6 +633,10 @@ pub struct Tally {
     pub flushed: usize,
     /// Sides that closed.
     pub closes: usize,
+    /// Sides whose stream was altered on the way.
+    pub corrupted: usize,
+    /// Terminates sent (not in answer to the peer's).
+    pub terminates: usize,
     /// FPDUs on the wires, both ways.
     pub fpdus: usize,
 }
@@ -677,7 +699,15 @@ pub(super) fn stream_pair_with(data: &[u8], meddle: impl FnOnce(*mut u8, *mut u8
             }
             _ => {
                 let piece = script.b();
-                deliver(x, y, usize::MAX, piece);
+                if piece < 48 && me == 0 && !x.pipe.is_empty() {
+                    // Now and then, one byte of side 0's stream is altered on the way: side 1
+                    // may stop at a violation, and its Terminate must reach side 0 intact.
+                    let at = script.u16() % x.pipe.len();
+                    x.pipe[at] ^= script.b() | 1;
+                    x.corrupted = true;
+                } else {
+                    deliver(x, y, usize::MAX, piece);
+                }
             }
         }
         x.poll();
@@ -723,9 +753,11 @@ fn finish(sides: &mut [Side; 2]) {
 
 /// Every check of the module doc, on both directions.
 fn check(sides: &[Side; 2]) -> Tally {
-    let closed = sides.iter().any(|s| s.closed);
+    // An altered stream relaxes what a close relaxes: either side may have stopped.
+    let closed = sides.iter().any(|s| s.closed || s.corrupted);
     let mut tally = Tally {
         closes: sides.iter().filter(|s| s.closed).count(),
+        corrupted: sides.iter().filter(|s| s.corrupted).count(),
         ..Tally::default()
     };
     for (i, s) in sides.iter().enumerate() {
@@ -735,11 +767,59 @@ fn check(sides: &[Side; 2]) -> Tally {
             assert_eq!(s.stream.state(), QpState::Rts, "side {i} left RTS");
         }
         untouched(s, peer, i);
-        requests(s, i, closed, &mut tally);
+        terminate_heard(s, peer, i, &mut tally);
+        if s.corrupted {
+            // What the peer did with this side's altered requests is not theirs to model.
+            in_order(s, i);
+            continue;
+        }
+        requests(s, peer, i, closed, &mut tally);
         tally.invalidations += receives(peer, s, 1 - i, closed);
         target(s, peer, i, closed);
     }
     tally
+}
+
+/// A Terminate `s` sent reached its peer intact, with its code: unless the peer had closed,
+/// or had stopped at a violation of its own first.
+fn terminate_heard(s: &Side, peer: &Side, side: usize, tally: &mut Tally) {
+    if s.stream.terminate_sent() && !s.stream.peer_terminated() {
+        tally.terminates += 1;
+        if !peer.closed && !peer.stream.terminate_sent() {
+            assert!(
+                peer.stream.peer_terminated(),
+                "side {side}'s Terminate did not reach its peer"
+            );
+            assert_eq!(
+                peer.stream.last_terminate(),
+                s.stream.last_terminate(),
+                "side {side}'s Terminate reached its peer with another code"
+            );
+        }
+    }
+}
+
+/// The side no longer takes what its peer sends: it closed, or its receiving stopped (at a
+/// violation, or at the peer's Terminate).
+fn stopped(s: &Side) -> bool {
+    s.closed || s.stream.rx_dead()
+}
+
+/// `s`'s send completions come once each, in posting order, with their own opcodes.
+fn in_order(s: &Side, side: usize) {
+    let mut next = 0;
+    for wc in &s.wcs {
+        let id = wc.wr_id as usize;
+        assert!(
+            id >= next && id < s.ops.len(),
+            "side {side}: completion {id} out of order (next {next}) or unknown"
+        );
+        assert_eq!(
+            wc.opcode, s.ops[id].opcode,
+            "side {side}: request {id}'s opcode"
+        );
+        next = id + 1;
+    }
 }
 
 /// The wire is whole FPDUs (with good CRCs where on); how many.
@@ -773,7 +853,16 @@ fn untouched(s: &Side, peer: &Side, side: usize) {
             _ => {}
         }
     }
-    let used = peer.ops.iter().filter(|o| o.effect.takes_receive()).count();
+    // Altered requests, or altered responses from the peer, may name any offset of the sinks
+    // and any receive; never a guard byte, the source or a gap between receive buffers.
+    if s.corrupted || peer.corrupted {
+        mark(SINK, SINK_LEN);
+    }
+    let used = if peer.corrupted {
+        RECVS
+    } else {
+        peer.ops.iter().filter(|o| o.effect.takes_receive()).count()
+    };
     for j in 0..used {
         for (off, len) in recv_buffers(j) {
             mark(off, len);
@@ -799,17 +888,11 @@ fn untouched(s: &Side, peer: &Side, side: usize) {
 }
 
 /// `s`'s send completions: once each, in order, and what succeeded took effect.
-fn requests(s: &Side, side: usize, closed: bool, tally: &mut Tally) {
-    let mut next = 0;
+fn requests(s: &Side, peer: &Side, side: usize, closed: bool, tally: &mut Tally) {
+    in_order(s, side);
     for wc in &s.wcs {
         let id = wc.wr_id as usize;
-        assert!(
-            id >= next && id < s.ops.len(),
-            "side {side}: completion {id} out of order (next {next}) or unknown"
-        );
-        next = id + 1;
         let op = &s.ops[id];
-        assert_eq!(wc.opcode, op.opcode, "side {side}: request {id}'s opcode");
         if wc.status != WcStatus::Success {
             assert!(
                 closed,
@@ -821,6 +904,8 @@ fn requests(s: &Side, side: usize, closed: bool, tally: &mut Tally) {
         }
         let mem = s.mem();
         match &op.effect {
+            // Responses come in the peer's stream: altered, they prove nothing.
+            Effect::Read { .. } | Effect::Atomic { .. } if peer.corrupted => {}
             Effect::Write { .. } => tally.writes += 1,
             Effect::Send { .. } => tally.sends += 1,
             Effect::Read {
@@ -846,11 +931,11 @@ fn requests(s: &Side, side: usize, closed: bool, tally: &mut Tally) {
         }
     }
     if !closed {
-        assert_eq!(next, s.ops.len(), "side {side}: requests never completed");
+        // In order and once each (above), so this many means every one.
         assert_eq!(
             s.wcs.len(),
             s.ops.len(),
-            "side {side}: a request completed twice"
+            "side {side}: requests never completed"
         );
     }
 }
@@ -924,7 +1009,7 @@ fn receives(r: &Side, s: &Side, side: usize, closed: bool) -> usize {
         }
     }
     // A Send that completed at its sender reached a receive, unless the receiver closed.
-    if !r.closed {
+    if !stopped(r) {
         let acked = s
             .wcs
             .iter()
@@ -958,7 +1043,7 @@ fn target(s: &Side, peer: &Side, side: usize, closed: bool) {
     }
     let done = |wc: &&WorkCompletion| {
         wc.status == WcStatus::Success
-            && (!peer.closed
+            && (!stopped(peer)
                 || matches!(
                     s.ops[wc.wr_id as usize].effect,
                     Effect::Read { .. } | Effect::Atomic { .. }
@@ -1022,7 +1107,8 @@ mod tests {
     use super::*;
 
     /// Many scripts, each a few hundred random bytes: together they must have exercised every
-    /// kind of request, the closes and the segmentation, or the checks above checked nothing.
+    /// kind of request, the closes, the altered streams and the Terminates they drew, or the
+    /// checks above checked nothing.
     #[test]
     fn random_scripts_keep_every_promise() {
         let mut total = Tally::default();
@@ -1043,6 +1129,8 @@ mod tests {
             total.atomics += t.atomics;
             total.flushed += t.flushed;
             total.invalidations += t.invalidations;
+            total.corrupted += t.corrupted;
+            total.terminates += t.terminates;
             total.closes += t.closes;
             total.fpdus += t.fpdus;
         }
@@ -1056,6 +1144,7 @@ mod tests {
             "{total:?}"
         );
         assert!(total.invalidations > 10, "{total:?}");
+        assert!(total.corrupted > 10 && total.terminates > 10, "{total:?}");
     }
 
     /// A script with no close: a Write then enough pumping to complete it.
@@ -1064,7 +1153,7 @@ mod tests {
         // region from one source piece; then both sides send and deliver everything, twice.
         let mut s = vec![0, 0x00, 0x02, 0x58, 0x00, 0x08, 0x00, 0x00, 0x10];
         for _ in 0..2 {
-            s.extend([0x08, 63, 255, 0x0D, 7, 0x18, 63, 255, 0x1D, 7]);
+            s.extend([0x08, 63, 255, 0x0D, 200, 0x18, 63, 255, 0x1D, 200]);
         }
         s
     }

@@ -522,6 +522,219 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
     });
 }
 
+/// A few hundred one-sided requests of every kind, pipelined (up to 32 outstanding), over one
+/// 64 KiB window of the peer's region: Writes of 0 to 60,000 bytes gathered from up to three
+/// pieces (none empty), Reads, fetch-adds and compare-and-swaps (half of them with the word's current value),
+/// at pseudo-random offsets. Every request completes successfully, in posting order; every
+/// atomic returns the word as the requests before it left it; every Read returns, byte by byte,
+/// a value the window held there at its turn or was given by a request after it (an unfenced
+/// Read may see later Writes); and the window ends exactly as the requests, applied in posting
+/// order, leave it.
+#[test]
+fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (qp, scq, _rcq, private) = raw(&s, &peer).await;
+        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        const WINDOW: usize = 64 << 10;
+        const SRC: usize = 0; // 256 KiB of source bytes
+        const SINKS: usize = 1 << 20; // where Reads and atomics land, each in its own slot
+        let buf = Buffer::new(&s.pd, 8 << 20, 64, Access::LOCAL_WRITE).unwrap();
+        let base = r0.addr + (13 << 20);
+        // The window's known start.
+        let mut model = pattern(WINDOW, 31);
+        buf.write_at(SRC, &model);
+        let post = |wr_id: u64, op: SendOp, sges: Vec<barewire_drivers::Sge>| {
+            qp.post_send(SendWr {
+                wr_id,
+                op,
+                sges: sges.into_iter().collect(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap()
+        };
+        post(
+            u64::MAX,
+            SendOp::Write {
+                remote_addr: base,
+                rkey: r0.rkey,
+            },
+            vec![buf.sge(SRC, WINDOW)],
+        );
+        let wc = scq.next().await;
+        assert_eq!((wc.wr_id, wc.status), (u64::MAX, WcStatus::Success));
+        buf.write_at(SRC, &pattern(256 << 10, 32));
+        let src = pattern(256 << 10, 32);
+
+        enum Check {
+            None,
+            /// A Read's sink and, per byte, the values it may hold.
+            Read(usize, Vec<Vec<u8>>, usize, usize),
+            /// An atomic's sink and the original it must return.
+            Atomic(usize, u64),
+        }
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rand = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let (mut checks, mut sink, mut outstanding, mut next_done) = (Vec::new(), SINKS, 0, 0u64);
+        const N: u64 = 400;
+        for id in 0..N {
+            let kind = rand(10);
+            let check = if kind < 5 {
+                let len = if rand(8) == 0 {
+                    rand(60_001)
+                } else {
+                    rand(20_001)
+                };
+                let off = rand(WINDOW - len + 1);
+                let pieces = 1 + rand(3);
+                let (mut sges, mut bytes, mut left) = (Vec::new(), Vec::new(), len);
+                for k in 0..pieces {
+                    let n = if k + 1 == pieces {
+                        left
+                    } else {
+                        rand(left + 1)
+                    };
+                    if n == 0 {
+                        // Some NICs read an entry of length 0 as 2 GiB: none here.
+                        continue;
+                    }
+                    let at = rand((256 << 10) - n + 1);
+                    sges.push(buf.sge(SRC + at, n));
+                    bytes.extend_from_slice(&src[at..at + n]);
+                    left -= n;
+                }
+                post(
+                    id,
+                    SendOp::Write {
+                        remote_addr: base + off as u64,
+                        rkey: r0.rkey,
+                    },
+                    sges,
+                );
+                model[off..off + len].copy_from_slice(&bytes);
+                // Earlier Reads may see these bytes too.
+                for c in &mut checks {
+                    if let Check::Read(_, versions, roff, rlen) = c {
+                        if off < *roff + *rlen && *roff < off + len {
+                            versions.push(model[*roff..*roff + *rlen].to_vec());
+                        }
+                    }
+                }
+                Check::None
+            } else if kind < 7 {
+                let len = 1 + rand(20_000);
+                let off = rand(WINDOW - len + 1);
+                post(
+                    id,
+                    SendOp::Read {
+                        remote_addr: base + off as u64,
+                        rkey: r0.rkey,
+                    },
+                    vec![buf.sge(sink, len)],
+                );
+                let c = Check::Read(sink, vec![model[off..off + len].to_vec()], off, len);
+                sink += len.next_multiple_of(8);
+                c
+            } else {
+                let off = rand(WINDOW / 8) * 8;
+                let old = u64::from_ne_bytes(model[off..off + 8].try_into().unwrap());
+                let remote_addr = base + off as u64;
+                let (op, new) = if kind < 9 {
+                    let add = rand(1 << 30) as u64;
+                    let op = SendOp::FetchAdd {
+                        remote_addr,
+                        rkey: r0.rkey,
+                        add,
+                    };
+                    (op, old.wrapping_add(add))
+                } else {
+                    let compare = if rand(2) == 0 { old } else { old ^ 1 };
+                    let swap = rand(1 << 30) as u64;
+                    let op = SendOp::CmpSwap {
+                        remote_addr,
+                        rkey: r0.rkey,
+                        compare,
+                        swap,
+                    };
+                    (op, if old == compare { swap } else { old })
+                };
+                post(id, op, vec![buf.sge(sink, 8)]);
+                model[off..off + 8].copy_from_slice(&new.to_ne_bytes());
+                for c in &mut checks {
+                    if let Check::Read(_, versions, roff, rlen) = c {
+                        if off < *roff + *rlen && *roff < off + 8 {
+                            versions.push(model[*roff..*roff + *rlen].to_vec());
+                        }
+                    }
+                }
+                let c = Check::Atomic(sink, old);
+                sink += 8;
+                c
+            };
+            checks.push(check);
+            outstanding += 1;
+            while outstanding >= 32 || (id + 1 == N && outstanding > 0) {
+                let wc = scq.next().await;
+                assert_eq!(
+                    (wc.wr_id, wc.status),
+                    (next_done, WcStatus::Success),
+                    "completions in posting order, all successful"
+                );
+                next_done += 1;
+                outstanding -= 1;
+            }
+        }
+        assert!(sink < 8 << 20, "the sinks fit the buffer");
+        for (id, c) in checks.iter().enumerate() {
+            match c {
+                Check::None => {}
+                Check::Read(at, versions, _, len) => {
+                    let mut got = vec![0u8; *len];
+                    buf.read_at(*at, &mut got);
+                    for (k, b) in got.iter().enumerate() {
+                        assert!(
+                            versions.iter().any(|v| v[k] == *b),
+                            "Read {id}: byte {k} is {b:#04x}, which the window never held there"
+                        );
+                    }
+                }
+                Check::Atomic(at, old) => {
+                    assert_eq!(buf.load_u64(*at), *old, "atomic {id}'s original value");
+                }
+            }
+        }
+        // The window, read back with nothing outstanding.
+        let wc = {
+            post(
+                N,
+                SendOp::Read {
+                    remote_addr: base,
+                    rkey: r0.rkey,
+                },
+                vec![buf.sge(SINKS - WINDOW, WINDOW)],
+            );
+            scq.next().await
+        };
+        assert_eq!((wc.wr_id, wc.status), (N, WcStatus::Success));
+        let mut back = vec![0u8; WINDOW];
+        buf.read_at(SINKS - WINDOW, &mut back);
+        assert!(
+            back == model,
+            "the window differs from the model at byte {:?}",
+            back.iter().zip(&model).position(|(a, b)| a != b)
+        );
+        qp.disconnect();
+    });
+}
+
 /// What READs posted after the peer was signalled came to.
 #[derive(Debug)]
 enum AfterSignal {

@@ -524,12 +524,12 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
 
 /// A few hundred one-sided requests of every kind, pipelined (up to 32 outstanding), over one
 /// 64 KiB window of the peer's region: Writes of 0 to 60,000 bytes gathered from up to three
-/// pieces (none empty), Reads, fetch-adds and compare-and-swaps (half of them with the word's current value),
-/// at pseudo-random offsets. Every request completes successfully, in posting order; every
-/// atomic returns the word as the requests before it left it; every Read returns, byte by byte,
-/// a value the window held there at its turn or was given by a request after it (an unfenced
-/// Read may see later Writes); and the window ends exactly as the requests, applied in posting
-/// order, leave it.
+/// pieces (none empty), Reads, fetch-adds and compare-and-swaps (half of them with the word's
+/// current value), at pseudo-random offsets. Every request completes successfully, in posting
+/// order; every atomic returns the word as the requests before it left it; every Read returns,
+/// byte by byte, a value the window held there at its turn or was given by a request after it
+/// (an unfenced Read may see later Writes); and the window ends exactly as the requests, applied
+/// in posting order, leave it.
 #[test]
 fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
     let Some(driver) = backend() else { return };

@@ -154,7 +154,8 @@ enum Effect {
         sink: usize,
         versions: Vec<Vec<u8>>,
     },
-    /// An atomic on a word of the peer's region, whose original value (`original`) lands at `sink`.
+    /// An atomic on a word of the peer's region; its original value (`original`) lands at
+    /// `sink`.
     Atomic { sink: usize, original: u64 },
 }
 
@@ -919,7 +920,8 @@ fn requests(s: &Side, peer: &Side, side: usize, closed: bool, tally: &mut Tally)
                     let got = mem[sink + k];
                     assert!(
                         versions.iter().any(|v| v[k] == got),
-                        "side {side}: Read {id} byte {k} is {got:#04x}, which the peer's region never held there"
+                        "side {side}: Read {id} byte {k} is {got:#04x}, which the peer's region \
+                         never held there"
                     );
                 }
             }

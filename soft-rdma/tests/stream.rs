@@ -1039,6 +1039,18 @@ fn a_close_while_a_send_is_in_flight_keeps_the_chunks_it_took() {
     assert!(!a.stream.wants_tx());
 }
 
+/// Two sides, and side `a`'s one posted Write (wr_id 1) of `len` bytes of `fill` to the start
+/// of a region of `b`'s, nothing sent yet.
+fn one_write(crc: bool, len: usize, fill: u8) -> (Side, Side, Guarded, Guarded) {
+    let (mut a, b) = (side(1, crc, 4), side(2, crc, 4));
+    let src = Guarded::new(&a, len, Access::LOCAL_WRITE, fill);
+    let dst = Guarded::new(&b, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    a.stream
+        .post_send(write_wr(1, src.sge(0, len), &dst, 0))
+        .unwrap();
+    (a, b, src, dst)
+}
+
 /// Where each FPDU of `wire` ends (MPA: a 16-bit ULPDU length, the ULPDU, padding to four
 /// bytes, and a 4-byte CRC field).
 fn fpdu_ends(wire: &[u8]) -> Vec<usize> {
@@ -1057,12 +1069,7 @@ fn fpdu_ends(wire: &[u8]) -> Vec<usize> {
 #[test]
 fn a_segmented_write_takes_two_gather_entries_per_fpdu() {
     for crc in [false, true] {
-        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
-        let src = Guarded::new(&a, 9000, Access::LOCAL_WRITE, 0x3C);
-        let dst = Guarded::new(&b, 9000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
-        a.stream
-            .post_send(write_wr(1, src.sge(0, 9000), &dst, 0))
-            .unwrap();
+        let (mut a, mut b, _src, dst) = one_write(crc, 9000, 0x3C);
         let mut iov = [std::io::IoSlice::new(&[]); 64];
         let n = a.stream.tx_iovecs(&mut iov);
         let wire: Vec<u8> = iov[..n].iter().flat_map(|s| s.iter().copied()).collect();
@@ -1092,12 +1099,7 @@ fn a_segmented_write_takes_two_gather_entries_per_fpdu() {
 /// header is not sent, so the peer's stream ends on an FPDU boundary.
 #[test]
 fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
-    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
-    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
-    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
-    a.stream
-        .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
-        .unwrap();
+    let (mut a, mut b, _src, dst) = one_write(false, 3000, 0x77);
     let all = listed(&mut a.stream, 64);
     let first = fpdu_ends(&all)[0];
     // The send stopped two bytes before the first FPDU's end, inside its CRC field.
@@ -1138,12 +1140,7 @@ fn a_close_inside_a_trailer_does_not_start_the_next_fpdu() {
 #[test]
 fn a_terminate_after_a_send_that_stopped_at_a_header_reaches_the_peer() {
     for crc in [false, true] {
-        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
-        let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x42);
-        let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
-        a.stream
-            .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
-            .unwrap();
+        let (mut a, mut b, _src, dst) = one_write(crc, 3000, 0x42);
         // The socket took exactly the first gather entry: the first FPDU's header.
         let head = listed(&mut a.stream, 1);
         a.stream.tx_advance(head.len());
@@ -1196,12 +1193,7 @@ fn a_terminate_after_a_send_that_stopped_at_a_header_reaches_the_peer() {
 /// send forever.)
 #[test]
 fn a_close_at_the_end_of_a_trailer_leaves_nothing_to_send() {
-    let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));
-    let src = Guarded::new(&a, 3000, Access::LOCAL_WRITE, 0x77);
-    let dst = Guarded::new(&b, 3000, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
-    a.stream
-        .post_send(write_wr(1, src.sge(0, 3000), &dst, 0))
-        .unwrap();
+    let (mut a, mut b, _src, _dst) = one_write(false, 3000, 0x77);
     let all = listed(&mut a.stream, 64);
     let first = fpdu_ends(&all)[0];
     a.stream.tx_advance(first);

@@ -576,6 +576,18 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
             /// An atomic's sink and the original it must return.
             Atomic(usize, u64),
         }
+        /// A request's change to the window: the model takes `bytes` at `off`, and every
+        /// earlier Read of an overlapping range may return the range as it is now.
+        fn change(model: &mut [u8], checks: &mut [Check], off: usize, bytes: &[u8]) {
+            model[off..off + bytes.len()].copy_from_slice(bytes);
+            for c in checks {
+                if let Check::Read(_, versions, roff, rlen) = c {
+                    if off < *roff + *rlen && *roff < off + bytes.len() {
+                        versions.push(model[*roff..*roff + *rlen].to_vec());
+                    }
+                }
+            }
+        }
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut rand = move |n: usize| {
             x ^= x << 13;
@@ -619,15 +631,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
                     },
                     sges,
                 );
-                model[off..off + len].copy_from_slice(&bytes);
-                // Earlier Reads may see these bytes too.
-                for c in &mut checks {
-                    if let Check::Read(_, versions, roff, rlen) = c {
-                        if off < *roff + *rlen && *roff < off + len {
-                            versions.push(model[*roff..*roff + *rlen].to_vec());
-                        }
-                    }
-                }
+                change(&mut model, &mut checks, off, &bytes);
                 Check::None
             } else if kind < 7 {
                 let len = 1 + rand(20_000);
@@ -667,14 +671,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
                     (op, if old == compare { swap } else { old })
                 };
                 post(id, op, vec![buf.sge(sink, 8)]);
-                model[off..off + 8].copy_from_slice(&new.to_ne_bytes());
-                for c in &mut checks {
-                    if let Check::Read(_, versions, roff, rlen) = c {
-                        if off < *roff + *rlen && *roff < off + 8 {
-                            versions.push(model[*roff..*roff + *rlen].to_vec());
-                        }
-                    }
-                }
+                change(&mut model, &mut checks, off, &new.to_ne_bytes());
                 let c = Check::Atomic(sink, old);
                 sink += 8;
                 c

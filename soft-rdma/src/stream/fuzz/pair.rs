@@ -337,15 +337,17 @@ impl Side {
         self.pipe.extend(bytes);
     }
 
-    /// A synchronous send of part of what is listed.
-    fn send(&mut self, entries: usize, script: &mut Script<'_>) {
+    /// A synchronous send of `n(listed)` of the `listed` bytes; returns `listed` (0 while an
+    /// asynchronous send is outstanding: nothing else may send then).
+    fn send(&mut self, entries: usize, n: impl FnOnce(usize) -> usize) -> usize {
         if self.taken.is_some() {
-            return;
+            return 0;
         }
         let bytes = self.listed(entries);
-        let n = script.share(bytes.len());
+        let n = n(bytes.len());
         self.hand_over(&bytes[..n]);
         self.stream.tx_advance(n);
+        bytes.len()
     }
 
     /// An asynchronous send takes what is listed.
@@ -649,7 +651,7 @@ pub fn stream_pair(data: &[u8]) {
 
 /// The check, with `meddle` run on the two sides' memory before the comparisons (for the tests
 /// that show the check catches what it should).
-pub(super) fn stream_pair_with(data: &[u8], meddle: impl FnOnce(*mut u8, *mut u8)) -> Tally {
+fn stream_pair_with(data: &[u8], meddle: impl FnOnce(*mut u8, *mut u8)) -> Tally {
     let mut script = Script { data, at: 0 };
     let ctl = script.b();
     let cfg = StreamConfig {
@@ -679,7 +681,7 @@ pub(super) fn stream_pair_with(data: &[u8], meddle: impl FnOnce(*mut u8, *mut u8
             k @ 0..=7 => x.post(k, y, &mut script),
             8 | 14 => {
                 let entries = 1 + script.b() as usize % 64;
-                x.send(entries, &mut script);
+                x.send(entries, |n| script.share(n));
             }
             9 => x.take(1 + script.b() as usize % 64),
             10 => {
@@ -733,10 +735,7 @@ fn finish(sides: &mut [Side; 2]) {
             let [a, b] = &mut *sides;
             let (x, y) = if me == 0 { (a, b) } else { (b, a) };
             while x.stream.wants_tx() {
-                let bytes = x.listed(64);
-                assert!(!bytes.is_empty(), "queued bytes that cannot be listed");
-                x.hand_over(&bytes);
-                x.stream.tx_advance(bytes.len());
+                assert!(x.send(64, |n| n) > 0, "queued bytes that cannot be listed");
                 moved = true;
             }
             if !x.pipe.is_empty() {

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 
 use barewire_drivers::{
-    connect, verbs_devices, Access, Buffer, Device, DriverConfig, Endpoint, RegionDescriptor,
-    Remote, Transport,
+    connect, verbs_devices, Access, Buffer, Device, DriverConfig, Endpoint, Listener,
+    RegionDescriptor, Remote, Transport,
 };
 use barewire_test_support::{rt, Netns, ReadyChild};
 
@@ -115,4 +115,111 @@ fn explicit_shm_to_a_soft_only_listener_is_a_prompt_clear_error() {
     // The same listener still serves a soft peer afterwards.
     let soft = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
     assert_eq!(transport_to(&soft, addr), Transport::Soft);
+}
+
+/// On this core: a listener of driver `listening` bound to `listen` (port 0), and a peer of
+/// driver `connecting` that connects to the address `to` with the listener's port, then
+/// checks a WRITE and a READ of the listener's region. The transport the connection runs over,
+/// or the connection's error.
+fn reached(listening: &str, listen: &str, connecting: &str, to: &str) -> Result<Transport, String> {
+    let open = |d: &str| Device::open(&DriverConfig::parse(d, None).unwrap()).unwrap();
+    let (server, client) = (open(listening), open(connecting));
+    rt().block_on(async move {
+        let pd = server.alloc_pd().unwrap();
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let region = Buffer::new(&pd, 4096, 64, all).unwrap();
+        let opts = barewire_drivers::ConnectOptions {
+            private_data: region.descriptor().to_bytes().to_vec(),
+            ..server.connect_options()
+        };
+        let l = Listener::bind(&server, listen.parse().unwrap(), &opts).unwrap();
+        let to: SocketAddr = format!("{to}:{}", l.port()).parse().unwrap();
+        let accepted = barewire_engine::spawn_local(async move {
+            let (scq, rcq) = (server.create_cq(64).unwrap(), server.create_cq(64).unwrap());
+            let r = l.accept(&pd, &scq, &rcq).await;
+            (r, scq, rcq, region, pd, server)
+        });
+        let cpd = client.alloc_pd().unwrap();
+        let (scq, rcq) = (client.create_cq(64).unwrap(), client.create_cq(64).unwrap());
+        let (qp, private) = match connect(to, &cpd, &scq, &rcq, &client.connect_options()).await {
+            Ok(c) => c,
+            Err(e) => {
+                accepted.cancel();
+                return Err(e.to_string());
+            }
+        };
+        // The listener's side (its queue pair, queues, region and device) lives to the end.
+        let (theirs, _scq, _rcq, _region, _pd, _dev) = accepted.await.unwrap();
+        let (their_qp, _) = theirs.unwrap();
+        let t = qp.transport();
+        assert_eq!(their_qp.transport(), t, "both ends run over one transport");
+        let r0 = RegionDescriptor::from_bytes(&private).unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&cpd, 8192, 4096, Access::LOCAL_WRITE).unwrap();
+        buf.write_at(0, to.to_string().as_bytes());
+        let n = to.to_string().len();
+        ep.write(&buf, 0, n, Remote::at(r0, 0)).await.unwrap();
+        ep.read(&buf, 4096, n, Remote::at(r0, 0)).await.unwrap();
+        let mut back = vec![0u8; n];
+        buf.read_at(4096, &mut back);
+        assert_eq!(back, to.to_string().as_bytes());
+        Ok(t)
+    })
+}
+
+/// A listener on this host is reached through shared memory under every address TCP would
+/// reach it by: its own, a wildcard's IPv4 and IPv6 loopback, and the IPv4-mapped IPv6 form
+/// of an IPv4 address (`::ffff:127.0.0.1`, which the kernel connects to the same listener).
+/// Explicit soft reaches it by each of them over TCP, and an address TCP cannot reach is an
+/// error under every driver, not a hang.
+#[test]
+fn a_listener_on_this_host_is_reached_by_every_name_tcp_gives_it() {
+    if !verbs_devices().is_empty() {
+        eprintln!("SKIP: this host has an RDMA device, which auto prefers");
+        return;
+    }
+    let mut cases = vec![
+        ("127.0.0.1:0", "127.0.0.1"),
+        ("127.0.0.1:0", "[::ffff:127.0.0.1]"),
+        ("0.0.0.0:0", "127.0.0.1"),
+        ("0.0.0.0:0", "[::ffff:127.0.0.1]"),
+    ];
+    let v6 = std::net::TcpListener::bind("[::1]:0").is_ok();
+    if v6 {
+        cases.extend([
+            ("[::1]:0", "[::1]"),
+            ("[::]:0", "[::1]"),
+            ("[::]:0", "127.0.0.1"),
+            ("[::]:0", "[::ffff:127.0.0.1]"),
+        ]);
+    } else {
+        eprintln!("SKIP (IPv6 cases): this host has no IPv6 loopback");
+    }
+    for (listen, to) in cases {
+        let case = format!("listening on {listen}, connecting to {to}");
+        assert_eq!(
+            reached("auto", listen, "auto", to),
+            Ok(Transport::Shm),
+            "auto, {case}"
+        );
+        assert_eq!(
+            reached("shm", listen, "shm", to),
+            Ok(Transport::Shm),
+            "shm, {case}"
+        );
+        assert_eq!(
+            reached("soft", listen, "soft", to),
+            Ok(Transport::Soft),
+            "soft, {case}"
+        );
+    }
+    if v6 {
+        for (listen, to) in [("127.0.0.1:0", "[::1]"), ("[::1]:0", "127.0.0.1")] {
+            for driver in ["auto", "shm", "soft"] {
+                let e = reached(driver, listen, driver, to)
+                    .expect_err("TCP does not reach this listener by that address");
+                eprintln!("{driver}, listening on {listen}, connecting to {to}: {e}");
+            }
+        }
+    }
 }

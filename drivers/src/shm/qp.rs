@@ -1357,7 +1357,7 @@ pub(crate) async fn connect(
 
 /// True if `addr`'s IP is one of this host's (in this network namespace).
 fn is_local(addr: SocketAddr) -> bool {
-    let ip = addr.ip();
+    let ip = addr.ip().to_canonical();
     ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 

@@ -30,12 +30,14 @@ pub(crate) fn seqpacket() -> io::Result<OwnedFd> {
 
 /// The name of the shm listener on TCP address `addr` (port and IP: the kernel gives a port
 /// bound to one IP to another listener on another IP too, so a name of the port alone could
-/// collide); an unspecified IP is `*`.
+/// collide); an unspecified IP is `*`. An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) names
+/// the IPv4 address it maps, as TCP connects it to the same listener.
 pub(crate) fn name(addr: std::net::SocketAddr) -> String {
-    if addr.ip().is_unspecified() {
+    let ip = addr.ip().to_canonical();
+    if ip.is_unspecified() {
         format!("*:{}", addr.port())
     } else {
-        addr.to_string()
+        std::net::SocketAddr::new(ip, addr.port()).to_string()
     }
 }
 

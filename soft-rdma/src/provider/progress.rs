@@ -109,6 +109,12 @@ pub(super) fn flush(i: &mut QpInner) -> bool {
             i.stream.tx_advance(n as usize);
             sent += n as usize;
             moved = true;
+        } else if n == 0 {
+            // Only a list of no bytes sends none, and the stream lists none (`Pieces` skips
+            // empty extents). `errno` would be stale here; fail the queue pair as the ring's
+            // path does on a send that moved nothing, rather than wait for ever.
+            close(i, WcStatus::RetryExcErr);
+            return true;
         } else {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::WouldBlock {

@@ -317,6 +317,48 @@ fn raw_memory_with_remote_rights_is_refused_with_a_clear_error() {
     );
 }
 
+/// This machine's memory and swap together, in bytes (`/proc/meminfo`).
+fn memory_and_swap() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib = |key: &str| -> u64 {
+        let line = info.lines().find(|l| l.starts_with(key)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    (kib("MemTotal:") + kib("SwapTotal:")) * 1024
+}
+
+/// A buffer larger than this machine's memory and swap is refused when it is made, on shm as
+/// on soft (whose large buffers are anonymous mappings, which the kernel's default overcommit
+/// policy refuses at that size), rather than made and left for the first touch of its missing
+/// pages to end in the OOM killer.
+#[test]
+fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
+    let len = (memory_and_swap() + (1 << 30)) as usize;
+    let heuristic =
+        std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|m| m.trim() == "0");
+    let drivers: &[&str] = if heuristic {
+        &["shm", "soft"]
+    } else {
+        eprintln!("SKIP (soft): the kernel's overcommit policy is not its default heuristic");
+        &["shm"]
+    };
+    for driver in drivers {
+        let dev = Device::open(&DriverConfig::parse(driver, None).unwrap()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let e = Buffer::new(&pd, len, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .err()
+            .unwrap_or_else(|| panic!("{driver}: a buffer of {len} B was made"));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("mapping a buffer of {len} B"))
+                && msg.contains("Cannot allocate memory"),
+            "{driver}: {msg}"
+        );
+        // What fits is still made.
+        assert!(Buffer::new(&pd, 1 << 20, 4096, Access::LOCAL_WRITE).is_ok());
+    }
+}
+
 /// Connecting where no shm listener is, or to an address of another host, says so.
 #[test]
 fn unreachable_peers_are_clear_errors() {

@@ -22,6 +22,29 @@ fn os_error(call: &str) -> DriverError {
     }
 }
 
+/// Refuses a file larger than this machine's memory and swap together, as the kernel's
+/// default overcommit policy refuses such an anonymous mapping (what the software provider's
+/// large buffers are). A shared file's pages are not counted by that policy: without this, a
+/// region that could never be backed would be created, and touching it would end in the OOM
+/// killer rather than in an error here.
+fn within_memory(len: usize) -> Result<(), DriverError> {
+    // SAFETY: sysinfo fills the plain struct it is given; all zeros is a valid value.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to that struct.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return Ok(()); // nothing known: the kernel decides at the first touch
+    }
+    let unit = u128::from(si.mem_unit.max(1));
+    let total = (u128::from(si.totalram) + u128::from(si.totalswap)) * unit;
+    if len as u128 > total {
+        return Err(DriverError::Unsupported(format!(
+            "mapping a buffer of {len} B: more than this machine's memory and swap ({total} B): {}",
+            std::io::Error::from_raw_os_error(libc::ENOMEM)
+        )));
+    }
+    Ok(())
+}
+
 /// The page size.
 pub(crate) fn page() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -68,6 +91,7 @@ impl MemFile {
     /// As `create`, for memory no registration may name (a queue pair's ring).
     pub(crate) fn create_unlisted(len: usize) -> Result<Arc<MemFile>, DriverError> {
         let len = len.max(1).div_ceil(page()) * page();
+        within_memory(len)?;
         // SAFETY: a constant NUL-terminated name; the result is checked.
         let raw = unsafe {
             libc::memfd_create(

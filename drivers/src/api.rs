@@ -302,7 +302,11 @@ pub struct ConnectOptions {
     /// Private data for the peer: how applications exchange region descriptors. The software
     /// provider carries up to 508 bytes (MPA); rdma_cm fewer (56 on InfiniBand/RoCE).
     pub private_data: Vec<u8>,
-    /// How long setup, and (soft) a stalled peer, may take before failing.
+    /// How long setup may take before failing: a connect whose peer has not accepted within
+    /// it fails (a listener that is stopped, overloaded or not barewire's is an error after
+    /// this, not a hang), and a listener drops a connection whose request has not arrived
+    /// (soft and shm; verbs bounds address and route resolution with it, and rdma_cm the
+    /// rest). On soft, also how long a queue pair that is owed bytes may go without progress.
     pub timeout: Duration,
     /// Send and receive queue depth (verbs; the software provider's queues grow as needed).
     pub depth: u32,

@@ -55,6 +55,8 @@ pub(crate) fn options(o: &ConnectOptions) -> soft::provider::ConnectOptions {
         },
         private_data: o.private_data.clone(),
         timeout: o.timeout,
+        // Setup, on both sides, within the one deadline `ConnectOptions::timeout` sets (as on shm).
+        handshake_timeout: o.timeout,
         mulpdu: o.mulpdu,
         ..soft::provider::ConnectOptions::default()
     }

@@ -1,7 +1,8 @@
 //! What `auto` picks without an RDMA device: shared memory for a peer on this host and network
 //! namespace, the software provider for a peer in another namespace (a veth pair) and for a
 //! peer that asked for `soft` explicitly. Each connection's transport is read back from its
-//! queue pair, and the bytes are checked on both.
+//! queue pair, and the bytes are checked on both. Also how a connect ends where nothing
+//! answers it, on each driver that reaches peers over TCP or on this host.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -222,4 +223,77 @@ fn a_listener_on_this_host_is_reached_by_every_name_tcp_gives_it() {
             }
         }
     }
+}
+
+/// A connect that nothing answers fails within the setup deadline (`ConnectOptions::timeout`,
+/// 1 s by default), saying what it waited for, rather than waiting for ever:
+/// - a TCP server that accepts and says nothing (what a stopped listener's kernel does, or a
+///   service that is not barewire's), on soft and on auto (which finds no shm listener there);
+/// - a barewire listener whose application never accepts, on soft, shm and auto.
+#[test]
+fn a_connect_that_nothing_answers_fails_within_the_setup_deadline() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_at = silent.local_addr().unwrap();
+    let held = std::thread::spawn(move || {
+        // Accepts the connects below and holds them, answering nothing.
+        let mut held = Vec::new();
+        for s in silent.incoming().take(2) {
+            held.push(s.unwrap());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(3));
+    });
+    // Connects with `driver` to where `at` says (it may bind a listener of that driver first,
+    // kept until the connect has ended), and returns the error and how long it took.
+    let attempt = |driver: &str, at: &dyn Fn(&Device) -> (Option<Listener>, SocketAddr)| {
+        let dev = Device::open(&DriverConfig::parse(driver, None).unwrap()).unwrap();
+        rt().block_on(async {
+            let (_listener, to) = at(&dev);
+            let pd = dev.alloc_pd().unwrap();
+            let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let t0 = std::time::Instant::now();
+            let opts = dev.connect_options();
+            let bound = opts.timeout + std::time::Duration::from_secs(5);
+            let e = barewire_engine::time::timeout(bound, connect(to, &pd, &scq, &rcq, &opts))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{driver}: the connect to {to} still waits after {bound:?}")
+                })
+                .err()
+                .expect("nothing answers this connect");
+            (e.to_string(), t0.elapsed())
+        })
+    };
+    let deadline = barewire_drivers::ConnectOptions::default().timeout;
+    let within = |driver: &str, what: &str, (e, took): (String, std::time::Duration)| {
+        eprintln!("{driver}, {what}: {e} (after {took:?})");
+        assert!(
+            took >= deadline.mul_f64(0.9) && took < deadline + std::time::Duration::from_secs(1),
+            "{driver}, {what}: {took:?}"
+        );
+        e
+    };
+    for driver in ["soft", "auto"] {
+        let e = within(
+            driver,
+            "a silent TCP server",
+            attempt(driver, &|_| (None, silent_at)),
+        );
+        assert!(
+            e.contains("MPA Reply") && e.contains(&format!("{deadline:?}")),
+            "{e}"
+        );
+    }
+    let unaccepted = |dev: &Device| {
+        let l = Listener::bind(dev, ([127, 0, 0, 1], 0).into(), &dev.connect_options()).unwrap();
+        let at = SocketAddr::from(([127, 0, 0, 1], l.port()));
+        (Some(l), at)
+    };
+    for driver in ["soft", "shm", "auto"] {
+        within(
+            driver,
+            "a listener that never accepts",
+            attempt(driver, &unaccepted),
+        );
+    }
+    held.join().unwrap();
 }

@@ -67,7 +67,9 @@ pub struct ConnectOptions {
     pub remote_completion: bool,
     /// Listener: how long a connected peer may take to send its whole MPA Request before the
     /// connection is dropped (a port scanner, a stuck client or an attacker holds nothing
-    /// longer than this).
+    /// longer than this). [`connect`]: how long the TCP connection, the Request and the peer's
+    /// Reply may take together (a listener that is stopped, overloaded, slow to accept or not
+    /// an iWARP one fails the connect after this, with [`CmError::TimedOut`]).
     pub handshake_timeout: Duration,
     /// Listener: handshakes in progress at once; a new connection beyond it evicts the oldest.
     pub max_pending_handshakes: usize,
@@ -114,8 +116,16 @@ impl Default for ConnectOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum CmError {
     /// The TCP connection failed.
-    #[error("connection failed: {0}")]
+    #[error("TCP: {0}")]
     Io(#[from] io::Error),
+    /// [`connect`] took longer than [`ConnectOptions::handshake_timeout`].
+    #[error("no connection within {after:?}: waiting for {waiting}")]
+    TimedOut {
+        /// The deadline.
+        after: Duration,
+        /// The step that did not finish.
+        waiting: &'static str,
+    },
     /// The peer's MPA frame was malformed.
     #[error("bad MPA frame from the peer: {0}")]
     Wire(#[from] WireError),
@@ -223,8 +233,9 @@ fn check_private_data(opts: &ConnectOptions) -> Result<(), CmError> {
     Ok(())
 }
 
-/// Connects to a listening peer: TCP, then the MPA Request/Reply exchange. Returns the queue
-/// pair (in RTS) and the peer's private data.
+/// Connects to a listening peer: TCP, then the MPA Request/Reply exchange, all within
+/// [`ConnectOptions::handshake_timeout`]. Returns the queue pair (in RTS) and the peer's
+/// private data.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), barewire_soft_rdma::provider::CmError> {
@@ -243,19 +254,27 @@ pub async fn connect(
     opts: ConnectOptions,
 ) -> Result<(QueuePair, Vec<u8>), CmError> {
     check_private_data(&opts)?;
-    let s = TcpStream::connect(addr).await?;
-    write_frame(
-        &s,
-        &our_frame(
-            MpaKind::Request,
-            &opts,
-            opts.mpa.crc,
-            false,
-            opts.mpa.revision,
-        ),
-    )
-    .await?;
-    let (peer, _) = read_mpa(&s, MpaKind::Reply).await?;
+    let after = opts.handshake_timeout;
+    let deadline = Instant::now() + after;
+    let within = |waiting| move |_| CmError::TimedOut { after, waiting };
+    let s = barewire_engine::time::timeout(after, TcpStream::connect(addr))
+        .await
+        .map_err(within("the TCP connection"))??;
+    let request = our_frame(
+        MpaKind::Request,
+        &opts,
+        opts.mpa.crc,
+        false,
+        opts.mpa.revision,
+    );
+    let reply = async {
+        write_frame(&s, &request).await?;
+        read_mpa(&s, MpaKind::Reply).await
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    let (peer, _) = barewire_engine::time::timeout(left, reply)
+        .await
+        .map_err(within("the peer's MPA Reply (is the listener stopped, overloaded, slow to accept, or not an iWARP one?)"))??;
     let neg =
         negotiate(&opts.mpa, &peer.frame(MpaKind::Reply)).map_err(|reason| CmError::Rejected {
             reason,

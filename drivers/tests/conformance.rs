@@ -732,6 +732,277 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
     });
 }
 
+/// 64-bit FNV-1a: the hash `barewire-peer` answers `?sum` with.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Sends, Writes and Writes with immediate data, mixed at random and pipelined, keep their
+/// order at the peer, as verbs promises for one queue pair:
+/// - Writes of 0 bytes to 2 MiB (gathered from up to three pieces) into a 4 MiB window of the
+///   peer's region;
+/// - Sends of up to 4 KiB that the peer echoes;
+/// - Sends asking the peer for a hash of a range of the window (`?sum`), posted right behind
+///   the Writes with no wait: the peer must see every earlier Write in place (a later Write
+///   into that range waits for the answer, as the peer places Writes as they arrive);
+/// - Writes with immediate data, which the peer answers with the value and length.
+///
+/// Every request completes successfully, in posting order; every answer comes back in posting
+/// order and says what the model says at that point; the window ends as the model; the
+/// guards around the peer's region are untouched.
+#[test]
+fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (qp, scq, rcq, private) = raw(&s, &peer).await;
+        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        const WINDOW: usize = 4 << 20; // at offset AT of region 0
+        const AT: usize = 1 << 20;
+        const SRC: usize = 0; // 8 MiB of source bytes
+        const SRC_LEN: usize = 8 << 20;
+        const ASKS: usize = SRC_LEN; // 64 slots of 64 B for `?sum` requests
+        const REPLIES: usize = ASKS + 4096; // 32 slots of 4 KiB for the peer's answers
+        const SLOTS: usize = 32;
+        let buf = Buffer::new(&s.pd, REPLIES + SLOTS * 4096, 4096, Access::LOCAL_WRITE).unwrap();
+        let src = pattern(SRC_LEN, 77);
+        buf.write_at(SRC, &src);
+        let post = |wr_id: u64, op: SendOp, sges: Vec<barewire_drivers::Sge>| {
+            qp.post_send(SendWr {
+                wr_id,
+                op,
+                sges: sges.into_iter().collect(),
+                signaled: true,
+                fence: false,
+            })
+            .unwrap()
+        };
+        let post_reply_slot = |slot: usize| {
+            qp.post_recv(barewire_drivers::RecvWr {
+                wr_id: slot as u64,
+                sges: [buf.sge(REPLIES + slot * 4096, 4096)].into_iter().collect(),
+            })
+            .unwrap()
+        };
+        for slot in 0..SLOTS {
+            post_reply_slot(slot);
+        }
+        // The window's known start.
+        let mut model = src[..WINDOW].to_vec();
+        post(
+            u64::MAX,
+            SendOp::Write {
+                remote_addr: r0.addr + AT as u64,
+                rkey: r0.rkey,
+            },
+            vec![buf.sge(SRC, WINDOW)],
+        );
+        let wc = scq.next().await;
+        assert_eq!((wc.wr_id, wc.status), (u64::MAX, WcStatus::Success));
+
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut rand = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        // Answers owed by the peer, in posting order, each with the range of the window it
+        // reads (a `?sum`): no Write into that range is posted until the answer is in, since the
+        // peer places Writes as they arrive, ahead of its own reading of earlier Sends.
+        struct Owed {
+            id: u64,
+            want: Vec<u8>,
+            reads: Option<(usize, usize)>,
+        }
+        let mut owed = std::collections::VecDeque::<Owed>::new();
+        let (mut outstanding, mut next_done, mut answered) = (0usize, 0u64, 0usize);
+        let mut kinds = [0usize; 4];
+        let overlaps = |a: (usize, usize), b: (usize, usize)| a.0 < b.0 + b.1 && b.0 < a.0 + a.1;
+        const N: u64 = 600;
+        for id in 0..=N {
+            // The next request: its operation and gather list, what it does to the window, and
+            // the answer it is owed.
+            let mut next = None;
+            if id < N {
+                let kind = rand(10);
+                let send = SendOp::Send {
+                    solicited: rand(2) == 0,
+                    invalidate: None,
+                };
+                next = Some(if kind < 4 {
+                    let len = match rand(16) {
+                        0 => rand((2 << 20) + 1),
+                        1 => 0,
+                        _ => rand(20_001),
+                    };
+                    let off = rand(WINDOW - len + 1);
+                    let pieces = 1 + rand(3);
+                    let (mut sges, mut bytes, mut left) = (Vec::new(), Vec::new(), len);
+                    for k in 0..pieces {
+                        let n = if k + 1 == pieces {
+                            left
+                        } else {
+                            rand(left + 1)
+                        };
+                        if n == 0 {
+                            continue; // no entry of length 0 (some NICs read it as 2 GiB)
+                        }
+                        let at = rand(SRC_LEN - n + 1);
+                        sges.push(buf.sge(SRC + at, n));
+                        bytes.extend_from_slice(&src[at..at + n]);
+                        left -= n;
+                    }
+                    let remote_addr = r0.addr + (AT + off) as u64;
+                    let op = SendOp::Write {
+                        remote_addr,
+                        rkey: r0.rkey,
+                    };
+                    (0, op, sges, Some((off, bytes)), None)
+                } else if kind < 6 {
+                    let len = 1 + rand(4096);
+                    let at = rand(SRC_LEN - len + 1);
+                    let want = src[at..at + len].to_vec();
+                    (
+                        1,
+                        send,
+                        vec![buf.sge(SRC + at, len)],
+                        None,
+                        Some((want, None)),
+                    )
+                } else if kind < 8 {
+                    let len = if rand(20) == 0 { WINDOW } else { rand(65_537) };
+                    let off = rand(WINDOW - len + 1);
+                    let ask = format!("?sum {} {len}", AT + off);
+                    let slot = ASKS + (id as usize % 64) * 64;
+                    buf.write_at(slot, ask.as_bytes());
+                    let want = format!("sum {:016x}", fnv1a(&model[off..off + len]));
+                    let sges = vec![buf.sge(slot, ask.len())];
+                    (
+                        2,
+                        send,
+                        sges,
+                        None,
+                        Some((want.into_bytes(), Some((off, len)))),
+                    )
+                } else {
+                    let len = if rand(8) == 0 { 0 } else { rand(20_001) };
+                    let off = rand(WINDOW - len + 1);
+                    let at = rand(SRC_LEN - len + 1);
+                    let imm = rand(1 << 31) as u32;
+                    let remote_addr = r0.addr + (AT + off) as u64;
+                    let sges = if len == 0 {
+                        vec![]
+                    } else {
+                        vec![buf.sge(SRC + at, len)]
+                    };
+                    let op = SendOp::WriteWithImm {
+                        remote_addr,
+                        rkey: r0.rkey,
+                        imm,
+                    };
+                    let bytes = src[at..at + len].to_vec();
+                    let want = format!("imm {imm} {len}").into_bytes();
+                    (3, op, sges, Some((off, bytes)), Some((want, None)))
+                });
+            }
+            let writes = next
+                .as_ref()
+                .and_then(|n| n.3.as_ref())
+                .map(|(off, bytes)| (*off, bytes.len()));
+            // Room first: at most 32 requests outstanding; at most 14 messages the peer has not
+            // answered (it keeps 16 receives posted, and reposts each before answering); no
+            // Write into a range a `?sum` still waits to read. At the end, everything drained.
+            loop {
+                let blocked = writes.is_some_and(|w| {
+                    owed.iter()
+                        .any(|o| o.reads.is_some_and(|r| w.1 > 0 && overlaps(w, r)))
+                });
+                let full = outstanding >= 32 || owed.len() >= 14;
+                let end = next.is_none() && outstanding + owed.len() > 0;
+                if !(blocked || full || end) {
+                    break;
+                }
+                if outstanding > 0 && (outstanding >= 32 || owed.is_empty() || end) {
+                    let wc = scq.next().await;
+                    assert_eq!(
+                        (wc.wr_id, wc.status),
+                        (next_done, WcStatus::Success),
+                        "completions in posting order, all successful"
+                    );
+                    next_done += 1;
+                    outstanding -= 1;
+                } else {
+                    let wc = rcq.next().await;
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    let mut got = vec![0u8; wc.byte_len as usize];
+                    buf.read_at(REPLIES + wc.wr_id as usize * 4096, &mut got);
+                    post_reply_slot(wc.wr_id as usize);
+                    let o = owed.pop_front().expect("an answer nobody asked for");
+                    assert!(
+                        got == o.want,
+                        "request {}'s answer: got {:?}, want {:?}",
+                        o.id,
+                        String::from_utf8_lossy(&got[..got.len().min(64)]),
+                        String::from_utf8_lossy(&o.want[..o.want.len().min(64)])
+                    );
+                    answered += 1;
+                }
+            }
+            let Some((kind, op, sges, change, answer)) = next else {
+                break;
+            };
+            post(id, op, sges);
+            if let Some((off, bytes)) = change {
+                model[off..off + bytes.len()].copy_from_slice(&bytes);
+            }
+            if let Some((want, reads)) = answer {
+                owed.push_back(Owed { id, want, reads });
+            }
+            kinds[kind] += 1;
+            outstanding += 1;
+        }
+        assert!(
+            kinds.iter().all(|&k| k > 50),
+            "every kind of request ran: {kinds:?}"
+        );
+        assert_eq!(answered, kinds[1] + kinds[2] + kinds[3]);
+        // The whole window, read back with nothing outstanding, and the guards.
+        let back_at = REPLIES - WINDOW; // over source bytes no longer needed
+        post(
+            N,
+            SendOp::Read {
+                remote_addr: r0.addr + AT as u64,
+                rkey: r0.rkey,
+            },
+            vec![buf.sge(back_at, WINDOW)],
+        );
+        let wc = scq.next().await;
+        assert_eq!((wc.wr_id, wc.status), (N, WcStatus::Success));
+        let mut back = vec![0u8; WINDOW];
+        buf.read_at(back_at, &mut back);
+        assert!(
+            back == model,
+            "the window differs from the model at byte {:?}",
+            back.iter().zip(&model).position(|(a, b)| a != b)
+        );
+        buf.write_at(ASKS, b"?guards");
+        let send = SendOp::Send {
+            solicited: false,
+            invalidate: None,
+        };
+        post(N + 1, send, vec![buf.sge(ASKS, 7)]);
+        let wc = rcq.next().await;
+        let mut got = vec![0u8; wc.byte_len as usize];
+        buf.read_at(REPLIES + wc.wr_id as usize * 4096, &mut got);
+        assert_eq!(String::from_utf8_lossy(&got), "guards ok");
+        qp.disconnect();
+    });
+}
+
 /// What READs posted after the peer was signalled came to.
 #[derive(Debug)]
 enum AfterSignal {

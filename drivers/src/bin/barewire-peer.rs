@@ -16,7 +16,9 @@
 //! this connection alone and gets its descriptor (20 bytes), or `no window: <why>`;
 //! `?region` registers a fresh 4 KiB region with every remote right, filled with 0x3c, and gets
 //! its descriptor; `?drop` deregisters (and frees) the regions `?region` made and gets
-//! `dropped`; anything else is echoed back; a Write with immediate gets `imm <value> <bytes>`.
+//! `dropped`; `?sum <offset> <length>` (decimal) gets `sum <hash>`, the 64-bit FNV-1a hash of
+//! those bytes of region 0 as the peer reads them then (in hex, 16 digits), or `sum: <why>`;
+//! anything else is echoed back; a Write with immediate gets `imm <value> <bytes>`.
 
 use std::io::Write;
 use std::rc::Rc;
@@ -127,10 +129,12 @@ async fn answer(
         .collect();
     while let Some((slot, op)) = pending.pop_front() {
         let wc = op.await?;
-        let mut msg = vec![0u8; wc.byte_len as usize];
+        let imm = wc.opcode == WcOpcode::RecvRdmaWithImm;
+        // A Write with immediate places nothing in the receive: its length is the Write's.
+        let mut msg = vec![0u8; if imm { 0 } else { wc.byte_len as usize }];
         rx.read_at(slot * MSG, &mut msg);
         pending.push_back((slot, ep.recv(&rx, slot * MSG, MSG)));
-        let reply = if wc.opcode == WcOpcode::RecvRdmaWithImm {
+        let reply = if imm {
             format!("imm {} {}", wc.imm.unwrap_or(0), wc.byte_len).into_bytes()
         } else if msg == b"?window" {
             let all = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
@@ -155,6 +159,8 @@ async fn answer(
         } else if msg == b"?drop" {
             fresh.clear();
             b"dropped".to_vec()
+        } else if let Some(range) = msg.strip_prefix(b"?sum ") {
+            sum(whole, range).into_bytes()
         } else if msg == b"?guards" {
             let mut g = vec![0u8; GUARD];
             let mut ok = true;
@@ -174,6 +180,29 @@ async fn answer(
         ep.send(&tx, 0, reply.len()).await?;
     }
     Ok(())
+}
+
+/// The answer to `?sum <offset> <length>`: the FNV-1a hash of those bytes of region 0 (which
+/// starts `GUARD` bytes into `whole`).
+fn sum(whole: &Buffer, range: &[u8]) -> String {
+    let parsed = std::str::from_utf8(range).ok().and_then(|r| {
+        let (off, len) = r.split_once(' ')?;
+        let (off, len) = (off.parse::<usize>().ok()?, len.parse::<usize>().ok()?);
+        (off.checked_add(len)? <= REGION_LEN).then_some((off, len))
+    });
+    let Some((off, len)) = parsed else {
+        return format!("sum: not an offset and a length within {REGION_LEN} bytes");
+    };
+    let mut bytes = vec![0u8; len];
+    whole.read_at(GUARD + off, &mut bytes);
+    format!("sum {:016x}", fnv1a(&bytes))
+}
+
+/// 64-bit FNV-1a.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Connects to a serving peer and checks WRITE, READ and SEND with their bytes.

@@ -4,6 +4,25 @@ use barewire_drivers::DriverError;
 
 /// barewire's error.
 ///
+/// Each variant says what to do about it; the ones an application usually tells apart are the
+/// end of a stream, a peer that is gone, and an outcome it must check:
+///
+/// ```
+/// use barewire::Error;
+/// fn what_next(e: &Error) -> &'static str {
+///     match e {
+///         Error::Closed => "the sender finished: stop reading",
+///         Error::PeerGone(_) => "reconnect, or fail over",
+///         Error::Indeterminate(_) => "read the value again before retrying",
+///         Error::Timeout(_) | Error::Overloaded(_) => "try again later",
+///         _ => "report it",
+///     }
+/// }
+/// assert_eq!(what_next(&Error::Closed), "the sender finished: stop reading");
+/// let e = Error::OutOfBounds { index: 8, count: 1, len: 8 };
+/// assert_eq!(e.to_string(), "index 8 (+1) is outside a region of 8 elements");
+/// ```
+///
 /// Kept small (32 bytes: its largest variants are boxed), because every `Result` barewire
 /// returns carries one, and a `Result<(), Error>` is moved whole on its way back from each
 /// call and each `.await`, `Ok` or not: at 56 bytes that move was a measurable part of sending
@@ -77,6 +96,15 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What [`Error::TypeMismatch`] holds.
+///
+/// ```
+/// use barewire::Error;
+/// let e = Error::type_mismatch("Region<u64>", "Region<f32>");
+/// if let Error::TypeMismatch(m) = &e {
+///     assert_eq!((m.expected.as_str(), m.found.as_str()), ("Region<u64>", "Region<f32>"));
+/// }
+/// assert_eq!(e.to_string(), "type mismatch: expected Region<u64>, the peer offered Region<f32>");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
     /// What this side asked for.

@@ -10,6 +10,17 @@ use bytemuck::Pod;
 use crate::error::{Error, Result};
 
 /// Where a region's first byte is aligned.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// use barewire::{Align, Node};
+/// let node = Node::soft().unwrap();
+/// let page = node.region::<u8>(8192, Align::Page).unwrap();
+/// assert_eq!(page.as_ptr() as usize % 4096, 0);
+/// let line = node.region::<u64>(16, Align::CacheLine).unwrap();
+/// assert_eq!(line.as_ptr() as usize % 64, 0);
+/// # });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Align {
     /// The type's own alignment (at least 8, so 8-byte atomics work on `u64` slots).
@@ -35,6 +46,16 @@ impl Align {
 
 /// What a typed descriptor claims about its element type: name, size and alignment. Two
 /// builds of the same program agree on all three; a mismatch is refused at exchange time.
+///
+/// ```
+/// use barewire::Fingerprint;
+/// let f = Fingerprint::of::<[u32; 4]>();
+/// assert_eq!((f.size, f.align), (16, 4));
+/// assert!(f.check(&Fingerprint::of::<[u32; 4]>()).is_ok());
+/// // Same size, another type: refused, naming both.
+/// let e = f.check(&Fingerprint::of::<[f32; 4]>()).unwrap_err();
+/// assert!(e.to_string().contains("f32"), "{e}");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint {
     /// `std::any::type_name`; one longer than [`Fingerprint::NAME_MAX`] bytes (deeply nested
@@ -211,6 +232,28 @@ impl<T: Pod> Region<T> {
 /// A peer's [`Region<T>`]: its address, length and key. Obtained from
 /// [`Endpoint::recv_region`](crate::Endpoint::recv_region), which checks that the peer's
 /// region holds `T`.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let ([home, _], a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{Align, Error};
+/// #[derive(Clone, Copy, Debug, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+/// #[repr(C)]
+/// struct Point { x: f32, y: f32 }
+///
+/// let points = home.region::<Point>(100, Align::Natural).unwrap();
+/// a.send_region(&points).await.unwrap();
+/// let remote = b.recv_region::<Point>().await.unwrap();
+/// assert_eq!(remote.len(), 100);
+/// b.write(&remote, 99, Point { x: 1.0, y: 2.0 }).await.unwrap();
+/// assert_eq!(points.get(99), Point { x: 1.0, y: 2.0 });
+///
+/// // Asking for the region as another type is refused at the exchange.
+/// a.send_region(&points).await.unwrap();
+/// assert!(matches!(b.recv_region::<u64>().await, Err(Error::TypeMismatch(_))));
+/// # });
+/// ```
 pub struct RemoteRegion<T> {
     pub(crate) desc: RegionDescriptor,
     pub(crate) len: u64,

@@ -97,7 +97,22 @@ impl Device {
     }
 }
 
-/// A protection domain.
+/// A protection domain: the regions and queue pairs that may be used together. A key of one
+/// domain is refused on a queue pair of another.
+///
+/// ```
+/// use barewire_drivers::{Access, Buffer, Device, DriverConfig};
+/// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// // Memory barewire allocates and registers in one step...
+/// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+/// // ...or the application's own, registered for as long as it lives.
+/// let mut mine = vec![0u8; 4096];
+/// // SAFETY: `mine` outlives the region (dropped first, below).
+/// let mr = unsafe { pd.register(mine.as_mut_ptr(), mine.len(), Access::LOCAL_WRITE) }.unwrap();
+/// assert_eq!((mr.len(), buf.len()), (4096, 4096));
+/// drop(mr);
+/// ```
 pub struct ProtectionDomain {
     pub(crate) ops: Box<dyn PdOps>,
 }
@@ -124,6 +139,20 @@ impl ProtectionDomain {
 }
 
 /// A registered memory region.
+///
+/// ```
+/// use barewire_drivers::{Access, Buffer, Device, DriverConfig};
+/// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let buf = Buffer::new(&pd, 8192, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+/// let mr = buf.region();
+/// // What a peer needs to write into it (sent in private data, or in a message):
+/// let desc = mr.descriptor();
+/// assert_eq!((desc.addr, desc.len), (mr.addr() as u64, 8192));
+/// // What a local work request names: a slice of it.
+/// let sge = buf.sge(4096, 100);
+/// assert_eq!((sge.len, sge.lkey), (100, mr.lkey()));
+/// ```
 pub struct MemoryRegion {
     ops: Box<dyn MrOps>,
 }
@@ -211,6 +240,33 @@ impl MemoryRegion {
 
 /// A window bound in a [`MemoryRegion`] for one queue pair (see
 /// [`MemoryRegion::bind_window`]). Dropping it invalidates its key.
+///
+/// ```
+/// # barewire_engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # use barewire_drivers::*;
+/// # let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// # let l = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), &dev.connect_options()).unwrap();
+/// # let at = std::net::SocketAddr::from(([127, 0, 0, 1], l.port()));
+/// # let (lcq, lrcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let pd2 = dev.alloc_pd().unwrap();
+/// # let far = barewire_engine::spawn_local(async move {
+/// #     let (qp, _) = l.accept(&pd2, &lcq, &lrcq).await.unwrap();
+/// #     (qp, lcq, lrcq, pd2, l)
+/// # });
+/// # let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let (qp, _) = connect(at, &pd, &scq, &rcq, &dev.connect_options()).await.unwrap();
+/// # let (peer_qp, peer_scq, peer_rcq, peer_pd, _l) = far.await.unwrap();
+/// let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+/// let buf = Buffer::new(&pd, 4096, 64, all).unwrap();
+/// // A key for this one connection; the region's own key stays private.
+/// let w = buf.region().bind_window(&qp, Access::REMOTE_READ).unwrap();
+/// assert!(w.is_live());
+/// assert_ne!(w.descriptor().rkey, buf.descriptor().rkey);
+/// drop(w); // the peer's key is dead from here on
+/// # drop((peer_qp, peer_scq, peer_rcq, peer_pd));
+/// # });
+/// ```
 pub struct Window {
     desc: RegionDescriptor,
     inner: Box<dyn WindowOps>,
@@ -229,6 +285,38 @@ impl Window {
 }
 
 /// A completion queue. Cloning gives another handle to the same queue.
+///
+/// ```
+/// # barewire_engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # use barewire_drivers::*;
+/// # let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// # let l = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), &dev.connect_options()).unwrap();
+/// # let at = std::net::SocketAddr::from(([127, 0, 0, 1], l.port()));
+/// # let (lcq, lrcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let pd2 = dev.alloc_pd().unwrap();
+/// # let far = barewire_engine::spawn_local(async move {
+/// #     let (qp, _) = l.accept(&pd2, &lcq, &lrcq).await.unwrap();
+/// #     (qp, lcq, lrcq, pd2, l)
+/// # });
+/// # let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let (qp, _) = connect(at, &pd, &scq, &rcq, &dev.connect_options()).await.unwrap();
+/// # let (peer_qp, peer_scq, peer_rcq, peer_pd, _l) = far.await.unwrap();
+/// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+/// let peer_buf = Buffer::new(&peer_pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+/// let sges = [peer_buf.sge(0, 4096)].into_iter().collect();
+/// peer_qp.post_recv(RecvWr { wr_id: 9, sges }).unwrap();
+/// buf.write_at(0, b"ping");
+/// let send = SendOp::Send { solicited: false, invalidate: None };
+/// let sges = [buf.sge(0, 4)].into_iter().collect();
+/// qp.post_send(SendWr { wr_id: 1, op: send, sges, signaled: true, fence: false }).unwrap();
+/// // Wait for one completion on each side (or `poll` for what is there now).
+/// let (sent, got) = (scq.next().await, peer_rcq.next().await);
+/// assert_eq!((sent.wr_id, sent.status), (1, WcStatus::Success));
+/// assert_eq!((got.wr_id, got.byte_len, got.opcode), (9, 4, WcOpcode::Recv));
+/// # drop(peer_scq);
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct CompletionQueue {
     queue: barewire_rdma_types::CompletionQueue,
@@ -297,6 +385,22 @@ impl CompletionQueue {
 }
 
 /// Connection settings for both backends.
+///
+/// ```
+/// use barewire_drivers::{Access, Buffer, ConnectOptions, Device, DriverConfig};
+/// use std::time::Duration;
+/// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// let pd = dev.alloc_pd().unwrap();
+/// let table = Buffer::new(&pd, 1 << 20, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+/// let opts = ConnectOptions {
+///     // The peer learns where to read in the connection's setup.
+///     private_data: table.descriptor().to_bytes().to_vec(),
+///     // A peer across a slow link gets longer to answer.
+///     timeout: Duration::from_secs(5),
+///     ..dev.connect_options() // the transport's defaults for the rest
+/// };
+/// assert_eq!(opts.private_data.len(), 20);
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Private data for the peer: how applications exchange region descriptors. The software
@@ -346,6 +450,52 @@ impl Default for ConnectOptions {
 
 /// A connected reliable queue pair. Cloning gives another handle to the same queue pair; it
 /// disconnects when the last handle goes.
+///
+/// Work requests as verbs has them: posted, carried out in order, completed on the completion
+/// queues. ([`Endpoint`](crate::Endpoint) wraps this in futures.)
+///
+/// ```
+/// # barewire_engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # use barewire_drivers::*;
+/// # let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// # let pd = dev.alloc_pd().unwrap();
+/// # let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+/// # let pd2 = dev.alloc_pd().unwrap();
+/// # let peer_mem = Buffer::new(&pd2, 4096, 64, all).unwrap();
+/// # let private_data = peer_mem.descriptor().to_bytes().to_vec();
+/// # let opts = ConnectOptions { private_data, ..dev.connect_options() };
+/// # let l = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+/// # let at = std::net::SocketAddr::from(([127, 0, 0, 1], l.port()));
+/// # let (lcq, lrcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let far = barewire_engine::spawn_local(async move {
+/// #     let (qp, _) = l.accept(&pd2, &lcq, &lrcq).await.unwrap();
+/// #     (qp, lcq, lrcq, peer_mem, pd2, l)
+/// # });
+/// # let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+/// # let (qp, private) = connect(at, &pd, &scq, &rcq, &dev.connect_options()).await.unwrap();
+/// # let _peer = far.await.unwrap();
+/// // The peer's region, from the private data it sent at connection.
+/// let theirs = RegionDescriptor::from_bytes(&private).unwrap();
+/// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+/// buf.write_at(0, b"over the wire");
+/// let write = SendOp::Write { remote_addr: theirs.addr + 100, rkey: theirs.rkey };
+/// let read = SendOp::Read { remote_addr: theirs.addr + 100, rkey: theirs.rkey };
+/// let wr = |wr_id, op, sge| {
+///     let sges = [sge].into_iter().collect();
+///     SendWr { wr_id, op, sges, signaled: true, fence: false }
+/// };
+/// qp.post_send(wr(1, write, buf.sge(0, 13))).unwrap();
+/// qp.post_send(wr(2, read, buf.sge(1024, 13))).unwrap(); // after the Write, in order
+/// for id in [1, 2] {
+///     let wc = scq.next().await;
+///     assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+/// }
+/// let mut back = [0u8; 13];
+/// buf.read_at(1024, &mut back);
+/// assert_eq!(&back, b"over the wire");
+/// assert_eq!(qp.state(), QpState::Rts);
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct QueuePair {
     pub(crate) ops: Rc<dyn QpOps>,
@@ -476,6 +626,29 @@ impl QueuePair {
 }
 
 /// Accepts connections.
+///
+/// ```
+/// # barewire_engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// use barewire_drivers::{connect, Device, DriverConfig, Listener};
+/// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+/// let mut opts = dev.connect_options();
+/// opts.private_data = b"hello from the listener".to_vec();
+/// let l = Listener::bind(&dev, "127.0.0.1:0".parse().unwrap(), &opts).unwrap();
+/// let at = std::net::SocketAddr::from(([127, 0, 0, 1], l.port()));
+/// let client = barewire_engine::spawn_local(async move {
+///     let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+///     let pd = dev.alloc_pd().unwrap();
+///     let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+///     let (_qp, theirs) = connect(at, &pd, &scq, &rcq, &dev.connect_options()).await.unwrap();
+///     theirs
+/// });
+/// let pd = dev.alloc_pd().unwrap();
+/// let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+/// let (qp, _theirs) = l.accept(&pd, &scq, &rcq).await.unwrap();
+/// assert_eq!(client.await.unwrap(), b"hello from the listener");
+/// drop(qp);
+/// # });
+/// ```
 pub struct Listener {
     ops: Box<dyn ListenerOps>,
 }

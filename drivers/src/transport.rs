@@ -6,6 +6,14 @@ use std::str::FromStr;
 use crate::verbs::{verbs_devices, DeviceInfo};
 
 /// Which RDMA transport to use.
+///
+/// ```
+/// use barewire_drivers::Transport;
+/// let t: Transport = "roce2".parse().unwrap(); // as BAREWIRE_DRIVER spells them
+/// assert_eq!(t, Transport::RoCEv2);
+/// assert!("carrier-pigeon".parse::<Transport>().is_err());
+/// assert!(Transport::InfiniBand.defaults().mtu > Transport::RoCEv2.defaults().mtu);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
     /// InfiniBand.
@@ -106,6 +114,12 @@ impl FromStr for Transport {
 }
 
 /// Per-transport settings; every field can be overridden.
+///
+/// ```
+/// use barewire_drivers::Transport;
+/// let soft = Transport::Soft.defaults();
+/// assert!(soft.crc); // MPA CRC32c asked for, as RFC 5044 intends
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransportDefaults {
     /// Path MTU (verbs) or MULPDU (soft), in bytes.
@@ -125,6 +139,18 @@ pub struct TransportDefaults {
 }
 
 /// What the application asked for, from code or from the environment.
+///
+/// ```
+/// use barewire_drivers::{DriverConfig, Transport};
+/// // The software provider, CRC off (a trusted link), deeper queues.
+/// let cfg = DriverConfig::parse("soft", None).unwrap().crc(false).queue_depth(1024);
+/// let chosen = cfg.select().unwrap();
+/// assert_eq!((chosen.transport, chosen.device.as_str()), (Transport::Soft, "soft"));
+/// // An explicit hardware transport with no such device is an error, not a fallback.
+/// # if barewire_drivers::verbs_devices().is_empty() {
+/// assert!(DriverConfig::parse("ib", None).unwrap().select().is_err());
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverConfig {
     /// The transport (`BAREWIRE_DRIVER`: soft, shm, verbs, ib, roce, roce2, iwarp, auto).
@@ -360,6 +386,13 @@ pub enum DriverError {
 }
 
 /// The transport and device that will be used.
+///
+/// ```
+/// use barewire_drivers::{select, Transport};
+/// let c = select(Transport::Auto, None).unwrap();
+/// println!("auto chose {:?} ({})", c.transport, c.device);
+/// println!("same-host peers through shm: {}", c.same_host_shm);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chosen {
     /// The transport.

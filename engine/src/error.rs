@@ -3,6 +3,14 @@
 use std::io;
 
 /// What can go wrong setting up or driving the engine.
+///
+/// ```
+/// use barewire_engine::{Error, Runtime};
+/// let e = Runtime::builder().cores(0).build().err().unwrap();
+/// assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
+/// let e = Runtime::builder().cores(100_000).build().err().unwrap();
+/// assert!(matches!(e, Error::TooManyCores { requested: 100_000, .. }), "{e}");
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A core id that this machine does not have.

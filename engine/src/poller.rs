@@ -16,6 +16,66 @@
 //! interrupt mode gets [`Poller::exit_interrupt_mode`], whether or not the core slept.
 
 /// A completion source polled by a core's loop. Runs on that core only.
+///
+/// A source of work the core cannot see through its reactor (a verbs completion queue, a
+/// region a peer writes into, a flag another library sets) is polled on every pass, and wakes
+/// the task waiting on it:
+///
+/// ```
+/// use barewire_engine::{register_poller, spawn_local, Poller, Runtime};
+/// use std::cell::Cell;
+/// use std::future::poll_fn;
+/// use std::rc::Rc;
+/// use std::task::{Poll, Waker};
+///
+/// /// Something that fills in a value on its own time, and the task waiting for it.
+/// #[derive(Default)]
+/// struct Source {
+///     value: Cell<Option<u64>>,
+///     waiter: Cell<Option<Waker>>,
+/// }
+/// struct SourcePoller(Rc<Source>);
+/// impl Poller for SourcePoller {
+///     fn poll(&mut self) -> bool {
+///         // Work found: wake whoever waits on it (and say so, which keeps the core busy).
+///         match (self.0.value.get(), self.0.waiter.take()) {
+///             (Some(_), Some(w)) => {
+///                 w.wake();
+///                 true
+///             }
+///             (_, w) => {
+///                 self.0.waiter.set(w);
+///                 false
+///             }
+///         }
+///     }
+///     fn pure_poll(&mut self) -> bool {
+///         self.0.value.get().is_some()
+///     }
+///     fn try_enter_interrupt_mode(&mut self) -> bool {
+///         // Only tasks of this core fill it in, and none runs while the core sleeps: it may
+///         // sleep unless a value is already waiting.
+///         !self.pure_poll()
+///     }
+/// }
+///
+/// # let rt = Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let source = Rc::new(Source::default());
+///     register_poller(Box::new(SourcePoller(source.clone())));
+///     let s = source.clone();
+///     spawn_local(async move { s.value.set(Some(42)) });
+///     let got = poll_fn(|cx| match source.value.get() {
+///         Some(v) => Poll::Ready(v),
+///         None => {
+///             source.waiter.set(Some(cx.waker().clone()));
+///             Poll::Pending
+///         }
+///     })
+///     .await;
+///     assert_eq!(got, 42);
+/// });
+/// ```
 pub trait Poller {
     /// Makes progress: reap completions, wake the tasks waiting on them. Returns `true` if it
     /// did any work, which keeps the core from going idle.

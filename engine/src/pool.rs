@@ -56,6 +56,14 @@ fn has_cap_ipc_lock() -> bool {
 }
 
 /// Fails with `Error::Memlock` if locking `needed` bytes would exceed the limit.
+///
+/// ```
+/// // Ask before registering a large pool, and say what to raise if it would not fit.
+/// if let Err(e) = barewire_engine::pool::check_memlock(64 << 30) {
+///     eprintln!("{e}"); // names RLIMIT_MEMLOCK and how to raise it
+/// }
+/// assert!(barewire_engine::pool::check_memlock(0).is_ok());
+/// ```
 pub fn check_memlock(needed: u64) -> Result<(), Error> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -187,6 +195,20 @@ impl Drop for Inner {
 }
 
 /// One buffer of a [`BufferPool`]; it goes back to the pool when dropped.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let pool = barewire_engine::pool::BufferPool::new(2, 4096).unwrap();
+///     let mut b = pool.get().unwrap();
+///     assert_eq!((b.capacity(), b.len()), (4096, 0));
+///     b.as_mut_slice()[..5].copy_from_slice(b"bytes");
+///     b.set_len(5); // what a write sends, or a read filled
+///     assert_eq!(&b[..], b"bytes");
+///     drop(b);
+///     assert_eq!(pool.available(), 2);
+/// });
+/// ```
 pub struct FixedBuf {
     pool: Rc<Inner>,
     index: u32,

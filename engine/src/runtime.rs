@@ -667,11 +667,27 @@ where
 }
 
 /// The index of the core running the caller (0-based, in the runtime's core order).
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
+/// use barewire_engine::{current_core, num_cores, spawn_on};
+/// rt.block_on(async {
+///     assert_eq!((current_core(), num_cores()), (0, 2)); // block_on runs on core 0
+///     let there = spawn_on(1, || async { current_core() }).await.unwrap();
+///     assert_eq!(there, 1);
+/// });
+/// ```
 pub fn current_core() -> usize {
     with_core(|c| c.index())
 }
 
 /// True on a thread that is running a barewire core (inside `Runtime::block_on` or a task).
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// assert!(!barewire_engine::in_runtime());
+/// rt.block_on(async { assert!(barewire_engine::in_runtime()) });
+/// ```
 pub fn in_runtime() -> bool {
     crate::core::try_with_core(|_| ()).is_some()
 }
@@ -687,22 +703,40 @@ pub fn current_cpu() -> Option<usize> {
     with_core(|c| c.cpu)
 }
 
-/// How many cores the current runtime has.
+/// How many cores the current runtime has (see [`current_core`] for an example).
 pub fn num_cores() -> usize {
     with_core(|c| c.mesh.peers().len())
 }
 
 /// Which reactor the current core runs.
+///
+/// ```
+/// use barewire_engine::{Reactor, ReactorKind, Runtime};
+/// let rt = Runtime::builder().cores(1).pin(false).reactor(Reactor::Epoll).build().unwrap();
+/// rt.block_on(async { assert_eq!(barewire_engine::reactor(), ReactorKind::Epoll) });
+/// ```
 pub fn reactor() -> ReactorKind {
     with_core(|c| c.driver.kind())
 }
 
 /// The current core's counters.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let before = barewire_engine::stats();
+///     barewire_engine::spawn_local(async {}).await.unwrap();
+///     let after = barewire_engine::stats();
+///     assert_eq!(after.tasks_spawned, before.tasks_spawned + 1);
+///     assert!(after.tasks_polled > before.tasks_polled);
+/// });
+/// ```
 pub fn stats() -> CoreStats {
     with_core(|c| c.stats.snapshot(c.index(), &c.driver, &c.cache))
 }
 
-/// Adds a completion source to the current core's loop. See [`Poller`](crate::Poller).
+/// Adds a completion source to the current core's loop. See [`Poller`](crate::Poller), whose
+/// example registers one.
 pub fn register_poller(p: Box<dyn crate::Poller>) {
     with_core(|c| c.register_poller(p))
 }

@@ -17,6 +17,17 @@ pub(crate) struct Stats {
 }
 
 /// A snapshot of one core's counters.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(2).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     barewire_engine::spawn_on(1, || async {}).await.unwrap();
+/// });
+/// // Every core's, gathered by the runtime: the task ran on core 1.
+/// let all = rt.stats();
+/// assert_eq!(all.len(), 2);
+/// assert!(all[1].tasks_spawned >= 1 && all[1].core == 1);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoreStats {
     /// Which core (index in the runtime, not the CPU id).

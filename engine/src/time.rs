@@ -95,6 +95,19 @@ impl Timers {
 }
 
 /// Completes at `deadline`. Made by [`sleep`] and [`sleep_until`].
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use std::time::{Duration, Instant};
+/// rt.block_on(async {
+///     let mut s = barewire_engine::time::sleep(Duration::from_secs(60));
+///     let sooner = Instant::now() + Duration::from_millis(2);
+///     s.reset(sooner); // a deadline that moved: no new timer to make
+///     assert_eq!(s.deadline(), sooner);
+///     s.await;
+///     assert!(Instant::now() >= sooner);
+/// });
+/// ```
 #[must_use = "futures do nothing unless awaited"]
 #[derive(Debug)]
 pub struct Sleep {
@@ -117,6 +130,19 @@ pub fn sleep(dur: Duration) -> Sleep {
 }
 
 /// Waits until `deadline`.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use std::time::{Duration, Instant};
+/// rt.block_on(async {
+///     // Steps on a fixed schedule, however long each step's own work takes.
+///     let start = Instant::now();
+///     for step in 1..=3u32 {
+///         barewire_engine::time::sleep_until(start + Duration::from_millis(2) * step).await;
+///     }
+///     assert!(start.elapsed() >= Duration::from_millis(6));
+/// });
+/// ```
 pub fn sleep_until(deadline: Instant) -> Sleep {
     Sleep {
         deadline,
@@ -169,6 +195,16 @@ impl Drop for Sleep {
 }
 
 /// The future's deadline passed first.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::time::{sleep, timeout, Elapsed};
+/// use std::time::Duration;
+/// rt.block_on(async {
+///     let r = timeout(Duration::from_millis(1), sleep(Duration::from_secs(9))).await;
+///     assert_eq!(r, Err(Elapsed));
+/// });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("deadline elapsed")]
 pub struct Elapsed;
@@ -191,7 +227,20 @@ pub fn timeout<F: Future>(dur: Duration, fut: F) -> Timeout<F> {
     }
 }
 
-/// See [`timeout`].
+/// See [`timeout`]. It owns the future: dropping it (or its deadline passing) drops the
+/// future, which cancels whatever the future was waiting on.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::{sync::oneshot, time::timeout};
+/// use std::time::Duration;
+/// rt.block_on(async {
+///     let (tx, rx) = oneshot::channel::<u32>();
+///     let r = timeout(Duration::from_millis(2), rx).await;
+///     assert!(r.is_err()); // nothing was sent in time, and the receiver is gone now:
+///     assert_eq!(tx.send(1), Err(1));
+/// });
+/// ```
 #[must_use = "futures do nothing unless awaited"]
 pub struct Timeout<F> {
     fut: F,
@@ -214,6 +263,17 @@ impl<F: Future> Future for Timeout<F> {
 
 /// Ticks every `period`; a tick that is late does not make the next ones come early in a burst
 /// (missed ticks are skipped, as tokio's `MissedTickBehavior::Skip`).
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use std::time::Duration;
+/// rt.block_on(async {
+///     let mut every = barewire_engine::time::interval(Duration::from_millis(2));
+///     let first = every.tick().await; // at once
+///     let second = every.tick().await;
+///     assert!(second - first >= Duration::from_millis(2));
+/// });
+/// ```
 pub fn interval(period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "interval period must be non-zero");
     Interval {

@@ -28,6 +28,13 @@ use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
 /// Access rights of a memory region (ibv_reg_mr(3)'s `IBV_ACCESS_*`).
+///
+/// ```
+/// use barewire_rdma_types::Access;
+/// let readable = Access::LOCAL_WRITE | Access::REMOTE_READ;
+/// assert!(readable.contains(Access::REMOTE_READ));
+/// assert!(!readable.contains(Access::REMOTE_READ | Access::REMOTE_WRITE));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Access(u8);
 

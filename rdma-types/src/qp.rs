@@ -10,6 +10,15 @@
 //! work request completes with `WR_FLUSH_ERR`.
 
 /// A queue pair's state.
+///
+/// ```
+/// use barewire_rdma_types::QpState;
+/// let s = QpState::Reset.transition(QpState::Init).unwrap();
+/// assert!(s.can_post_recv() && !s.can_post_send());
+/// let s = s.transition(QpState::Rtr).unwrap().transition(QpState::Rts).unwrap();
+/// assert!(s.can_post_send());
+/// assert!(QpState::Init.transition(QpState::Rts).is_err()); // not without RTR
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QpState {
     /// Just created, or reset.

@@ -3,6 +3,15 @@
 /// Where a peer may access a region: what applications put in the MPA private data (or a
 /// message) so the other side can address its one-sided operations. 20 bytes on the wire,
 /// big-endian.
+///
+/// ```
+/// use barewire_rdma_types::{RegionDescriptor, Stag};
+/// let d = RegionDescriptor { rkey: Stag(0x1234_5678), addr: 0x7f00_0000_1000, len: 1 << 20 };
+/// let wire = d.to_bytes();
+/// assert_eq!(wire.len(), RegionDescriptor::LEN);
+/// assert_eq!(RegionDescriptor::from_bytes(&wire), Some(d));
+/// assert_eq!(RegionDescriptor::from_bytes(&wire[..19]), None); // too short
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionDescriptor {
     /// The region's STag.

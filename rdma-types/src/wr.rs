@@ -4,6 +4,14 @@
 use crate::{Stag, WcOpcode};
 
 /// One scatter/gather element: `len` bytes at `addr` in the local region `lkey`.
+///
+/// ```
+/// use barewire_rdma_types::{Sge, Sges, Stag};
+/// let header = Sge { addr: 0x1000, len: 16, lkey: Stag(7) };
+/// let body = Sge { addr: 0x8000, len: 4096, lkey: Stag(7) };
+/// let list: Sges = [header, body].into_iter().collect(); // gathered in this order
+/// assert_eq!(list.iter().map(|s| s.len).sum::<u32>(), 4112);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
     /// Start address.
@@ -183,6 +191,19 @@ pub enum SendOp {
 }
 
 /// A send work request (`struct ibv_send_wr`).
+///
+/// ```
+/// use barewire_rdma_types::{SendOp, SendWr, Sge, Stag, WcOpcode};
+/// // An unsignaled 64-byte Write: no completion unless it fails.
+/// let wr = SendWr {
+///     wr_id: 42,
+///     op: SendOp::Write { remote_addr: 0x7f00_0000, rkey: Stag(0xabcd) },
+///     sges: [Sge { addr: 0x1000, len: 64, lkey: Stag(1) }].into_iter().collect(),
+///     signaled: false,
+///     fence: false,
+/// };
+/// assert_eq!(wr.op.opcode(), WcOpcode::RdmaWrite);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
     /// Returned in the completion.
@@ -199,6 +220,14 @@ pub struct SendWr {
 }
 
 /// A receive work request (`struct ibv_recv_wr`).
+///
+/// ```
+/// use barewire_rdma_types::{RecvWr, Sge, Stag};
+/// // Where the next incoming Send lands: up to 4 KiB at 0x2000.
+/// let into = Sge { addr: 0x2000, len: 4096, lkey: Stag(1) };
+/// let wr = RecvWr { wr_id: 3, sges: [into].into_iter().collect() };
+/// assert_eq!(wr.sges.len(), 1);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     /// Returned in the completion.

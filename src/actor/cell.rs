@@ -76,6 +76,31 @@ pub(crate) struct Shared<A: Actor> {
 
 /// A reference to an actor, wherever it runs: on this core, or on another node of an
 /// [`ActorSystem`](super::ActorSystem). Cheap to clone; the same methods either way.
+///
+/// ```
+/// use barewire::actor::{spawn, Actor, Context, ExitReason};
+/// use std::time::Duration;
+///
+/// struct Echo;
+/// impl Actor for Echo {
+///     type Msg = String;
+///     type Reply = String;
+///     async fn handle(&mut self, msg: String, _: &Context<Self>) -> String {
+///         msg
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let echo = spawn(Echo);
+/// let again = echo.clone(); // the same actor
+/// assert!(again.same(&echo));
+/// let back = again.ask("hi".into(), Duration::from_secs(1)).await.unwrap();
+/// assert_eq!(back, "hi");
+/// echo.stop(ExitReason::Shutdown);
+/// assert_eq!(again.wait().await, ExitReason::Shutdown);
+/// assert!(again.tell("late".into()).is_err()); // it is gone
+/// # });
+/// ```
 pub struct ActorRef<A: Actor> {
     kind: Kind<A>,
 }
@@ -125,6 +150,31 @@ impl<A: Actor> Clone for ActorRef<A> {
 }
 
 /// What a handler sees of its own actor.
+///
+/// ```
+/// use barewire::actor::{spawn, Actor, Context, ExitReason};
+///
+/// /// Counts down, then stops itself.
+/// struct Countdown(u32);
+/// impl Actor for Countdown {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+///         self.0 -= 1;
+///         if self.0 == 0 {
+///             ctx.stop(ExitReason::Normal); // once this handler returns
+///         } else {
+///             ctx.myself().tell(()).unwrap(); // a message to itself, after any already queued
+///         }
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let c = spawn(Countdown(3));
+/// c.tell(()).unwrap();
+/// assert_eq!(c.wait().await, ExitReason::Normal);
+/// # });
+/// ```
 pub struct Context<A: Actor> {
     myself: ActorRef<A>,
     stop: RefCell<Option<ExitReason>>,
@@ -143,6 +193,29 @@ impl<A: Actor> Context<A> {
 }
 
 /// Starts `actor` as a task of this core.
+///
+/// ```
+/// use barewire::actor::{spawn, Actor, Context};
+/// use std::time::Duration;
+///
+/// struct Sum(u64);
+/// impl Actor for Sum {
+///     type Msg = u64;
+///     type Reply = u64;
+///     async fn handle(&mut self, n: u64, _: &Context<Self>) -> u64 {
+///         self.0 += n;
+///         self.0
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let sum = spawn(Sum(0));
+/// for n in 1..=4 {
+///     sum.tell(n).unwrap(); // in order, per sender
+/// }
+/// assert_eq!(sum.ask(0, Duration::from_secs(1)).await.unwrap(), 10);
+/// # });
+/// ```
 pub fn spawn<A: Actor>(actor: A) -> ActorRef<A> {
     let (tx, rx) = mpsc::unbounded();
     let shared = Rc::new(Shared {
@@ -462,6 +535,27 @@ impl<A: Actor> ActorRef<A> {
 /// Links two actors, wherever each runs, as Erlang's `link`: when either exits abnormally
 /// (anything but `Normal` or `Shutdown`, `NoConnection` included when its node goes down), the
 /// other is made to exit with the same reason.
+///
+/// ```
+/// use barewire::actor::{link, spawn, Actor, Context, ExitReason};
+///
+/// struct Worker;
+/// impl Actor for Worker {
+///     type Msg = bool;
+///     type Reply = ();
+///     async fn handle(&mut self, fail: bool, _: &Context<Self>) {
+///         assert!(!fail, "told to fail");
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let (a, b) = (spawn(Worker), spawn(Worker));
+/// link(&a, &b);
+/// a.tell(true).unwrap(); // a panics...
+/// // ...and b exits with the same reason.
+/// assert!(matches!(b.wait().await, ExitReason::Panic(m) if m.contains("told to fail")));
+/// # });
+/// ```
 pub fn link<A: Actor, B: Actor>(a: &ActorRef<A>, b: &ActorRef<B>) {
     propagate(a.clone(), b.clone());
     propagate(b.clone(), a.clone());

@@ -65,6 +65,15 @@ pub use system::{ActorSystem, Detector, Migratable, RemoteActor, SystemOptions};
 use std::future::Future;
 
 /// Why an actor (or a supervisor) ended.
+///
+/// ```
+/// use barewire::actor::ExitReason;
+/// // What makes a `Transient` child restart, and what a link passes on:
+/// assert!(ExitReason::Panic("index out of bounds".into()).is_abnormal());
+/// assert!(ExitReason::NoConnection.is_abnormal());
+/// assert!(!ExitReason::Shutdown.is_abnormal());
+/// assert_eq!(ExitReason::Killed.to_string(), "killed"); // as OTP writes them
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ExitReason {
     /// It finished its work (`Context::stop` with `Normal`).
@@ -105,6 +114,38 @@ impl std::fmt::Display for ExitReason {
 ///
 /// Handlers run one at a time, in mailbox order. `started` runs before the first message,
 /// `stopped` after the last (not when the actor is killed).
+///
+/// ```
+/// use barewire::actor::{spawn, Actor, Context, ExitReason};
+/// use std::cell::Cell;
+/// use std::rc::Rc;
+///
+/// /// Keeps a log of its life in a cell its creator holds.
+/// struct Logged(Rc<Cell<u32>>);
+/// impl Actor for Logged {
+///     type Msg = u32;
+///     type Reply = ();
+///     async fn started(&mut self, _: &Context<Self>) {
+///         self.0.set(1);
+///     }
+///     async fn handle(&mut self, n: u32, _: &Context<Self>) {
+///         self.0.set(self.0.get() + n);
+///     }
+///     fn stopped(&mut self, reason: &ExitReason) {
+///         assert_eq!(*reason, ExitReason::Shutdown);
+///         self.0.set(self.0.get() * 100);
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let log = Rc::new(Cell::new(0));
+/// let a = spawn(Logged(log.clone()));
+/// a.tell(2).unwrap();
+/// a.stop(ExitReason::Shutdown); // after the messages already queued
+/// a.wait().await;
+/// assert_eq!(log.get(), 300); // started, handled 2, stopped
+/// # });
+/// ```
 pub trait Actor: Sized + 'static {
     /// What it is sent.
     type Msg: 'static;

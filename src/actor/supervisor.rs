@@ -16,6 +16,34 @@ use super::cell::{spawn, ActorRef, Exit};
 use super::{Actor, ActorSystem, ExitReason, RemoteActor};
 
 /// Which children a restart takes with it.
+///
+/// ```
+/// use barewire::actor::{whereis, Actor, ChildSpec, Context, Strategy, Supervisor, SupervisorSpec};
+///
+/// /// Panics on any message.
+/// struct Part;
+/// impl Actor for Part {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), _: &Context<Self>) {
+///         panic!("broken part");
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let children = ["a", "b", "c"].map(|name| ChildSpec::actor(name, || Part));
+/// let spec = SupervisorSpec::new(Strategy::RestForOne, children.into());
+/// let sup = Supervisor::start(spec).await;
+/// // `b` fails: rest_for_one restarts it and `c` (started after it), not `a`.
+/// whereis::<Part>("b").unwrap().tell(()).unwrap();
+/// while sup.starts("c") != Some(2) {
+///     barewire::engine::yield_now().await;
+/// }
+/// let starts = ["a", "b", "c"].map(|name| sup.starts(name).unwrap());
+/// assert_eq!(starts, [1, 2, 2]);
+/// sup.stop();
+/// # });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
     /// Only the child that exited.
@@ -28,6 +56,33 @@ pub enum Strategy {
 }
 
 /// When a child is restarted.
+///
+/// ```
+/// use barewire::actor::{Actor, ChildSpec, Context, ExitReason, Restart};
+/// use barewire::actor::{Strategy, Supervisor, SupervisorSpec};
+///
+/// /// Finishes its job on the first message.
+/// struct Job;
+/// impl Actor for Job {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), ctx: &Context<Self>) {
+///         ctx.stop(ExitReason::Normal);
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// // A transient child that ends normally is not restarted.
+/// let job = ChildSpec::actor("job", || Job).restart(Restart::Transient);
+/// let sup = Supervisor::start(SupervisorSpec::new(Strategy::OneForOne, vec![job])).await;
+/// let first = barewire::actor::whereis::<Job>("job").unwrap();
+/// first.tell(()).unwrap();
+/// assert_eq!(first.wait().await, ExitReason::Normal);
+/// barewire::engine::time::sleep(std::time::Duration::from_millis(10)).await;
+/// assert_eq!(sup.starts("job"), Some(1)); // started once, never again
+/// sup.stop();
+/// # });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restart {
     /// Always.
@@ -71,6 +126,29 @@ impl Child {
 }
 
 /// How to start one child, and how to treat it.
+///
+/// ```
+/// use barewire::actor::{Actor, ChildSpec, Context, Restart, Strategy, SupervisorSpec};
+/// use std::time::Duration;
+///
+/// struct Cache;
+/// impl Actor for Cache {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), _: &Context<Self>) {}
+/// }
+///
+/// let cache = ChildSpec::actor("cache", || Cache)
+///     .restart(Restart::Transient)
+///     .shutdown(Duration::from_millis(500)); // then it is killed
+/// assert_eq!((cache.name.as_str(), cache.restart), ("cache", Restart::Transient));
+/// // A nested supervisor is a child too, built afresh at every restart.
+/// let group = ChildSpec::supervisor("group", || {
+///     SupervisorSpec::new(Strategy::OneForAll, vec![ChildSpec::actor("c1", || Cache)])
+/// });
+/// let top = SupervisorSpec::new(Strategy::OneForOne, vec![cache, group]);
+/// assert_eq!(top.children.len(), 2);
+/// ```
 pub struct ChildSpec {
     /// Its name (also the name an actor child is registered under, see [`whereis`]).
     pub name: String,
@@ -180,6 +258,39 @@ impl ChildSpec {
 }
 
 /// A supervisor's shape: its strategy, its restart intensity, and its children in start order.
+///
+/// ```
+/// use barewire::actor::{Actor, ChildSpec, Context, ExitReason, Strategy};
+/// use barewire::actor::{Supervisor, SupervisorSpec};
+/// use std::time::Duration;
+///
+/// struct Flaky;
+/// impl Actor for Flaky {
+///     type Msg = ();
+///     type Reply = ();
+///     async fn handle(&mut self, _: (), _: &Context<Self>) {
+///         panic!("flaky");
+///     }
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// // At most 2 restarts in a second: the third failure stops the supervisor.
+/// let spec = SupervisorSpec::new(Strategy::OneForOne, vec![ChildSpec::actor("f", || Flaky)])
+///     .intensity(2, Duration::from_secs(1));
+/// let sup = Supervisor::start(spec).await;
+/// for _ in 0..3 {
+///     let child = loop {
+///         if let Some(c) = barewire::actor::whereis::<Flaky>("f") {
+///             break c;
+///         }
+///         barewire::engine::yield_now().await;
+///     };
+///     child.tell(()).unwrap();
+///     child.wait().await;
+/// }
+/// assert_eq!(sup.wait().await, ExitReason::Shutdown);
+/// # });
+/// ```
 pub struct SupervisorSpec {
     /// Which children a restart takes with it.
     pub strategy: Strategy,
@@ -487,6 +598,27 @@ thread_local! {
 }
 
 /// Registers `actor` under `name` on this core (replacing whatever was there).
+///
+/// ```
+/// use barewire::actor::{register, spawn, whereis, Actor, Context, ExitReason};
+///
+/// struct Logger;
+/// impl Actor for Logger {
+///     type Msg = String;
+///     type Reply = ();
+///     async fn handle(&mut self, _line: String, _: &Context<Self>) {}
+/// }
+///
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let logger = spawn(Logger);
+/// register("logger", &logger);
+/// // Anywhere on this core, by name and type:
+/// whereis::<Logger>("logger").unwrap().tell("hello".into()).unwrap();
+/// logger.stop(ExitReason::Shutdown);
+/// logger.wait().await;
+/// assert!(whereis::<Logger>("logger").is_none()); // it has exited
+/// # });
+/// ```
 pub fn register<A: Actor>(name: &str, actor: &ActorRef<A>) {
     REGISTRY.with(|r| {
         r.borrow_mut()
@@ -494,7 +626,19 @@ pub fn register<A: Actor>(name: &str, actor: &ActorRef<A>) {
     });
 }
 
-/// The actor registered under `name` on this core, if it is an `A` and has not exited.
+/// The actor registered under `name` on this core, if it is an `A` and has not exited (see
+/// [`register`] for an example).
+///
+/// ```
+/// use barewire::actor::whereis;
+/// # struct Nobody;
+/// # impl barewire::actor::Actor for Nobody {
+/// #     type Msg = ();
+/// #     type Reply = ();
+/// #     async fn handle(&mut self, _: (), _: &barewire::actor::Context<Self>) {}
+/// # }
+/// assert!(whereis::<Nobody>("nobody").is_none());
+/// ```
 pub fn whereis<A: Actor>(name: &str) -> Option<ActorRef<A>> {
     REGISTRY.with(|r| {
         let r = r.borrow();

@@ -51,6 +51,31 @@ use crate::error::{Error, Result};
 use crate::mesh::Mesh;
 
 /// An actor whose messages and replies can cross nodes (any actor whose types are serde).
+///
+/// ```
+/// use barewire::actor::{Actor, Context, RemoteActor};
+/// use std::collections::HashMap;
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// enum Cmd {
+///     Put(String, u64),
+///     Get(String),
+/// }
+/// struct Store(HashMap<String, u64>);
+/// impl Actor for Store {
+///     type Msg = Cmd;
+///     type Reply = Option<u64>;
+///     async fn handle(&mut self, cmd: Cmd, _: &Context<Self>) -> Option<u64> {
+///         match cmd {
+///             Cmd::Put(k, v) => self.0.insert(k, v),
+///             Cmd::Get(k) => self.0.get(&k).copied(),
+///         }
+///     }
+/// }
+/// // Its message and reply are serde, so other nodes can tell and ask it.
+/// fn reachable_from_other_nodes<A: RemoteActor>() {}
+/// reachable_from_other_nodes::<Store>();
+/// ```
 pub trait RemoteActor:
     Actor<Msg: Serialize + DeserializeOwned, Reply: Serialize + DeserializeOwned>
 {
@@ -66,9 +91,49 @@ where
 
 /// An actor whose state can move to another node ([`ActorSystem::migrate`]): its state is
 /// serde. A type that should never move simply does not implement this.
+///
+/// ```no_run
+/// use barewire::actor::{spawn, Actor, ActorSystem, Context, Migratable};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Tally(u64);
+/// impl Actor for Tally {
+///     type Msg = u64;
+///     type Reply = u64;
+///     async fn handle(&mut self, n: u64, _: &Context<Self>) -> u64 {
+///         self.0 += n;
+///         self.0
+///     }
+/// }
+/// impl Migratable for Tally {}
+///
+/// # async fn demo(sys: ActorSystem) -> barewire::Result<()> {
+/// // Every node that may receive one says so, under one name:
+/// sys.register_migratable::<Tally>("tally");
+/// // The node running it moves it to node 1, state and queued messages included.
+/// let here = spawn(Tally(0));
+/// here.tell(5)?;
+/// let there = sys.migrate(&here, 1, "tally").await?;
+/// assert_eq!(there.node(), Some(1));
+/// # Ok(()) }
+/// ```
 pub trait Migratable: RemoteActor + Serialize + DeserializeOwned {}
 
 /// Node-down detection and the peer channels' shape.
+///
+/// ```
+/// use barewire::actor::{Detector, SystemOptions};
+/// use std::time::Duration;
+/// // A slower, steadier failure detector (a node is down after 5 × 50 ms of silence) and a
+/// // smaller bound on what a flooding peer can queue for one actor.
+/// let opts = SystemOptions {
+///     heartbeat: Duration::from_millis(50),
+///     max_mailbox: 1024,
+///     ..SystemOptions::default()
+/// };
+/// assert_eq!(opts.heartbeat * opts.misses, Duration::from_millis(250));
+/// assert_eq!(opts.detector, Detector::Heartbeats);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct SystemOptions {
     /// How often this node tells each peer it is alive. Default 10 ms.
@@ -104,6 +169,17 @@ pub struct SystemOptions {
 }
 
 /// Who decides that a node is down.
+///
+/// ```no_run
+/// use barewire::actor::{ActorSystem, Detector, SystemOptions};
+/// # async fn demo(mesh: &barewire::Mesh, membership: barewire::cluster::Membership)
+/// # -> barewire::Result<()> {
+/// // Node-down from the cluster's SWIM membership only, so every layer agrees on who is down.
+/// let opts = SystemOptions { detector: Detector::Membership, ..SystemOptions::default() };
+/// let sys = ActorSystem::start(mesh, opts).await?;
+/// sys.follow(membership);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Detector {
     /// This system's heartbeat deadline (`heartbeat × misses`), or a failed connection.

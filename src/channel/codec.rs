@@ -7,7 +7,21 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
-/// How a channel turns `T` into bytes and back.
+/// How a channel turns `T` into bytes and back. Both ends of a channel must use the same one
+/// (the handshake compares their [`ID`](Codec::ID)s).
+///
+/// ```
+/// use barewire::{Bare, Codec};
+/// #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+/// struct Order { id: u64, item: String }
+///
+/// let mut bytes = Vec::new();
+/// let order = Order { id: 7, item: "bolts".into() };
+/// Bare::encode(&order, &mut bytes).unwrap();
+/// assert_eq!(<Bare as Codec<Order>>::decode(&bytes).unwrap(), order);
+/// // Bytes that do not decode are an error, never a panic.
+/// assert!(<Bare as Codec<Order>>::decode(&[0xff; 3]).is_err());
+/// ```
 pub trait Codec<T> {
     /// Identifies the codec in the channel handshake (both sides must agree).
     const ID: u8;
@@ -61,7 +75,18 @@ pub trait Codec<T> {
     }
 }
 
-/// Plain-old-data as its own bytes: no encoding step at all.
+/// Plain-old-data as its own bytes: no encoding step at all. What
+/// [`Endpoint::open_channel`](crate::Endpoint::open_channel) uses.
+///
+/// ```
+/// use barewire::{Codec, Raw};
+/// let mut bytes = Vec::new();
+/// Raw::encode(&[1u32, 2, 3], &mut bytes).unwrap();
+/// assert_eq!(bytes.len(), 12); // the value's own bytes
+/// assert_eq!(<Raw as Codec<[u32; 3]>>::FIXED_LEN, Some(12));
+/// assert_eq!(<Raw as Codec<[u32; 3]>>::decode(&bytes).unwrap(), [1, 2, 3]);
+/// assert!(<Raw as Codec<[u32; 3]>>::decode(&bytes[..8]).is_err()); // the wrong length
+/// ```
 pub struct Raw;
 
 impl Raw {
@@ -127,7 +152,16 @@ impl<T: Pod> Codec<T> for Raw {
     }
 }
 
-/// The BARE message format (draft-devault-bare) through serde.
+/// The BARE message format (draft-devault-bare) through serde: for types that are not plain
+/// old data. What [`Endpoint::open_bare_channel`](crate::Endpoint::open_bare_channel) uses.
+///
+/// ```
+/// use barewire::{Bare, Codec};
+/// let mut bytes = Vec::new();
+/// Bare::encode(&(String::from("temp"), 21.5f32), &mut bytes).unwrap();
+/// let back: (String, f32) = Bare::decode(&bytes).unwrap();
+/// assert_eq!(back, ("temp".to_string(), 21.5));
+/// ```
 pub struct Bare;
 
 impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
@@ -141,7 +175,15 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for Bare {
 }
 
 /// Opaque byte messages: a `Vec<u8>` travels as its bytes, for protocols that frame their own
-/// contents (several small records per message, say).
+/// contents (several small records per message, say). What
+/// [`Endpoint::open_bytes_channel`](crate::Endpoint::open_bytes_channel) uses.
+///
+/// ```
+/// use barewire::{Bytes, Codec};
+/// let mut out = Vec::new();
+/// Bytes::encode(&b"two\0records".to_vec(), &mut out).unwrap();
+/// assert_eq!(out, b"two\0records");
+/// ```
 pub struct Bytes;
 
 impl Codec<Vec<u8>> for Bytes {

@@ -54,6 +54,17 @@ use ring::{extent, watch, LEN_SET, MARK, MARK_LEN, PREFIX};
 use send::schedule;
 
 /// A channel's shape.
+///
+/// ```
+/// use barewire::ChannelOptions;
+/// // 64-byte messages in a 4,096-slot ring (288 KiB): a window for streams of small
+/// // messages over the software provider (see `capacity`).
+/// let stream = ChannelOptions::new(4096, 64);
+/// assert_eq!((stream.capacity, stream.max_message), (4096, 64));
+/// // Every run announced by immediate data, as verbs does, on any transport.
+/// let announced = ChannelOptions { announce: true, ..ChannelOptions::default() };
+/// assert!(announced.announce);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChannelOptions {
     /// Messages that may be in flight (sent, not yet received) per direction. The ring's
@@ -165,7 +176,35 @@ impl Waiters {
     }
 }
 
-/// The sending half of a channel.
+/// The sending half of a channel. Messages arrive in order, exactly once; a full ring holds the
+/// sender back (see [`ChannelOptions::capacity`]); dropping it ends the receiver's stream with
+/// [`Error::Closed`] once everything sent was received.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let (_nodes, a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{engine::spawn_local, ChannelOptions};
+/// let opts = ChannelOptions::new(64, 8);
+/// // Both ends open the channel; each gets a sender and a receiver.
+/// let far = spawn_local(async move {
+///     let (_tx, rx) = a.open_channel::<u64>(opts).await.unwrap();
+///     let mut got = Vec::new();
+///     while let Ok(v) = rx.recv().await {
+///         got.push(v);
+///     }
+///     got // ended by Closed when the sender went
+/// });
+/// let (tx, _rx) = b.open_channel::<u64>(opts).await.unwrap();
+/// for v in 0..1000u64 {
+///     tx.send(&v).await.unwrap(); // waits whenever the 64 slots are full
+/// }
+/// tx.flush().await.unwrap(); // all 1,000 are in the receiver's ring
+/// assert_eq!(tx.sent(), 1000);
+/// drop(tx);
+/// assert_eq!(far.await.unwrap(), (0..1000).collect::<Vec<_>>());
+/// # });
+/// ```
 pub struct Sender<T, C: Codec<T> = Raw> {
     link: Rc<Link>,
     st: Rc<TxState>,
@@ -173,7 +212,32 @@ pub struct Sender<T, C: Codec<T> = Raw> {
     _t: PhantomData<(fn(T), C)>,
 }
 
-/// The receiving half of a channel.
+/// The receiving half of a channel: [`recv`](Receiver::recv) one message at a time, or
+/// [`recv_many`](Receiver::recv_many) every message already there.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let (_nodes, a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{engine::spawn_local, ChannelOptions, Error};
+/// let opts = ChannelOptions::new(16, 32);
+/// let far = spawn_local(async move {
+///     let (tx, _rx) = a.open_bare_channel::<String>(opts).await.unwrap();
+///     for word in ["one", "two", "three"] {
+///         tx.send(&word.to_string()).await.unwrap();
+///     }
+///     tx.flush().await.unwrap();
+/// });
+/// let (_tx, rx) = b.open_bare_channel::<String>(opts).await.unwrap();
+/// assert_eq!(rx.recv().await.unwrap(), "one");
+/// far.await.unwrap(); // the sender is gone now
+/// let mut rest = Vec::new();
+/// rx.recv_many(&mut rest, 10).await.unwrap();
+/// assert_eq!(rest, ["two", "three"]);
+/// assert_eq!(rx.recv().await, Err(Error::Closed));
+/// assert_eq!(rx.received(), 3);
+/// # });
+/// ```
 pub struct Receiver<T, C: Codec<T> = Raw> {
     link: Rc<Link>,
     st: Rc<RxState>,
@@ -643,6 +707,26 @@ impl<T, C: Codec<T>> Receiver<T, C> {
 /// The future of [`Receiver::recv`]. A named type whose `poll` inlines into the awaiting
 /// code, so a message taken at once is built where the caller reads it instead of being
 /// returned through a function's out-pointer and copied back.
+///
+/// Dropping it before it completes takes nothing: a wait for a message can be given a
+/// deadline, and the next `recv` gets the message the abandoned one would have.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let (_nodes, a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{engine::{spawn_local, time}, ChannelOptions};
+/// use std::time::Duration;
+/// let opts = ChannelOptions::new(8, 8);
+/// let far = spawn_local(async move { a.open_channel::<u64>(opts).await.unwrap() });
+/// let (_tx, rx) = b.open_channel::<u64>(opts).await.unwrap();
+/// let (tx, _rx) = far.await.unwrap();
+/// // Nothing was sent: the wait ends at its deadline.
+/// assert!(time::timeout(Duration::from_millis(10), rx.recv()).await.is_err());
+/// tx.send(&5).await.unwrap();
+/// assert_eq!(time::timeout(Duration::from_secs(5), rx.recv()).await.unwrap().unwrap(), 5);
+/// # });
+/// ```
 #[must_use = "futures do nothing unless awaited"]
 pub struct Recv<'a, T, C: Codec<T>> {
     rx: &'a Receiver<T, C>,
@@ -683,6 +767,29 @@ impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
 /// The future of [`Sender::send`]. A named type whose `poll` inlines into the awaiting code:
 /// a message that finds room in the ring is placed by the first poll, with no state machine
 /// of its own around it.
+///
+/// Dropping it while the ring is full places nothing: the message is not sent, and the
+/// sender can carry on (or give up) with nothing half-written.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let (_nodes, a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{engine::{spawn_local, time}, ChannelOptions};
+/// use std::time::Duration;
+/// let opts = ChannelOptions::new(2, 8); // room for two messages in flight
+/// let far = spawn_local(async move { a.open_channel::<u64>(opts).await.unwrap() });
+/// let (tx, _rx) = b.open_channel::<u64>(opts).await.unwrap();
+/// let (_tx, rx) = far.await.unwrap();
+/// tx.send(&1).await.unwrap();
+/// tx.send(&2).await.unwrap();
+/// // Full, and nobody reads: the third send gives up at its deadline...
+/// assert!(time::timeout(Duration::from_millis(10), tx.send(&3)).await.is_err());
+/// assert_eq!(tx.sent(), 2); // ...and was never sent.
+/// assert_eq!(rx.recv().await.unwrap(), 1);
+/// assert_eq!(rx.recv().await.unwrap(), 2);
+/// # });
+/// ```
 #[must_use = "futures do nothing unless awaited"]
 pub struct Sending<'a, T, C: Codec<T>> {
     tx: &'a Sender<T, C>,

@@ -12,6 +12,14 @@ use super::hostlist::{expand_hostlist, expand_tasks_per_node};
 use crate::error::{Error, Result};
 
 /// Which launcher described the job.
+///
+/// ```
+/// use barewire::cluster::{Launch, Launcher};
+/// let vars = [("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"),
+///              ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")];
+/// let get = |k: &str| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string());
+/// assert_eq!(Launch::from_vars(get).unwrap().launcher, Launcher::Mpi);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Launcher {
     /// barewire's own (`BAREWIRE_RANK`, ...), or a list given by hand.
@@ -25,6 +33,29 @@ pub enum Launcher {
 }
 
 /// This process's place in its job.
+///
+/// ```
+/// use barewire::cluster::{Launch, Launcher};
+/// // What `srun -N 2 --ntasks-per-node 2` leaves for its fourth task.
+/// let vars = [
+///     ("SLURM_PROCID", "3"),
+///     ("SLURM_NTASKS", "4"),
+///     ("SLURM_LOCALID", "1"),
+///     ("SLURM_STEP_NODELIST", "node[07-08]"),
+///     ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+/// ];
+/// let get = |k: &str| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string());
+/// let me = Launch::from_vars(get).unwrap();
+/// assert_eq!((me.rank, me.size, me.local_rank), (3, 4, 1));
+/// assert_eq!(me.hosts, ["node07", "node07", "node08", "node08"]);
+/// assert_eq!(me.launcher, Launcher::Slurm);
+///
+/// // Every rank's address: its host and a port from the base, by its index on that host.
+/// let vars = [("BAREWIRE_RANK", "0"), ("BAREWIRE_SIZE", "2")]; // both on 127.0.0.1
+/// let get = |k: &str| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string());
+/// let addrs = Launch::from_vars(get).unwrap().addrs(7000).unwrap();
+/// assert_eq!(addrs, ["127.0.0.1:7000".parse().unwrap(), "127.0.0.1:7001".parse().unwrap()]);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
     /// This process's rank, `0..size`.

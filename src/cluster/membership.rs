@@ -36,6 +36,13 @@ use crate::error::{Error, Result};
 
 /// A member as SWIM knows it: its rank, the UDP address it answers on, and its incarnation
 /// (raised when it rejoins, so the cluster can tell the new life from the old).
+///
+/// ```
+/// use barewire::cluster::Member;
+/// // Rank 2 after its first restart: a port of its own choosing (see `Membership::start`).
+/// let me = Member { rank: 2, addr: "127.0.0.1:0".parse().unwrap(), incarnation: 1 };
+/// assert_eq!(me.addr.port(), 0);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Member {
     /// Its rank in the job.
@@ -63,6 +70,23 @@ impl foca::Identity for Member {
 }
 
 /// A change of membership.
+///
+/// ```
+/// use barewire::cluster::{Event, Member, Membership, MembershipOptions};
+/// use barewire::engine::time::timeout;
+/// use std::time::Duration;
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// let member = |rank| Member { rank, addr: "127.0.0.1:0".parse().unwrap(), incarnation: 0 };
+/// let opts = MembershipOptions::default();
+/// let mut first = Membership::start(member(0), &[], opts).unwrap();
+/// let second = Membership::start(member(1), &[first.local_addr()], opts).unwrap();
+/// let up = timeout(Duration::from_secs(5), first.next_event()).await.unwrap();
+/// assert!(matches!(up, Some(Event::Up(m)) if m.rank == 1));
+/// second.leave().await;
+/// let down = timeout(Duration::from_secs(5), first.next_event()).await.unwrap();
+/// assert!(matches!(down, Some(Event::Down(m)) if m.rank == 1));
+/// # });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A member is up (joined, or came back).
@@ -81,6 +105,18 @@ enum Input {
 const REANNOUNCE: Duration = Duration::from_millis(500);
 
 /// SWIM's timing, tighter than a LAN default: this is for one rack, not a data centre.
+///
+/// ```
+/// use barewire::cluster::MembershipOptions;
+/// use std::time::Duration;
+/// // Across a slower network: probe less often, give suspects longer to refute.
+/// let wan = MembershipOptions {
+///     probe_period: Duration::from_millis(500),
+///     probe_rtt: Duration::from_millis(200),
+///     suspect_to_down_after: Duration::from_secs(3),
+/// };
+/// assert!(wan.suspect_to_down_after > MembershipOptions::default().suspect_to_down_after);
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct MembershipOptions {
     /// How often a member probes another.

@@ -9,6 +9,15 @@ use crate::Node;
 
 /// What a node offers the cluster: every member advertises one when the cluster starts, and
 /// [`submit_work`](super::Cluster::submit_work) places tasks by them.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// use barewire::{cluster::Resources, Node};
+/// let mine = Resources::detect(&Node::soft().unwrap()).unwrap();
+/// assert!(mine.cores >= 1 && mine.memory > 0);
+/// assert_eq!(mine.transports, ["soft"]);
+/// # });
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resources {
     /// CPUs this process may run on (its affinity mask). Also how many tasks it runs at once.
@@ -112,6 +121,15 @@ impl Needs {
 }
 
 /// Parses `k=v,k=v` (spaces around either side are trimmed; an empty string is no labels).
+///
+/// ```
+/// use barewire::cluster::parse_labels;
+/// let labels = parse_labels("zone=a, gpu = h200").unwrap();
+/// assert_eq!(labels["zone"], "a");
+/// assert_eq!(labels["gpu"], "h200");
+/// assert!(parse_labels("").unwrap().is_empty());
+/// assert!(parse_labels("zone").is_err()); // not key=value
+/// ```
 pub fn parse_labels(s: &str) -> Result<BTreeMap<String, String>> {
     s.split(',')
         .filter(|p| !p.trim().is_empty())

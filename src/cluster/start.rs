@@ -17,6 +17,19 @@ use crate::mesh::{Mesh, JOIN_WAIT};
 use crate::Node;
 
 /// How a cluster starts.
+///
+/// ```no_run
+/// # async fn demo() -> barewire::Result<()> {
+/// use barewire::cluster::{Cluster, ClusterOptions, Launch};
+/// // Node-down by the actor system's own heartbeats instead of SWIM, on ports from 9000.
+/// let opts = ClusterOptions {
+///     base_port: Some(9000),
+///     membership: None,
+///     ..ClusterOptions::default()
+/// };
+/// let cluster = Cluster::start(&Launch::from_env()?, opts).await?;
+/// # let _ = cluster; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// First port: rank `r` listens on `base_port + its index among its host's ranks` (TCP

@@ -25,6 +25,14 @@ use crate::error::{Error, Result};
 const REGISTER_GRACE: Duration = Duration::from_secs(10);
 
 /// A task invocation's position in its workflow, and the type of its result.
+///
+/// ```
+/// use barewire::cluster::{Task, Workflow};
+/// let mut wf = Workflow::new();
+/// let a = wf.add(Task::<u64>::new("load", &"part-0"));
+/// let b = wf.add(Task::<String>::new("render", &()).after(a)); // takes a's result
+/// assert_eq!((a.index(), b.index()), (0, 1));
+/// ```
 pub struct TaskId<R> {
     idx: usize,
     _r: PhantomData<fn() -> R>,
@@ -57,6 +65,24 @@ struct Spec {
 
 /// One invocation of a registered task, returning `R`: its arguments, what it depends on,
 /// what it needs, where its data lives. Add it to a [`Workflow`].
+///
+/// ```
+/// use barewire::cluster::{Needs, Task, Workflow};
+/// use std::time::Duration;
+/// let mut wf = Workflow::new();
+/// let shard = wf.add(
+///     Task::<Vec<u8>>::new("compress", &(3u32, "shard-3"))
+///         .near(3) // its input lives on node 3
+///         .idempotent() // safe to run again if that node dies
+///         .timeout(Duration::from_secs(30)),
+/// );
+/// let upload = wf.add(
+///     Task::<()>::new("upload", &())
+///         .after(shard)
+///         .needs(Needs::default().label("zone", "a")),
+/// );
+/// assert_eq!(upload.index(), 1);
+/// ```
 pub struct Task<R> {
     spec: Spec,
     _r: PhantomData<fn() -> R>,
@@ -168,6 +194,20 @@ impl Workflow {
 }
 
 /// Why a task has no result.
+///
+/// ```no_run
+/// # async fn demo(cluster: barewire::cluster::Cluster) -> barewire::Result<()> {
+/// use barewire::cluster::{Task, TaskError, Workflow};
+/// let mut wf = Workflow::new();
+/// let charge = wf.add(Task::<u64>::new("charge", &("card-1", 250u64))); // not idempotent
+/// match cluster.submit_work(wf).await?.get(charge) {
+///     Ok(id) => println!("charged: {id}"),
+///     // Its node died mid-run: it may or may not have happened; look before retrying.
+///     Err(TaskError::Lost { node }) => println!("check the ledger, node {node} went down"),
+///     Err(e) => println!("failed: {e}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TaskError {
     /// The task returned this error.
@@ -198,6 +238,20 @@ pub enum TaskError {
 }
 
 /// The results of a workflow, by task.
+///
+/// ```no_run
+/// # async fn demo(cluster: barewire::cluster::Cluster) -> barewire::Result<()> {
+/// use barewire::cluster::{Task, Workflow};
+/// let mut wf = Workflow::new();
+/// let ids: Vec<_> = (0..8u64).map(|i| wf.add(Task::<u64>::new("square", &i))).collect();
+/// let results = cluster.submit_work(wf).await?;
+/// for (i, e) in results.failures() {
+///     eprintln!("task {i}: {e}");
+/// }
+/// let squares: Vec<u64> = ids.iter().filter_map(|id| results.get(*id).ok()).collect();
+/// println!("{squares:?}, the first ran on node(s) {:?}", results.ran_on(ids[0]));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct WorkResults {
     outcomes: Vec<std::result::Result<Vec<u8>, TaskError>>,
@@ -229,6 +283,19 @@ impl WorkResults {
 }
 
 /// What a running task knows: the results of what it depends on, and which attempt this is.
+///
+/// ```no_run
+/// # fn demo(cluster: &barewire::cluster::Cluster) {
+/// // A task that sums the results of the tasks it runs after.
+/// cluster.register_task("sum", |_: (), ctx| async move {
+///     let parts: Vec<u64> = ctx.inputs().map_err(|e| e.to_string())?;
+///     if ctx.attempt() > 1 {
+///         eprintln!("run again on node {} after a node died", ctx.rank());
+///     }
+///     Ok(parts.iter().sum::<u64>())
+/// });
+/// # }
+/// ```
 pub struct TaskContext {
     inputs: Vec<Vec<u8>>,
     attempt: u32,

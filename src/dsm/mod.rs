@@ -104,6 +104,15 @@ pub use array::SharedArray;
 pub use memory::SharedMemory;
 
 /// How shared objects behave.
+///
+/// ```
+/// use barewire::dsm::SharedOptions;
+/// use std::time::Duration;
+/// // Updates whose critical section may take longer (a slow `f`, a far peer): a longer lease.
+/// let opts = SharedOptions::with_lease(Duration::from_millis(200));
+/// assert_eq!(opts.lease, Duration::from_millis(200));
+/// assert_eq!(SharedOptions::default().lease, Duration::from_millis(20));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SharedOptions {

@@ -135,6 +135,27 @@ impl Drop for Link {
 
 /// A connection to one peer. Cloning gives another handle; the connection closes when the last
 /// handle, and the last channel half made from it, are dropped.
+///
+/// ```
+/// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+/// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+/// # let ([home, _], a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+/// use barewire::{Align, Error};
+/// // One side lends a region of eight counters to the other...
+/// let counters = home.region::<u64>(8, Align::CacheLine).unwrap();
+/// a.send_region(&counters).await.unwrap();
+/// // ...which reads, writes and updates it with one-sided operations.
+/// let remote = b.recv_region::<u64>().await.unwrap();
+/// b.write(&remote, 0, 40).await.unwrap();
+/// assert_eq!(b.fetch_add(&remote, 0, 2).await.unwrap(), 40); // the value before
+/// assert_eq!(b.compare_and_swap(&remote, 1, 0, 9).await.unwrap(), 0);
+/// b.write_slice(&remote, 4, &[1, 2, 3]).await.unwrap();
+/// assert_eq!(b.read_slice(&remote, 0, 8).await.unwrap(), [42, 9, 0, 0, 1, 2, 3, 0]);
+/// assert_eq!(counters.get(0), 42); // the owner sees the same memory
+/// // Indices outside the region are refused before anything moves.
+/// assert!(matches!(b.read(&remote, 8).await, Err(Error::OutOfBounds { .. })));
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct Endpoint {
     pub(crate) link: Rc<Link>,

@@ -22,6 +22,12 @@ pub struct DeviceInfo {
 
 /// Lists the verbs devices (`ibv_get_device_list(3)`). Empty where there is no RDMA device or
 /// no RDMA subsystem at all.
+///
+/// ```
+/// for d in barewire_drivers::verbs_devices() {
+///     println!("{}: {:?}", d.name, d.transport); // e.g. "mlx5_0: RoCEv2", "siw0: IWarp"
+/// }
+/// ```
 pub fn verbs_devices() -> Vec<DeviceInfo> {
     let mut n = 0i32;
     // SAFETY: rdma-core allocates the list; we free it below and copy what we keep.

@@ -10,6 +10,13 @@ use crate::stats::Stats;
 pub use uring::UringFlags;
 
 /// Which reactor a runtime uses.
+///
+/// ```
+/// use barewire_engine::{Reactor, Runtime};
+/// // epoll even where io_uring exists (a seccomp profile that forbids it, say).
+/// let rt = Runtime::builder().cores(1).pin(false).reactor(Reactor::Epoll).build().unwrap();
+/// rt.block_on(async {});
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Reactor {
     /// io_uring where it can be set up, otherwise epoll (with one warning). `BAREWIRE_REACTOR`
@@ -23,6 +30,15 @@ pub enum Reactor {
 }
 
 /// What a core's reactor actually is.
+///
+/// ```
+/// use barewire_engine::{ReactorKind, Runtime};
+/// let rt = Runtime::builder().cores(1).pin(false).build().unwrap();
+/// match rt.reactor() {
+///     ReactorKind::IoUring(flags) => println!("io_uring, setup flags {flags:?}"),
+///     ReactorKind::Epoll => println!("epoll (io_uring unavailable or not asked for)"),
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReactorKind {
     /// io_uring, with the setup flags the kernel accepted.

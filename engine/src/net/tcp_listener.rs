@@ -67,6 +67,31 @@ impl AsRawFd for TcpListener {
 }
 
 /// See [`TcpListener::incoming`].
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::net::{TcpListener, TcpStream};
+/// use barewire_engine::spawn_local;
+/// rt.block_on(async {
+///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+///     let at = l.local_addr().unwrap();
+///     let clients = spawn_local(async move {
+///         for _ in 0..3 {
+///             let s = TcpStream::connect(at).await.unwrap();
+///             let (r, _) = s.write_all(b"hi".to_vec()).await;
+///             r.unwrap();
+///         }
+///     });
+///     let mut incoming = l.incoming(); // one multishot accept on io_uring
+///     for _ in 0..3 {
+///         let s = incoming.next().await.unwrap();
+///         let (r, buf) = s.read_exact(vec![0u8; 2]).await;
+///         r.unwrap();
+///         assert_eq!(buf, b"hi");
+///     }
+///     clients.await.unwrap();
+/// });
+/// ```
 pub struct Incoming<'a> {
     listener: &'a TcpListener,
     raw: RawIncoming,

@@ -60,6 +60,15 @@ impl<T> fmt::Display for SendError<T> {
 impl<T> std::error::Error for SendError<T> {}
 
 /// Why `try_send` failed.
+///
+/// ```
+/// use barewire_engine::sync::mpsc::{channel, TrySendError};
+/// let (tx, rx) = channel::<u8>(1);
+/// assert_eq!(tx.try_send(1), Ok(()));
+/// assert_eq!(tx.try_send(2), Err(TrySendError::Full(2))); // the value comes back
+/// drop(rx);
+/// assert_eq!(tx.try_send(3), Err(TrySendError::Closed(3)));
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub enum TrySendError<T> {
     /// At capacity.
@@ -87,6 +96,15 @@ pub fn channel<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
 }
 
 /// A channel without a bound.
+///
+/// ```
+/// let (tx, mut rx) = barewire_engine::sync::mpsc::unbounded::<u32>();
+/// for i in 0..10_000 {
+///     tx.try_send(i).unwrap(); // never full
+/// }
+/// assert_eq!(tx.len(), 10_000);
+/// assert_eq!(rx.try_recv(), Some(0));
+/// ```
 pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
     new(None)
 }

@@ -33,6 +33,16 @@ pub struct Receiver<T> {
 }
 
 /// The sender was dropped without sending.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::sync::oneshot::{channel, RecvError};
+/// rt.block_on(async {
+///     let (tx, rx) = channel::<u32>();
+///     drop(tx);
+///     assert_eq!(rx.await, Err(RecvError));
+/// });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("oneshot sender dropped without sending")]
 pub struct RecvError;

@@ -16,6 +16,19 @@ pub use raw::task_overhead_bytes;
 pub(crate) use remote::{RemoteJoin, RemoteTask};
 
 /// Why a task produced no output.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// use barewire_engine::{spawn_local, time, JoinError};
+/// use std::time::Duration;
+/// rt.block_on(async {
+///     let panics = spawn_local(async { panic!("no") });
+///     assert!(panics.await.unwrap_err().is_panic()); // the core goes on
+///     let slow = spawn_local(time::sleep(Duration::from_secs(60)));
+///     slow.cancel();
+///     assert!(matches!(slow.await, Err(JoinError::Cancelled)));
+/// });
+/// ```
 pub enum JoinError {
     /// `JoinHandle::cancel` was called, or the runtime shut down first.
     Cancelled,

@@ -9,7 +9,8 @@ use bytemuck::Pod;
 
 use crate::error::{Error, Result};
 
-/// Where a region's first byte is aligned.
+/// Where a region's first byte is aligned: at least this, and never less than the element
+/// type's own alignment.
 ///
 /// ```
 /// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
@@ -19,6 +20,7 @@ use crate::error::{Error, Result};
 /// assert_eq!(page.as_ptr() as usize % 4096, 0);
 /// let line = node.region::<u64>(16, Align::CacheLine).unwrap();
 /// assert_eq!(line.as_ptr() as usize % 64, 0);
+/// assert!(node.region::<u64>(16, Align::Bytes(3)).is_err()); // not a power of two
 /// # });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,13 +36,15 @@ pub enum Align {
 }
 
 impl Align {
+    /// The alignment in bytes: never less than `T`'s own, so `as_ptr` always points at a
+    /// well-aligned `T`.
     fn bytes<T>(self) -> usize {
-        match self {
-            Align::Natural => std::mem::align_of::<T>().max(8),
+        std::mem::align_of::<T>().max(match self {
+            Align::Natural => 8,
             Align::CacheLine => 64,
             Align::Page => 4096,
-            Align::Bytes(n) => n.max(std::mem::align_of::<T>()),
-        }
+            Align::Bytes(n) => n,
+        })
     }
 }
 
@@ -154,12 +158,16 @@ impl<T: Pod> Region<T> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::Invalid(format!("{len} elements overflow")))?;
-        let a = align.bytes::<T>();
-        if !a.is_power_of_two() {
-            return Err(Error::Invalid(format!(
-                "alignment {a} is not a power of two"
-            )));
+        // Asked for, before the type's own alignment raises it: an alignment of 3 or 0 is a
+        // mistake whatever `T` is.
+        if let Align::Bytes(n) = align {
+            if !n.is_power_of_two() {
+                return Err(Error::Invalid(format!(
+                    "alignment {n} is not a power of two"
+                )));
+            }
         }
+        let a = align.bytes::<T>();
         let all = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
@@ -327,5 +335,35 @@ mod tests {
             "type mismatch: expected u64 (size 8, align 8), the peer offered [u32; 3] (size 12, align 4)"
         );
         assert!(serde_bare::from_slice::<Fingerprint>(&b[..5]).is_err());
+    }
+
+    /// A type aligned beyond a cache line, in a region asked to start at one.
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    #[repr(C, align(256))]
+    struct Wide([u8; 256]);
+
+    /// Every choice gives at least the type's own alignment, and an alignment that is not a
+    /// power of two is refused before the type's raises it.
+    #[test]
+    fn a_region_is_never_aligned_below_its_type() {
+        barewire_test_support::rt().block_on(async {
+            let node = crate::Node::soft().unwrap();
+            for align in [
+                Align::Natural,
+                Align::CacheLine,
+                Align::Bytes(16),
+                Align::Page,
+            ] {
+                for _ in 0..8 {
+                    let r = node.region::<Wide>(3, align).unwrap();
+                    let want = align.bytes::<u8>().max(256);
+                    assert_eq!(r.as_ptr() as usize % want, 0, "{align:?}");
+                }
+            }
+            for n in [0, 3, 24] {
+                let e = node.region::<u8>(8, Align::Bytes(n)).err().unwrap();
+                assert!(e.to_string().contains("not a power of two"), "{e}");
+            }
+        });
     }
 }

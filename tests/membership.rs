@@ -207,3 +207,42 @@ fn actor_systems_take_node_down_from_membership() {
         [(0, 2), (1, 2)]
     );
 }
+
+/// Timings SWIM cannot run with are refused at start, naming them: with a zero period or
+/// round trip, or a round trip as long as the period, members started and then never saw one
+/// another (or probed in a busy loop).
+#[test]
+fn timings_swim_cannot_run_with_are_refused_at_start() {
+    let ms = Duration::from_millis;
+    let d = MembershipOptions::default();
+    let bad = [
+        MembershipOptions {
+            probe_period: Duration::ZERO,
+            ..d
+        },
+        MembershipOptions {
+            probe_rtt: Duration::ZERO,
+            ..d
+        },
+        MembershipOptions {
+            suspect_to_down_after: Duration::ZERO,
+            ..d
+        },
+        MembershipOptions {
+            probe_period: ms(40),
+            probe_rtt: ms(40),
+            ..d
+        },
+    ];
+    rt().block_on(async {
+        for opts in bad {
+            let e = Membership::start(me(0, 0), &[], opts).err().unwrap();
+            assert!(
+                e.to_string()
+                    .contains("probe_rtt shorter than probe_period"),
+                "{e}"
+            );
+        }
+        assert!(Membership::start(me(0, 0), &[], d).is_ok());
+    });
+}

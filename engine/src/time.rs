@@ -264,6 +264,10 @@ impl<F: Future> Future for Timeout<F> {
 /// Ticks every `period`; a tick that is late does not make the next ones come early in a burst
 /// (missed ticks are skipped, as tokio's `MissedTickBehavior::Skip`).
 ///
+/// # Panics
+/// If `period` is zero (as tokio's `interval` does): a caller that takes the period from a
+/// setting checks it first (`ActorSystem::start` refuses a zero heartbeat).
+///
 /// ```
 /// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
 /// use std::time::Duration;

@@ -141,7 +141,8 @@ pub struct SystemOptions {
     /// Heartbeat periods without a word from a peer before it is declared down. Default 5.
     pub misses: u32,
     /// Largest channel message between two nodes, in bytes (a batch of frames; one actor
-    /// message, encoded, must fit in it with a few bytes to spare). Default 16 KiB.
+    /// message, encoded, must fit in it with a few bytes to spare). Default 16 KiB; at least
+    /// [`MIN_MESSAGE`](Self::MIN_MESSAGE), at most 1 MiB - 2.
     pub max_message: usize,
     /// Who decides that a node is down. Default: this system's own heartbeat deadline.
     pub detector: Detector,
@@ -188,6 +189,37 @@ pub enum Detector {
     /// every layer agrees on who is down. Heartbeats still flow, as keep-alives; a failed
     /// connection still fails what waits on it at once.
     Membership,
+}
+
+impl SystemOptions {
+    /// The smallest `max_message`: room for any of the system's own frames, with its header.
+    pub const MIN_MESSAGE: usize = 256;
+
+    /// A setting that cannot work, as an error that names it.
+    fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::Invalid(format!("SystemOptions: {what}")));
+        if self.heartbeat.is_zero() {
+            return bad("a heartbeat period of zero".into());
+        }
+        if self.misses == 0 {
+            return bad("misses = 0 would declare every node down before it could answer".into());
+        }
+        if self.heartbeat.checked_mul(self.misses).is_none() {
+            return bad(format!(
+                "a deadline of {:?} x {} does not fit a Duration",
+                self.heartbeat, self.misses
+            ));
+        }
+        let most = crate::control::imm::MAX_MESSAGE;
+        if !(Self::MIN_MESSAGE..=most).contains(&self.max_message) {
+            return bad(format!(
+                "max_message = {} (from {} to {most} bytes)",
+                self.max_message,
+                Self::MIN_MESSAGE
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for SystemOptions {
@@ -541,6 +573,7 @@ impl Drop for Sys {
 impl ActorSystem {
     /// Starts this node's part: opens a channel to every other member, starts heartbeats.
     pub async fn start(mesh: &Mesh, opts: SystemOptions) -> Result<ActorSystem> {
+        opts.check()?;
         let rank = mesh.rank();
         let copts = ChannelOptions::new(64, opts.max_message);
         let opens: Vec<_> = (0..mesh.size())
@@ -1551,5 +1584,59 @@ mod tests {
         put_uint(&mut big, 300);
         assert_eq!(take_uint(&big), Some((300, &[][..])));
         assert_eq!(take_uint(&[0x80; 11]), None);
+    }
+
+    /// Options that cannot work are refused by `start`, naming the setting, rather than
+    /// starting a system whose heartbeat task then panics (a zero period) or whose frame bound
+    /// underflows (a `max_message` under 4 bytes).
+    #[test]
+    fn options_that_cannot_work_are_refused_at_start() {
+        barewire_test_support::rt().block_on(async {
+            let node = crate::Node::soft().unwrap();
+            let port = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+            let at = [format!("127.0.0.1:{port}").parse().unwrap()];
+            let mesh = Mesh::join(&node, 0, &at).await.unwrap();
+            let d = SystemOptions::default();
+            let bad = [
+                (
+                    SystemOptions {
+                        heartbeat: Duration::ZERO,
+                        ..d
+                    },
+                    "heartbeat period of zero",
+                ),
+                (SystemOptions { misses: 0, ..d }, "misses = 0"),
+                (
+                    SystemOptions {
+                        heartbeat: Duration::MAX,
+                        ..d
+                    },
+                    "does not fit a Duration",
+                ),
+                (
+                    SystemOptions {
+                        max_message: 3,
+                        ..d
+                    },
+                    "max_message = 3",
+                ),
+                (
+                    SystemOptions {
+                        max_message: 2 << 20,
+                        ..d
+                    },
+                    "max_message = 2097152",
+                ),
+            ];
+            for (opts, says) in bad {
+                let e = ActorSystem::start(&mesh, opts).await.err().unwrap();
+                assert!(matches!(&e, Error::Invalid(m) if m.contains(says)), "{e}");
+            }
+            let min = SystemOptions {
+                max_message: SystemOptions::MIN_MESSAGE,
+                ..d
+            };
+            assert!(ActorSystem::start(&mesh, min).await.is_ok());
+        });
     }
 }

@@ -127,6 +127,26 @@ pub struct MembershipOptions {
     pub suspect_to_down_after: Duration,
 }
 
+impl MembershipOptions {
+    /// Timings SWIM cannot run with, as an error that names them: a probe must have a period
+    /// and a round trip, and the round trip must end before the next probe starts.
+    fn check(&self) -> Result<()> {
+        let (period, rtt, suspect) = (
+            self.probe_period,
+            self.probe_rtt,
+            self.suspect_to_down_after,
+        );
+        if period.is_zero() || rtt.is_zero() || suspect.is_zero() || rtt >= period {
+            return Err(Error::Invalid(format!(
+                "MembershipOptions: probe_period {period:?}, probe_rtt {rtt:?} and \
+                 suspect_to_down_after {suspect:?} must all be longer than zero, with \
+                 probe_rtt shorter than probe_period"
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for MembershipOptions {
     fn default() -> Self {
         MembershipOptions {
@@ -173,6 +193,7 @@ impl Membership {
     /// Starts SWIM as member `me` (its `addr` is bound here; port 0 picks one, see
     /// [`local_addr`](Self::local_addr)) and announces it to `seeds`.
     pub fn start(me: Member, seeds: &[SocketAddr], opts: MembershipOptions) -> Result<Membership> {
+        opts.check()?;
         let sock = UdpSocket::bind(me.addr)
             .map_err(|e| Error::Invalid(format!("membership: binding {}: {e}", me.addr)))?;
         let local = sock

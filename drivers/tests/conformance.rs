@@ -122,6 +122,69 @@ fn pattern(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
+/// A xorshift generator from `seed`: each call gives a number below its argument.
+fn xorshift(seed: u64) -> impl FnMut(usize) -> usize {
+    let mut x = seed;
+    move |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    }
+}
+
+/// Posts a signaled, unfenced send work request.
+fn post_signaled(qp: &QueuePair, wr_id: u64, op: SendOp, sges: Vec<barewire_drivers::Sge>) {
+    qp.post_send(SendWr {
+        wr_id,
+        op,
+        sges: sges.into_iter().collect(),
+        signaled: true,
+        fence: false,
+    })
+    .unwrap()
+}
+
+/// Takes the next send completion: it must be request `next`'s, and successful.
+async fn next_in_order(scq: &CompletionQueue, next: &mut u64) {
+    let wc = scq.next().await;
+    assert_eq!(
+        (wc.wr_id, wc.status),
+        (*next, WcStatus::Success),
+        "completions in posting order, all successful"
+    );
+    *next += 1;
+}
+
+/// A gather list of `len` bytes in up to three pieces (none empty: some NICs read an entry of
+/// length 0 as 2 GiB) from random places of `src`, which lies at `at` in `buf`; and the bytes
+/// it gathers, in order.
+fn gather(
+    rand: &mut impl FnMut(usize) -> usize,
+    buf: &Buffer,
+    at: usize,
+    src: &[u8],
+    len: usize,
+) -> (Vec<barewire_drivers::Sge>, Vec<u8>) {
+    let pieces = 1 + rand(3);
+    let (mut sges, mut bytes, mut left) = (Vec::new(), Vec::new(), len);
+    for k in 0..pieces {
+        let n = if k + 1 == pieces {
+            left
+        } else {
+            rand(left + 1)
+        };
+        if n == 0 {
+            continue;
+        }
+        let from = rand(src.len() - n + 1);
+        sges.push(buf.sge(at + from, n));
+        bytes.extend_from_slice(&src[from..from + n]);
+        left -= n;
+    }
+    (sges, bytes)
+}
+
 #[test]
 fn every_verb_moves_the_right_bytes() {
     let Some(driver) = backend() else { return };
@@ -546,16 +609,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
         // The window's known start.
         let mut model = pattern(WINDOW, 31);
         buf.write_at(SRC, &model);
-        let post = |wr_id: u64, op: SendOp, sges: Vec<barewire_drivers::Sge>| {
-            qp.post_send(SendWr {
-                wr_id,
-                op,
-                sges: sges.into_iter().collect(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap()
-        };
+        let post = |wr_id, op, sges| post_signaled(&qp, wr_id, op, sges);
         post(
             u64::MAX,
             SendOp::Write {
@@ -588,13 +642,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
                 }
             }
         }
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut rand = move |n: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n as u64) as usize
-        };
+        let mut rand = xorshift(0x9E37_79B9_7F4A_7C15);
         let (mut checks, mut sink, mut outstanding, mut next_done) = (Vec::new(), SINKS, 0, 0u64);
         const N: u64 = 400;
         for id in 0..N {
@@ -606,23 +654,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
                     rand(20_001)
                 };
                 let off = rand(WINDOW - len + 1);
-                let pieces = 1 + rand(3);
-                let (mut sges, mut bytes, mut left) = (Vec::new(), Vec::new(), len);
-                for k in 0..pieces {
-                    let n = if k + 1 == pieces {
-                        left
-                    } else {
-                        rand(left + 1)
-                    };
-                    if n == 0 {
-                        // Some NICs read an entry of length 0 as 2 GiB: none here.
-                        continue;
-                    }
-                    let at = rand((256 << 10) - n + 1);
-                    sges.push(buf.sge(SRC + at, n));
-                    bytes.extend_from_slice(&src[at..at + n]);
-                    left -= n;
-                }
+                let (sges, bytes) = gather(&mut rand, &buf, SRC, &src, len);
                 post(
                     id,
                     SendOp::Write {
@@ -679,13 +711,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
             checks.push(check);
             outstanding += 1;
             while outstanding >= 32 || (id + 1 == N && outstanding > 0) {
-                let wc = scq.next().await;
-                assert_eq!(
-                    (wc.wr_id, wc.status),
-                    (next_done, WcStatus::Success),
-                    "completions in posting order, all successful"
-                );
-                next_done += 1;
+                next_in_order(&scq, &mut next_done).await;
                 outstanding -= 1;
             }
         }
@@ -770,16 +796,7 @@ fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
         let buf = Buffer::new(&s.pd, REPLIES + SLOTS * 4096, 4096, Access::LOCAL_WRITE).unwrap();
         let src = pattern(SRC_LEN, 77);
         buf.write_at(SRC, &src);
-        let post = |wr_id: u64, op: SendOp, sges: Vec<barewire_drivers::Sge>| {
-            qp.post_send(SendWr {
-                wr_id,
-                op,
-                sges: sges.into_iter().collect(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap()
-        };
+        let post = |wr_id, op, sges| post_signaled(&qp, wr_id, op, sges);
         let post_reply_slot = |slot: usize| {
             qp.post_recv(barewire_drivers::RecvWr {
                 wr_id: slot as u64,
@@ -803,13 +820,7 @@ fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
         let wc = scq.next().await;
         assert_eq!((wc.wr_id, wc.status), (u64::MAX, WcStatus::Success));
 
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut rand = move |n: usize| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % n as u64) as usize
-        };
+        let mut rand = xorshift(0x2545_F491_4F6C_DD1D);
         // Answers owed by the peer, in posting order, each with the range of the window it
         // reads (a `?sum`): no Write into that range is posted until the answer is in, since the
         // peer places Writes as they arrive, ahead of its own reading of earlier Sends.
@@ -840,22 +851,7 @@ fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
                         _ => rand(20_001),
                     };
                     let off = rand(WINDOW - len + 1);
-                    let pieces = 1 + rand(3);
-                    let (mut sges, mut bytes, mut left) = (Vec::new(), Vec::new(), len);
-                    for k in 0..pieces {
-                        let n = if k + 1 == pieces {
-                            left
-                        } else {
-                            rand(left + 1)
-                        };
-                        if n == 0 {
-                            continue; // no entry of length 0 (some NICs read it as 2 GiB)
-                        }
-                        let at = rand(SRC_LEN - n + 1);
-                        sges.push(buf.sge(SRC + at, n));
-                        bytes.extend_from_slice(&src[at..at + n]);
-                        left -= n;
-                    }
+                    let (sges, bytes) = gather(&mut rand, &buf, SRC, &src, len);
                     let remote_addr = r0.addr + (AT + off) as u64;
                     let op = SendOp::Write {
                         remote_addr,
@@ -927,13 +923,7 @@ fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
                     break;
                 }
                 if outstanding > 0 && (outstanding >= 32 || owed.is_empty() || end) {
-                    let wc = scq.next().await;
-                    assert_eq!(
-                        (wc.wr_id, wc.status),
-                        (next_done, WcStatus::Success),
-                        "completions in posting order, all successful"
-                    );
-                    next_done += 1;
+                    next_in_order(&scq, &mut next_done).await;
                     outstanding -= 1;
                 } else {
                     let wc = rcq.next().await;

@@ -93,6 +93,12 @@ impl Device {
 
     /// Creates a completion queue of `depth` entries, polled by the current core.
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, DriverError> {
+        if depth == 0 {
+            // verbs refuses one (EINVAL); elsewhere its first completion would overrun it.
+            return Err(DriverError::Unsupported(
+                "a completion queue of 0 entries".into(),
+            ));
+        }
         self.backend.create_cq(depth)
     }
 }

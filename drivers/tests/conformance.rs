@@ -185,6 +185,19 @@ fn gather(
     (sges, bytes)
 }
 
+/// A completion queue of no entries is refused when it is made, on every backend (verbs
+/// refuses one; elsewhere its first completion would overrun it and stop its queue pair).
+#[test]
+fn a_completion_queue_of_no_entries_is_refused() {
+    let Some(driver) = backend() else { return };
+    rt().block_on(async {
+        let s = side(&driver);
+        let e = s.dev.create_cq(0).err().expect("refused");
+        assert!(e.to_string().contains("0 entries"), "{e}");
+        assert!(s.dev.create_cq(1).unwrap().capacity() >= 1); // verbs may round up
+    });
+}
+
 #[test]
 fn every_verb_moves_the_right_bytes() {
     let Some(driver) = backend() else { return };

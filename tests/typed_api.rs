@@ -818,3 +818,32 @@ fn a_silent_peer_times_out_region_and_channel_handshakes() {
         },
     );
 }
+
+/// A region of another node (another protection domain) sent over a connection is refused at
+/// once, saying why, and the connection goes on: it used to be sent as a key that named nothing
+/// the peer could use, and the peer's first use of it was a protection error (that, over the
+/// software provider, ended the connection).
+#[test]
+fn a_region_of_another_node_is_refused_when_sent_and_the_connection_goes_on() {
+    rt().block_on(async {
+        for driver in ["soft", "shm"] {
+            let cfg = barewire::drivers::DriverConfig::parse(driver, None).unwrap();
+            let (nodes, a, b) = Node::loopback_pair(&cfg).await.unwrap();
+            let elsewhere = Node::with_config(&cfg).unwrap();
+            let foreign = elsewhere.region::<u64>(8, Align::Natural).unwrap();
+            let e = a.send_region(&foreign).await.unwrap_err();
+            assert!(e.to_string().contains("protection domain"), "{driver}: {e}");
+            let peers = nodes[1].region::<u64>(8, Align::Natural).unwrap();
+            assert!(
+                a.send_region(&peers).await.is_err(),
+                "{driver}: the peer's own region"
+            );
+            // The connection is as good as before.
+            let mine = nodes[0].region::<u64>(8, Align::Natural).unwrap();
+            a.send_region(&mine).await.unwrap();
+            let remote = b.recv_region::<u64>().await.unwrap();
+            b.write(&remote, 3, 33).await.unwrap();
+            assert_eq!(mine.get(3), 33, "{driver}");
+        }
+    });
+}

@@ -169,6 +169,16 @@ pub(crate) async fn first<A: Future, B: Future>(a: A, b: B) -> Result<A::Output,
     .await
 }
 
+/// The error for a window that cannot be bound (`e`, from the key tables).
+pub(crate) fn bind_error(e: barewire_rdma_types::Violation) -> DriverError {
+    DriverError::Post(match e {
+        barewire_rdma_types::Violation::NotAssociated => "bind window: the region is not of the \
+            queue pair's protection domain (a region of another node, or of another domain)"
+            .into(),
+        e => format!("bind window: {e}"),
+    })
+}
+
 /// The error for objects of two backends mixed in one call.
 pub(crate) fn mixed() -> DriverError {
     DriverError::Unsupported("objects from two different backends were mixed in one call".into())

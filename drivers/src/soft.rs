@@ -183,8 +183,8 @@ impl MrOps for Mr {
         let qp = ours::<Qp>(qp.as_any())?;
         let w = self
             .0
-            .bind_window(qp.0.qp_num(), access)
-            .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
+            .bind_window(qp.0.qp_num(), qp.0.pd(), access)
+            .map_err(crate::backend::bind_error)?;
         Ok((w.stag(), Box::new(Window(w))))
     }
 }

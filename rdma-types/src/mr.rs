@@ -511,13 +511,27 @@ impl MemoryRegion {
     /// // SAFETY: `buf` outlives the region.
     /// let mr = unsafe { pd.register(buf.as_mut_ptr(), buf.len(), rights) }.unwrap();
     /// mr.remote_only_through_windows();
-    /// let w = mr.bind_window(7, Access::REMOTE_READ).unwrap();
+    /// let w = mr.bind_window(7, &pd, Access::REMOTE_READ).unwrap();
     /// let at = mr.addr() as u64;
     /// assert!(dev.check(w.stag(), pd.id(), 7, at, 8, Access::REMOTE_READ).is_ok());
     /// assert_eq!(dev.check(w.stag(), pd.id(), 8, at, 8, Access::REMOTE_READ), Err(Violation::NotAssociated));
     /// assert_eq!(dev.check(mr.stag(), pd.id(), 7, at, 8, Access::REMOTE_READ), Err(Violation::NotAssociated));
+    /// // Only for a queue pair of the region's own domain.
+    /// let elsewhere = dev.alloc_pd();
+    /// let refused = mr.bind_window(9, &elsewhere, Access::REMOTE_READ);
+    /// assert_eq!(refused.err(), Some(Violation::NotAssociated));
     /// ```
-    pub fn bind_window(&self, qp: u32, access: Access) -> Result<Window, Violation> {
+    pub fn bind_window(
+        &self,
+        qp: u32,
+        qp_pd: &ProtectionDomain,
+        access: Access,
+    ) -> Result<Window, Violation> {
+        // The queue pair must be of this region's domain, on this device, as verbs requires: a
+        // window bound across domains could never be used, and its key would only mislead.
+        if qp_pd.id != self.pd || !Rc::ptr_eq(&qp_pd.dev.inner, &self.dev.inner) {
+            return Err(Violation::NotAssociated);
+        }
         let remote = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         if !self.access.contains(access) || !remote.contains(access) {
             return Err(Violation::AccessRights);
@@ -594,6 +608,31 @@ mod tests {
         unsafe { pd.register(buf.as_mut_ptr(), buf.len(), access) }.unwrap()
     }
 
+    /// A window binds only to a queue pair of its region's own domain on the same device: one
+    /// bound across would be keyed in the region's tables to a number that names no queue pair
+    /// of the domain, so verbs refuses the bind, and so does this.
+    #[test]
+    fn a_window_binds_only_to_a_queue_pair_of_its_regions_domain() {
+        let dev = Device::new();
+        let pd = dev.alloc_pd();
+        let mut buf = vec![0u8; 64];
+        let mr = region(&pd, &mut buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
+        let other_pd = dev.alloc_pd();
+        let other_dev = Device::new();
+        let same_number_elsewhere = other_dev.alloc_pd();
+        for (qp_pd, what) in [
+            (&other_pd, "another domain"),
+            (&same_number_elsewhere, "another device"),
+        ] {
+            assert_eq!(
+                mr.bind_window(1, qp_pd, Access::REMOTE_READ).err(),
+                Some(Violation::NotAssociated),
+                "{what}"
+            );
+        }
+        assert!(mr.bind_window(1, &pd, Access::REMOTE_READ).is_ok());
+    }
+
     #[test]
     fn a_window_serves_its_queue_pair_only_and_dies_with_its_region() {
         let dev = Device::new();
@@ -609,8 +648,8 @@ mod tests {
             Err(Violation::NotAssociated)
         );
         assert!(dev.check_local(mr.stag(), pd.id(), at, 8, true).is_ok());
-        let w1 = mr.bind_window(1, Access::REMOTE_WRITE).unwrap();
-        let w2 = mr.bind_window(2, Access::REMOTE_READ).unwrap();
+        let w1 = mr.bind_window(1, &pd, Access::REMOTE_WRITE).unwrap();
+        let w2 = mr.bind_window(2, &pd, Access::REMOTE_READ).unwrap();
         assert_ne!(w1.stag(), w2.stag());
         assert!(dev
             .check(w1.stag(), pd.id(), 1, at, 256, Access::REMOTE_WRITE)
@@ -634,11 +673,11 @@ mod tests {
         );
         // Rights the region lacks, or local ones, cannot be bound.
         assert_eq!(
-            mr.bind_window(1, Access::REMOTE_ATOMIC).err(),
+            mr.bind_window(1, &pd, Access::REMOTE_ATOMIC).err(),
             Some(Violation::AccessRights)
         );
         assert_eq!(
-            mr.bind_window(1, Access::LOCAL_WRITE).err(),
+            mr.bind_window(1, &pd, Access::LOCAL_WRITE).err(),
             Some(Violation::AccessRights)
         );
         // Dropping a window kills its STag alone.
@@ -660,7 +699,7 @@ mod tests {
         );
         drop(w1); // after its region: harmless
         let mr = region(&pd, &mut buf, rights);
-        let w = mr.bind_window(1, Access::REMOTE_WRITE).unwrap();
+        let w = mr.bind_window(1, &pd, Access::REMOTE_WRITE).unwrap();
         assert!(w.stag() != s1 && w.stag() != s2 && w.stag() != mr.stag());
     }
 
@@ -762,7 +801,7 @@ mod tests {
             );
         }
         // A window's key is not a local key, right after its region's passed.
-        let w = mr.bind_window(7, Access::REMOTE_READ).unwrap();
+        let w = mr.bind_window(7, &pd, Access::REMOTE_READ).unwrap();
         assert!(dev.check_local(s, pd.id(), base, 8, false).is_ok());
         assert_eq!(
             dev.check_local(w.stag(), pd.id(), base, 8, false),

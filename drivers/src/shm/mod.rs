@@ -307,14 +307,17 @@ impl MrOps for Mr {
         access: Access,
     ) -> Result<(Stag, Box<dyn WindowOps>), DriverError> {
         // Under `auto` the queue pair may be the software provider's: the same key tables.
-        let num = match qp.as_any().downcast_ref::<crate::soft::Qp>() {
-            Some(soft) if self.dev.auto => soft.0.qp_num(),
-            _ => ours::<Qp>(qp.as_any())?.qp_num(),
-        };
-        let w = self
-            .mr
-            .bind_window(num, access)
-            .map_err(|e| DriverError::Post(format!("bind window: {e}")))?;
+        let soft = qp.as_any().downcast_ref::<crate::soft::Qp>();
+        let w = match soft {
+            Some(soft) if self.dev.auto => {
+                self.mr.bind_window(soft.0.qp_num(), soft.0.pd(), access)
+            }
+            _ => {
+                let qp = ours::<Qp>(qp.as_any())?;
+                self.mr.bind_window(qp.qp_num(), qp.pd(), access)
+            }
+        }
+        .map_err(crate::backend::bind_error)?;
         self.dev
             .grants
             .borrow_mut()

@@ -221,6 +221,13 @@ impl MappedPeer for MappedPeerOf {
     }
 }
 
+impl Qp {
+    /// Its protection domain's keys (what windows bound to it must belong to).
+    pub(crate) fn pd(&self) -> &barewire_rdma_types::ProtectionDomain {
+        &self.0.pd.pd
+    }
+}
+
 impl QpOps for Qp {
     fn qp_num(&self) -> u32 {
         self.0.num

@@ -788,6 +788,8 @@ fn mark_active(i: &mut QpInner) {
 #[derive(Clone)]
 pub struct QueuePair {
     inner: Rc<RefCell<QpInner>>,
+    /// Its protection domain (what windows bound to it must belong to).
+    pd: Rc<ProtectionDomain>,
 }
 
 impl QueuePair {
@@ -828,9 +830,17 @@ impl QueuePair {
             admission: None,
             ring: None,
         }));
-        let qp = QueuePair { inner };
+        let qp = QueuePair {
+            inner,
+            pd: Rc::new(pd.clone_handle()),
+        };
         PROVIDER.with(|p| p.add(&qp));
         qp
+    }
+
+    /// Its protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
     }
 
     /// The queue pair's number.

@@ -30,6 +30,33 @@ fn every_process_gets_its_rank_the_size_and_a_cpu() {
     assert_eq!(lines, expect);
 }
 
+/// A command line it cannot run says what is wrong with it (exit status 2), and starts nothing.
+#[test]
+fn a_bad_command_line_says_what_is_wrong() {
+    for (args, says) in [
+        (
+            &["run", "-n", "0", "--", "true"][..],
+            "at least one process",
+        ),
+        (&["run", "-n", "two", "--", "true"], "-n takes a number"),
+        (&["run", "-n", "2", "true"], "no `--`"),
+        (&["run", "-n", "2", "--"], "no program"),
+        (
+            &["run", "-n", "2", "--fast", "--", "true"],
+            "unknown option \"--fast\"",
+        ),
+        (&["start"], "the one command is `run`"),
+    ] {
+        let out = barewire().args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(says) && err.contains("usage:"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn one_failure_stops_the_others_and_is_the_exit_status() {
     let t0 = Instant::now();

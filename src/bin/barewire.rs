@@ -16,7 +16,9 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-fn usage() -> ! {
+/// Says what is wrong with the command line, and how it goes.
+fn usage(why: &str) -> ! {
+    eprintln!("barewire: {why}");
     eprintln!("usage: barewire run -n N [--no-pin] [--base-port P] -- PROGRAM [ARGS...]");
     std::process::exit(2);
 }
@@ -44,14 +46,14 @@ fn free_ports(n: usize) -> u16 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) != Some("run") {
-        usage();
+        usage("the one command is `run`");
     }
     let Some(dash) = args.iter().position(|a| a == "--") else {
-        usage()
+        usage("no `--` before the program to run")
     };
     let (opts, program) = (&args[1..dash], &args[dash + 1..]);
     if program.is_empty() {
-        usage();
+        usage("no program after `--`");
     }
     let mut n = 0usize;
     let mut pin = true;
@@ -63,21 +65,21 @@ fn main() {
                 n = it
                     .next()
                     .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| usage())
+                    .unwrap_or_else(|| usage("-n takes a number of processes"))
             }
             "--no-pin" => pin = false,
             "--base-port" => {
                 base = Some(
                     it.next()
                         .and_then(|v| v.parse().ok())
-                        .unwrap_or_else(|| usage()),
+                        .unwrap_or_else(|| usage("--base-port takes a port number")),
                 )
             }
-            _ => usage(),
+            other => usage(&format!("unknown option {other:?}")),
         }
     }
     if n == 0 {
-        usage();
+        usage("-n: at least one process");
     }
     let base: u16 = base.unwrap_or_else(|| free_ports(n));
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());

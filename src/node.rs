@@ -69,7 +69,10 @@ impl Node {
         Region::new(&self.pd, len, align)
     }
 
-    /// Listens on `addr`; returns the port (useful with port 0).
+    /// Listens on `addr`; returns the port (useful with port 0). A node listens on one address
+    /// at a time: listening again closes the previous listener (the connections it accepted
+    /// stay). An `accept` already waiting keeps the previous listener until it completes or is
+    /// dropped; the next `accept` uses the new one.
     pub fn listen(&self, addr: SocketAddr) -> Result<u16> {
         let l = Listener::bind(&self.dev, addr, &self.options())?;
         let port = l.port();
@@ -112,11 +115,15 @@ impl Node {
         let l = self.listener.borrow_mut().take().ok_or_else(|| {
             Error::Invalid("accept before listen (or from two tasks at once)".into())
         })?;
-        // Puts the listener back however this future ends.
+        // Puts the listener back however this future ends, unless `listen` put a new one there
+        // meanwhile (the latest `listen` wins; this one closes).
         struct Back<'a>(&'a RefCell<Option<Listener>>, Option<Listener>);
         impl Drop for Back<'_> {
             fn drop(&mut self) {
-                *self.0.borrow_mut() = self.1.take();
+                let mut slot = self.0.borrow_mut();
+                if slot.is_none() {
+                    *slot = self.1.take();
+                }
             }
         }
         let back = Back(&self.listener, Some(l));

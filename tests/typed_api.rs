@@ -847,3 +847,46 @@ fn a_region_of_another_node_is_refused_when_sent_and_the_connection_goes_on() {
         }
     });
 }
+
+/// Listening again moves a node to the new address: the previous listener closes (after an
+/// `accept` that was waiting on it is dropped), and the next `accept` serves the new one. An
+/// accept dropped while waiting used to put the previous listener back over the new one.
+#[test]
+fn listening_again_replaces_the_listener_even_across_a_waiting_accept() {
+    rt().block_on(async {
+        let node = Node::soft().unwrap();
+        let first = node.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let second = {
+            // An accept waiting on the first listener...
+            let mut waiting = std::pin::pin!(node.accept());
+            assert!(poll_once(waiting.as_mut()).await.is_none());
+            // ...while the node moves to a second address; then the accept is dropped.
+            node.listen("127.0.0.1:0".parse().unwrap()).unwrap()
+        };
+        assert_ne!(first, second);
+        let client = Node::soft().unwrap();
+        let to = |p: u16| format!("127.0.0.1:{p}").parse().unwrap();
+        assert!(
+            client.connect(to(first)).await.is_err(),
+            "the first listener is closed"
+        );
+        let connecting = barewire::engine::spawn_local(async move {
+            let ep = client.connect(to(second)).await;
+            (client, ep)
+        });
+        let accepted = node.accept().await.unwrap();
+        let (_client, ep) = connecting.await.unwrap();
+        drop((accepted, ep.unwrap()));
+    });
+}
+
+/// Polls `f` once: its output if it is ready at once.
+async fn poll_once<F: std::future::Future>(mut f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match f.as_mut().poll(cx) {
+            std::task::Poll::Ready(v) => Some(v),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
+}

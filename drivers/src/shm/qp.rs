@@ -167,6 +167,8 @@ pub(crate) struct QpInner {
     peer_wake: OwnedFd,
     state: Cell<QpState>,
     tx: RefCell<Tx>,
+    /// `tx.held` is not empty (read without borrowing `tx`, on every request's completion).
+    holding: Cell<bool>,
     rx: RefCell<Rx>,
     grants: PeerKeys,
     /// Keys a local invalidate killed, whose grants are revoked once the send queue is free.
@@ -305,20 +307,28 @@ impl QpInner {
     /// goes out now, or waits behind an earlier one, or (a Send, a Write with immediate data)
     /// waits until the peer has taken its record (see [`Tx::held`]).
     #[inline]
-    fn finish(&self, wr: &SendWr, len: Option<u32>) {
-        let mut tx = self.tx.borrow_mut();
+    fn carried_out(&self, wr: &SendWr, len: Option<u32>) {
         let taken_by_peer = matches!(wr.op, SendOp::Send { .. } | SendOp::WriteWithImm { .. });
-        if !taken_by_peer && tx.held.is_empty() {
-            drop(tx);
+        if !taken_by_peer && !self.holding.get() {
+            // The one-sided requests' path: nothing held, so it completes at once.
             if let Some(len) = len {
                 self.complete(&self.scq, self.success(wr, len));
             }
             return;
         }
-        let end = if taken_by_peer { tx.w.tail() } else { 0 };
-        tx.held
-            .push_back((end, len.map(|len| self.success(wr, len))));
-        drop(tx);
+        self.hold(wr, len, taken_by_peer);
+    }
+
+    /// `carried_out` for a completion that waits (see [`Tx::held`]).
+    #[inline(never)]
+    fn hold(&self, wr: &SendWr, len: Option<u32>, taken_by_peer: bool) {
+        {
+            let mut tx = self.tx.borrow_mut();
+            let end = if taken_by_peer { tx.w.tail() } else { 0 };
+            tx.held
+                .push_back((end, len.map(|len| self.success(wr, len))));
+        }
+        self.holding.set(true);
         self.release();
     }
 
@@ -330,7 +340,11 @@ impl QpInner {
                 let mut tx = self.tx.borrow_mut();
                 let tx = &mut *tx;
                 match tx.held.front() {
-                    Some(&(end, _)) if end <= tx.w.consumed() => tx.held.pop_front().unwrap().1,
+                    Some(&(end, _)) if end <= tx.w.consumed() => {
+                        let wc = tx.held.pop_front().unwrap().1;
+                        self.holding.set(!tx.held.is_empty());
+                        wc
+                    }
                     _ => return any,
                 }
             };
@@ -355,6 +369,7 @@ impl QpInner {
     fn settle_held(&self) {
         self.release();
         let held: Vec<_> = self.tx.borrow_mut().held.drain(..).collect();
+        self.holding.set(false);
         for wc in held.into_iter().filter_map(|(_, wc)| wc) {
             self.scq
                 .push(self.wc(wc.wr_id, WcStatus::WrFlushErr, wc.opcode, 0));
@@ -382,7 +397,7 @@ impl QpInner {
         };
         self.revoke_invalidated();
         match step {
-            Ok(Step::Done(len)) => self.finish(&wr, len),
+            Ok(Step::Done(len)) => self.carried_out(&wr, len),
             Ok(step @ (Step::Wait | Step::More)) => {
                 let mut tx = self.tx.borrow_mut();
                 tx.copying = matches!(step, Step::More);
@@ -478,7 +493,7 @@ impl QpInner {
                     moved = true;
                     let work = self.tx.borrow_mut().queue.pop_front();
                     if let Some(Work::Op { wr, .. }) = work {
-                        self.finish(&wr, len);
+                        self.carried_out(&wr, len);
                     }
                 }
                 Err((wr_id, opcode, status)) => {
@@ -1357,6 +1372,7 @@ fn finish(
             held: VecDeque::new(),
             copying: false,
         }),
+        holding: Cell::new(false),
         rx: RefCell::new(Rx {
             r: Reader::new(ring),
             recvs: VecDeque::new(),
@@ -1615,14 +1631,11 @@ impl Poller for ShmPoller {
         let mut any = false;
         self.each(|q| {
             any |= q.deliver();
-            let (waiting, held) = {
-                let tx = q.tx.borrow();
-                (!tx.queue.is_empty(), !tx.held.is_empty())
-            };
+            let waiting = !q.tx.borrow().queue.is_empty();
             if waiting {
                 any |= q.progress();
             }
-            if held {
+            if q.holding.get() {
                 any |= q.release();
             }
         });
@@ -1631,7 +1644,11 @@ impl Poller for ShmPoller {
 
     fn pure_poll(&mut self) -> bool {
         let mut any = false;
-        self.each(|q| any |= q.rx.borrow().r.has_data() || q.tx.borrow().copying || q.releasable());
+        self.each(|q| {
+            any |= q.rx.borrow().r.has_data()
+                || q.tx.borrow().copying
+                || (q.holding.get() && q.releasable())
+        });
         any
     }
 
@@ -1643,7 +1660,7 @@ impl Poller for ShmPoller {
                 ready = false;
             }
             // Completions held for the peer to take their records: it wakes us when it does.
-            if !q.tx.borrow().held.is_empty() {
+            if q.holding.get() {
                 q.tx.borrow().w.wake_when_consumed();
                 if q.releasable() {
                     ready = false;

@@ -560,8 +560,54 @@ fn a_send_with_invalidate_kills_the_named_key() {
     t.join().unwrap();
 }
 
+/// A Send completes once the peer has taken it into a posted receive, as verbs completes one
+/// once the responder has placed it: not while the peer has no receive for it, and never
+/// successfully when the peer goes away before taking it. (It used to complete as soon as it
+/// was in the peer's ring: a success for a message the peer might never see.)
+#[test]
+fn a_send_completes_once_the_peer_has_taken_it() {
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        // No receive for a while; then one, which takes the first Send only.
+        barewire_engine::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(ep.recv(&buf, 0, 4096).await.unwrap().byte_len, 100);
+        barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        // Gone, with the second Send untaken.
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        let t0 = std::time::Instant::now();
+        let (first, second) = (ep.send(&buf, 0, 100), ep.send(&buf, 0, 200));
+        first.await.unwrap();
+        assert!(
+            t0.elapsed() >= Duration::from_millis(200),
+            "completed {:?} after posting, before the peer had a receive",
+            t0.elapsed()
+        );
+        let e = second.await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DriverError::Completion {
+                    status: WcStatus::WrFlushErr | WcStatus::RetryExcErr,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    });
+    t.join().unwrap();
+}
+
 /// A Send with Invalidate naming a key the receiver cannot invalidate (here, one already
-/// dead) breaks the protocol: the receiver ends the connection, and both sides see it.
+/// dead) breaks the protocol: the receiver ends the connection, and both sides see it. The
+/// Send itself does not complete successfully: a Send completes once the peer has taken it,
+/// and this one it refused.
 #[test]
 fn a_send_that_invalidates_a_dead_key_ends_the_connection() {
     let (port, t) = region_server(|ep, region, msg, first| async move {
@@ -579,7 +625,8 @@ fn a_send_that_invalidates_a_dead_key_ends_the_connection() {
         // Posted first: it fails when the server ends the connection.
         let ended = ep.recv(&buf, 0, 64);
         send_invalidate(&ep, &buf, region).await.unwrap();
-        send_invalidate(&ep, &buf, region).await.unwrap();
+        let refused = send_invalidate(&ep, &buf, region).await;
+        assert!(refused.is_err(), "{refused:?}");
         let ended = barewire_engine::time::timeout(Duration::from_secs(10), ended).await;
         assert!(matches!(ended, Ok(Err(_))), "{ended:?}");
     });

@@ -23,8 +23,12 @@
 //!   atomics are CPU atomics on the mapped word, so they
 //!   are atomic with the owner's own atomics. Sends, the notices of Writes with immediate data
 //!   and revocations go through a ring in the receiver's memory, in posting order; the
-//!   receiver's poller delivers them to its posted receives. Every completion goes through the
-//!   same completion queues as on the other backends, in posting order.
+//!   receiver's poller delivers them to its posted receives. A Send, or a Write with immediate
+//!   data, completes once the receiver has taken its record into a posted receive (the
+//!   writer sees the reader's head pass it), as verbs completes one once the responder has
+//!   placed it: not while the peer has no receive for it, and never successfully if the peer
+//!   goes before taking it. Every completion goes through the same completion queues as on
+//!   the other backends, in posting order, so those after a Send wait for it.
 //! - **Watched memory.** A receiver that asks to watch its memory
 //!   ([`crate::QueuePair::watch_memory`], as `Channel<T>` does) sets a flag in its ring's
 //!   header. The writer then copies its Writes to that peer in ascending address order (16-byte
@@ -49,7 +53,8 @@
 //! - **Faults.** A peer that dies closes its control socket: the queue pair delivers what the
 //!   peer had already sent, then goes to ERROR and flushes everything outstanding. A stopped
 //!   peer's memory stays readable and writable, as a NIC serves a stopped process; its ring
-//!   fills and Sends wait.
+//!   fills, and Sends wait for it (as verbs' Sends wait, retrying, for a responder with no
+//!   receive posted) until it runs again or goes.
 
 mod mem;
 mod qp;

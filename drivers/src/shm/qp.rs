@@ -167,6 +167,8 @@ pub(crate) struct QpInner {
     peer_wake: OwnedFd,
     state: Cell<QpState>,
     tx: RefCell<Tx>,
+    /// `tx.held` is not empty (read without borrowing `tx`, on every request's completion).
+    holding: Cell<bool>,
     rx: RefCell<Rx>,
     grants: PeerKeys,
     /// Keys a local invalidate killed, whose grants are revoked once the send queue is free.
@@ -177,6 +179,13 @@ pub(crate) struct QpInner {
 struct Tx {
     w: Writer,
     queue: VecDeque<Work>,
+    /// Finished requests whose completions wait, in posting order: a Send or a Write with
+    /// immediate data completes once the peer has taken its record from the ring (matched it
+    /// with a posted receive), as verbs completes it once the responder has placed it; every
+    /// later completion waits behind it. Each entry: the ring position the peer must have
+    /// consumed up to (0: none, it waits only for those ahead of it), and the completion of a
+    /// signaled request.
+    held: VecDeque<(u64, Option<WorkCompletion>)>,
     /// The front entry is a large copy part way through ([`Step::More`]): the core must keep
     /// passing (it is not waiting for the peer).
     copying: bool,
@@ -294,6 +303,79 @@ impl QpInner {
         self.wc(wr.wr_id, WcStatus::Success, wr.op.opcode(), len)
     }
 
+    /// A request has been carried out: its completion (`len`: signaled, with that many bytes)
+    /// goes out now, or waits behind an earlier one, or (a Send, a Write with immediate data)
+    /// waits until the peer has taken its record (see [`Tx::held`]).
+    #[inline]
+    fn carried_out(&self, wr: &SendWr, len: Option<u32>) {
+        let taken_by_peer = matches!(wr.op, SendOp::Send { .. } | SendOp::WriteWithImm { .. });
+        if !taken_by_peer && !self.holding.get() {
+            // The one-sided requests' path: nothing held, so it completes at once.
+            if let Some(len) = len {
+                self.complete(&self.scq, self.success(wr, len));
+            }
+            return;
+        }
+        self.hold(wr, len, taken_by_peer);
+    }
+
+    /// `carried_out` for a completion that waits (see [`Tx::held`]).
+    #[inline(never)]
+    fn hold(&self, wr: &SendWr, len: Option<u32>, taken_by_peer: bool) {
+        {
+            let mut tx = self.tx.borrow_mut();
+            let end = if taken_by_peer { tx.w.tail() } else { 0 };
+            tx.held
+                .push_back((end, len.map(|len| self.success(wr, len))));
+        }
+        self.holding.set(true);
+        self.release();
+    }
+
+    /// Completes the held requests the peer has consumed up to, in order. True if any.
+    fn release(&self) -> bool {
+        let mut any = false;
+        loop {
+            let wc = {
+                let mut tx = self.tx.borrow_mut();
+                let tx = &mut *tx;
+                match tx.held.front() {
+                    Some(&(end, _)) if end <= tx.w.consumed() => {
+                        let wc = tx.held.pop_front().unwrap().1;
+                        self.holding.set(!tx.held.is_empty());
+                        wc
+                    }
+                    _ => return any,
+                }
+            };
+            any = true;
+            if let Some(wc) = wc {
+                self.complete(&self.scq, wc);
+            }
+        }
+    }
+
+    /// True when a held completion can go out.
+    fn releasable(&self) -> bool {
+        let mut tx = self.tx.borrow_mut();
+        let tx = &mut *tx;
+        tx.held
+            .front()
+            .is_some_and(|&(end, _)| end <= tx.w.consumed())
+    }
+
+    /// Ahead of an error or a flush: the held requests the peer consumed complete, and the
+    /// rest flush (the queue pair is stopping: whether the peer takes them is unknown).
+    fn settle_held(&self) {
+        self.release();
+        let held: Vec<_> = self.tx.borrow_mut().held.drain(..).collect();
+        self.holding.set(false);
+        for wc in held.into_iter().filter_map(|(_, wc)| wc) {
+            self.scq
+                .push(self.wc(wc.wr_id, WcStatus::WrFlushErr, wc.opcode, 0));
+        }
+    }
+
     fn post_send(self: &Rc<Self>, wr: SendWr) -> Result<(), DriverError> {
         if self.state.get() != QpState::Rts {
             // As verbs: a request posted on a queue pair in ERROR completes with a flush.
@@ -315,14 +397,14 @@ impl QpInner {
         };
         self.revoke_invalidated();
         match step {
-            Ok(Step::Done(Some(len))) => self.complete(&self.scq, self.success(&wr, len)),
-            Ok(Step::Done(None)) => {}
+            Ok(Step::Done(len)) => self.carried_out(&wr, len),
             Ok(step @ (Step::Wait | Step::More)) => {
                 let mut tx = self.tx.borrow_mut();
                 tx.copying = matches!(step, Step::More);
                 tx.queue.push_back(Work::Op { wr, sent });
             }
             Err((wr_id, opcode, status)) => {
+                self.settle_held();
                 self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
                 self.fail(WcStatus::WrFlushErr);
             }
@@ -410,12 +492,13 @@ impl QpInner {
                 Ok(Step::Done(len)) => {
                     moved = true;
                     let work = self.tx.borrow_mut().queue.pop_front();
-                    if let (Some(len), Some(Work::Op { wr, .. })) = (len, work) {
-                        self.complete(&self.scq, self.success(&wr, len));
+                    if let Some(Work::Op { wr, .. }) = work {
+                        self.carried_out(&wr, len);
                     }
                 }
                 Err((wr_id, opcode, status)) => {
                     self.tx.borrow_mut().queue.pop_front();
+                    self.settle_held();
                     self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
                     self.fail(WcStatus::WrFlushErr);
                     return true;
@@ -878,6 +961,7 @@ impl QpInner {
         if let Some(t) = self.task.borrow_mut().take() {
             t.cancel();
         }
+        self.settle_held();
         let queued: Vec<Work> = {
             let mut tx = self.tx.borrow_mut();
             tx.copying = false;
@@ -1285,8 +1369,10 @@ fn finish(
         tx: RefCell::new(Tx {
             w: Writer::new(Ring::from_mapping(map, cap)),
             queue: VecDeque::new(),
+            held: VecDeque::new(),
             copying: false,
         }),
+        holding: Cell::new(false),
         rx: RefCell::new(Rx {
             r: Reader::new(ring),
             recvs: VecDeque::new(),
@@ -1549,13 +1635,20 @@ impl Poller for ShmPoller {
             if waiting {
                 any |= q.progress();
             }
+            if q.holding.get() {
+                any |= q.release();
+            }
         });
         any
     }
 
     fn pure_poll(&mut self) -> bool {
         let mut any = false;
-        self.each(|q| any |= q.rx.borrow().r.has_data() || q.tx.borrow().copying);
+        self.each(|q| {
+            any |= q.rx.borrow().r.has_data()
+                || q.tx.borrow().copying
+                || (q.holding.get() && q.releasable())
+        });
         any
     }
 
@@ -1565,6 +1658,13 @@ impl Poller for ShmPoller {
             // A large copy part way through goes on at the next pass, with nothing to wake us.
             if q.tx.borrow().copying || !q.rx.borrow().r.sleep() {
                 ready = false;
+            }
+            // Completions held for the peer to take their records: it wakes us when it does.
+            if q.holding.get() {
+                q.tx.borrow().w.wake_when_consumed();
+                if q.releasable() {
+                    ready = false;
+                }
             }
         });
         CORE.with(|c| {

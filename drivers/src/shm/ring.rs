@@ -216,6 +216,31 @@ impl Writer {
         true
     }
 
+    /// Where the reader has consumed up to (records before it have been taken): its published
+    /// head, believed only within what it could have taken (from what this side saw before to
+    /// this side's tail), so a hostile reader can claim no more than it was sent.
+    pub(crate) fn consumed(&mut self) -> u64 {
+        let h = self.ring.word(HEAD).load(Ordering::Acquire);
+        if h >= self.head && h <= self.tail {
+            self.head = h;
+        }
+        self.head
+    }
+
+    /// The end of what this side has published.
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Asks the reader to wake this side when it next consumes a record (the flag a full ring
+    /// uses); the caller then looks at [`consumed`](Self::consumed) once more, since the reader
+    /// may have moved between its last look and the flag.
+    pub(crate) fn wake_when_consumed(&self) {
+        self.ring.flag(WRITER_WAITS).store(1, Ordering::SeqCst);
+        // Ordered before the head is read again (as in `push`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
     /// True when the reader asked to watch its memory (`Reader::watch`): Writes to it are then
     /// copied in ascending order and followed by a look at `reader_asleep`.
     pub(crate) fn reader_watches(&self) -> bool {

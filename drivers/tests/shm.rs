@@ -566,29 +566,34 @@ fn a_send_with_invalidate_kills_the_named_key() {
 /// was in the peer's ring: a success for a message the peer might never see.)
 #[test]
 fn a_send_completes_once_the_peer_has_taken_it() {
-    let (port, t) = server(|l, dev| async move {
+    // The client says when it has seen its Sends wait; only then does the server post.
+    let (go, wait) = mpsc::channel::<()>();
+    let (port, t) = server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
         let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
         let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
         let ep = Endpoint::new(qp, scq, rcq);
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
-        // No receive for a while; then one, which takes the first Send only.
-        barewire_engine::time::sleep(Duration::from_millis(300)).await;
+        while wait.try_recv().is_err() {
+            barewire_engine::time::sleep(Duration::from_millis(1)).await;
+        }
+        // One receive: it takes the first Send only.
         assert_eq!(ep.recv(&buf, 0, 4096).await.unwrap().byte_len, 100);
-        barewire_engine::time::sleep(Duration::from_millis(100)).await;
+        barewire_engine::time::sleep(Duration::from_millis(50)).await;
         // Gone, with the second Send untaken.
     });
     rt().block_on(async {
         let (ep, _dev, pd) = client(port).await;
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
-        let t0 = std::time::Instant::now();
-        let (first, second) = (ep.send(&buf, 0, 100), ep.send(&buf, 0, 200));
-        first.await.unwrap();
+        let (mut first, second) = (ep.send(&buf, 0, 100), ep.send(&buf, 0, 200));
+        // In the peer's ring, with no receive there: not complete (it was, before, at once).
+        let early = barewire_engine::time::timeout(Duration::from_millis(50), &mut first).await;
         assert!(
-            t0.elapsed() >= Duration::from_millis(200),
-            "completed {:?} after posting, before the peer had a receive",
-            t0.elapsed()
+            early.is_err(),
+            "completed before the peer had a receive: {early:?}"
         );
+        go.send(()).unwrap();
+        first.await.unwrap();
         let e = second.await.unwrap_err();
         assert!(
             matches!(

@@ -233,6 +233,10 @@ fn check_private_data(opts: &ConnectOptions) -> Result<(), CmError> {
     Ok(())
 }
 
+/// What a connect that timed out waiting for the peer's MPA Reply says it waited for.
+const NO_REPLY: &str = "the peer's MPA Reply (is the listener stopped, overloaded, slow to \
+                        accept, or not an iWARP one?)";
+
 /// Connects to a listening peer: TCP, then the MPA Request/Reply exchange, all within
 /// [`ConnectOptions::handshake_timeout`]. Returns the queue pair (in RTS) and the peer's
 /// private data.
@@ -274,7 +278,7 @@ pub async fn connect(
     let left = deadline.saturating_duration_since(Instant::now());
     let (peer, _) = barewire_engine::time::timeout(left, reply)
         .await
-        .map_err(within("the peer's MPA Reply (is the listener stopped, overloaded, slow to accept, or not an iWARP one?)"))??;
+        .map_err(within(NO_REPLY))??;
     let neg =
         negotiate(&opts.mpa, &peer.frame(MpaKind::Reply)).map_err(|reason| CmError::Rejected {
             reason,

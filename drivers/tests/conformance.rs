@@ -76,24 +76,26 @@ fn side(driver: &str) -> Side {
 /// A connection to the peer: the endpoint and the peer's two regions (0: all rights, 17 MiB;
 /// 1: remote read only, 4 KiB of 0x5a).
 async fn open(s: &Side, peer: &Peer) -> (Endpoint, RegionDescriptor, RegionDescriptor) {
-    let (qp, scq, rcq, private) = raw(s, peer).await;
-    let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
-    let r1 = RegionDescriptor::from_bytes(&private[20..40]).unwrap();
+    let (qp, scq, rcq, r0, r1) = raw(s, peer).await;
     (Endpoint::new(qp, scq, rcq), r0, r1)
 }
 
-async fn raw(s: &Side, peer: &Peer) -> (QueuePair, CompletionQueue, CompletionQueue, Vec<u8>) {
+/// A raw connection to the peer (queue pair and completion queues) and the peer's two regions.
+type Raw = (
+    QueuePair,
+    CompletionQueue,
+    CompletionQueue,
+    RegionDescriptor,
+    RegionDescriptor,
+);
+
+async fn raw(s: &Side, peer: &Peer) -> Raw {
     raw_with(s, peer, 1024, 1024).await
 }
 
 /// A connection to the peer whose send and receive completion queues hold `sends` and
 /// `recvs` completions.
-async fn raw_with(
-    s: &Side,
-    peer: &Peer,
-    sends: usize,
-    recvs: usize,
-) -> (QueuePair, CompletionQueue, CompletionQueue, Vec<u8>) {
+async fn raw_with(s: &Side, peer: &Peer, sends: usize, recvs: usize) -> Raw {
     let (scq, rcq) = (
         s.dev.create_cq(sends).unwrap(),
         s.dev.create_cq(recvs).unwrap(),
@@ -102,7 +104,9 @@ async fn raw_with(
         .await
         .unwrap();
     assert_eq!(private.len(), 40, "two region descriptors");
-    (qp, scq, rcq, private)
+    let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+    let r1 = RegionDescriptor::from_bytes(&private[20..40]).unwrap();
+    (qp, scq, rcq, r0, r1)
 }
 
 /// Sends `msg` and returns the peer's answer.
@@ -532,8 +536,7 @@ fn completions_come_in_posting_order_and_a_fenced_read_sees_prior_writes() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, _rcq, private) = raw(&s, &peer).await;
-        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let (qp, scq, _rcq, r0, _) = raw(&s, &peer).await;
         let buf = Buffer::new(&s.pd, 1 << 20, 64, Access::LOCAL_WRITE).unwrap();
         buf.write_at(0, &pattern(65536, 1));
         // Mixed sizes and kinds, all signaled: completions must come back in posting order.
@@ -612,8 +615,7 @@ fn a_pipelined_random_mix_of_requests_leaves_what_the_model_says() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, _rcq, private) = raw(&s, &peer).await;
-        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let (qp, scq, _rcq, r0, _) = raw(&s, &peer).await;
         const WINDOW: usize = 64 << 10;
         const SRC: usize = 0; // 256 KiB of source bytes
         const SINKS: usize = 1 << 20; // where Reads and atomics land, each in its own slot
@@ -797,8 +799,7 @@ fn sends_and_writes_mixed_at_random_keep_their_order_at_the_peer() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, rcq, private) = raw(&s, &peer).await;
-        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let (qp, scq, rcq, r0, _) = raw(&s, &peer).await;
         const WINDOW: usize = 4 << 20; // at offset AT of region 0
         const AT: usize = 1 << 20;
         const SRC: usize = 0; // 8 MiB of source bytes
@@ -1026,8 +1027,7 @@ fn an_overrun_completion_queue_stops_its_queue_pair() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, _rcq, private) = raw_with(&s, &peer, 16, 16).await;
-        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let (qp, scq, _rcq, r0, _) = raw_with(&s, &peer, 16, 16).await;
         let buf = Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
         let cap = scq.capacity() as u64;
         let t = Instant::now();
@@ -1067,7 +1067,7 @@ fn an_endpoint_refuses_more_receives_than_its_completion_queue_holds() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, rcq, _) = raw_with(&s, &peer, 64, 16).await;
+        let (qp, scq, rcq, ..) = raw_with(&s, &peer, 64, 16).await;
         let cap = rcq.capacity();
         let ep = Endpoint::new(qp, scq, rcq);
         let buf = Buffer::new(&s.pd, 64 * (cap + 2), 64, Access::LOCAL_WRITE).unwrap();
@@ -1105,8 +1105,7 @@ fn an_endpoint_signals_one_of_a_long_run_of_unsignaled_requests() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (qp, scq, rcq, private) = raw_with(&s, &peer, 64, 16).await;
-        let r0 = RegionDescriptor::from_bytes(&private[..20]).unwrap();
+        let (qp, scq, rcq, r0, _) = raw_with(&s, &peer, 64, 16).await;
         // Half the smaller of the send queue and its completion queue.
         let limit = 64.min(qp.send_queue_depth().unwrap_or(usize::MAX)) / 2;
         let ep = Endpoint::new(qp, scq, rcq);

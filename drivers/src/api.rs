@@ -416,7 +416,9 @@ pub struct ConnectOptions {
     /// it fails (a listener that is stopped, overloaded or not barewire's is an error after
     /// this, not a hang), and a listener drops a connection whose request has not arrived
     /// (soft and shm; verbs bounds address and route resolution with it, and rdma_cm the
-    /// rest). On soft, also how long a queue pair that is owed bytes may go without progress.
+    /// rest). On soft, also how long a queue pair that is owed bytes may go without progress;
+    /// on shm, how long a peer may leave a Send or a key request unlooked at (a running peer
+    /// that holds a Send for want of a receive is waited for without limit).
     pub timeout: Duration,
     /// Send and receive queue depth (verbs; the software provider's queues grow as needed).
     pub depth: u32,

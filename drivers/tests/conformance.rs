@@ -1200,11 +1200,10 @@ fn reads_after(sig: i32) -> Option<AfterSignal> {
 /// and shm sees the hang-up of the peer's socket; hardware RC retries (timeout and retry
 /// count) take longer.
 fn bound() -> Duration {
-    match DriverConfig::from_env().ok().and_then(|c| c.select().ok()) {
-        Some(c) if !matches!(c.transport, Transport::Soft | Transport::Shm) => {
-            Duration::from_secs(30)
-        }
-        _ => Duration::from_secs(3),
+    if is_verbs() {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_secs(3)
     }
 }
 
@@ -1243,6 +1242,97 @@ fn a_stopped_peer_fails_outstanding_work_within_the_bound() {
             "the software provider served a stopped peer's memory"
         ),
     }
+}
+
+/// True where the backend is RC verbs (hardware, rxe, siw): its NIC takes a stopped process's
+/// Sends into the receives it posted, then retries for a receive without limit (RNR,
+/// `rnr_retry_count` 7), and serves its memory without its CPU.
+fn is_verbs() -> bool {
+    DriverConfig::from_env()
+        .ok()
+        .and_then(|c| c.select().ok())
+        .is_some_and(|c| !matches!(c.transport, Transport::Soft | Transport::Shm))
+}
+
+/// Sends to a stopped peer end in a transport error within the backend's bound instead of
+/// waiting for it for ever: on soft once the socket has filled and stays full, on shm at
+/// once (only the peer's CPU takes a Send from its ring, and a peer that has not even looked
+/// at it is not running, unlike one that holds it for want of a receive).
+#[test]
+fn sends_to_a_stopped_peer_fail_within_the_bound() {
+    let Some(driver) = backend() else { return };
+    if is_verbs() {
+        eprintln!("SKIP: verbs takes Sends for a stopped process's receives, then waits (RNR)");
+        return;
+    }
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (ep, _, _) = open(&s, &peer).await;
+        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(ask(&ep, &buf, b"before").await, b"before");
+        peer.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        let mut sent = 0;
+        let status = loop {
+            assert!(
+                t.elapsed() < bound(),
+                "{sent} Sends to a stopped peer completed and none failed within {:?}",
+                bound()
+            );
+            let r = barewire_engine::time::timeout(Duration::from_secs(60), ep.send(&buf, 0, 4096))
+                .await
+                .expect("the Send completes instead of hanging");
+            match r {
+                Ok(_) => sent += 1,
+                Err(DriverError::Completion { status, .. }) => break status,
+                Err(other) => panic!("expected a completion, got {other:?}"),
+            }
+        };
+        let took = t.elapsed();
+        assert!(is_transport_failure(status), "{status:?}");
+        assert!(took < bound(), "took {took:?}");
+        if driver == "shm" {
+            assert_eq!(sent, 0, "shm completed a Send the stopped peer never took");
+        }
+    });
+}
+
+/// The first use of a key of a stopped peer completes within the bound: with the peer's
+/// bytes where its memory is served without its CPU (verbs), otherwise with a transport
+/// error (soft serves a READ on the peer's CPU; shm maps a key only once the peer has sent
+/// it, which a stopped peer never does).
+#[test]
+fn a_first_use_of_a_stopped_peers_key_completes_within_the_bound() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (ep, _, r1) = open(&s, &peer).await;
+        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
+        assert_eq!(ask(&ep, &buf, b"before").await, b"before");
+        peer.signal(libc::SIGSTOP);
+        let t = Instant::now();
+        let r = barewire_engine::time::timeout(
+            Duration::from_secs(60),
+            ep.read(&buf, 0, 4096, Remote::at(r1, 0)),
+        )
+        .await
+        .expect("the READ completes instead of hanging");
+        let took = t.elapsed();
+        assert!(took < bound(), "took {took:?}");
+        match r {
+            Ok(_) if is_verbs() => {
+                let mut back = vec![0u8; 4096];
+                buf.read_at(0, &mut back);
+                assert!(back.iter().all(|&b| b == 0x5a), "the peer's bytes");
+            }
+            Err(DriverError::Completion { status, .. }) if !is_verbs() => {
+                assert!(is_transport_failure(status), "{status:?}")
+            }
+            other => panic!("{driver}: unexpected {other:?}"),
+        }
+    });
 }
 
 #[test]

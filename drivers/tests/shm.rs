@@ -147,7 +147,8 @@ fn sends_larger_than_the_ring_and_late_receives_arrive_whole_and_in_order() {
 }
 
 /// A Write with immediate data wakes a receiver whose core sleeps, and its data is in place
-/// when the receive completes; a receive too small for a Send fails with a length error.
+/// when the receive completes; a receive too small for a Send fails with a length error, and
+/// the Send with the responder's error (`REM_INV_REQ_ERR`).
 #[test]
 fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_error() {
     let (port, t) = server(|l, dev| async move {
@@ -191,7 +192,19 @@ fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_erro
             .await
             .unwrap();
         barewire_engine::time::sleep(Duration::from_millis(100)).await;
-        ep.send(&buf, 4096, 100).await.unwrap();
+        // The Send the peer could not place fails here too, as verbs reports a responder's
+        // length error to the requester (it used to complete successfully).
+        let e = ep.send(&buf, 4096, 100).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DriverError::Completion {
+                    status: WcStatus::RemInvReqErr,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     });
     t.join().unwrap();
 }
@@ -607,6 +620,99 @@ fn a_send_completes_once_the_peer_has_taken_it() {
         );
     });
     t.join().unwrap();
+}
+
+/// A Send to a peer that runs but has posted no receive waits for one, however long past the
+/// connection's timeout: the peer has looked at it (it holds it for want of a receive, as a
+/// verbs responder answers "receiver not ready"), so it is not taken for a stopped peer. It
+/// completes once the receive comes. (A stopped peer never looks, and the conformance test
+/// `sends_to_a_stopped_peer_fail_within_the_bound` sees its Sends fail.)
+#[test]
+fn a_send_waits_past_the_timeout_for_a_running_peer_to_post_a_receive() {
+    let late = 2 * ConnectOptions::default().timeout;
+    let (port, t) = server(move |l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        // The core sleeps meanwhile; the client's Send wakes it.
+        barewire_engine::time::sleep(late).await;
+        assert_eq!(ep.recv(&buf, 0, 4096).await.unwrap().byte_len, 100);
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        let t0 = std::time::Instant::now();
+        let r = ep.send(&buf, 0, 100).await;
+        assert!(r.is_ok(), "{r:?} after {:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() >= late - Duration::from_millis(200),
+            "completed after {:?}, before the peer posted its receive",
+            t0.elapsed()
+        );
+    });
+    t.join().unwrap();
+}
+
+/// A peer whose core hangs (here, blocked in a system call) with a Send of ours unlooked at
+/// fails that Send with `RETRY_EXC_ERR` within the connection's timeout and a little more,
+/// whether this side's core sleeps meanwhile (a timer wakes it) or keeps busy (its poller
+/// looks at the clock).
+fn a_hung_peer_fails_a_send_within_the_timeout(busy: bool) {
+    let timeout = ConnectOptions::default().timeout;
+    let (port, t) = server(move |l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let _ep = Endpoint::new(qp, scq, rcq);
+        // Hung: the core runs nothing for three timeouts.
+        std::thread::sleep(3 * timeout);
+    });
+    rt().block_on(async {
+        let (ep, _dev, pd) = client(port).await;
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        let spin = busy.then(|| {
+            barewire_engine::spawn_local(async {
+                loop {
+                    barewire_engine::yield_now().await;
+                }
+            })
+        });
+        let t0 = std::time::Instant::now();
+        let r = barewire_engine::time::timeout(3 * timeout, ep.send(&buf, 0, 100))
+            .await
+            .expect("the Send completes before the peer runs again");
+        let took = t0.elapsed();
+        assert!(
+            matches!(
+                r,
+                Err(DriverError::Completion {
+                    status: WcStatus::RetryExcErr,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(1),
+            "failed after {took:?}"
+        );
+        if let Some(s) = spin {
+            s.cancel();
+        }
+    });
+    t.join().unwrap();
+}
+
+#[test]
+fn a_hung_peer_fails_a_send_within_the_timeout_on_a_sleeping_core() {
+    a_hung_peer_fails_a_send_within_the_timeout(false);
+}
+
+#[test]
+fn a_hung_peer_fails_a_send_within_the_timeout_on_a_busy_core() {
+    a_hung_peer_fails_a_send_within_the_timeout(true);
 }
 
 /// A Send with Invalidate naming a key the receiver cannot invalidate (here, one already

@@ -52,9 +52,20 @@
 //!   region in the same buffer are reachable by a process that bypasses it.
 //! - **Faults.** A peer that dies closes its control socket: the queue pair delivers what the
 //!   peer had already sent, then goes to ERROR and flushes everything outstanding. A stopped
-//!   peer's memory stays readable and writable, as a NIC serves a stopped process; its ring
-//!   fills, and Sends wait for it (as verbs' Sends wait, retrying, for a responder with no
-//!   receive posted) until it runs again or goes.
+//!   peer's memory stays readable and writable, as a NIC serves a stopped process, through
+//!   the keys it granted before it stopped. What needs its CPU (taking a Send from the ring,
+//!   granting a key) is watched: a reader that holds records for want of a posted receive
+//!   says so in its ring's header, and Sends to it wait for the receive without limit (as
+//!   verbs' wait, retrying, on a responder that answers "receiver not ready"). A peer that
+//!   has not even looked at what it owes for the connection's timeout
+//!   ([`ConnectOptions::timeout`](crate::ConnectOptions::timeout), 1 s; a timer, so it fires
+//!   while this core sleeps) is stopped, hung, or holds its core that long: the request at the
+//!   front fails with `RETRY_EXC_ERR`, the rest flush, and the connection ends, within the
+//!   same bound as the software provider's stall timeout.
+//! - **Responder errors.** A Send the receiver cannot place (its receive too small, or that
+//!   receive's memory gone) fails there with a local error and at the sender with the
+//!   responder's (`REM_INV_REQ_ERR`, `REM_OP_ERR`), as verbs reports them; both queue pairs
+//!   then go to ERROR.
 
 mod mem;
 mod qp;
@@ -239,6 +250,7 @@ impl PdOps for Pd {
                 rcq.queue(),
                 &opts.private_data,
                 deadline,
+                opts.timeout,
             )
             .await?;
             for wr in &opts.initial_recvs {

@@ -38,6 +38,9 @@ const M_REJECT: u8 = 3;
 const M_ASK: u8 = 4;
 const M_GRANT: u8 = 5;
 const M_REFUSE: u8 = 6;
+/// The receiver could not place a Send (byte 1: the status its receive completed with); the
+/// queue pair ends right after.
+const M_BROKE: u8 = 7;
 
 // Rights as a grant carries them.
 const G_READ: u8 = 1;
@@ -174,6 +177,16 @@ pub(crate) struct QpInner {
     /// Keys a local invalidate killed, whose grants are revoked once the send queue is free.
     invalidated: RefCell<Vec<u32>>,
     task: RefCell<Option<JoinHandle<()>>>,
+    /// How long the peer may leave this side waiting without a sign of life (the connection's
+    /// setup timeout, as the soft provider's stall timeout).
+    timeout: Duration,
+    /// Keys asked of the peer and not yet answered.
+    asked: Cell<u32>,
+    /// Requests carried out so far (a sign of progress for the stall watch).
+    popped: Cell<u64>,
+    /// Since when the peer has owed this side something with no progress, and the progress
+    /// mark then (see [`QpInner::watch`]).
+    stall: Cell<Option<(u64, Instant)>>,
 }
 
 struct Tx {
@@ -330,6 +343,9 @@ impl QpInner {
         }
         self.holding.set(true);
         self.release();
+        if self.holding.get() {
+            watch_for_stalls();
+        }
     }
 
     /// Completes the held requests the peer has consumed up to, in order. True if any.
@@ -402,6 +418,9 @@ impl QpInner {
                 let mut tx = self.tx.borrow_mut();
                 tx.copying = matches!(step, Step::More);
                 tx.queue.push_back(Work::Op { wr, sent });
+                if matches!(step, Step::Wait) {
+                    watch_for_stalls();
+                }
             }
             Err((wr_id, opcode, status)) => {
                 self.settle_held();
@@ -487,10 +506,14 @@ impl QpInner {
             };
             self.revoke_invalidated();
             match step {
-                Ok(Step::Wait) => return moved,
+                Ok(Step::Wait) => {
+                    watch_for_stalls();
+                    return moved;
+                }
                 Ok(Step::More) => return true,
                 Ok(Step::Done(len)) => {
                     moved = true;
+                    self.popped.set(self.popped.get() + 1);
                     let work = self.tx.borrow_mut().queue.pop_front();
                     if let Some(Work::Op { wr, .. }) = work {
                         self.carried_out(&wr, len);
@@ -537,6 +560,7 @@ impl QpInner {
                     return Err(WcStatus::RetryExcErr);
                 }
                 g.insert(rkey.0, Grant::Asked);
+                self.asked.set(self.asked.get() + 1);
                 Ok(None)
             }
         }
@@ -848,11 +872,14 @@ impl QpInner {
             }
             self.revoke_invalidated();
             if let Some(wc) = wc {
-                let overflowed = wc.status != WcStatus::Success;
+                let status = wc.status;
                 self.complete(&self.rcq, wc);
-                if overflowed {
-                    // As verbs: a receive too small for the Send is a local length error, and
-                    // the queue pair goes to ERROR.
+                if status != WcStatus::Success {
+                    // As verbs: a receive too small for the Send is a local length error (one
+                    // whose memory is gone, a protection error), the sender's Send fails with
+                    // the responder's error, and both queue pairs go to ERROR.
+                    let msg = [M_BROKE, status as u8, 0, 0, 0, 0, 0, 0];
+                    let _ = sock::send(self.sock.as_raw_fd(), &msg, &[]);
                     self.fail(WcStatus::WrFlushErr);
                     return any;
                 }
@@ -876,7 +903,8 @@ impl QpInner {
             }
             ring::IMM => {
                 let Some(r) = rx.recvs.pop_front() else {
-                    return Ok(None); // waits for a receive
+                    rx.r.waits();
+                    return Ok(None);
                 };
                 let mut c = self.wc(
                     r.wr_id,
@@ -891,6 +919,7 @@ impl QpInner {
             _ => {
                 // A Send fragment into the front receive.
                 let Some(r) = rx.recvs.front() else {
+                    rx.r.waits();
                     return Ok(None);
                 };
                 let n = rec.len as usize;
@@ -936,6 +965,11 @@ impl QpInner {
                     rx.placed = 0;
                 }
             }
+        }
+        if wc.as_ref().is_some_and(|c| c.status != WcStatus::Success) {
+            // A Send this side could not place: its record stays unconsumed, so the sender
+            // never sees it taken (it learns why from `M_BROKE`, which `deliver` sends).
+            return Ok(Some((wc, false)));
         }
         let wake = rx.r.consume(&rec);
         Ok(Some((wc, wake)))
@@ -1006,6 +1040,7 @@ impl QpInner {
                 if !matches!(self.grants.read().get(&stag), Some(Grant::Asked)) {
                     return Err("a grant nobody asked for".into());
                 }
+                self.asked.set(self.asked.get() - 1);
                 let writable = rights & (G_WRITE | G_ATOMIC) != 0;
                 let fd = fds.pop().expect("one");
                 let g = match Mapping::new(&fd, offset, len, base, writable) {
@@ -1028,8 +1063,23 @@ impl QpInner {
                 if !matches!(self.grants.read().get(&stag), Some(Grant::Asked)) {
                     return Err("a refusal nobody asked for".into());
                 }
+                self.asked.set(self.asked.get() - 1);
                 self.grants.change().insert(stag, Grant::Refused);
                 self.progress();
+                Ok(())
+            }
+            M_BROKE => {
+                // The Send the peer could not place is the first one it has not taken: it
+                // fails with the responder's error, as verbs reports one.
+                let status = if msg[1] == WcStatus::LocLenErr as u8 {
+                    WcStatus::RemInvReqErr
+                } else {
+                    WcStatus::RemOpErr
+                };
+                self.settle_front(status);
+                // (This runs in the control task: it ends at the hang-up that follows.)
+                self.task.borrow_mut().take();
+                self.fail(WcStatus::WrFlushErr);
                 Ok(())
             }
             _ => Err(format!("unknown control message {kind}")),
@@ -1203,6 +1253,13 @@ struct CoreShm {
     qps: RefCell<Vec<Weak<QpInner>>>,
     registered: Cell<bool>,
     waiter: RefCell<Option<JoinHandle<()>>>,
+    /// The stall watch is on ([`watch_for_stalls`]).
+    watching: Cell<bool>,
+    /// Its timer for a sleeping core is pending.
+    watch_timer: Cell<bool>,
+    /// Passes of the poller since the watch last read the clock, and when it looks next.
+    passes: Cell<u32>,
+    next_look: Cell<Option<Instant>>,
 }
 
 thread_local! {
@@ -1213,6 +1270,10 @@ thread_local! {
             qps: RefCell::new(Vec::new()),
             registered: Cell::new(false),
             waiter: RefCell::new(None),
+            watching: Cell::new(false),
+            watch_timer: Cell::new(false),
+            passes: Cell::new(0),
+            next_look: Cell::new(None),
         }
     };
 }
@@ -1226,6 +1287,9 @@ fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
             c.registered.set(false);
             *c.wake.borrow_mut() = None;
             c.waiter.borrow_mut().take();
+            c.watching.set(false);
+            c.watch_timer.set(false);
+            c.next_look.set(None);
         }
         if c.wake.borrow().is_none() {
             let fd = sock::eventfd().map_err(|e| connect_error(format!("eventfd: {e}")))?;
@@ -1343,6 +1407,7 @@ fn finish(
     pd: &Pd,
     scq: &CompletionQueue,
     rcq: &CompletionQueue,
+    timeout: Duration,
 ) -> Result<(QueuePair, Vec<u8>), DriverError> {
     let Heard {
         fd,
@@ -1382,6 +1447,10 @@ fn finish(
         grants: PeerKeys::new(),
         invalidated: RefCell::new(Vec::new()),
         task: RefCell::new(None),
+        timeout,
+        asked: Cell::new(0),
+        popped: Cell::new(0),
+        stall: Cell::new(None),
     });
     let task = spawn_local(serve_control(Rc::downgrade(&inner), raw));
     *inner.task.borrow_mut() = Some(task);
@@ -1435,6 +1504,7 @@ pub(crate) async fn connect(
     rcq: &CompletionQueue,
     private: &[u8],
     deadline: Instant,
+    timeout: Duration,
 ) -> Result<(QueuePair, Vec<u8>), DriverError> {
     if private.len() > MAX_PRIVATE {
         return Err(connect_error(format!(
@@ -1445,7 +1515,7 @@ pub(crate) async fn connect(
     let ours = Ours::new()?;
     ours.send(&fd, M_HELLO, private)?;
     let heard = hear(fd, M_ACCEPT, deadline).await?;
-    finish(heard, ours, pd, scq, rcq)
+    finish(heard, ours, pd, scq, rcq, timeout)
 }
 
 /// True if `addr`'s IP is one of this host's (in this network namespace).
@@ -1532,7 +1602,7 @@ impl crate::backend::ListenerOps for Listener {
             let heard = heard?;
             let ours = Ours::new()?;
             ours.send(&heard.fd, M_ACCEPT, &self.private)?;
-            let (qp, data) = finish(heard, ours, pd, scq.queue(), rcq.queue())?;
+            let (qp, data) = finish(heard, ours, pd, scq.queue(), rcq.queue(), self.timeout)?;
             for wr in recvs {
                 qp.post_recv(wr)?;
             }
@@ -1597,6 +1667,111 @@ impl Listener {
     }
 }
 
+// ---- the stall watch ------------------------------------------------------------------------
+
+/// How often the stall watch looks while some queue pair waits on its peer.
+const STALL_TICK: Duration = Duration::from_millis(50);
+
+/// Loop passes between two looks at the clock while the stall watch is on (a busy core
+/// reads the clock only this often; a pending timer would make it read it every pass).
+const PASSES_PER_CLOCK: u32 = 64;
+
+/// Turns on this core's stall watch: while it is on, every [`STALL_TICK`] (on a busy core, from
+/// the poller; on one about to sleep, from a timer, since a stopped peer never wakes it) each
+/// queue pair that waits on its peer is looked at, and those whose peer has shown no sign of
+/// life for their timeout fail ([`QpInner::watch`]). It turns itself off once nothing waits.
+/// Costs a flag's store.
+#[inline]
+fn watch_for_stalls() {
+    CORE.with(|c| c.watching.set(true));
+}
+
+/// One look of the stall watch at every queue pair of this core.
+fn look_for_stalls(now: Instant) {
+    let qps: Vec<_> = CORE.with(|c| c.qps.borrow().iter().filter_map(Weak::upgrade).collect());
+    let mut any = false;
+    for q in qps {
+        any |= q.watch(now);
+    }
+    if !any {
+        CORE.with(|c| c.watching.set(false));
+    }
+}
+
+impl QpInner {
+    /// One look of the stall watch: true while this queue pair waits on its peer.
+    ///
+    /// It waits on the peer while it holds a completion or has a request queued (not a copy
+    /// part way through), and either the peer has not looked at everything published in its
+    /// ring or a key asked of it is unanswered. A peer that has looked at the records and
+    /// holds them for want of a receive is running: its Sends wait for it, as verbs' do for a
+    /// responder with no receive (RNR, retried without limit). One whose head, look or
+    /// answers do not move for `timeout` is stopped, hung, or cut off: the request at the
+    /// front fails with `RETRY_EXC_ERR`, as a verbs transport that gives up, and the rest
+    /// flush.
+    fn watch(&self, now: Instant) -> bool {
+        if self.state.get() != QpState::Rts {
+            return false;
+        }
+        let mark = {
+            let mut tx = self.tx.borrow_mut();
+            let queued = !tx.queue.is_empty() && !tx.copying;
+            let ack = tx.w.acknowledged();
+            let owed = (self.holding.get() || queued)
+                && (tx.w.tail() > ack || (queued && self.asked.get() > 0));
+            owed.then(|| ack.wrapping_add(self.popped.get()))
+        };
+        let Some(mark) = mark else {
+            self.stall.set(None);
+            return false;
+        };
+        match self.stall.get() {
+            Some((m, since)) if m == mark => {
+                if now.duration_since(since) >= self.timeout {
+                    self.stalled();
+                    return false;
+                }
+            }
+            _ => self.stall.set(Some((mark, now))),
+        }
+        true
+    }
+
+    /// The peer stopped answering: the front request fails with `RETRY_EXC_ERR` (what the
+    /// peer had taken completes first), the rest flush.
+    #[cold]
+    fn stalled(&self) {
+        eprintln!(
+            "barewire shm: queue pair {}: the peer made no progress for {:?}; disconnecting",
+            self.num, self.timeout
+        );
+        self.settle_front(WcStatus::RetryExcErr);
+        self.fail(WcStatus::RetryExcErr);
+    }
+
+    /// Completes what the peer has taken, then the first request still outstanding (held or
+    /// queued) with `status`; the caller then fails the queue pair, flushing the rest.
+    fn settle_front(&self, status: WcStatus) {
+        self.release();
+        let front = {
+            let mut tx = self.tx.borrow_mut();
+            match tx.held.pop_front() {
+                Some((_, wc)) => {
+                    self.holding.set(!tx.held.is_empty());
+                    wc.map(|wc| (wc.wr_id, wc.opcode))
+                }
+                None => match tx.queue.pop_front() {
+                    Some(Work::Op { wr, .. }) => Some((wr.wr_id, wr.op.opcode())),
+                    _ => None,
+                },
+            }
+        };
+        if let Some((wr_id, opcode)) = front {
+            self.complete(&self.scq, self.wc(wr_id, status, opcode, 0));
+        }
+    }
+}
+
 // ---- the per-core poller ----------------------------------------------------------------------
 
 /// Delivers incoming records to posted receives and resumes send queues that waited for ring
@@ -1639,6 +1814,22 @@ impl Poller for ShmPoller {
                 any |= q.release();
             }
         });
+        CORE.with(|c| {
+            if c.watching.get() {
+                let n = c.passes.get().wrapping_add(1);
+                c.passes.set(n);
+                if n % PASSES_PER_CLOCK == 0 {
+                    let now = Instant::now();
+                    match c.next_look.get() {
+                        Some(t) if now < t => {}
+                        _ => {
+                            c.next_look.set(Some(now + STALL_TICK));
+                            look_for_stalls(now);
+                        }
+                    }
+                }
+            }
+        });
         any
     }
 
@@ -1668,6 +1859,15 @@ impl Poller for ShmPoller {
             }
         });
         CORE.with(|c| {
+            if c.watching.get() && !c.watch_timer.replace(true) {
+                // A stopped peer never wakes this core: a timer does, for the watch's next look.
+                spawn_local(async {
+                    barewire_engine::time::sleep(STALL_TICK).await;
+                    CORE.with(|c| c.watch_timer.set(false));
+                    look_for_stalls(Instant::now());
+                });
+                ready = false; // let the task arm its timer before the core sleeps
+            }
             let idle = c
                 .waiter
                 .borrow()

@@ -2,9 +2,9 @@
 //! immediate data, and revocations travel through it in posting order. The receiver creates it
 //! (a sealed memfd) and hands it to the writer at connection setup; both map it.
 //!
-//! Layout: a header of three cache lines (the writer's tail, the reader's head, and three
-//! flags: "reader asleep", "writer waits for room", "reader watches its memory"), then `cap`
-//! bytes of records. A record is a 16-byte
+//! Layout: a header of three cache lines (the writer's tail; the reader's head and how far it
+//! has looked; and three flags: "reader asleep", "writer waits for room", "reader watches its
+//! memory"), then `cap` bytes of records. A record is a 16-byte
 //! header and its payload padded to 16 bytes; one that would not fit before the end is
 //! preceded by a padding record to the end. Positions count bytes forever (u64), so
 //! `tail - head` is the fill.
@@ -22,6 +22,9 @@ use super::mem::MemFile;
 pub(crate) const HEADER: usize = 256;
 const TAIL: usize = 0;
 const HEAD: usize = 64;
+/// How far the reader has looked: records up to here wait for a posted receive (the reader
+/// runs, and will take them once it has one). On the head's line, which only the reader writes.
+const SEEN: usize = 72;
 const READER_ASLEEP: usize = 128;
 const WRITER_WAITS: usize = 132;
 const READER_WATCHES: usize = 136;
@@ -227,6 +230,19 @@ impl Writer {
         self.head
     }
 
+    /// Where the reader has looked up to: what it has consumed, or seen and holds for want of
+    /// a posted receive (it is running). Records past it have not been looked at since they
+    /// were published. Like the head, believed only within what was sent.
+    pub(crate) fn acknowledged(&mut self) -> u64 {
+        let seen = self.ring.word(SEEN).load(Ordering::Acquire);
+        let consumed = self.consumed();
+        if seen > consumed && seen <= self.tail {
+            seen
+        } else {
+            consumed
+        }
+    }
+
     /// The end of what this side has published.
     pub(crate) fn tail(&self) -> u64 {
         self.tail
@@ -262,11 +278,17 @@ pub(crate) struct Corrupt(pub &'static str);
 pub(crate) struct Reader {
     ring: Ring,
     head: u64,
+    /// The tail last published as seen ([`waits`](Self::waits)).
+    seen: u64,
 }
 
 impl Reader {
     pub(crate) fn new(ring: Ring) -> Reader {
-        Reader { ring, head: 0 }
+        Reader {
+            ring,
+            head: 0,
+            seen: 0,
+        }
     }
 
     fn tail(&self) -> Result<u64, Corrupt> {
@@ -277,9 +299,21 @@ impl Reader {
         Ok(t)
     }
 
-    /// True if a record is waiting.
+    /// True if a record is waiting that this side has not looked at (records it holds for
+    /// want of a receive are taken when one is posted, with nothing to wake for).
     pub(crate) fn has_data(&self) -> bool {
-        self.ring.word(TAIL).load(Ordering::Acquire) != self.head
+        self.ring.word(TAIL).load(Ordering::Acquire) != self.head.max(self.seen)
+    }
+
+    /// The front record waits for a posted receive: tells the writer that this side runs and
+    /// has looked at everything published so far (so its Sends wait, as verbs' wait for a
+    /// responder with no receive, rather than fail as sent to a stopped peer).
+    pub(crate) fn waits(&mut self) {
+        let t = self.ring.word(TAIL).load(Ordering::Acquire);
+        if t != self.seen {
+            self.seen = t;
+            self.ring.word(SEEN).store(t, Ordering::Release);
+        }
     }
 
     /// The next record (padding skipped), with a pointer to its payload, without consuming it.

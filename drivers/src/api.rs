@@ -668,9 +668,15 @@ impl Listener {
         addr: SocketAddr,
         opts: &ConnectOptions,
     ) -> Result<Listener, DriverError> {
-        Ok(Listener {
-            ops: dev.backend.listen(addr, opts)?,
-        })
+        let ops = dev.backend.listen(addr, opts).map_err(|e| match e {
+            DriverError::Connect(why) => DriverError::Listen { addr, why },
+            DriverError::Verbs { call, error } => DriverError::Listen {
+                addr,
+                why: format!("{call}: {error}"),
+            },
+            e => e,
+        })?;
+        Ok(Listener { ops })
     }
 
     /// The bound port.

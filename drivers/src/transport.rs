@@ -361,6 +361,15 @@ pub enum DriverError {
     /// Connection setup failed.
     #[error("connection failed: {0}")]
     Connect(String),
+    /// A listener could not be set up ([`Listener::bind`](crate::Listener::bind)): the
+    /// address is taken or not this host's, or the settings cannot be offered.
+    #[error("cannot listen on {addr}: {why}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// What failed.
+        why: String,
+    },
     /// A work request could not be posted.
     #[error("post failed: {0}")]
     Post(String),

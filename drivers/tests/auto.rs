@@ -297,3 +297,33 @@ fn a_connect_that_nothing_answers_fails_within_the_setup_deadline() {
     }
     held.join().unwrap();
 }
+
+/// A listener that cannot be set up says where and why, on each driver (it used to say
+/// "connection failed", of a bind).
+#[test]
+fn a_listener_on_a_taken_or_foreign_address_says_where_and_why() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_at = taken.local_addr().unwrap();
+    // TEST-NET-1 (RFC 5737): never an address of this host.
+    let foreign = SocketAddr::from(([192, 0, 2, 1], 0));
+    for driver in ["soft", "shm", "auto"] {
+        let dev = Device::open(&DriverConfig::parse(driver, None).unwrap()).unwrap();
+        for (at, why) in [
+            (taken_at, "Address already in use"),
+            (foreign, "Cannot assign requested address"),
+        ] {
+            let e = Listener::bind(&dev, at, &dev.connect_options())
+                .err()
+                .unwrap_or_else(|| panic!("{driver}: listening on {at} succeeded"));
+            assert!(
+                matches!(e, barewire_drivers::DriverError::Listen { addr, .. } if addr == at),
+                "{driver}: {e:?}"
+            );
+            let said = e.to_string();
+            assert!(
+                said.starts_with(&format!("cannot listen on {at}: ")) && said.contains(why),
+                "{driver}: {said}"
+            );
+        }
+    }
+}

@@ -1637,12 +1637,12 @@ impl Listener {
         }
         let (port_of, bound) = if auto {
             let l = barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
-                .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
+                .map_err(|e| DriverError::Connect(e.to_string()))?;
             let bound = l.local_addr().map_err(|e| connect_error(e.to_string()))?;
             (Port::Soft(l), bound)
         } else {
             let tcp = std::net::TcpListener::bind(addr)
-                .map_err(|e| connect_error(format!("binding {addr}: {e}")))?;
+                .map_err(|e| connect_error(format!("reserving its TCP port: {e}")))?;
             let bound = tcp.local_addr().map_err(|e| connect_error(e.to_string()))?;
             (Port::Reserved(tcp), bound)
         };

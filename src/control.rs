@@ -52,6 +52,9 @@ pub(crate) enum Control {
     Refuse { id: u16, reason: String },
     /// "I am rank `rank` of a mesh of `size`" (the first word on a mesh connection).
     Hello { rank: u32, size: u32 },
+    /// "Are you there?": a liveness probe, which the receive side takes and drops (see
+    /// `Inner::probe`).
+    Ping,
 }
 
 /// A region descriptor as (key, address, length).
@@ -115,7 +118,7 @@ impl Control {
         match &mut c {
             Control::Region { fp, .. } | Control::Open { fp, .. } => fp.name = fp.wire_name(),
             Control::Refuse { reason, .. } => *reason = fit_reason(reason).to_string(),
-            Control::Accept { .. } | Control::Hello { .. } => {}
+            Control::Accept { .. } | Control::Hello { .. } | Control::Ping => {}
         }
         c
     }
@@ -325,7 +328,7 @@ mod tests {
             align: size,
         };
         #[rustfmt::skip]
-        let golden: [(Control, &[u8]); 5] = [
+        let golden: [(Control, &[u8]); 6] = [
             (
                 Control::Region { fp: fp("u64", 8), desc: d(1), len: 9 },
                 // version, tag, name (varint length + UTF-8), size, align, then the
@@ -345,6 +348,7 @@ mod tests {
             ),
             (Control::Refuse { id: 7, reason: "no".into() }, &[1, 3, 7, 0, 2, b'n', b'o']),
             (Control::Hello { rank: 2, size: 3 }, &[1, 4, 2, 0, 0, 0, 3, 0, 0, 0]),
+            (Control::Ping, &[1, 5]),
         ];
         for (c, bytes) in golden {
             assert_eq!(c.encode(), bytes, "{c:?}");

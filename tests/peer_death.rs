@@ -1,12 +1,15 @@
 //! A channel's peer process killed (SIGKILL) on either side: the survivor's channel halves
-//! fail with `PeerGone` within a bounded time, instead of hanging.
+//! fail with `PeerGone` within a bounded time, instead of hanging. A receiver that stops
+//! (SIGSTOP) fails a sender that waits on its full ring, on every transport, while one that
+//! runs but does not read is waited for.
 
 use barewire_test_support::{rt, ReadyChild};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use barewire::drivers::DriverConfig;
 use barewire::engine::time;
-use barewire::{Error, Node};
+use barewire::{ChannelOptions, Error, Node};
 
 fn node_process(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_barewire-node"))
@@ -86,4 +89,111 @@ fn a_killed_sender_fails_the_receiver() {
         assert!(matches!(e, Error::PeerGone(_)), "{e}");
         assert!(t0.elapsed() < BOUND, "took {:?}", t0.elapsed());
     });
+}
+
+/// A receiver process stopped (SIGSTOP) with the sender's ring full: the waiting `send` fails
+/// with `PeerGone` within a bounded time, over soft and shm alike. Over shm, whose Writes need
+/// no work from the receiver, it used to wait for ever; the sender's liveness probe finds the
+/// stopped receiver.
+#[test]
+fn a_stopped_receiver_fails_a_sender_waiting_on_its_full_ring() {
+    for driver in ["soft", "shm"] {
+        let peer = ReadyChild::spawn(
+            Command::new(env!("CARGO_BIN_EXE_barewire-node"))
+                .arg("echo")
+                .env("BAREWIRE_DRIVER", driver),
+        );
+        let port = peer.port();
+        rt().block_on(async {
+            let node = Node::with_config(&DriverConfig::parse(driver, None).unwrap()).unwrap();
+            let ep = node
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let (tx, rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            for n in 0..10 {
+                tx.send(&n).await.unwrap();
+                assert_eq!(rx.recv().await.unwrap(), n + 1);
+            }
+            peer.signal(libc::SIGSTOP);
+            let t0 = Instant::now();
+            let mut sent = 0;
+            let e = loop {
+                match time::timeout(2 * BOUND, tx.send(&1))
+                    .await
+                    .unwrap_or_else(|_| panic!("{driver}: send still waits after {sent} sends"))
+                {
+                    Ok(()) => sent += 1,
+                    Err(e) => break e,
+                }
+            };
+            let took = t0.elapsed();
+            assert!(matches!(e, Error::PeerGone(_)), "{driver}: {e}");
+            assert!(took < BOUND, "{driver}: took {took:?}");
+            // (Credits come back every quarter of the ring: the first 10 may still count.)
+            assert!(
+                sent + 10 >= 64,
+                "{driver}: failed after {sent} sends, before the ring was full"
+            );
+        });
+        peer.signal(libc::SIGKILL);
+    }
+}
+
+/// A receiver that runs but does not read for several probe intervals is waited for: the
+/// sender's probes are answered by its core, and every message arrives once it reads.
+#[test]
+fn a_receiver_that_runs_but_does_not_read_is_waited_for() {
+    for driver in ["soft", "shm"] {
+        let cfg = DriverConfig::parse(driver, None).unwrap();
+        let (tx_port, rx_port) = std::sync::mpsc::channel();
+        let server = std::thread::spawn({
+            let cfg = cfg.clone();
+            move || {
+                rt().block_on(async move {
+                    let node = Node::with_config(&cfg).unwrap();
+                    tx_port
+                        .send(node.listen("127.0.0.1:0".parse().unwrap()).unwrap())
+                        .unwrap();
+                    let ep = node.accept().await.unwrap();
+                    let (_tx, rx) = ep
+                        .open_channel::<u64>(ChannelOptions::new(64, 8))
+                        .await
+                        .unwrap();
+                    // Busy elsewhere, with its core running, for three probe intervals.
+                    time::sleep(Duration::from_secs(3)).await;
+                    for n in 0..200u64 {
+                        assert_eq!(rx.recv().await.unwrap(), n);
+                    }
+                })
+            }
+        });
+        let port = rx_port.recv().unwrap();
+        rt().block_on(async {
+            let node = Node::with_config(&cfg).unwrap();
+            let ep = node
+                .connect(format!("127.0.0.1:{port}").parse().unwrap())
+                .await
+                .unwrap();
+            let (tx, _rx) = ep
+                .open_channel::<u64>(ChannelOptions::new(64, 8))
+                .await
+                .unwrap();
+            let t0 = Instant::now();
+            for n in 0..200u64 {
+                tx.send(&n).await.unwrap_or_else(|e| {
+                    panic!("{driver}: message {n} failed after {:?}: {e}", t0.elapsed())
+                });
+            }
+            tx.flush().await.unwrap();
+            assert!(
+                t0.elapsed() >= Duration::from_secs(2),
+                "{driver}: the ring never filled"
+            );
+        });
+        server.join().unwrap();
+    }
 }

@@ -22,6 +22,13 @@
 //! messages unconsumed, so it never overwrites one the receiver has not read: a full ring is
 //! backpressure, not loss.
 //!
+//! A sender whose ring stays full for a second asks whether the receiver is alive, and again
+//! every second while it stays full (a control Ping, which the receiver's core takes, then a
+//! zero-length READ). A receiver that runs but does not read answers and is waited for; one
+//! that is stopped, hung or cut off fails the connection within the transport's timeout, so the
+//! waiting `send` returns [`Error::PeerGone`] rather than wait for ever. (Over shm, where
+//! Writes need nothing from the receiver, nothing else would notice.)
+//!
 //! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
 //! message format ([`Bare`], via serde).
 //!
@@ -271,7 +278,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
 
     /// Sends one message: in order, exactly once, unless the connection fails. Returns once
     /// the message is in its slot of the outgoing run (it goes out when this task yields, or
-    /// sooner; see the module docs); waits while the ring is full.
+    /// sooner; see the module docs); waits while the ring is full, for as long as the receiver
+    /// runs (a receiver that is stopped, hung or cut off makes it fail with
+    /// [`Error::PeerGone`] within about two seconds; see the module docs).
     ///
     /// A message that finds room is placed by the first poll of the returned future, inlined
     /// where it is awaited, with no state machine of its own.
@@ -349,6 +358,9 @@ impl<T, C: Codec<T>> Sender<T, C> {
             return Poll::Ready(Ok(()));
         }
         st.waker.register(cx.waker());
+        if !st.watching.replace(true) {
+            barewire_engine::spawn_local(send::watch_receiver(Rc::downgrade(&self.st)));
+        }
         Poll::Pending
     }
 

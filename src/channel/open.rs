@@ -105,6 +105,7 @@ impl Endpoint {
             direct: OnceCell::new(),
             wake_due: Cell::new(false),
             room_until: Cell::new(0),
+            watching: Cell::new(false),
         });
         let tx_recvs = tx.recvs();
         if let Err(e) = inner.add_recvs(tx_recvs) {

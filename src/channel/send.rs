@@ -62,6 +62,39 @@ pub(crate) struct TxState {
     /// Messages below this count have room in the ring, as the credit word last read showed
     /// (see `Sender::try_place`).
     pub(super) room_until: Cell<u64>,
+    /// A task watches the receiver while the ring stays full (see [`watch_receiver`]).
+    pub(super) watching: Cell<bool>,
+}
+
+/// How long a sender waits on a full ring before it asks whether the receiver is alive, and
+/// between two such asks.
+pub(super) const PROBE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// While the ring of `st` stays full, asks every [`PROBE_AFTER`] whether its receiver is alive
+/// (`Inner::probe`). A receiver that is slow, or whose user does not call `recv`, answers
+/// from its core's receive poller and is waited for; one that is stopped, hung or cut off
+/// fails the connection within the transport's timeout, and the waiting `send` returns
+/// `PeerGone` (where memory is written with no work request the receiver could fail, as
+/// over shm, a full ring would otherwise wait for a stopped receiver for ever).
+pub(super) async fn watch_receiver(st: Weak<TxState>) {
+    loop {
+        barewire_engine::time::sleep(PROBE_AFTER).await;
+        let Some(st) = st.upgrade() else { return };
+        let inner = st.link.upgrade();
+        let full =
+            st.seq.get() - (st.credit.load_u64(0) & !super::GONE).min(st.seq.get()) >= st.capacity;
+        let (Some(inner), Some(ring), true) = (inner, st.ring.get(), full) else {
+            st.watching.set(false);
+            return;
+        };
+        if inner.failed.get() || st.credit.load_u64(0) & super::GONE != 0 {
+            st.watching.set(false);
+            return;
+        }
+        drop(st);
+        // A failure fails the connection, which wakes the sender with it.
+        let _ = inner.probe(ring).await;
+    }
 }
 
 impl TxState {

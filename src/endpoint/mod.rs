@@ -177,6 +177,21 @@ impl Inner {
         r.map(|_| ()).map_err(|e| self.driver_error(e))
     }
 
+    /// Asks whether the peer is alive, in a way every transport answers only with the peer's
+    /// own CPU or fails within its timeout: a [`Control::Ping`], which the peer's receive side
+    /// takes and drops (a shm Send completes only once the peer has taken it), then a
+    /// zero-length READ (which the software provider serves on the peer's core) of `at`, a
+    /// region of the peer's (a zero-length READ names no bytes of it). A peer that is stopped,
+    /// hung or cut off fails the connection, as any work request to it would; a NIC answers
+    /// both for a stopped process, so over verbs this sees only a dead or cut-off peer.
+    pub(crate) async fn probe(&self, at: barewire_drivers::RegionDescriptor) -> Result<()> {
+        self.send_control(&Control::Ping).await?;
+        let buf = self.scratch(8)?;
+        let r = self.ops.read(&buf, 0, 0, Remote::at(at, 0)).await;
+        self.give_back(buf);
+        r.map(|_| ()).map_err(|e| self.driver_error(e))
+    }
+
     /// The next control message `pick` accepts (others stay queued, in order).
     pub(crate) async fn wait_control<T>(
         &self,

@@ -200,6 +200,8 @@ impl Inner {
                     buf.read_at(*off, &mut bytes);
                 }
                 match Control::decode(&bytes) {
+                    // A liveness probe: taking it was the answer.
+                    Ok(Control::Ping) => {}
                     Ok(_) if self.shared.borrow().inbox.len() >= MAX_QUEUED_CONTROLS => {
                         // Each waits in memory, and each wait scans them all: a peer sending
                         // faster than anything here takes them is not served.

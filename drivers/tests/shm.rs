@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use barewire_drivers::{
     connect, Access, Buffer, ConnectOptions, Device, DriverConfig, DriverError, Endpoint, Listener,
-    Remote, WcOpcode, WcStatus,
+    Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use barewire_test_support::rt;
 
@@ -713,6 +713,70 @@ fn a_hung_peer_fails_a_send_within_the_timeout_on_a_sleeping_core() {
 #[test]
 fn a_hung_peer_fails_a_send_within_the_timeout_on_a_busy_core() {
     a_hung_peer_fails_a_send_within_the_timeout(true);
+}
+
+/// An unsignaled Send the receiver cannot place (its receive is too short) completes anyway,
+/// with the responder's error, as a failed request does on verbs signaled or not; the
+/// unsignaled Send before it, which the receiver took, completes with nothing.
+#[test]
+fn an_unsignaled_send_that_fails_at_the_receiver_still_completes_with_its_error() {
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        assert_eq!(ep.recv(&buf, 0, 4096).await.unwrap().byte_len, 10);
+        let short = ep.recv(&buf, 0, 16).await;
+        assert!(
+            matches!(
+                short,
+                Err(DriverError::Completion {
+                    status: WcStatus::LocLenErr,
+                    ..
+                })
+            ),
+            "{short:?}"
+        );
+    });
+    rt().block_on(async {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = connect(
+            ([127, 0, 0, 1], port).into(),
+            &pd,
+            &scq,
+            &rcq,
+            &ConnectOptions::default(),
+        )
+        .await
+        .unwrap();
+        let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        let send = |wr_id, len| SendWr {
+            wr_id,
+            op: SendOp::Send {
+                solicited: false,
+                invalidate: None,
+            },
+            sges: [buf.sge(0, len)].into(),
+            signaled: false,
+            fence: false,
+        };
+        qp.post_send(send(1, 10)).unwrap();
+        qp.post_send(send(2, 100)).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut got = Vec::new();
+        while got.is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            let mut out = [WorkCompletion::BLANK; 4];
+            let n = scq.poll(&mut out);
+            got.extend_from_slice(&out[..n]);
+            barewire_engine::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].wr_id, got[0].status), (2, WcStatus::RemInvReqErr));
+    });
+    t.join().unwrap();
 }
 
 /// A Send with Invalidate naming a key the receiver cannot invalidate (here, one already

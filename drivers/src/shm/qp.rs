@@ -196,9 +196,10 @@ struct Tx {
     /// immediate data completes once the peer has taken its record from the ring (matched it
     /// with a posted receive), as verbs completes it once the responder has placed it; every
     /// later completion waits behind it. Each entry: the ring position the peer must have
-    /// consumed up to (0: none, it waits only for those ahead of it), and the completion of a
-    /// signaled request.
-    held: VecDeque<(u64, Option<WorkCompletion>)>,
+    /// consumed up to (0: none, it waits only for those ahead of it), its successful
+    /// completion, and whether it is signaled (an unsignaled one completes only if it fails,
+    /// as on verbs).
+    held: VecDeque<(u64, WorkCompletion, bool)>,
     /// The front entry is a large copy part way through ([`Step::More`]): the core must keep
     /// passing (it is not waiting for the peer).
     copying: bool,
@@ -338,8 +339,8 @@ impl QpInner {
         {
             let mut tx = self.tx.borrow_mut();
             let end = if taken_by_peer { tx.w.tail() } else { 0 };
-            tx.held
-                .push_back((end, len.map(|len| self.success(wr, len))));
+            let wc = self.success(wr, len.unwrap_or(0));
+            tx.held.push_back((end, wc, len.is_some()));
         }
         self.holding.set(true);
         self.release();
@@ -356,10 +357,10 @@ impl QpInner {
                 let mut tx = self.tx.borrow_mut();
                 let tx = &mut *tx;
                 match tx.held.front() {
-                    Some(&(end, _)) if end <= tx.w.consumed() => {
-                        let wc = tx.held.pop_front().unwrap().1;
+                    Some(&(end, ..)) if end <= tx.w.consumed() => {
+                        let (_, wc, signaled) = tx.held.pop_front().unwrap();
                         self.holding.set(!tx.held.is_empty());
-                        wc
+                        signaled.then_some(wc)
                     }
                     _ => return any,
                 }
@@ -377,7 +378,7 @@ impl QpInner {
         let tx = &mut *tx;
         tx.held
             .front()
-            .is_some_and(|&(end, _)| end <= tx.w.consumed())
+            .is_some_and(|&(end, ..)| end <= tx.w.consumed())
     }
 
     /// Ahead of an error or a flush: the held requests the peer consumed complete, and the
@@ -386,7 +387,7 @@ impl QpInner {
         self.release();
         let held: Vec<_> = self.tx.borrow_mut().held.drain(..).collect();
         self.holding.set(false);
-        for wc in held.into_iter().filter_map(|(_, wc)| wc) {
+        for (_, wc, _) in held.into_iter().filter(|&(.., signaled)| signaled) {
             self.scq
                 .push(self.wc(wc.wr_id, WcStatus::WrFlushErr, wc.opcode, 0));
         }
@@ -1756,9 +1757,10 @@ impl QpInner {
         let front = {
             let mut tx = self.tx.borrow_mut();
             match tx.held.pop_front() {
-                Some((_, wc)) => {
+                Some((_, wc, _)) => {
+                    // Signaled or not: a request that fails completes, as on verbs.
                     self.holding.set(!tx.held.is_empty());
-                    wc.map(|wc| (wc.wr_id, wc.opcode))
+                    Some((wc.wr_id, wc.opcode))
                 }
                 None => match tx.queue.pop_front() {
                     Some(Work::Op { wr, .. }) => Some((wr.wr_id, wr.op.opcode())),

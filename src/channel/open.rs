@@ -72,7 +72,6 @@ impl Endpoint {
         let fp = Fingerprint::of::<T>();
         let slot = extent(opts.max_message).next_multiple_of(8);
         let cap = opts.capacity as u64;
-        let index = inner.next_open_index();
 
         // Our direction: a credit word the peer may write, receives for its credit notices.
         let credit = Buffer::new(
@@ -81,7 +80,13 @@ impl Endpoint {
             64,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         )?;
-        let staging = Buffer::new(&inner.pd, cap as usize * slot, 64, Access::LOCAL_WRITE)?;
+        let bytes = cap as usize * slot;
+        let staging = Buffer::new(&inner.pd, bytes, 64, Access::LOCAL_WRITE).map_err(|e| {
+            Error::Invalid(format!(
+                "a channel of {cap} slots of {slot} bytes needs {bytes} bytes of staging on \
+                 the sending side, which it could not have: {e}"
+            ))
+        })?;
         let id = inner.next_chan_id()?;
         let tx = Rc::new(TxState {
             id,
@@ -118,6 +123,10 @@ impl Endpoint {
             .borrow_mut()
             .chans
             .insert(id, ChanRef::Tx(Rc::downgrade(&tx)));
+        // Which of the peer's Opens pairs with this one: taken only now, as the Open goes out,
+        // so an open that failed here before sending anything (its buffers could not be had)
+        // takes no place in the pairing, and the next one pairs where it would have.
+        let index = inner.next_open_index();
         inner
             .send_control(&Control::Open {
                 id,

@@ -275,6 +275,40 @@ fn refused_on_both_sides(
     });
 }
 
+/// An open that fails on this side before it sends anything (its staging buffer cannot be
+/// had) says why, and takes no place in the pairing of opens: the next open on each side pair
+/// up and carry messages. (It used to take a place, so the next open here waited for an Open
+/// the peer never sent, and after the handshake timeout the connection was closed.)
+#[test]
+fn an_open_that_fails_here_before_sending_leaves_later_opens_paired() {
+    on_a_sleeping_core(async {
+        let (_nodes, ea, eb) = connected(&DriverConfig::parse("soft", None).unwrap()).await;
+        let huge = ChannelOptions::new(u32::MAX, imm::MAX_MESSAGE);
+        match ea.open_channel::<u64>(huge).await.map(|_| ()) {
+            Err(Error::Invalid(e)) => assert!(e.contains("bytes of staging"), "{e}"),
+            other => panic!("expected the open refused here, got {other:?}"),
+        }
+        let eb2 = eb.clone();
+        let side_b = barewire_engine::spawn_local(async move {
+            let (tx, rx) = eb2.open_channel::<u64>(ChannelOptions::new(64, 8)).await?;
+            tx.send(&7).await?;
+            tx.flush().await?;
+            rx.recv().await
+        });
+        let opened = barewire_engine::time::timeout(
+            std::time::Duration::from_secs(5),
+            ea.open_channel::<u64>(ChannelOptions::new(64, 8)),
+        )
+        .await
+        .expect("the next open pairs with the peer's first");
+        let (tx, rx) = opened.unwrap();
+        assert_eq!(rx.recv().await.unwrap(), 7);
+        tx.send(&8).await.unwrap();
+        tx.flush().await.unwrap();
+        assert_eq!(side_b.await.unwrap().unwrap(), 8);
+    });
+}
+
 /// An answer (Accept or Refuse) for a channel this side has no open half of (one it gave up,
 /// or never had) is dropped on arrival: nothing would ever take it from the queue.
 #[test]

@@ -422,6 +422,61 @@ fn protection_violations_complete_with_their_statuses_and_touch_nothing() {
     });
 }
 
+/// A request that fails and was not signaled: on verbs and shm it completes with its error
+/// anyway (`signaled` asks for a completion on success only), here an unsignaled WRITE with
+/// an unknown key after an unsignaled one that succeeds (which completes with nothing). The
+/// software provider speaks iWARP, where a WRITE has no response and the peer's Terminate names
+/// the offending message, not a work request: the queue pair goes to ERROR, and the next
+/// request completes with a flush.
+#[test]
+fn an_unsignaled_request_that_fails_is_reported() {
+    let Some(driver) = backend() else { return };
+    let peer = Peer::start(&driver);
+    rt().block_on(async {
+        let s = side(&driver);
+        let (qp, scq, _rcq, r0, _) = raw(&s, &peer).await;
+        let buf = Buffer::new(&s.pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+        let write = |wr_id, rkey, signaled| SendWr {
+            wr_id,
+            op: SendOp::Write {
+                remote_addr: r0.addr,
+                rkey,
+            },
+            sges: [buf.sge(0, 16)].into(),
+            signaled,
+            fence: false,
+        };
+        qp.post_send(write(1, r0.rkey, false)).unwrap();
+        qp.post_send(write(2, Stag(r0.rkey.0 ^ 0x5a5a_5a00), false))
+            .unwrap();
+        let t0 = Instant::now();
+        if driver == "soft" {
+            while qp.state() != QpState::Error {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(5),
+                    "still {:?}",
+                    qp.state()
+                );
+                barewire_engine::time::sleep(Duration::from_millis(1)).await;
+            }
+            qp.post_send(write(3, r0.rkey, true)).unwrap();
+            let wc = scq.next().await;
+            assert_eq!((wc.wr_id, wc.status), (3, WcStatus::WrFlushErr), "{wc:?}");
+            return;
+        }
+        let wc = barewire_engine::time::timeout(Duration::from_secs(5), scq.next())
+            .await
+            .expect("the failed WRITE completes");
+        assert_eq!(wc.wr_id, 2, "{wc:?}");
+        assert!(
+            wc.status == WcStatus::RemAccessErr
+                || (driver != "shm"
+                    && matches!(wc.status, WcStatus::RemOpErr | WcStatus::RemInvReqErr)),
+            "{wc:?}"
+        );
+    });
+}
+
 /// A window (type 2 memory window semantics) serves the connection it was bound for and no
 /// other: the same key on a second connection is a remote access error, and nothing moves.
 #[test]

@@ -28,6 +28,9 @@ BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire --test typed
 echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak.rs)"
 cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"
 
+echo "== soak over shm: the same workload through shared memory, with kills and stops (no link cuts: shm stays within one namespace), one minute"
+cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 60 --seed "$(date +%s)" --net loopback --driver shm
+
 echo "== distributed shared memory: linearizability of multi-process histories, with faults (release: the checker is slow unoptimized)"
 cargo test --release -p barewire --test dsm_linearizability -- --test-threads=1
 

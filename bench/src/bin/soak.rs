@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! barewire-soak [--seconds 120] [--seed N] [--fault-every-ms 4000] [--net netns|loopback|auto]
-//!               [--break WHAT]
+//!               [--driver soft|shm|auto] [--break WHAT]
 //! ```
+//!
+//! `--driver` picks the workers' transport: the software provider (the default), shm (all
+//! three through shared memory; needs `--net loopback`, since shm does not cross network
+//! namespaces), or `auto` (shm between workers in one namespace, soft across the link).
 //!
 //! `--break` runs a deliberately broken worker, to show that each check catches what it is
 //! for (`tests/soak.rs`): `dup` (a client sends one message twice), `lost-write` (every server
@@ -141,6 +145,9 @@ struct Cli {
     /// possible; needs root), plain loopback, or namespaces where they can be made.
     #[arg(long, value_enum, default_value = "netns")]
     net: NetName,
+    /// The workers' transport (shm needs `--net loopback`).
+    #[arg(long, value_enum, default_value = "soft")]
+    driver: DriverName,
     /// Run a deliberately broken worker (each check must catch its own).
     #[arg(long = "break", value_enum, value_name = "WHAT")]
     broken: Option<BreakName>,
@@ -163,6 +170,13 @@ enum NetName {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DriverName {
+    Soft,
+    Shm,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BreakName {
     Dup,
     LostWrite,
@@ -180,6 +194,22 @@ fn main() {
         return;
     }
     let (seconds, seed, every) = (cli.seconds, cli.seed, cli.fault_every_ms);
+    if cli.driver == DriverName::Shm && cli.net != NetName::Loopback {
+        eprintln!(
+            "barewire-soak: --driver shm needs --net loopback (shm does not cross network \
+             namespaces; --driver auto uses it where it can)"
+        );
+        std::process::exit(2);
+    }
+    let driver = cli
+        .driver
+        .to_possible_value()
+        .expect("every variant has a name")
+        .get_name()
+        .to_string();
+    // Read by the workers this process starts.
+    std::env::set_var("BAREWIRE_SOAK_DRIVER", &driver);
+    println!("soak: driver {driver}");
     let net = match cli.net {
         NetName::Loopback => Net::loopback(),
         want => match Net::namespaces() {
@@ -985,6 +1015,12 @@ mod worker {
 
     static FINAL: AtomicBool = AtomicBool::new(false);
 
+    /// A node on the transport the supervisor chose (`--driver`).
+    pub(super) fn node() -> barewire::Result<Node> {
+        let driver = std::env::var("BAREWIRE_SOAK_DRIVER").unwrap_or_else(|_| "soft".into());
+        Node::with_config(&barewire::drivers::DriverConfig::parse(&driver, None)?)
+    }
+
     /// The deliberate defect this worker has, if any (see `--break`).
     fn broken(what: &str) -> bool {
         std::env::var("BAREWIRE_SOAK_BREAK").is_ok_and(|b| b == what)
@@ -1030,7 +1066,7 @@ mod worker {
         });
         let rt = Runtime::builder().cores(1).sleeping().build().unwrap();
         rt.block_on(async move {
-            let node = Rc::new(Node::soft().unwrap());
+            let node = Rc::new(node().unwrap());
             // A killed incarnation's connections may hold the port for a while (closed with
             // data unsent to a peer that is stopped or cut off, they linger in FIN-WAIT),
             // and even SO_REUSEADDR does not bind over those: try again, as a restarted
@@ -1300,7 +1336,7 @@ mod worker {
         }
 
         async fn form(rank: usize, addrs: &[SocketAddr]) -> Result<Parts> {
-            let node = Node::soft()?;
+            let node = super::node()?;
             node.listen(addrs[rank])?;
             let mesh = Mesh::join(&node, rank, addrs).await?;
             let mut opts = SharedOptions::default();

@@ -122,7 +122,7 @@ fn a_stopped_receiver_fails_a_sender_waiting_on_its_full_ring() {
             let t0 = Instant::now();
             let mut sent = 0;
             let e = loop {
-                match time::timeout(2 * BOUND, tx.send(&1))
+                match time::timeout(3 * BOUND, tx.send(&1))
                     .await
                     .unwrap_or_else(|_| panic!("{driver}: send still waits after {sent} sends"))
                 {
@@ -132,7 +132,8 @@ fn a_stopped_receiver_fails_a_sender_waiting_on_its_full_ring() {
             };
             let took = t0.elapsed();
             assert!(matches!(e, Error::PeerGone(_)), "{driver}: {e}");
-            assert!(took < BOUND, "{driver}: took {took:?}");
+            // The probe waits a second of full ring, then the transport's timeout (1 s) runs.
+            assert!(took < BOUND + Duration::from_secs(2), "{driver}: took {took:?}");
             // (Credits come back every quarter of the ring: the first 10 may still count.)
             assert!(
                 sent + 10 >= 64,

@@ -133,7 +133,10 @@ fn a_stopped_receiver_fails_a_sender_waiting_on_its_full_ring() {
             let took = t0.elapsed();
             assert!(matches!(e, Error::PeerGone(_)), "{driver}: {e}");
             // The probe waits a second of full ring, then the transport's timeout (1 s) runs.
-            assert!(took < BOUND + Duration::from_secs(2), "{driver}: took {took:?}");
+            assert!(
+                took < BOUND + Duration::from_secs(2),
+                "{driver}: took {took:?}"
+            );
             // (Credits come back every quarter of the ring: the first 10 may still count.)
             assert!(
                 sent + 10 >= 64,

@@ -6,8 +6,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use barewire_drivers::{
-    connect, Access, Buffer, ConnectOptions, Device, DriverConfig, DriverError, Endpoint, Listener,
-    Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    connect, Access, Buffer, CompletionQueue, ConnectOptions, Device, DriverConfig, DriverError,
+    Endpoint, Listener, QueuePair, Remote, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 use barewire_test_support::rt;
 
@@ -38,6 +38,21 @@ where
 }
 
 async fn client(port: u16) -> (Endpoint, Device, barewire_drivers::ProtectionDomain) {
+    let (qp, scq, rcq, dev, pd) = raw_client(port).await;
+    (Endpoint::new(qp, scq, rcq), dev, pd)
+}
+
+/// A raw connection to the server on `port`: the queue pair, its send and receive completion
+/// queues (256 entries each), the device and the protection domain.
+async fn raw_client(
+    port: u16,
+) -> (
+    QueuePair,
+    CompletionQueue,
+    CompletionQueue,
+    Device,
+    barewire_drivers::ProtectionDomain,
+) {
     let dev = shm();
     let pd = dev.alloc_pd().unwrap();
     let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
@@ -50,7 +65,7 @@ async fn client(port: u16) -> (Endpoint, Device, barewire_drivers::ProtectionDom
     )
     .await
     .unwrap();
-    (Endpoint::new(qp, scq, rcq), dev, pd)
+    (qp, scq, rcq, dev, pd)
 }
 
 /// Connects and receives the region descriptor the server sends first. Returns a 64 KiB local
@@ -740,18 +755,7 @@ fn an_unsignaled_send_that_fails_at_the_receiver_still_completes_with_its_error(
         );
     });
     rt().block_on(async {
-        let dev = shm();
-        let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-        let (qp, _) = connect(
-            ([127, 0, 0, 1], port).into(),
-            &pd,
-            &scq,
-            &rcq,
-            &ConnectOptions::default(),
-        )
-        .await
-        .unwrap();
+        let (qp, scq, _rcq, _dev, pd) = raw_client(port).await;
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         let send = |wr_id, len| SendWr {
             wr_id,

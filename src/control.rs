@@ -5,7 +5,10 @@
 //! variant as a varint tag, integers little-endian of fixed width, strings with a varint
 //! length, a region descriptor as its key, address and length). A peer that speaks another
 //! version is refused with an error naming both. `tests` pins the bytes of each message, so
-//! a change of layout cannot pass unnoticed: it needs a new version.
+//! a change of layout cannot pass unnoticed: it needs a new version. A new message kind
+//! appended at the end (as `Ping` was, tag 5) leaves every other message's bytes as they were;
+//! a build from before it fails the connection on which one arrives, as on any message it
+//! cannot decode.
 
 use barewire_drivers::{RegionDescriptor, Stag};
 use serde::{Deserialize, Serialize};

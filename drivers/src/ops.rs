@@ -115,7 +115,12 @@ impl Buffer {
             // SAFETY: a non-zero-sized layout.
             let p = unsafe { std::alloc::alloc_zeroed(layout) };
             if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
+                // An error for the caller, not the allocator's abort of the whole process (a
+                // large buffer with an alignment over a page comes this way).
+                return Err(DriverError::Unsupported(format!(
+                    "allocating a buffer of {len} B aligned {align}: {}",
+                    std::io::Error::from_raw_os_error(libc::ENOMEM)
+                )));
             }
             (p, Memory::Heap(layout))
         };

@@ -358,7 +358,8 @@ fn memory_and_swap() -> u64 {
 /// A buffer larger than this machine's memory and swap is refused when it is made, on shm as
 /// on soft (whose large buffers are anonymous mappings, which the kernel's default overcommit
 /// policy refuses at that size), rather than made and left for the first touch of its missing
-/// pages to end in the OOM killer.
+/// pages to end in the OOM killer. One aligned to more than a page is refused too, not an
+/// abort of the process.
 #[test]
 fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
     let len = (memory_and_swap() + (1 << 30)) as usize;
@@ -384,6 +385,21 @@ fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
         );
         // What fits is still made.
         assert!(Buffer::new(&pd, 1 << 20, 4096, Access::LOCAL_WRITE).is_ok());
+    }
+    if heuristic {
+        // Aligned to more than a page, soft's buffer comes from the allocator, whose failure
+        // used to abort the process.
+        let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let e = Buffer::new(&pd, len, 8192, Access::LOCAL_WRITE)
+            .err()
+            .unwrap_or_else(|| panic!("soft: a buffer of {len} B aligned 8192 was made"));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("allocating a buffer of {len} B aligned 8192"))
+                && msg.contains("Cannot allocate memory"),
+            "{msg}"
+        );
     }
 }
 

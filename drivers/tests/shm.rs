@@ -403,6 +403,57 @@ fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
     }
 }
 
+/// A buffer aligned to more than a page (here 2 MiB, as for huge pages) is made on shm
+/// (it used to be refused), starts on its alignment, and serves a peer's WRITE and READ.
+#[test]
+fn a_buffer_aligned_to_more_than_a_page_is_made_and_served() {
+    const ALIGN: usize = 2 << 20;
+    let (port, t) = server(|l, dev| async move {
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
+        let region = Buffer::new(
+            &pd,
+            65536,
+            ALIGN,
+            ALL | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        )
+        .unwrap();
+        assert_eq!(region.descriptor().addr % ALIGN as u64, 0, "aligned");
+        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
+        let ep = Endpoint::new(qp, scq, rcq);
+        let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
+        msg.write_at(0, &region.descriptor().to_bytes());
+        let done = ep.recv(&msg, 1024, 16);
+        ep.send(&msg, 0, 20).await.unwrap();
+        done.await.unwrap();
+        let mut got = vec![0u8; 40_000];
+        region.read_at(1000, &mut got);
+        assert!(got == pattern(40_000, 3), "the peer's WRITE is in place");
+    });
+    rt().block_on(async {
+        let (ep, buf, region, _dev) = told_region(port).await;
+        buf.write_at(0, &pattern(40_000, 3));
+        ep.write(&buf, 0, 40_000, Remote::at(region, 1000))
+            .await
+            .unwrap();
+        ep.read(&buf, 40_000, 20_000, Remote::at(region, 1000))
+            .await
+            .unwrap();
+        let mut back = vec![0u8; 20_000];
+        buf.read_at(40_000, &mut back);
+        assert!(back == pattern(40_000, 3)[..20_000], "READ returns it");
+        ep.send(&buf, 0, 1).await.unwrap();
+    });
+    t.join().unwrap();
+    // Several in a row, each on its alignment.
+    let dev = shm();
+    let pd = dev.alloc_pd().unwrap();
+    for align in [8192, 65536, ALIGN] {
+        let b = Buffer::new(&pd, 4096, align, ALL).unwrap();
+        assert_eq!(b.descriptor().addr % align as u64, 0, "{align}");
+    }
+}
+
 /// Connecting where no shm listener is, or to an address of another host, says so.
 #[test]
 fn unreachable_peers_are_clear_errors() {

@@ -171,6 +171,22 @@ impl crate::ops::BackendMemory for Arc<MemFile> {
     }
 }
 
+/// A buffer that starts `skip` bytes into its file (one aligned to more than a page).
+pub(crate) struct Within {
+    pub(crate) file: Arc<MemFile>,
+    pub(crate) skip: usize,
+}
+
+impl crate::ops::BackendMemory for Within {
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: `skip` is less than the alignment the file was lengthened by, so inside it.
+        unsafe { self.file.ptr().add(self.skip) }
+    }
+    fn release(&self) {
+        self.file.release()
+    }
+}
+
 impl Drop for MemFile {
     fn drop(&mut self) {
         // SAFETY: the whole mapping made in `create`; nothing refers to it any more.

@@ -261,13 +261,22 @@ impl PdOps for Pd {
     }
 
     fn allocate(&self, len: usize, align: usize) -> Option<Result<SharedMemory, DriverError>> {
-        Some(if align > mem::page() {
-            Err(DriverError::Unsupported(format!(
-                "shm buffers are page-aligned; {align} was asked"
-            )))
-        } else {
-            MemFile::create(len).map(|f| Box::new(f) as SharedMemory)
-        })
+        let page = mem::page();
+        if align <= page {
+            return Some(MemFile::create(len).map(|f| Box::new(f) as SharedMemory));
+        }
+        // Aligned to more than a page (a power of two, which the caller's layout checked): a
+        // file that much longer, used from its first aligned byte. Pages never touched cost
+        // nothing.
+        let Some(padded) = len.max(1).checked_add(align - page) else {
+            return Some(Err(DriverError::Unsupported(format!(
+                "a buffer of {len} B aligned {align}: too large"
+            ))));
+        };
+        Some(MemFile::create(padded).map(|f| {
+            let skip = (f.ptr() as usize).next_multiple_of(align) - f.ptr() as usize;
+            Box::new(mem::Within { file: f, skip }) as SharedMemory
+        }))
     }
 
     fn as_any(&self) -> &dyn std::any::Any {

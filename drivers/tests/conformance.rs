@@ -1309,6 +1309,16 @@ fn is_verbs() -> bool {
         .is_some_and(|c| !matches!(c.transport, Transport::Soft | Transport::Shm))
 }
 
+/// A connection to the peer, shown to work by one echo, then the peer stopped (SIGSTOP): the
+/// endpoint, the peer's read-only region 1 (not yet used), and a 16 KiB local buffer.
+async fn stopped_after_an_echo(s: &Side, peer: &Peer) -> (Endpoint, RegionDescriptor, Rc<Buffer>) {
+    let (ep, _, r1) = open(s, peer).await;
+    let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(ask(&ep, &buf, b"before").await, b"before");
+    peer.signal(libc::SIGSTOP);
+    (ep, r1, buf)
+}
+
 /// Sends to a stopped peer end in a transport error within the backend's bound instead of
 /// waiting for it for ever: on soft once the socket has filled and stays full, on shm at
 /// once (only the peer's CPU takes a Send from its ring, and a peer that has not even looked
@@ -1323,10 +1333,7 @@ fn sends_to_a_stopped_peer_fail_within_the_bound() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (ep, _, _) = open(&s, &peer).await;
-        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
-        assert_eq!(ask(&ep, &buf, b"before").await, b"before");
-        peer.signal(libc::SIGSTOP);
+        let (ep, _, buf) = stopped_after_an_echo(&s, &peer).await;
         let t = Instant::now();
         let mut sent = 0;
         let status = loop {
@@ -1363,10 +1370,7 @@ fn a_first_use_of_a_stopped_peers_key_completes_within_the_bound() {
     let peer = Peer::start(&driver);
     rt().block_on(async {
         let s = side(&driver);
-        let (ep, _, r1) = open(&s, &peer).await;
-        let buf = Buffer::new(&s.pd, 16384, 64, Access::LOCAL_WRITE).unwrap();
-        assert_eq!(ask(&ep, &buf, b"before").await, b"before");
-        peer.signal(libc::SIGSTOP);
+        let (ep, r1, buf) = stopped_after_an_echo(&s, &peer).await;
         let t = Instant::now();
         let r = barewire_engine::time::timeout(
             Duration::from_secs(60),

@@ -371,34 +371,31 @@ fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
         eprintln!("SKIP (soft): the kernel's overcommit policy is not its default heuristic");
         &["shm"]
     };
-    for driver in drivers {
+    // The error `driver` gives for the buffer aligned to `align`: it must say `what`.
+    let refused = |driver: &str, align: usize, what: String| {
         let dev = Device::open(&DriverConfig::parse(driver, None).unwrap()).unwrap();
         let pd = dev.alloc_pd().unwrap();
-        let e = Buffer::new(&pd, len, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        let e = Buffer::new(&pd, len, align, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .err()
-            .unwrap_or_else(|| panic!("{driver}: a buffer of {len} B was made"));
+            .unwrap_or_else(|| panic!("{driver}: a buffer of {len} B aligned {align} was made"));
         let msg = e.to_string();
         assert!(
-            msg.contains(&format!("mapping a buffer of {len} B"))
-                && msg.contains("Cannot allocate memory"),
+            msg.contains(&what) && msg.contains("Cannot allocate memory"),
             "{driver}: {msg}"
         );
         // What fits is still made.
         assert!(Buffer::new(&pd, 1 << 20, 4096, Access::LOCAL_WRITE).is_ok());
+    };
+    for driver in drivers {
+        refused(driver, 4096, format!("mapping a buffer of {len} B"));
     }
     if heuristic {
         // Aligned to more than a page, soft's buffer comes from the allocator, whose failure
         // used to abort the process.
-        let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let e = Buffer::new(&pd, len, 8192, Access::LOCAL_WRITE)
-            .err()
-            .unwrap_or_else(|| panic!("soft: a buffer of {len} B aligned 8192 was made"));
-        let msg = e.to_string();
-        assert!(
-            msg.contains(&format!("allocating a buffer of {len} B aligned 8192"))
-                && msg.contains("Cannot allocate memory"),
-            "{msg}"
+        refused(
+            "soft",
+            8192,
+            format!("allocating a buffer of {len} B aligned 8192"),
         );
     }
 }

@@ -342,8 +342,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
     #[inline(never)]
     fn poll_room(&self, waiting: &mut bool, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let st = &self.st;
-        let seq = st.seq.get();
-        if !std::mem::replace(waiting, true) && seq - self.credits().min(seq) >= st.capacity {
+        if !std::mem::replace(waiting, true) && st.full() {
             st.post_run()?;
         }
         if let Some(e) = &self.inner().shared.borrow().error {
@@ -353,7 +352,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
         if c & GONE != 0 {
             return Poll::Ready(Err(Error::Closed));
         }
-        if seq - c < st.capacity {
+        if st.seq.get() - c < st.capacity {
             *waiting = false;
             return Poll::Ready(Ok(()));
         }

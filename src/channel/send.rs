@@ -81,13 +81,11 @@ pub(super) async fn watch_receiver(st: Weak<TxState>) {
         barewire_engine::time::sleep(PROBE_AFTER).await;
         let Some(st) = st.upgrade() else { return };
         let inner = st.link.upgrade();
-        let full =
-            st.seq.get() - (st.credit.load_u64(0) & !super::GONE).min(st.seq.get()) >= st.capacity;
-        let (Some(inner), Some(ring), true) = (inner, st.ring.get(), full) else {
+        let (Some(inner), Some(ring), true) = (inner, st.ring.get(), st.full()) else {
             st.watching.set(false);
             return;
         };
-        if inner.failed.get() || st.credit.load_u64(0) & super::GONE != 0 {
+        if inner.failed.get() {
             st.watching.set(false);
             return;
         }
@@ -98,6 +96,13 @@ pub(super) async fn watch_receiver(st: Weak<TxState>) {
 }
 
 impl TxState {
+    /// True while the ring holds `capacity` messages the receiver has not said it consumed
+    /// (false once it is gone: its final word has `GONE` set).
+    pub(super) fn full(&self) -> bool {
+        let seq = self.seq.get();
+        seq - self.credit.load_u64(0).min(seq) >= self.capacity
+    }
+
     /// Receives this half keeps in the connection's pool: one per credit notice the ring's
     /// capacity allows in flight, and a few.
     pub(super) fn recvs(&self) -> usize {

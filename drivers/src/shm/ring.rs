@@ -156,17 +156,11 @@ impl Writer {
         } else {
             need
         };
-        let fits = |head: u64, tail: u64| (self.ring.cap as u64 - (tail - head)) >= total as u64;
-        if !fits(self.head, self.tail) {
-            // The reader may be hostile: a head outside [its old value, tail] is taken as no
-            // progress.
-            let h = self.ring.word(HEAD).load(Ordering::Acquire);
-            if h >= self.head && h <= self.tail {
-                self.head = h;
-            }
-            if !fits(self.head, self.tail) {
-                return None;
-            }
+        let (cap, tail) = (self.ring.cap as u64, self.tail);
+        let fits = |head: u64| cap - (tail - head) >= total as u64;
+        // The reader's head is read again only when the one last seen leaves too little.
+        if !fits(self.head) && !fits(self.consumed()) {
+            return None;
         }
         if at + need > self.ring.cap {
             self.write_header(self.tail, PAD, 0, (self.ring.cap - at - REC) as u32, 0);
@@ -202,10 +196,7 @@ impl Writer {
         let Some(pos) = self.room(body).or_else(|| {
             // Ask to be woken when the reader frees room, then look once more (the reader may
             // have moved between our look and the flag).
-            self.ring.flag(WRITER_WAITS).store(1, Ordering::SeqCst);
-            // Ordered before the head is read again, against the reader's store of the head
-            // and its read of this flag (the reader fences the same way).
-            std::sync::atomic::fence(Ordering::SeqCst);
+            self.wake_when_consumed();
             self.room(body)
         }) else {
             return false;
@@ -253,7 +244,8 @@ impl Writer {
     /// may have moved between its last look and the flag.
     pub(crate) fn wake_when_consumed(&self) {
         self.ring.flag(WRITER_WAITS).store(1, Ordering::SeqCst);
-        // Ordered before the head is read again (as in `push`).
+        // Ordered before the head is read again, against the reader's store of the head and
+        // its read of this flag (the reader fences the same way).
         std::sync::atomic::fence(Ordering::SeqCst);
     }
 

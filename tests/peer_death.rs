@@ -201,3 +201,65 @@ fn a_receiver_that_runs_but_does_not_read_is_waited_for() {
         server.join().unwrap();
     }
 }
+
+/// A receiver waiting in `recv` on a sender in another network namespace whose link is then
+/// cut: no message, no hang-up, nothing outstanding. Before the keepalive it waited for ever;
+/// now `recv` fails with `PeerGone` once the keepalive (2 s here) runs out.
+#[test]
+fn a_receiver_whose_senders_link_is_cut_fails_within_the_keepalive() {
+    let Some((ns, host, _)) = barewire_test_support::Netns::create() else {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("network namespaces are unavailable under CI (needs root and iproute2)");
+        }
+        eprintln!("SKIP: cannot create a network namespace here (needs root and iproute2)");
+        return;
+    };
+    const KEEPALIVE: Duration = Duration::from_secs(2);
+    let cfg = DriverConfig::parse("soft", None)
+        .unwrap()
+        .keepalive(Some(KEEPALIVE));
+    rt().block_on(async {
+        let node = Node::with_config(&cfg).unwrap();
+        let port = node.listen(format!("{host}:0").parse().unwrap()).unwrap();
+        let mut peer = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns.name,
+                env!("CARGO_BIN_EXE_barewire-node"),
+            ])
+            .args(["send", &format!("{host}:{port}")])
+            .env("BAREWIRE_DRIVER", "soft")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("barewire-node starts");
+        let ep = node.accept().await.unwrap();
+        let (_tx, rx) = ep.open_channel::<u64>(Default::default()).await.unwrap();
+        for n in 0..5 {
+            assert_eq!(rx.recv().await.unwrap(), n);
+        }
+        assert!(
+            barewire_test_support::Netns::ip(&["link", "set", &ns.veth, "down"]),
+            "link down"
+        );
+        let t0 = Instant::now();
+        let e = loop {
+            match time::timeout(3 * KEEPALIVE, rx.recv())
+                .await
+                .expect("recv still waits on the cut-off sender")
+            {
+                Ok(_) => {} // sent before the cut
+                Err(e) => break e,
+            }
+        };
+        let took = t0.elapsed();
+        kill(&mut peer);
+        assert!(matches!(e, Error::PeerGone(_)), "{e}");
+        assert!(
+            took < KEEPALIVE + Duration::from_millis(1500),
+            "recv failed {took:?} after the cut, with a keepalive of {KEEPALIVE:?}"
+        );
+        eprintln!("link cut under a waiting recv: PeerGone after {took:?}");
+    });
+    drop(ns);
+}

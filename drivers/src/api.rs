@@ -80,6 +80,7 @@ impl Device {
             tos: (self.chosen.transport == Transport::RoCEv2 && d.traffic_class != 0)
                 .then_some(d.traffic_class),
             crc: d.crc,
+            keepalive: d.keepalive,
             ..ConnectOptions::default()
         }
     }
@@ -438,6 +439,11 @@ pub struct ConnectOptions {
     /// `Listener::accept_with_recvs` takes its own per connection). Their memory must stay
     /// registered until they complete.
     pub initial_recvs: Vec<RecvWr>,
+    /// How long a connection may go without a sign of the peer's host before it fails, idle
+    /// or not: the software provider's TCP keepalive (see
+    /// [`TransportDefaults::keepalive`](crate::TransportDefaults::keepalive); verbs and shm
+    /// do not use it).
+    pub keepalive: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
@@ -452,6 +458,7 @@ impl Default for ConnectOptions {
             mulpdu: 16 * 1024,
             tos: None,
             initial_recvs: Vec::new(),
+            keepalive: crate::DEFAULT_KEEPALIVE,
         }
     }
 }

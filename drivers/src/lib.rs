@@ -40,5 +40,6 @@ pub use api::{
 pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote};
 pub use transport::{
     select, Chosen, DriverConfig, DriverError, Overrides, Transport, TransportDefaults,
+    DEFAULT_KEEPALIVE,
 };
 pub use verbs::{verbs_devices, DeviceInfo};

@@ -58,6 +58,7 @@ pub(crate) fn options(o: &ConnectOptions) -> soft::provider::ConnectOptions {
         // Setup, on both sides, within the one deadline `ConnectOptions::timeout` sets (as on shm).
         handshake_timeout: o.timeout,
         mulpdu: o.mulpdu,
+        keepalive: o.keepalive,
         ..soft::provider::ConnectOptions::default()
     }
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use crate::verbs::{verbs_devices, DeviceInfo};
 
@@ -43,6 +44,7 @@ impl Transport {
                 traffic_class: 0,
                 gid_index: 0,
                 crc: true,
+                keepalive: DEFAULT_KEEPALIVE,
             },
             // RoCE: a 1024 B path MTU fits a standard 1500 B Ethernet frame with headroom.
             Transport::RoCEv1 => TransportDefaults {
@@ -52,6 +54,7 @@ impl Transport {
                 traffic_class: 0,
                 gid_index: 0,
                 crc: true,
+                keepalive: DEFAULT_KEEPALIVE,
             },
             // RoCE v2: DSCP 26 (AF31, traffic class 106) is the usual lossless RDMA class; the
             // GID index of the IPv4-mapped RoCE v2 GID is commonly 3 (rdma-core's show_gids).
@@ -62,6 +65,7 @@ impl Transport {
                 traffic_class: 106,
                 gid_index: 3,
                 crc: true,
+                keepalive: DEFAULT_KEEPALIVE,
             },
             Transport::IWarp => TransportDefaults {
                 mtu: 1500,
@@ -70,6 +74,7 @@ impl Transport {
                 traffic_class: 0,
                 gid_index: 0,
                 crc: true,
+                keepalive: DEFAULT_KEEPALIVE,
             },
             Transport::Soft | Transport::Shm | Transport::Auto => TransportDefaults {
                 mtu: 16 * 1024,
@@ -78,6 +83,7 @@ impl Transport {
                 traffic_class: 0,
                 gid_index: 0,
                 crc: true,
+                keepalive: DEFAULT_KEEPALIVE,
             },
         }
     }
@@ -136,7 +142,20 @@ pub struct TransportDefaults {
     /// default, as RFC 5044 intends. Switch it off only for trusted links (the same host, or a
     /// link already protected), on both sides: MPA uses CRC when either side asks.
     pub crc: bool,
+    /// How long a software-provider connection may go without a sign of the peer's host
+    /// before it fails, idle or not (`None`: without limit). The kernel probes an idle
+    /// connection (TCP keepalive) and the peer's kernel answers, so a peer that is stopped or
+    /// busy keeps its connection, while a cut link or a host that is gone fails it: then what
+    /// waits on that connection (a posted receive, a channel's `recv`) ends with an error
+    /// instead of waiting for ever. At least 1 s. Verbs queue pairs have no such watch (their
+    /// NIC retries only what is outstanding), and shm needs none (its peers share this host:
+    /// one that dies is seen at once).
+    pub keepalive: Option<Duration>,
 }
+
+/// [`TransportDefaults::keepalive`]'s default: the software provider's own, 10 s.
+pub const DEFAULT_KEEPALIVE: Option<Duration> =
+    Some(barewire_soft_rdma::provider::DEFAULT_KEEPALIVE);
 
 /// What the application asked for, from code or from the environment.
 ///
@@ -166,7 +185,8 @@ pub struct DriverConfig {
 
 /// Replacements for a transport's defaults, from the builder methods of [`DriverConfig`] or
 /// from the environment: `BAREWIRE_MTU`, `BAREWIRE_QUEUE_DEPTH`, `BAREWIRE_MAX_MESSAGE`,
-/// `BAREWIRE_TRAFFIC_CLASS`, `BAREWIRE_GID_INDEX`, `BAREWIRE_CRC` (on/off).
+/// `BAREWIRE_TRAFFIC_CLASS`, `BAREWIRE_GID_INDEX`, `BAREWIRE_CRC` (on/off),
+/// `BAREWIRE_KEEPALIVE` (seconds, or off).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// See [`TransportDefaults::mtu`].
@@ -181,19 +201,45 @@ pub struct Overrides {
     pub gid_index: Option<u8>,
     /// See [`TransportDefaults::crc`].
     pub crc: Option<bool>,
+    /// See [`TransportDefaults::keepalive`] (`Some(None)`: off).
+    pub keepalive: Option<Option<Duration>>,
 }
 
 /// An on/off setting as the environment spells it: on, off, 1, 0, true, false, yes, no.
 struct Switch(bool);
 
 impl FromStr for Switch {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Switch, ()> {
+    type Err = &'static str;
+    fn from_str(s: &str) -> Result<Switch, Self::Err> {
         match s.to_ascii_lowercase().as_str() {
             "on" | "1" | "true" | "yes" => Ok(Switch(true)),
             "off" | "0" | "false" | "no" => Ok(Switch(false)),
-            _ => Err(()),
+            _ => Err("use on or off"),
         }
+    }
+}
+
+/// A keepalive as the environment spells it: seconds (`10`, `2.5`, `10s`), or off (`off`,
+/// `0`, `no`, `none`).
+struct KeepaliveSetting(Option<Duration>);
+
+impl FromStr for KeepaliveSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KeepaliveSetting, String> {
+        let s = s.to_ascii_lowercase();
+        if matches!(s.as_str(), "off" | "0" | "no" | "none" | "false") {
+            return Ok(KeepaliveSetting(None));
+        }
+        let not_seconds = || "use a number of seconds (at least 1), or off".to_string();
+        let secs: f64 = s
+            .strip_suffix('s')
+            .unwrap_or(&s)
+            .trim()
+            .parse()
+            .map_err(|_| not_seconds())?;
+        let d = Duration::try_from_secs_f64(secs).map_err(|_| not_seconds())?;
+        barewire_engine::net::check_keepalive(d).map_err(|e| e.to_string())?;
+        Ok(KeepaliveSetting(Some(d)))
     }
 }
 
@@ -205,18 +251,23 @@ impl Overrides {
         d.traffic_class = self.traffic_class.unwrap_or(d.traffic_class);
         d.gid_index = self.gid_index.unwrap_or(d.gid_index);
         d.crc = self.crc.unwrap_or(d.crc);
+        d.keepalive = self.keepalive.unwrap_or(d.keepalive);
     }
 
     fn from_env() -> Result<Overrides, DriverError> {
-        fn var<T: FromStr>(name: &str) -> Result<Option<T>, DriverError> {
+        fn var<T: FromStr>(name: &str) -> Result<Option<T>, DriverError>
+        where
+            T::Err: fmt::Display,
+        {
             match std::env::var(name) {
                 Ok(v) if !v.is_empty() => {
                     v.trim()
                         .parse()
                         .map(Some)
-                        .map_err(|_| DriverError::BadSetting {
+                        .map_err(|e: T::Err| DriverError::BadSetting {
                             name: name.into(),
                             value: v,
+                            why: e.to_string(),
                         })
                 }
                 _ => Ok(None),
@@ -229,6 +280,7 @@ impl Overrides {
             traffic_class: var("BAREWIRE_TRAFFIC_CLASS")?,
             gid_index: var("BAREWIRE_GID_INDEX")?,
             crc: var::<Switch>("BAREWIRE_CRC")?.map(|s| s.0),
+            keepalive: var::<KeepaliveSetting>("BAREWIRE_KEEPALIVE")?.map(|k| k.0),
         })
     }
 }
@@ -287,6 +339,22 @@ impl DriverConfig {
         self
     }
 
+    /// How long a software-provider connection may go without a sign of the peer's host
+    /// (`None`: without limit) instead of the default 10 s; see
+    /// [`TransportDefaults::keepalive`]. [`select`](Self::select) refuses one under 1 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let cfg = barewire_drivers::DriverConfig::parse("soft", None).unwrap();
+    /// let two = cfg.clone().keepalive(Some(Duration::from_secs(2)));
+    /// assert_eq!(two.select().unwrap().defaults.keepalive, Some(Duration::from_secs(2)));
+    /// assert!(cfg.keepalive(Some(Duration::from_millis(100))).select().is_err());
+    /// ```
+    pub fn keepalive(mut self, within: Option<Duration>) -> Self {
+        self.overrides.keepalive = Some(within);
+        self
+    }
+
     /// As `from_env`, from the two values.
     pub fn parse(driver: &str, device: Option<String>) -> Result<DriverConfig, DriverError> {
         let verbs_only = driver.eq_ignore_ascii_case("verbs");
@@ -314,6 +382,13 @@ impl DriverConfig {
         }
         let mut chosen = select_from(self.transport, self.device.as_deref(), &devs)?;
         self.overrides.apply(&mut chosen.defaults);
+        if let Some(k) = chosen.defaults.keepalive {
+            barewire_engine::net::check_keepalive(k).map_err(|e| DriverError::BadSetting {
+                name: "keepalive".into(),
+                value: format!("{k:?}"),
+                why: e.to_string(),
+            })?;
+        }
         Ok(chosen)
     }
 }
@@ -337,12 +412,14 @@ pub enum DriverError {
         found: String,
     },
     /// A `BAREWIRE_*` setting that does not parse.
-    #[error("{name}={value:?} is not a valid value")]
+    #[error("{name}={value:?} is not a valid value: {why}")]
     BadSetting {
-        /// The variable.
+        /// The variable (or the builder method).
         name: String,
         /// Its value.
         value: String,
+        /// What is wrong with it.
+        why: String,
     },
     /// An rdma-core or librdmacm call failed.
     #[error("{call} failed: {error}")]
@@ -522,6 +599,20 @@ mod tests {
         DeviceInfo {
             name: name.into(),
             transport: t,
+        }
+    }
+
+    #[test]
+    fn a_keepalive_is_spelled_in_seconds_or_off() {
+        let k = |s: &str| s.parse::<KeepaliveSetting>().map(|k| k.0);
+        assert_eq!(k("10"), Ok(Some(Duration::from_secs(10))));
+        assert_eq!(k("2.5s"), Ok(Some(Duration::from_millis(2500))));
+        for off in ["off", "0", "none", "No"] {
+            assert_eq!(k(off), Ok(None), "{off}");
+        }
+        for bad in ["0.5", "soon", "-3", "1e12"] {
+            let e = k(bad).expect_err(bad);
+            assert!(e.contains("second") || e.contains("24 days"), "{bad}: {e}");
         }
     }
 

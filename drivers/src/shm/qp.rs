@@ -1618,7 +1618,7 @@ enum Port {
     Reserved(#[allow(dead_code)] std::net::TcpListener),
     /// The software provider's listener (`auto`): peers that do not reach the shm name (other
     /// hosts, other namespaces, explicit `soft`) connect there.
-    Soft(barewire_soft_rdma::provider::Listener),
+    Soft(Box<barewire_soft_rdma::provider::Listener>),
 }
 
 impl Listener {
@@ -1640,7 +1640,7 @@ impl Listener {
             let l = barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
                 .map_err(|e| DriverError::Connect(e.to_string()))?;
             let bound = l.local_addr().map_err(|e| connect_error(e.to_string()))?;
-            (Port::Soft(l), bound)
+            (Port::Soft(Box::new(l)), bound)
         } else {
             let tcp = std::net::TcpListener::bind(addr)
                 .map_err(|e| connect_error(format!("reserving its TCP port: {e}")))?;

@@ -8,5 +8,5 @@ mod udp;
 
 pub use tcp_listener::{Incoming, TcpListener};
 pub(crate) use tcp_stream::getsockopt_int;
-pub use tcp_stream::TcpStream;
+pub use tcp_stream::{check_keepalive, TcpStream};
 pub use udp::UdpSocket;

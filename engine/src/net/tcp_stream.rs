@@ -1,6 +1,7 @@
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use crate::buf::{BufResult, BufRing, IoBuf, IoBufMut, ProvidedBuf, RecvMulti};
 use crate::net::addr::socket_addr;
@@ -165,22 +166,43 @@ impl TcpStream {
 
     /// Reads `TCP_NODELAY`.
     pub fn nodelay(&self) -> io::Result<bool> {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: v is a c_int buffer of len bytes.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.raw(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                &mut v as *mut _ as *mut libc::c_void,
-                &mut len,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
+        Ok(getsockopt_int(self.fd.raw(), libc::IPPROTO_TCP, libc::TCP_NODELAY)? != 0)
+    }
+
+    /// Fails the connection when nothing has been heard from the peer's host for `within`
+    /// (`None`: never, the kernel's default). The kernel probes an idle connection (TCP
+    /// keepalive) and the peer's kernel answers, so a peer whose process is stopped, or whose
+    /// core is busy, still counts as heard; a cut link or a host that is gone does not. The
+    /// same bound applies to sent data left unacknowledged, and to data the peer's full receive
+    /// window has kept unsent (`TCP_USER_TIMEOUT`). Once it fails, reads and writes return
+    /// `ETIMEDOUT`. The bound is kept to within about a tenth of it (at least a second): probes
+    /// start after a third of it and go out every tenth.
+    ///
+    /// ```
+    /// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+    /// use std::time::Duration;
+    /// use barewire_engine::net::{TcpListener, TcpStream};
+    /// rt.block_on(async {
+    ///     let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    ///     let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+    ///     c.set_keepalive(Some(Duration::from_secs(10))).unwrap();
+    ///     assert_eq!(c.keepalive().unwrap(), Some(Duration::from_secs(10)));
+    ///     c.set_keepalive(None).unwrap();
+    ///     assert_eq!(c.keepalive().unwrap(), None);
+    /// });
+    /// ```
+    pub fn set_keepalive(&self, within: Option<Duration>) -> io::Result<()> {
+        set_keepalive(self.fd.raw(), within)
+    }
+
+    /// The bound [`set_keepalive`](Self::set_keepalive) set (`None` when keepalive is off).
+    pub fn keepalive(&self) -> io::Result<Option<Duration>> {
+        let fd = self.fd.raw();
+        if getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE)? == 0 {
+            return Ok(None);
         }
-        Ok(v != 0)
+        let ms = getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)?;
+        Ok(Some(Duration::from_millis(ms as u64)))
     }
 
     /// The local address.
@@ -235,6 +257,53 @@ pub(crate) fn getsockopt_int(
         return Err(io::Error::last_os_error());
     }
     Ok(v)
+}
+
+/// Whether [`TcpStream::set_keepalive`] can keep `within` (at least 1 s, as the kernel's
+/// probes count whole seconds, and at most what `TCP_USER_TIMEOUT` holds, about 24 days): for
+/// code that takes the setting long before it has a socket. Returns the bound in milliseconds.
+///
+/// ```
+/// use std::time::Duration;
+/// use barewire_engine::net::check_keepalive;
+/// assert_eq!(check_keepalive(Duration::from_secs(2)).unwrap(), 2000);
+/// assert!(check_keepalive(Duration::from_millis(500)).is_err());
+/// ```
+pub fn check_keepalive(within: Duration) -> io::Result<libc::c_int> {
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a keepalive bound of {within:?}: {why}"),
+        )
+    };
+    if within < Duration::from_secs(1) {
+        return Err(bad(
+            "the kernel's probes count whole seconds, so it must be at least 1 s",
+        ));
+    }
+    libc::c_int::try_from(within.as_millis())
+        .map_err(|_| bad("longer than TCP_USER_TIMEOUT holds (2^31 - 1 ms, about 24 days)"))
+}
+
+/// See [`TcpStream::set_keepalive`].
+fn set_keepalive(fd: RawFd, within: Option<Duration>) -> io::Result<()> {
+    let Some(within) = within else {
+        setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 0)?;
+        return setsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 0);
+    };
+    let ms = check_keepalive(within)?;
+    // Whole seconds, as the kernel counts them: the first probe after a third of the bound,
+    // the next ones every tenth (at least one second apart). The abort itself comes from
+    // TCP_USER_TIMEOUT, checked at each probe, so the count only needs to outlast it.
+    let secs = within.as_secs() as libc::c_int;
+    let idle = (secs / 3).max(1);
+    let interval = (secs / 10).max(1);
+    let count = ((secs - idle) / interval + 2).min(127);
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, count)?;
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms)?;
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)
 }
 
 pub(crate) fn setsockopt(

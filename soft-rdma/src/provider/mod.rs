@@ -90,7 +90,19 @@ pub struct ConnectOptions {
     pub max_connections: usize,
     /// Listener: connections open at once from one source address.
     pub max_connections_per_source: usize,
+    /// How long a connection may go without a sign of the peer's host before it fails, idle
+    /// or not (`None`: without limit). The kernel probes an idle connection and the peer's
+    /// kernel answers, so a peer that is stopped or busy keeps its connection; a cut link or
+    /// a host that is gone fails it, and the queue pair's posted receives then complete with
+    /// errors. Without it, a queue pair with nothing outstanding waits on such a peer for
+    /// ever. See [`TcpStream::set_keepalive`](barewire_engine::net::TcpStream::set_keepalive)
+    /// for how it is kept; at least 1 s.
+    pub keepalive: Option<Duration>,
 }
+
+/// [`ConnectOptions::keepalive`]'s default: long enough that no healthy link trips it, short
+/// enough that a receiver learns of a cut within seconds.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
 
 impl Default for ConnectOptions {
     fn default() -> Self {
@@ -108,6 +120,7 @@ impl Default for ConnectOptions {
             ban: Duration::from_secs(60),
             max_connections: 4096,
             max_connections_per_source: 256,
+            keepalive: Some(DEFAULT_KEEPALIVE),
         }
     }
 }
@@ -225,10 +238,14 @@ async fn write_frame(s: &TcpStream, f: &MpaFrame<'_>) -> Result<(), CmError> {
     Ok(())
 }
 
-fn check_private_data(opts: &ConnectOptions) -> Result<(), CmError> {
+/// Refuses options no connection could be made with, before any is.
+fn check_options(opts: &ConnectOptions) -> Result<(), CmError> {
     let room = MPA_MAX_PRIVATE_DATA - if opts.mpa.revision == 2 { 4 } else { 0 };
     if opts.private_data.len() > room {
         return Err(CmError::PrivateDataTooLong(opts.private_data.len()));
+    }
+    if let Some(k) = opts.keepalive {
+        barewire_engine::net::check_keepalive(k)?;
     }
     Ok(())
 }
@@ -257,7 +274,7 @@ pub async fn connect(
     rcq: &CompletionQueue,
     opts: ConnectOptions,
 ) -> Result<(QueuePair, Vec<u8>), CmError> {
-    check_private_data(&opts)?;
+    check_options(&opts)?;
     let after = opts.handshake_timeout;
     let deadline = Instant::now() + after;
     let within = |waiting| move |_| CmError::TimedOut { after, waiting };
@@ -284,6 +301,7 @@ pub async fn connect(
             reason,
             private_data: peer.private_data.clone(),
         })?;
+    s.set_keepalive(opts.keepalive)?;
     let qp = QueuePair::start(s.into_fd(), pd, scq, rcq, &opts, neg);
     Ok((qp, peer.private_data))
 }
@@ -588,7 +606,7 @@ fn is_transient(e: &io::Error) -> bool {
 impl Listener {
     /// Listens on `addr`. Call it on the core that will accept: the handshakes run there.
     pub fn bind(addr: SocketAddr, opts: ConnectOptions) -> Result<Listener, CmError> {
-        check_private_data(&opts)?;
+        check_options(&opts)?;
         let inner = TcpListener::bind(addr)?;
         let local = inner.local_addr()?;
         let shared = Rc::new(Intake {
@@ -660,6 +678,7 @@ impl Listener {
                 from,
             } = match next {
                 Next::Answered(a) => {
+                    a.stream.set_keepalive(self.opts.keepalive)?;
                     let qp = QueuePair::start(a.stream.into_fd(), pd, scq, rcq, &self.opts, a.neg);
                     qp.inner.borrow_mut().admission = Some(self.shared.admit(a.from));
                     return Ok((qp, a.private_data));

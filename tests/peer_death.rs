@@ -192,7 +192,9 @@ fn a_receiver_that_runs_but_does_not_read_is_waited_for() {
                     panic!("{driver}: message {n} failed after {:?}: {e}", t0.elapsed())
                 });
             }
-            tx.flush().await.unwrap();
+            tx.flush()
+                .await
+                .unwrap_or_else(|e| panic!("{driver}: flush failed after {:?}: {e}", t0.elapsed()));
             assert!(
                 t0.elapsed() >= Duration::from_secs(2),
                 "{driver}: the ring never filled"

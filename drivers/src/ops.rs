@@ -108,7 +108,12 @@ impl Buffer {
             (m.ptr(), Memory::Backend(m))
         } else if len >= MAP_AT && align <= 4096 {
             let p = barewire_engine::map_anonymous(len).map_err(|e| {
-                DriverError::Unsupported(format!("mapping a buffer of {len} B: {e}"))
+                let what = format!("mapping a buffer of {len} B: {e}");
+                if e.raw_os_error() == Some(libc::ENOMEM) {
+                    DriverError::OutOfMemory(what)
+                } else {
+                    DriverError::Unsupported(what)
+                }
             })?;
             (p, Memory::Mapped(len))
         } else {
@@ -117,7 +122,7 @@ impl Buffer {
             if p.is_null() {
                 // An error for the caller, not the allocator's abort of the whole process (a
                 // large buffer with an alignment over a page comes this way).
-                return Err(DriverError::Unsupported(format!(
+                return Err(DriverError::OutOfMemory(format!(
                     "allocating a buffer of {len} B aligned {align}: {}",
                     std::io::Error::from_raw_os_error(libc::ENOMEM)
                 )));

@@ -461,6 +461,10 @@ pub enum DriverError {
     /// Something this backend cannot do.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// Memory this machine cannot give: a buffer larger than its memory and swap, or one the
+    /// kernel or the allocator refused.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
     /// `BAREWIRE_DEVICE` names a device that does not exist.
     #[error("no RDMA device named {name:?} (rdma-core sees {found}); check BAREWIRE_DEVICE")]
     NoSuchDevice {

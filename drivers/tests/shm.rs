@@ -380,7 +380,9 @@ fn a_buffer_beyond_memory_and_swap_is_refused_at_once() {
             .unwrap_or_else(|| panic!("{driver}: a buffer of {len} B aligned {align} was made"));
         let msg = e.to_string();
         assert!(
-            msg.contains(&what) && msg.contains("Cannot allocate memory"),
+            matches!(e, DriverError::OutOfMemory(_))
+                && msg.contains(&what)
+                && msg.contains("Cannot allocate memory"),
             "{driver}: {msg}"
         );
         // What fits is still made.

@@ -37,7 +37,7 @@ fn within_memory(len: usize) -> Result<(), DriverError> {
     let unit = u128::from(si.mem_unit.max(1));
     let total = (u128::from(si.totalram) + u128::from(si.totalswap)) * unit;
     if len as u128 > total {
-        return Err(DriverError::Unsupported(format!(
+        return Err(DriverError::OutOfMemory(format!(
             "mapping a buffer of {len} B: more than this machine's memory and swap ({total} B): {}",
             std::io::Error::from_raw_os_error(libc::ENOMEM)
         )));

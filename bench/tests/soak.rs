@@ -1,13 +1,17 @@
 //! The soak's checks catch what they are for: each deliberately broken worker or fault
-//! (`--break`) fails the run with the violation that names it. `fake-cut` needs network
-//! namespaces, so this test runs as root (as CI does). (The soak itself, unbroken, runs for two
+//! (`--break`) fails the run with the violation that names it. `fake-cut` and `no-keepalive`
+//! need network namespaces, so this test runs as root (as CI does). (The soak itself, unbroken, runs for two
 //! minutes in `scripts/test.sh`.) One run at a time: each keeps three processes busy.
 
 use std::process::Command;
 
 fn soak(what: &str, seconds: u32, fault_every_ms: u32) -> (bool, String) {
     // Link cuts need the network namespaces (root); the other checks do not.
-    let net = if what == "fake-cut" { "netns" } else { "auto" };
+    let net = if matches!(what, "fake-cut" | "no-keepalive") {
+        "netns"
+    } else {
+        "auto"
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_barewire-soak"))
         .args(["--seconds", &seconds.to_string(), "--seed", "5"])
         .args(["--fault-every-ms", &fault_every_ms.to_string()])
@@ -29,6 +33,13 @@ fn every_check_catches_its_broken_variant() {
         ("leak", 20, 2000, "at half time"),
         ("resume-zero", 20, 800, "delivered went back"),
         ("fake-cut", 24, 1000, "during a"),
+        // Seed 5's first long cut (4.2 s) finds stream 1's server delivering and undisturbed.
+        (
+            "no-keepalive",
+            30,
+            1000,
+            "did not hear that its connection was gone",
+        ),
         ("dsm-no-lock", 20, 60_000, "DSM update"),
         ("actor-double", 20, 60_000, "actor ask"),
     ] {

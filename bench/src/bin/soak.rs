@@ -15,7 +15,7 @@
 //! for (`tests/soak.rs`): `dup` (a client sends one message twice), `lost-write` (every server
 //! loses an acknowledged write before the dump), `leak` (every worker leaks 2 MiB a second),
 //! `resume-zero` (a restarted server forgets where to resume), `fake-cut` (a link cut that
-//! leaves the link up), `dsm-no-lock` (shared objects updated without the lock protocol:
+//! leaves the link up), `no-keepalive` (workers without a keepalive), `dsm-no-lock` (shared objects updated without the lock protocol:
 //! `Broken::NoLock`), `actor-double` (the counter actor applies each message twice).
 //!
 //! Three worker processes (this binary, `worker` mode) form a ring: each connects to the
@@ -47,7 +47,11 @@
 //! restart (never rank 0, which therefore lives through the whole run), SIGSTOP for up to
 //! 2 s and SIGCONT, or the link cut for 0.3 to 3 s (longer than the provider's 1 s stall
 //! timeout about half the time, so connections with work in flight fail and are made again,
-//! and shorter cuts are ridden out by TCP). Faults stop 8 s before the end. It samples
+//! and shorter cuts are ridden out by TCP), or, one cut in three, for 4 to 5.5 s: longer than
+//! the workers' 2 s keepalive, so that a server waiting on a stream across the link, which
+//! has nothing outstanding, must hear that its connection is gone before the link comes back
+//! (`--break no-keepalive` shows the check catches a worker without it). Faults stop 8 s
+//! before the end. It samples
 //! each worker's RSS and open descriptors every second; for every incarnation that lived
 //! through the whole second half, the last sample may exceed the one at the half-way point
 //! by at most 25% + 4 MiB of RSS and 8 descriptors. Exit status 0 only when every check
@@ -84,6 +88,18 @@ const CUT_SETTLE: Duration = Duration::from_millis(500);
 /// ... by how many messages a stream crossing the link delivered from then until the link came
 /// up, as its server reported them with its own clock: at most this many (two rings).
 const CUT_SLACK: u64 = 512;
+
+/// The workers' keepalive (`DriverConfig::keepalive`): a connection that hears nothing from
+/// the peer's host for this long fails, idle or not.
+const KEEPALIVE: Duration = Duration::from_secs(2);
+/// A server whose stream crossed the link, and that was delivering when the link went down,
+/// must hear that its connection is gone within this long of the cut (the keepalive, plus one
+/// probe interval of the kernel's, 1 s, plus the report's own way), not when the link comes
+/// back up. Only cuts that outlast it by half a second are judged: a third of the cuts are
+/// long ones, 4 to 5.5 s.
+const HEARD_WITHIN: Duration = Duration::from_millis(3500);
+/// ... and "delivering" means a report this recent before the cut.
+const LIVE_BEFORE: Duration = Duration::from_millis(300);
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for the supervisor and every worker.
 fn mono_ns() -> u64 {
@@ -183,6 +199,7 @@ enum BreakName {
     Leak,
     ResumeZero,
     FakeCut,
+    NoKeepalive,
     DsmNoLock,
     ActorDouble,
 }
@@ -459,6 +476,9 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
     // While the link is cut: when it goes up again. Every cut, as (from, to) in `mono_ns`.
     let mut cut_until: Option<Instant> = None;
     let mut cuts: Vec<(u64, u64)> = Vec::new();
+    // Every stop, as (rank, from, to), and every kill, as (rank, when), in `mono_ns`.
+    let mut stops: Vec<(usize, u64, u64)> = Vec::new();
+    let mut kills: Vec<(usize, u64)> = Vec::new();
     let mut faults: HashMap<&str, u32> = HashMap::new();
     let mut t = Tally::default();
     let mut finishing = false;
@@ -511,7 +531,12 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
             let kind = rand(3);
             if kind == 2 && net.link.is_some() {
                 if cut_until.is_none() && net.cut(true) {
-                    cut_until = Some(now + Duration::from_millis(300 + rand(2700)));
+                    let ms = if rand(3) == 0 {
+                        4000 + rand(1500)
+                    } else {
+                        300 + rand(2700)
+                    };
+                    cut_until = Some(now + Duration::from_millis(ms));
                     cuts.push((mono_ns(), u64::MAX));
                     *faults.entry("link cut").or_default() += 1;
                 }
@@ -519,6 +544,7 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
                 // Rank 0 is only ever stopped, so that one process lives through the whole run
                 // for the RSS and descriptor check.
                 if kind == 0 && r != 0 {
+                    kills.push((r, mono_ns()));
                     let _ = ws[r].child.kill();
                     let _ = ws[r].child.wait();
                     // Take in everything it said before it died, then the server resumes from
@@ -539,7 +565,9 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
                 } else {
                     // SAFETY: signalling our own child.
                     unsafe { libc::kill(ws[r].child.id() as i32, libc::SIGSTOP) };
-                    stopped.push((r, now + Duration::from_millis(300 + rand(1700))));
+                    let ms = 300 + rand(1700);
+                    stopped.push((r, now + Duration::from_millis(ms)));
+                    stops.push((r, mono_ns(), mono_ns() + ms * 1_000_000));
                     *faults.entry("stop and continue").or_default() += 1;
                 }
             }
@@ -710,6 +738,56 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
             }
         }
     }
+    // Long cuts: each server of a stream across the link that was delivering when the link
+    // went down (and was neither stopped nor killed around then) heard that its connection
+    // was gone within HEARD_WITHIN, before the link came back.
+    let (heard, live) = (
+        HEARD_WITHIN.as_nanos() as u64,
+        LIVE_BEFORE.as_nanos() as u64,
+    );
+    let mut long_cuts_checked = 0;
+    for &(from, to) in &cuts {
+        if to == u64::MAX || to < from + heard + settle {
+            continue; // still cut when the run stopped, or not long enough to judge
+        }
+        for stream in [1, 2] {
+            let server = (stream + 1) % PROCS;
+            let Some(last) = t.reports[stream]
+                .iter()
+                .map(|r| r.0)
+                .filter(|&at| at <= from && at + live >= from)
+                .max()
+            else {
+                continue; // not delivering when the link went down
+            };
+            let around = |a: u64, b: u64| a < from + heard && b + live >= from;
+            if stops.iter().any(|&(r, a, b)| r == server && around(a, b))
+                || kills.iter().any(|&(r, at)| r == server && around(at, at))
+            {
+                continue; // its server was stopped or killed meanwhile
+            }
+            long_cuts_checked += 1;
+            if !t.failed[stream]
+                .iter()
+                .any(|&at| at > last && at <= from + heard)
+            {
+                let said: Vec<String> = t.failed[stream]
+                    .iter()
+                    .filter(|&&at| at + 2_000_000_000 > from && at < to + 2_000_000_000)
+                    .map(|&at| format!("{:+}ms", (at as i64 - from as i64) / 1_000_000))
+                    .collect();
+                t.violations.push(format!(
+                    "stream {stream}: its server (rank {server}) was delivering when the link \
+                     went down for {} ms, and did not hear that its connection was gone within \
+                     {} ms (keepalive {KEEPALIVE:?}; failures it reported, by time since the \
+                     cut: [{}])",
+                    (to - from) / 1_000_000,
+                    heard / 1_000_000,
+                    said.join(" ")
+                ));
+            }
+        }
+    }
     // Memory and descriptors, for incarnations that lived through the second half.
     let half = start + Duration::from_secs(seconds / 2);
     let mut flat_checked = 0;
@@ -745,7 +823,8 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
         "soak: {seconds} s, seed {seed}, {}; faults {f:?}; messages delivered exactly once: {total} \
          (per stream {:?}); acknowledged writes checked: {writes_checked}; \
          incarnations checked for flat RSS/fds: {flat_checked}; \
-         link cuts checked to partition: {cuts_checked}",
+         link cuts checked to partition: {cuts_checked}; \
+         waiting servers checked to hear of a long cut: {long_cuts_checked}",
         if net.link.is_some() {
             "in two network namespaces joined by a veth pair"
         } else {
@@ -775,6 +854,8 @@ struct Tally {
     delivered: [u64; PROCS],
     /// Per stream: every DELIVERED report, as (the server's `mono_ns`, next).
     reports: [Vec<(u64, u64)>; PROCS],
+    /// Per stream: when its server said the connection it served failed (`mono_ns`).
+    failed: [Vec<u64>; PROCS],
     /// Per (client rank, server incarnation): the largest value acknowledged into each slot.
     acked: HashMap<(usize, u64), [u64; SLOTS]>,
     /// Per server rank: its incarnation and its region at the dump.
@@ -811,6 +892,11 @@ impl Tally {
                 }
                 self.delivered[stream] = self.delivered[stream].max(num(1));
                 self.reports[stream].push((num(2), num(1)));
+            }
+            // RECV-FAILED <mono_ns>: rank's server side saw its connection fail.
+            Some("RECV-FAILED") => {
+                let stream = (rank + PROCS - 1) % PROCS;
+                self.failed[stream].push(num(1));
             }
             // ACKED <server incarnation> <slot> <value>: that write completed.
             Some("ACKED") => {
@@ -1015,10 +1101,14 @@ mod worker {
 
     static FINAL: AtomicBool = AtomicBool::new(false);
 
-    /// A node on the transport the supervisor chose (`--driver`).
+    /// A node on the transport the supervisor chose (`--driver`), its soft connections kept
+    /// alive with [`KEEPALIVE`] (none with `--break no-keepalive`).
     pub(super) fn node() -> barewire::Result<Node> {
         let driver = std::env::var("BAREWIRE_SOAK_DRIVER").unwrap_or_else(|_| "soft".into());
-        Node::with_config(&barewire::drivers::DriverConfig::parse(&driver, None)?)
+        let keepalive = (!broken("no-keepalive")).then_some(KEEPALIVE);
+        Node::with_config(
+            &barewire::drivers::DriverConfig::parse(&driver, None)?.keepalive(keepalive),
+        )
     }
 
     /// The deliberate defect this worker has, if any (see `--break`).
@@ -1139,7 +1229,11 @@ mod worker {
             generation.set(g);
             let (region, next, generation) = (region.clone(), next.clone(), generation.clone());
             spawn_local(async move {
-                let _ = receive(ep, &region, &next, inc, || generation.get() == g).await;
+                let r = receive(ep, &region, &next, inc, || generation.get() == g).await;
+                if r.is_err() && generation.get() == g {
+                    // The connection it was serving failed (no newer one had taken over).
+                    say(&format!("RECV-FAILED {}", mono_ns()));
+                }
             });
         }
     }

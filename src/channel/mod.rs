@@ -29,6 +29,13 @@
 //! waiting `send` returns [`Error::PeerGone`] rather than wait for ever. (Over shm, where
 //! Writes need nothing from the receiver, nothing else would notice.)
 //!
+//! A receiver waiting for a sender has nothing outstanding to fail. A sender that dies closes
+//! its connection, so `recv` returns `PeerGone` at once; over the software provider, a link
+//! cut (or a host gone) under an idle connection is found by the connection's keepalive
+//! ([`DriverConfig::keepalive`](barewire_drivers::DriverConfig::keepalive), 10 s by
+//! default), after which `recv` returns `PeerGone` too. A sender that is stopped, or merely
+//! quiet, is waited for, as a socket waits for its peer.
+//!
 //! Plain-old-data `T` travels as its bytes ([`Raw`]); other types are encoded in the BARE
 //! message format ([`Bare`], via serde).
 //!

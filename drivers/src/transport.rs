@@ -411,7 +411,8 @@ pub enum DriverError {
         /// What rdma-core does see, for the message.
         found: String,
     },
-    /// A `BAREWIRE_*` setting that does not parse.
+    /// A setting that is not valid: a `BAREWIRE_*` variable that does not parse, or a value
+    /// given to a [`DriverConfig`] builder method that no connection could use.
     #[error("{name}={value:?} is not a valid value: {why}")]
     BadSetting {
         /// The variable (or the builder method).

@@ -678,7 +678,11 @@ impl Listener {
                 from,
             } = match next {
                 Next::Answered(a) => {
-                    a.stream.set_keepalive(self.opts.keepalive)?;
+                    if a.stream.set_keepalive(self.opts.keepalive).is_err() {
+                        // A socket that takes no options is one already gone: dropped, as a
+                        // peer that hung up before `accept` would be, and the next one served.
+                        continue;
+                    }
                     let qp = QueuePair::start(a.stream.into_fd(), pd, scq, rcq, &self.opts, a.neg);
                     qp.inner.borrow_mut().admission = Some(self.shared.admit(a.from));
                     return Ok((qp, a.private_data));

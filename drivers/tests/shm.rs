@@ -42,6 +42,18 @@ async fn client(port: u16) -> (Endpoint, Device, barewire_drivers::ProtectionDom
     (Endpoint::new(qp, scq, rcq), dev, pd)
 }
 
+/// The listener's next peer, as an endpoint on `pd` with completion queues of `depth` entries.
+async fn accepted(
+    l: &Listener,
+    dev: &Device,
+    pd: &barewire_drivers::ProtectionDomain,
+    depth: usize,
+) -> Endpoint {
+    let (scq, rcq) = (dev.create_cq(depth).unwrap(), dev.create_cq(depth).unwrap());
+    let (qp, _) = l.accept(pd, &scq, &rcq).await.unwrap();
+    Endpoint::new(qp, scq, rcq)
+}
+
 /// A raw connection to the server on `port`: the queue pair, its send and receive completion
 /// queues (256 entries each), the device and the protection domain.
 async fn raw_client(
@@ -115,9 +127,7 @@ fn sends_larger_than_the_ring_and_late_receives_arrive_whole_and_in_order() {
     const BIG: usize = 3 << 20;
     let (port, t) = server(|l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 256).await;
         let buf = Buffer::new(&pd, 8 << 20, 4096, ALL).unwrap();
         // The client's Sends are posted by now (it waits for nothing); the receives come late.
         barewire_engine::time::sleep(Duration::from_millis(100)).await;
@@ -168,11 +178,9 @@ fn sends_larger_than_the_ring_and_late_receives_arrive_whole_and_in_order() {
 fn immediate_data_wakes_a_sleeping_receiver_and_a_short_receive_is_a_length_error() {
     let (port, t) = server(|l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(256).unwrap(), dev.create_cq(256).unwrap());
         let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let region = Buffer::new(&pd, 65536, 4096, all).unwrap();
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 256).await;
         let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         // Tell the client where to write.
         msg.write_at(0, &region.descriptor().to_bytes());
@@ -409,7 +417,6 @@ fn a_buffer_aligned_to_more_than_a_page_is_made_and_served() {
     const ALIGN: usize = 2 << 20;
     let (port, t) = server(|l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
         let region = Buffer::new(
             &pd,
             65536,
@@ -418,8 +425,7 @@ fn a_buffer_aligned_to_more_than_a_page_is_made_and_served() {
         )
         .unwrap();
         assert_eq!(region.descriptor().addr % ALIGN as u64, 0, "aligned");
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 64).await;
         let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         msg.write_at(0, &region.descriptor().to_bytes());
         let done = ep.recv(&msg, 1024, 16);
@@ -521,12 +527,10 @@ fn a_peer_that_goes_away_flushes_what_waits() {
 fn a_local_invalidate_revokes_the_peers_mapping_before_later_sends() {
     let (port, t) = server(|l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
         let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let region = Buffer::new(&pd, 4096, 4096, all).unwrap();
         region.write_at(0, &[0x61; 4096]);
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 64).await;
         let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         msg.write_at(0, &region.descriptor().to_bytes());
         let go = ep.recv(&msg, 1024, 16);
@@ -610,10 +614,8 @@ where
 {
     server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(64).unwrap(), dev.create_cq(64).unwrap());
         let region = Buffer::new(&pd, len, 4096, ALL | remote).unwrap();
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 64).await;
         let msg = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         msg.write_at(0, &region.descriptor().to_bytes());
         let first = ep.recv(&msg, 1024, 16);
@@ -664,9 +666,7 @@ fn a_send_completes_once_the_peer_has_taken_it() {
     let (go, wait) = mpsc::channel::<()>();
     let (port, t) = server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 16).await;
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         while wait.try_recv().is_err() {
             barewire_engine::time::sleep(Duration::from_millis(1)).await;
@@ -713,9 +713,7 @@ fn a_send_waits_past_the_timeout_for_a_running_peer_to_post_a_receive() {
     let late = 2 * ConnectOptions::default().timeout;
     let (port, t) = server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 16).await;
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         // The core sleeps meanwhile; the client's Send wakes it.
         barewire_engine::time::sleep(late).await;
@@ -744,9 +742,7 @@ fn a_hung_peer_fails_a_send_within_the_timeout(busy: bool) {
     let timeout = ConnectOptions::default().timeout;
     let (port, t) = server(move |l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let _ep = Endpoint::new(qp, scq, rcq);
+        let _ep = accepted(&l, &dev, &pd, 16).await;
         // Hung: the core runs nothing for three timeouts.
         std::thread::sleep(3 * timeout);
     });
@@ -803,9 +799,7 @@ fn a_hung_peer_fails_a_send_within_the_timeout_on_a_busy_core() {
 fn an_unsignaled_send_that_fails_at_the_receiver_still_completes_with_its_error() {
     let (port, t) = server(|l, dev| async move {
         let pd = dev.alloc_pd().unwrap();
-        let (scq, rcq) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-        let (qp, _) = l.accept(&pd, &scq, &rcq).await.unwrap();
-        let ep = Endpoint::new(qp, scq, rcq);
+        let ep = accepted(&l, &dev, &pd, 16).await;
         let buf = Buffer::new(&pd, 4096, 64, ALL).unwrap();
         assert_eq!(ep.recv(&buf, 0, 4096).await.unwrap().byte_len, 10);
         let short = ep.recv(&buf, 0, 16).await;

@@ -36,13 +36,7 @@ impl Peer {
 /// the namespace, the peer and its address. `None` (the test skips) where namespaces cannot be
 /// made, except under CI, where that fails the test.
 fn peer_in_a_namespace() -> Option<(Netns, Peer, String)> {
-    let Some((ns, _, peer_ip)) = Netns::create_in(233) else {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("network namespaces are unavailable under CI (needs root and iproute2)");
-        }
-        eprintln!("SKIP: cannot create a network namespace here (needs root and iproute2)");
-        return None;
-    };
+    let (ns, _, peer_ip) = Netns::for_test(233)?;
     let peer = Peer::spawn_with(
         Command::new("ip").args([
             "netns",

@@ -567,7 +567,8 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
                     unsafe { libc::kill(ws[r].child.id() as i32, libc::SIGSTOP) };
                     let ms = 300 + rand(1700);
                     stopped.push((r, now + Duration::from_millis(ms)));
-                    stops.push((r, mono_ns(), mono_ns() + ms * 1_000_000));
+                    let at = mono_ns();
+                    stops.push((r, at, at + ms * 1_000_000));
                     *faults.entry("stop and continue").or_default() += 1;
                 }
             }

@@ -470,3 +470,27 @@ fn a_multishot_receive_stays_armed_runs_out_of_buffers_cleanly_and_ends_with_the
         assert!(rx.next().await.is_none());
     });
 }
+
+/// Every bound `check_keepalive` accepts can be set, from its 1 s floor to its ceiling (the
+/// kernel caps the idle time and the probe interval at 32,767 s each, far below the ceiling),
+/// and reads back as set.
+#[test]
+fn every_keepalive_bound_that_checks_can_be_set() {
+    rt(1).block_on(async {
+        let l = TcpListener::bind(localhost()).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let ceiling = Duration::from_millis(i32::MAX as u64);
+        for k in [
+            Duration::from_secs(1),
+            Duration::from_millis(1500),
+            Duration::from_secs(10),
+            Duration::from_secs(2 * 86_400),
+            ceiling,
+        ] {
+            barewire_engine::net::check_keepalive(k).unwrap();
+            c.set_keepalive(Some(k))
+                .unwrap_or_else(|e| panic!("a keepalive of {k:?}: {e}"));
+            assert_eq!(c.keepalive().unwrap(), Some(k));
+        }
+    });
+}

@@ -293,11 +293,13 @@ fn set_keepalive(fd: RawFd, within: Option<Duration>) -> io::Result<()> {
     };
     let ms = check_keepalive(within)?;
     // Whole seconds, as the kernel counts them: the first probe after a third of the bound,
-    // the next ones every tenth (at least one second apart). The abort itself comes from
-    // TCP_USER_TIMEOUT, checked at each probe, so the count only needs to outlast it.
+    // the next ones every tenth (at least one second apart, and each at most the kernel's
+    // 32,767 s). The abort itself comes from TCP_USER_TIMEOUT, checked at each probe, so the
+    // count only needs to outlast it.
+    const KERNEL_MAX: libc::c_int = 32_767; // MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL
     let secs = within.as_secs() as libc::c_int;
-    let idle = (secs / 3).max(1);
-    let interval = (secs / 10).max(1);
+    let idle = (secs / 3).clamp(1, KERNEL_MAX);
+    let interval = (secs / 10).clamp(1, KERNEL_MAX);
     let count = ((secs - idle) / interval + 2).min(127);
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle)?;
     setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, interval)?;

@@ -42,6 +42,41 @@ fn sge(mr: &MemoryRegion, off: usize, len: usize) -> Sge {
     }
 }
 
+/// A work request of `op` with one local piece, unfenced.
+fn wr(wr_id: u64, op: SendOp, local: Sge, signaled: bool) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sges: [local].into(),
+        signaled,
+        fence: false,
+    }
+}
+
+/// A plain Send.
+fn send() -> SendOp {
+    SendOp::Send {
+        solicited: false,
+        invalidate: None,
+    }
+}
+
+/// A WRITE to `mr` at `off` bytes in.
+fn write_to(mr: &MemoryRegion, off: u64) -> SendOp {
+    SendOp::Write {
+        remote_addr: mr.addr() as u64 + off,
+        rkey: mr.stag(),
+    }
+}
+
+/// A READ from `mr` at `off` bytes in.
+fn read_from(mr: &MemoryRegion, off: u64) -> SendOp {
+    SendOp::Read {
+        remote_addr: mr.addr() as u64 + off,
+        rkey: mr.stag(),
+    }
+}
+
 async fn pair(a: &End, b: &End, crc: bool) -> (QueuePair, QueuePair) {
     let opts = |pd: &[u8]| ConnectOptions {
         mpa: MpaSettings {
@@ -148,17 +183,8 @@ fn send_write_and_read_over_loopback_tcp() {
                 sges: [sge(&bmr, 0, 4096)].into(),
             })
             .unwrap();
-            qa.post_send(SendWr {
-                wr_id: 2,
-                op: SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
-                },
-                sges: [sge(&amr, 0, 3000)].into(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
+            qa.post_send(wr(2, send(), sge(&amr, 0, 3000), true))
+                .unwrap();
             let rc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
             assert_eq!(
                 (rc.wr_id, rc.status, rc.byte_len),
@@ -168,34 +194,16 @@ fn send_write_and_read_over_loopback_tcp() {
             assert_eq!(&b_buf[..3000], &a_buf[..3000]);
 
             // A 1 MiB-ish Write, many FPDUs, part of it received straight into the region.
-            qa.post_send(SendWr {
-                wr_id: 3,
-                op: SendOp::Write {
-                    remote_addr: bmr.addr() as u64 + 4096,
-                    rkey: bmr.stag(),
-                },
-                sges: [sge(&amr, 0, 900_000)].into(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
+            qa.post_send(wr(3, write_to(&bmr, 4096), sge(&amr, 0, 900_000), true))
+                .unwrap();
             let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
             assert_eq!(
                 (wc.wr_id, wc.status, wc.opcode),
                 (3, WcStatus::Success, WcOpcode::RdmaWrite)
             );
             // Write completion is local (iWARP); a Read after it returns only once the Write landed.
-            qa.post_send(SendWr {
-                wr_id: 4,
-                op: SendOp::Read {
-                    remote_addr: bmr.addr() as u64 + 4096,
-                    rkey: bmr.stag(),
-                },
-                sges: [sge(&amr, 0, 900_000)].into(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
+            qa.post_send(wr(4, read_from(&bmr, 4096), sge(&amr, 0, 900_000), true))
+                .unwrap();
             a_buf[..900_000].fill(0);
             let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
             assert_eq!(
@@ -232,29 +240,11 @@ fn a_write_outside_the_region_is_terminated_over_tcp() {
             &mut b_buf[64..64 + 4096],
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         );
-        qa.post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: bmr.addr() as u64 + 4000,
-                rkey: bmr.stag(),
-            },
-            sges: [sge(&amr, 0, 200)].into(),
-            signaled: false,
-            fence: false,
-        })
-        .unwrap();
+        qa.post_send(wr(1, write_to(&bmr, 4000), sge(&amr, 0, 200), false))
+            .unwrap();
         // A Read behind it is failed by the Terminate.
-        qa.post_send(SendWr {
-            wr_id: 2,
-            op: SendOp::Read {
-                remote_addr: bmr.addr() as u64,
-                rkey: bmr.stag(),
-            },
-            sges: [sge(&amr, 0, 16)].into(),
-            signaled: true,
-            fence: false,
-        })
-        .unwrap();
+        qa.post_send(wr(2, read_from(&bmr, 0), sge(&amr, 0, 16), true))
+            .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
         assert_eq!(wc.wr_id, 2);
         assert_eq!(wc.status, WcStatus::RemAccessErr);
@@ -282,16 +272,15 @@ fn a_vanished_peer_fails_outstanding_reads_within_the_timeout() {
         // The peer disappears (its socket closes) with a Read outstanding.
         qb.disconnect();
         let t0 = Instant::now();
-        qa.post_send(SendWr {
-            wr_id: 9,
-            op: SendOp::Read {
+        qa.post_send(wr(
+            9,
+            SendOp::Read {
                 remote_addr: 0x1000,
                 rkey: barewire_soft_rdma::verbs::Stag(1),
             },
-            sges: [sge(&amr, 0, 64)].into(),
-            signaled: true,
-            fence: false,
-        })
+            sge(&amr, 0, 64),
+            true,
+        ))
         .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next())
             .await
@@ -345,16 +334,15 @@ fn dropping_the_last_handle_closes_the_connection() {
         let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
         drop(qb); // like ibv_destroy_qp: the socket closes, the provider forgets it
         barewire_engine::time::sleep(Duration::from_millis(20)).await;
-        qa.post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Read {
+        qa.post_send(wr(
+            1,
+            SendOp::Read {
                 remote_addr: 0,
                 rkey: barewire_soft_rdma::verbs::Stag(1),
             },
-            sges: [sge(&amr, 0, 8)].into(),
-            signaled: true,
-            fence: false,
-        })
+            sge(&amr, 0, 8),
+            true,
+        ))
         .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next())
             .await
@@ -398,17 +386,8 @@ fn a_refused_write_completes_with_rem_access_err_on_the_initiator() {
         let amr = reg(&a.pd, &mut a_buf, Access::LOCAL_WRITE);
         let bmr = reg(&b.pd, &mut b_buf, Access::LOCAL_WRITE | Access::REMOTE_READ);
         // B's region does not allow remote writes.
-        qa.post_send(SendWr {
-            wr_id: 7,
-            op: SendOp::Write {
-                remote_addr: bmr.addr() as u64,
-                rkey: bmr.stag(),
-            },
-            sges: [sge(&amr, 0, 64)].into(),
-            signaled: true,
-            fence: false,
-        })
-        .unwrap();
+        qa.post_send(wr(7, write_to(&bmr, 0), sge(&amr, 0, 64), true))
+            .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
         assert_eq!(
             (wc.wr_id, wc.status, wc.opcode),
@@ -434,17 +413,8 @@ fn an_accepted_write_completes_only_after_the_peer_placed_it() {
             &mut b_buf,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE,
         );
-        qa.post_send(SendWr {
-            wr_id: 1,
-            op: SendOp::Write {
-                remote_addr: bmr.addr() as u64,
-                rkey: bmr.stag(),
-            },
-            sges: [sge(&amr, 0, 1 << 20)].into(),
-            signaled: true,
-            fence: false,
-        })
-        .unwrap();
+        qa.post_send(wr(1, write_to(&bmr, 0), sge(&amr, 0, 1 << 20), true))
+            .unwrap();
         let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 1 << 20));
         // Same core: if the completion came before placement, B's memory would still be zero here.
@@ -472,31 +442,10 @@ fn sixteen_mib_write_and_read_round_trip() {
             &mut b_buf,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
         );
-        let wr = |wr_id, op, mr: &MemoryRegion| SendWr {
-            wr_id,
-            op,
-            sges: [sge(mr, 0, N)].into(),
-            signaled: true,
-            fence: false,
-        };
-        qa.post_send(wr(
-            1,
-            SendOp::Write {
-                remote_addr: bmr.addr() as u64,
-                rkey: bmr.stag(),
-            },
-            &smr,
-        ))
-        .unwrap();
-        qa.post_send(wr(
-            2,
-            SendOp::Read {
-                remote_addr: bmr.addr() as u64,
-                rkey: bmr.stag(),
-            },
-            &rmr,
-        ))
-        .unwrap();
+        qa.post_send(wr(1, write_to(&bmr, 0), sge(&smr, 0, N), true))
+            .unwrap();
+        qa.post_send(wr(2, read_from(&bmr, 0), sge(&rmr, 0, N), true))
+            .unwrap();
         for id in [1, 2] {
             let wc = timeout(Duration::from_secs(20), a.scq.next())
                 .await
@@ -528,17 +477,7 @@ fn an_idle_core_sleeps_and_wakes_for_a_message() {
                 .unwrap();
             // Let the receiver go idle first.
             barewire_engine::time::sleep(Duration::from_millis(300)).await;
-            qa.post_send(SendWr {
-                wr_id: 9,
-                op: SendOp::Send {
-                    solicited: false,
-                    invalidate: None,
-                },
-                sges: [sge(&amr, 0, 64)].into(),
-                signaled: true,
-                fence: false,
-            })
-            .unwrap();
+            qa.post_send(wr(9, send(), sge(&amr, 0, 64), true)).unwrap();
             let wc = a.scq.next().await;
             assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         })
@@ -589,17 +528,8 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
             sges: [sge(&bmr, 0, 256)].into(),
         })
         .unwrap();
-        qa.post_send_batched(SendWr {
-            wr_id: 7,
-            op: SendOp::Send {
-                solicited: false,
-                invalidate: None,
-            },
-            sges: [sge(&amr, 0, 256)].into(),
-            signaled: false,
-            fence: false,
-        })
-        .unwrap();
+        qa.post_send_batched(wr(7, send(), sge(&amr, 0, 256), false))
+            .unwrap();
         qa.disconnect();
         let wc = timeout(Duration::from_secs(5), b.rcq.next()).await.unwrap();
         assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 256));
@@ -628,16 +558,12 @@ async fn write_on_each(
     src_at: impl Fn(usize) -> usize,
 ) {
     for (n, (qa, _)) in pairs.iter().enumerate() {
-        qa.post_send(SendWr {
-            wr_id: n as u64,
-            op: SendOp::Write {
-                rkey: dmr.stag(),
-                remote_addr: dmr.addr() as u64 + (n * len) as u64,
-            },
-            sges: [sge(smr, src_at(n), len)].into(),
-            signaled: true,
-            fence: false,
-        })
+        qa.post_send(wr(
+            n as u64,
+            write_to(dmr, (n * len) as u64),
+            sge(smr, src_at(n), len),
+            true,
+        ))
         .unwrap();
     }
     for _ in 0..pairs.len() {
@@ -760,17 +686,8 @@ fn a_post_outside_the_runtime_does_not_panic() {
     let mut src = vec![1u8; 64];
     let amr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
     let (qa, qb) = rt().block_on(async { pair(&a, &b, false).await });
-    qa.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Send {
-            solicited: false,
-            invalidate: None,
-        },
-        sges: [sge(&amr, 0, 64)].into(),
-        signaled: false,
-        fence: false,
-    })
-    .unwrap();
+    qa.post_send(wr(1, send(), sge(&amr, 0, 64), false))
+        .unwrap();
     drop((qa, qb, amr));
 }
 
@@ -925,5 +842,41 @@ fn under_sqpoll_a_dropped_queue_pair_still_delivers_what_it_posted() {
         let (a, b) = (end(), end());
         let (qa, qb) = pair(&a, &b, true).await;
         numbered_sends_then(&a, &b, qa, &qb, N, 4096, true, drop).await;
+    });
+}
+
+/// The peer writes its last word and hangs up; this side, not having looked at its socket
+/// yet, posts and finds the connection gone (its second post fails with EPIPE, after the
+/// first drew a reset). What the peer sent before hanging up is still in the socket, ahead of
+/// its end, and lands all the same: the queue pair fails only once it has taken it. (A
+/// channel's receiver returns its last credits this way just before it hangs up, and its
+/// sender's `flush` relies on them.) Before, the failed send closed the queue pair at once and
+/// the last word was dropped.
+#[test]
+fn what_the_peer_wrote_before_hanging_up_lands_though_a_send_fails_first() {
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, qb) = pair(&a, &b, false).await;
+        let mut word = vec![0u8; 8];
+        let mut last = vec![0x5Au8; 8];
+        let mut scratch = vec![0u8; 8];
+        let amr = reg(&a.pd, &mut word, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let smr = reg(&a.pd, &mut scratch, Access::LOCAL_WRITE);
+        let bmr = reg(&b.pd, &mut last, Access::LOCAL_WRITE);
+        // From here to the first await nothing lets `qa`'s side look at its socket.
+        qb.post_send(wr(1, write_to(&amr, 0), sge(&bmr, 0, 8), false))
+            .unwrap();
+        drop(qb);
+        for wr_id in 10..14 {
+            let _ = qa.post_send(wr(wr_id, read_from(&bmr, 0), sge(&smr, 0, 0), true));
+        }
+        let wc = timeout(Duration::from_secs(5), a.scq.next())
+            .await
+            .expect("the failure is reported");
+        assert_ne!(wc.status, WcStatus::Success);
+        assert_eq!(qa.state(), QpState::Error);
+        drop(amr);
+        assert_eq!(word, [0x5A; 8], "the peer's last word was lost");
+        drop((smr, bmr));
     });
 }

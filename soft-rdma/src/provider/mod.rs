@@ -22,7 +22,9 @@
 //! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
 //! error, or a queue pair that is owed bytes (unsent data, or Read Responses) makes no progress
 //! for the configured timeout (default 1 s). Either way its outstanding work completes with
-//! `RETRY_EXC_ERR` (Reads) and `WR_FLUSH_ERR` (the rest).
+//! `RETRY_EXC_ERR` (Reads) and `WR_FLUSH_ERR` (the rest). What the peer sent before its end is
+//! taken in first, even when this side learns of the end from a send that failed: a message
+//! the peer sent just before hanging up (its last WRITE, say) lands and completes.
 
 mod progress;
 mod ring;
@@ -764,6 +766,9 @@ struct QpInner {
     /// The last transmit stopped at its byte budget with the socket still writable (so no
     /// EPOLLOUT edge will come either).
     tx_more: bool,
+    /// A send failed: nothing more is sent, and the queue pair closes once its receive side
+    /// has taken what the peer sent before its end (see `progress::send_failed`).
+    tx_failed: bool,
     /// For an accepted queue pair, until it closes: its place in its listener's limits, and
     /// where a protection violation it ends on is reported.
     admission: Option<Admission>,
@@ -854,6 +859,7 @@ impl QueuePair {
             listed: false,
             rx_more: false,
             tx_more: false,
+            tx_failed: false,
             admission: None,
             ring: None,
         }));

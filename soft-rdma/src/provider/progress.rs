@@ -37,6 +37,28 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
     mark_active(i);
 }
 
+/// The socket refused this queue pair's bytes: the peer hung up or reset, or the link timed
+/// out. Sending stops, but what the peer sent before its end is still in the socket, in order
+/// ahead of that end (a channel receiver's last credit word, written just before it hangs up,
+/// is such a message), so the queue pair fails (`RetryExcErr`) only once it has taken that in:
+/// at once here on the raw-syscall path, where nothing is outstanding on the socket; on a ring
+/// core when its receive in flight reaches the end, which a failed socket reports at once (the
+/// stall timeout bounds it all the same, since the unsent bytes are still owed).
+pub(super) fn send_failed(i: &mut QpInner) {
+    if i.closed || std::mem::replace(&mut i.tx_failed, true) {
+        return;
+    }
+    if i.ring.is_none() {
+        receive(i, i.fd.as_raw_fd());
+    } else if i.stream.rx_buffer().is_some() {
+        mark_active(i);
+        return;
+    }
+    if !i.closed {
+        close(i, WcStatus::RetryExcErr);
+    }
+}
+
 /// Terminates for a protection violation: an invalid or foreign STag, a base/bounds or rights
 /// violation, a wrapping offset (RDMAP remote protection errors, DDP tagged buffer errors).
 fn is_protection(code: crate::wire::TermCode) -> bool {
@@ -77,7 +99,7 @@ pub(super) fn service(i: &mut QpInner, readable: bool) -> bool {
 pub(super) fn flush(i: &mut QpInner) -> bool {
     // A ring send outstanding has taken bytes the stream still counts as queued: sending from
     // the stream now would send them twice. (It completes at the ring's next poll.)
-    if i.closed || super::ring::send_outstanding(i) {
+    if i.closed || i.tx_failed || super::ring::send_outstanding(i) {
         return false;
     }
     if let Some(moved) = super::ring::flush_copy(i) {
@@ -113,12 +135,12 @@ pub(super) fn flush(i: &mut QpInner) -> bool {
             // Only a list of no bytes sends none, and the stream lists none (`Pieces` skips
             // empty extents). `errno` would be stale here; fail the queue pair as the ring's
             // path does on a send that moved nothing, rather than wait for ever.
-            close(i, WcStatus::RetryExcErr);
+            send_failed(i);
             return true;
         } else {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::WouldBlock {
-                close(i, WcStatus::RetryExcErr);
+                send_failed(i);
                 return true;
             }
             break;

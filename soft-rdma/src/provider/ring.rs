@@ -61,7 +61,9 @@ use barewire_engine::buf::BufRing;
 use barewire_engine::uring::{buffer_id, opcode, squeue, types, Completion, RawQueue, CQE_F_MORE};
 use barewire_engine::Poller;
 
-use super::progress::{close, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER, STAGE_LEN};
+use super::progress::{
+    close, send_failed, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER, STAGE_LEN,
+};
 use super::sqpoll::Wires;
 use super::*;
 use crate::stream::Stream;
@@ -378,7 +380,7 @@ pub(super) fn flush_copy(i: &mut QpInner) -> Option<bool> {
 /// Outside the runtime (a handle dropped after `block_on` returned) there is no ring to send
 /// on: the bytes stay in the stream.
 fn copy_out(i: &mut QpInner, r: &Ring) -> bool {
-    if !barewire_engine::in_runtime() {
+    if i.tx_failed || !barewire_engine::in_runtime() {
         return false;
     }
     let (id, send) = (conn_id(i), token(i, Kind::Send));
@@ -504,7 +506,7 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>
         let Some(qp) = p.get(key) else { continue };
         let mut guard = qp.borrow_mut();
         let i = &mut *guard;
-        if i.closed {
+        if i.closed || i.tx_failed {
             continue;
         }
         let (fd, send) = (target(i), token(i, Kind::Send));
@@ -529,7 +531,7 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>
 pub(super) fn post_now(i: &mut QpInner) -> bool {
     // Outside the runtime (a handle dropped after `block_on` returned) there is no ring to
     // submit on: the post waits in the stream, as any other.
-    if i.closed || !barewire_engine::in_runtime() {
+    if i.closed || i.tx_failed || !barewire_engine::in_runtime() {
         return false;
     }
     PROVIDER.with(|p| {
@@ -584,9 +586,7 @@ fn sent_done(i: &mut QpInner, r: &Ring, res: i32) -> bool {
         i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Polling;
         false
     } else {
-        if !i.closed {
-            close(i, WcStatus::RetryExcErr);
-        }
+        send_failed(i);
         false
     }
 }
@@ -634,6 +634,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
         stream,
         ring,
         closed,
+        tx_failed,
         ..
     } = i;
     let ops = ring.as_mut().expect("a ring queue pair");
@@ -641,7 +642,9 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
     if *closed {
         return;
     }
-    arm_send(t, send, stream, ops, r);
+    if !*tx_failed {
+        arm_send(t, send, stream, ops, r);
+    }
     if ops.rx == RxOp::Idle {
         match stream.rx_buffer() {
             Some((dst, want)) if want >= DIRECT_SWITCH => {
@@ -723,14 +726,12 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 if let Some(qp) = qp {
                     let mut guard = qp.borrow_mut();
                     let i = &mut *guard;
-                    if !whole {
-                        if !i.closed {
-                            close(i, WcStatus::RetryExcErr);
-                        }
-                    } else {
+                    if whole {
                         i.moved = true;
-                        after(i);
+                    } else {
+                        send_failed(i);
                     }
+                    after(i);
                 }
                 return whole;
             }

@@ -42,8 +42,9 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
 /// ahead of that end (a channel receiver's last credit word, written just before it hangs up,
 /// is such a message), so the queue pair fails (`RetryExcErr`) only once it has taken that in:
 /// at once here on the raw-syscall path, where nothing is outstanding on the socket; on a ring
-/// core when its receive in flight reaches the end, which a failed socket reports at once (the
-/// stall timeout bounds it all the same, since the unsent bytes are still owed).
+/// core when its receive in flight reaches the end, which a failed socket reports at once
+/// (where the failed bytes are still queued in the stream, the stall timeout bounds that wait
+/// too; under SQPOLL the wire had already taken them).
 pub(super) fn send_failed(i: &mut QpInner) {
     if i.closed || std::mem::replace(&mut i.tx_failed, true) {
         return;

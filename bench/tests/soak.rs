@@ -1,7 +1,8 @@
 //! The soak's checks catch what they are for: each deliberately broken worker or fault
 //! (`--break`) fails the run with the violation that names it. `fake-cut` and `no-keepalive`
-//! need network namespaces, so this test runs as root (as CI does). (The soak itself, unbroken, runs for two
-//! minutes in `scripts/test.sh`.) One run at a time: each keeps three processes busy.
+//! need network namespaces, so this test runs as root (as CI does). (The soak itself,
+//! unbroken, runs for two minutes in `scripts/test.sh`.) One run at a time: each keeps three
+//! processes busy.
 
 use std::process::Command;
 

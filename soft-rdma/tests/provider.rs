@@ -867,6 +867,7 @@ fn what_the_peer_wrote_before_hanging_up_lands_though_a_send_fails_first() {
         qb.post_send(wr(1, write_to(&amr, 0), sge(&bmr, 0, 8), false))
             .unwrap();
         drop(qb);
+        // (Posts after the queue pair failed complete at once with WR_FLUSH_ERR.)
         for wr_id in 10..14 {
             let _ = qa.post_send(wr(wr_id, read_from(&bmr, 0), sge(&smr, 0, 0), true));
         }

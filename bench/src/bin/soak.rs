@@ -15,8 +15,9 @@
 //! for (`tests/soak.rs`): `dup` (a client sends one message twice), `lost-write` (every server
 //! loses an acknowledged write before the dump), `leak` (every worker leaks 2 MiB a second),
 //! `resume-zero` (a restarted server forgets where to resume), `fake-cut` (a link cut that
-//! leaves the link up), `no-keepalive` (workers without a keepalive), `dsm-no-lock` (shared objects updated without the lock protocol:
-//! `Broken::NoLock`), `actor-double` (the counter actor applies each message twice).
+//! leaves the link up), `no-keepalive` (workers without a keepalive), `dsm-no-lock` (shared
+//! objects updated without the lock protocol: `Broken::NoLock`), `actor-double` (the counter
+//! actor applies each message twice).
 //!
 //! Three worker processes (this binary, `worker` mode) form a ring: each connects to the
 //! next and serves the one before it. Over each connection the serving side sends a
@@ -51,10 +52,9 @@
 //! the workers' 2 s keepalive, so that a server waiting on a stream across the link, which
 //! has nothing outstanding, must hear that its connection is gone before the link comes back
 //! (`--break no-keepalive` shows the check catches a worker without it). Faults stop 8 s
-//! before the end. It samples
-//! each worker's RSS and open descriptors every second; for every incarnation that lived
-//! through the whole second half, the last sample may exceed the one at the half-way point
-//! by at most 25% + 4 MiB of RSS and 8 descriptors. Exit status 0 only when every check
+//! before the end. It samples each worker's RSS and open descriptors every second; for every
+//! incarnation that lived through the whole second half, the last sample may exceed the one
+//! at the half-way point by at most 25% + 4 MiB of RSS and 8 descriptors. Exit status 0 only when every check
 //! held; the summary says what ran and what held.
 //!
 //! **Distributed shared memory and actors, in rounds.** A mesh cannot take back a member

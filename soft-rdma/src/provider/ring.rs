@@ -8,8 +8,9 @@
 //!   came in: there is no readiness step.
 //! - **A core with few queue pairs** ([`DIRECT_POLL_MAX`] or fewer) that is spinning receives
 //!   instead with one `RECV` (`MSG_DONTWAIT`, into one of the core's look buffers, and further
-//!   ones into provided buffers while the socket fills them) per queue pair per pass, inside
-//!   the pass's one submission: the bytes are copied in that call, rather
+//!   ones into provided buffers while the socket fills them, or into more look buffers while
+//!   the queue pair is behind a stream of large Writes) per queue pair per pass, inside the
+//!   pass's one submission: the bytes are copied in that call, rather
 //!   than by the kernel's deferred work for a multishot, which measured about 1 µs slower per
 //!   message. On the way to sleep each gets its multishot armed, which wakes the core; the
 //!   first bytes it brings switch it back.
@@ -83,6 +84,14 @@ const LOOK_BUF: usize = STAGE_LEN;
 
 /// Polled receives one queue pair may queue in one pass (each up to one provided buffer).
 const MAX_BURST: u8 = 16;
+
+/// Receives one queue pair makes per pass while it is behind (see `RingOps::bulk`), each
+/// into a 64 KiB look buffer of the core's: 256 KiB a pass, in receives as large as the epoll
+/// path's. A stream of 1 MiB Writes moved 1.15-1.2x as fast as with one look and fifteen
+/// 16 KiB provided buffers a pass; two to six looks measured alike, sixteen slower
+/// (`bench/RESULTS.md`, thirty-fifth session). A core hands out at most `DIRECT_POLL_MAX`
+/// times this many looks per pass, 1 MiB.
+const MAX_LOOKS: u8 = 4;
 
 /// Bytes one queue pair may receive directly per pass (its sends are bounded by the socket).
 const BUDGET: usize = 1 << 20;
@@ -176,10 +185,18 @@ pub(super) struct RingOps {
     queued: bool,
     /// Polled receives to queue per pass (grows while each fills its buffer).
     burst: u8,
-    /// Polled receives of this pass still to complete, and whether any brought bytes.
-    polled: (u8, bool),
-    /// The look buffer this pass's first polled receive reads into.
+    /// Polled receives of this pass still to complete, whether any brought bytes, and whether
+    /// every one so far filled its buffer.
+    polled: (u8, bool, bool),
+    /// The look buffer the next of this pass's look receives reads into (one queue pair's
+    /// are consecutive, and complete in order).
     look: usize,
+    /// Behind: every receive of the last pass filled its buffer, and the burst has grown to
+    /// `MAX_BURST`, so bytes arrive faster than passes take them. The next pass reads
+    /// `MAX_LOOKS` looks, and so on while they come back full. Otherwise a pass reads one look
+    /// and then provided buffers: where the receiving core waits on its peer (64 KiB Writes),
+    /// more looks in their place measured 0.8x as fast (the same section).
+    bulk: bool,
     /// The send's gather list: `SEND_IOV_FEW` entries, or `SEND_IOV` once a send had more
     /// chunks queued than that (see `arm_send`).
     iov: Box<[libc::iovec]>,
@@ -217,8 +234,9 @@ impl RingOps {
             tx: TxOp::Idle,
             queued: false,
             burst: 1,
-            polled: (0, false),
+            polled: (0, false, false),
             look: 0,
+            bulk: false,
             iov: empty_iov(SEND_IOV_FEW),
             // SAFETY: msghdr is plain old data; zero is "no name, no control".
             msg: Box::new(unsafe { std::mem::zeroed() }),
@@ -676,8 +694,15 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                 // The first reads into a look buffer of the core's (handed out in order
                 // this pass): an idle socket's look then costs no provided-buffer selection
                 // (`recv-floor`: 3-10% cheaper), and bytes that come are fed from there.
-                // The rest of a burst take provided buffers, as many as the socket fills.
-                {
+                // The rest of a burst take more looks in a bulk pass, otherwise provided
+                // buffers, as many as the socket fills.
+                let (looks, provided) = if ops.bulk {
+                    (MAX_LOOKS, 0)
+                } else {
+                    (1, ops.burst - 1)
+                };
+                ops.look = r.next_look.get();
+                for _ in 0..looks {
                     let k = r.next_look.get();
                     r.next_look.set(k + 1);
                     let mut looks = r.looks.borrow_mut();
@@ -691,10 +716,9 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                     // SAFETY: the core's look buffer `k`, handed to this receive alone in this
                     // pass and written by the kernel inside its submission only (MSG_DONTWAIT).
                     unsafe { r.raw.push(e, own) };
-                    ops.look = k;
                     n += 1;
                 }
-                for _ in 1..ops.burst {
+                for _ in 0..provided {
                     let e = opcode::Recv::new(fd, std::ptr::null_mut(), RING_BUF as u32)
                         .buf_group(r.bufs.group_id())
                         .flags(libc::MSG_DONTWAIT)
@@ -705,7 +729,7 @@ fn arm(i: &mut QpInner, r: &Ring, poll: bool) {
                     n += 1;
                 }
                 ops.rx = RxOp::Polled;
-                ops.polled = (n, false);
+                ops.polled = (n, false, true);
             }
             Some(_) => arm_multishot(t, multi, ops, r),
             None => {} // receiving has stopped
@@ -808,12 +832,16 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
                 i.stream.rx_advance(res as usize);
                 moved = true;
             }
-            if kind == Some(Kind::RecvPolledOwn) && res > 0 {
-                let look = i.ring.as_ref().expect("a ring queue pair").look;
-                // The kernel wrote `res` bytes of this pass's look buffer inside the
-                // submission this completion came from; nothing has used it since.
-                i.stream.rx_feed(&r.looks.borrow()[look][..res as usize]);
-                moved = true;
+            if kind == Some(Kind::RecvPolledOwn) {
+                let ops = i.ring.as_mut().expect("a ring queue pair");
+                let look = ops.look;
+                ops.look += 1;
+                if res > 0 {
+                    // The kernel wrote `res` bytes of this pass's look buffer inside the
+                    // submission this completion came from; nothing has used it since.
+                    i.stream.rx_feed(&r.looks.borrow()[look][..res as usize]);
+                    moved = true;
+                }
             }
             if let Some(bid) = bid {
                 if res > 0 {
@@ -842,10 +870,18 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
             };
             ops.polled.0 = ops.polled.0.saturating_sub(1);
             ops.polled.1 |= moved;
+            let size = if kind == Some(Kind::RecvPolledOwn) {
+                LOOK_BUF
+            } else {
+                RING_BUF
+            };
+            // (A direct receive is as long as its placement, not a sign of what waits.)
+            ops.polled.2 &= kind == Some(Kind::RecvPolledDirect) || res as usize == size;
             if ops.polled.0 > 0 {
                 return moved; // the rest of this pass's receives follow
             }
             ops.rx = RxOp::Idle;
+            ops.bulk = ops.polled.2 && ops.burst == MAX_BURST;
             if !ops.polled.1 && !i.closed {
                 // Nothing this pass: poll again next pass, unless the core sleeps first.
                 // Nothing else to do for this queue pair now.

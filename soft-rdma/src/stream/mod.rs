@@ -446,6 +446,12 @@ impl Stream {
         !self.orq.is_empty() || self.wants_tx()
     }
 
+    /// Bytes of the RDMA Write being received so far: 0 between Writes, and while other
+    /// messages arrive. A transport may size its reads by it.
+    pub fn rx_write_run(&self) -> u64 {
+        self.write_run
+    }
+
     /// True once receiving has stopped (a Terminate was sent or received).
     pub fn rx_dead(&self) -> bool {
         matches!(self.rx, Rx::Dead)

@@ -88,9 +88,9 @@ const MAX_BURST: u8 = 16;
 /// Receives one queue pair makes per pass while it is behind (see `RingOps::bulk`), each
 /// into a 64 KiB look buffer of the core's: 256 KiB a pass, in receives as large as the epoll
 /// path's. A stream of 1 MiB Writes moved 1.15-1.2x as fast as with one look and fifteen
-/// 16 KiB provided buffers a pass; two to six looks measured alike, sixteen slower
-/// (`bench/RESULTS.md`, thirty-fifth session). A core hands out at most `DIRECT_POLL_MAX`
-/// times this many looks per pass, 1 MiB.
+/// 16 KiB provided buffers a pass; two to eight looks measured alike, and sixteen (1 MiB a
+/// pass) gained 3% (`bench/RESULTS.md`, thirty-fifth session). A core hands out at most
+/// `DIRECT_POLL_MAX` times this many looks per pass, 1 MiB.
 const MAX_LOOKS: u8 = 4;
 
 /// A queue pair in the middle of a Write that has brought fewer bytes than this so far is not

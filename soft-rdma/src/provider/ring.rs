@@ -9,8 +9,8 @@
 //! - **A core with few queue pairs** ([`DIRECT_POLL_MAX`] or fewer) that is spinning receives
 //!   instead with one `RECV` (`MSG_DONTWAIT`, into one of the core's look buffers, and further
 //!   ones into provided buffers while the socket fills them, or into more look buffers while
-//!   the queue pair is behind a stream of large Writes) per queue pair per pass, inside the
-//!   pass's one submission: the bytes are copied in that call, rather
+//!   the queue pair is behind, as under a stream of large Writes or Read Responses) per queue
+//!   pair per pass, inside the pass's one submission: the bytes are copied in that call, rather
 //!   than by the kernel's deferred work for a multishot, which measured about 1 µs slower per
 //!   message. On the way to sleep each gets its multishot armed, which wakes the core; the
 //!   first bytes it brings switch it back.

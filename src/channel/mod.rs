@@ -84,12 +84,14 @@ pub struct ChannelOptions {
     /// Messages that may be in flight (sent, not yet received) per direction. The ring's
     /// bytes (`capacity` × the slot) are the channel's window: a sender in a burst waits for
     /// credits, which the receiver earns every quarter of the ring and sends with its core's
-    /// next pass. Over TCP (the software provider) a window that a burst outruns makes the two
-    /// sides take turns: the sender fills the whole ring, the receiver drains all of it, then
-    /// its credits go out together. Keep the window at a few hundred KiB for streams of small
-    /// messages there: 64-byte messages went 1.3-1.8x faster with 4096 slots (288 KiB) than
-    /// with 1024 in channel-bench, and 2.7x faster with 4096 than with 512 (bench/RESULTS.md,
-    /// thirteenth and twenty-seventh sessions). Over shm the window matters little.
+    /// next pass. A ring of at most 128 KiB (two runs of small messages) goes in halves
+    /// instead: each half leaves as soon as it is full, and its credits as soon as it is read,
+    /// so that the two sides overlap rather than take turns. Over TCP (the software provider)
+    /// a larger window still goes faster for streams of small messages: keep it at a few
+    /// hundred KiB there. 64-byte messages went 1.3-1.8x faster with 4096 slots (288 KiB) than
+    /// with 1024 in channel-bench before rings went in halves, and 2.7x faster with 4096 than
+    /// with 512 (bench/RESULTS.md, thirteenth, twenty-seventh and thirty-sixth sessions). Over
+    /// shm the window matters little.
     pub capacity: u32,
     /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
     /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512
@@ -138,9 +140,29 @@ pub(crate) fn ring_shape_fits(capacity: u32, slot: u32) -> bool {
         && slot as usize <= crate::control::imm::MAX_MESSAGE + 64
 }
 
-/// Credits are returned after this many messages (a quarter of the ring).
-fn credit_step(capacity: u32) -> u64 {
-    (capacity as u64 / 4).max(1)
+/// Credits are returned after this many messages: half the ring where the ring is a window of
+/// at most two runs (see [`halves`]), a quarter otherwise.
+fn credit_step(capacity: u64, slot: usize) -> u64 {
+    if halves(capacity, slot) {
+        capacity / 2
+    } else {
+        (capacity / 4).max(1)
+    }
+}
+
+/// Whether a ring of `capacity` slots of `slot` bytes goes in halves: it holds at most two runs
+/// of `RUN_BYTES`, so a burst would otherwise fill all of it as one or two runs that leave
+/// together once the sender yields, and the receiver drain all of it before its credits go
+/// (they go with its core's next pass): the two sides would take turns, a stop-and-wait one
+/// window wide. In halves, a run ends at half the ring and goes out at once, and the receiver
+/// returns credits at each half, also at once, so one half is in flight or being read while
+/// the sender fills the other. (At 1,024 slots of 72 bytes over the software provider, 64-byte
+/// messages went 1.03x as fast with `recv`, ahead in 10 of 10 alternated rounds, and 1.21x with
+/// `recv_many`; bench/RESULTS.md, thirty-sixth session. Quarters sent at once lost: each credit
+/// sent at once costs the receiver a system call, which over loopback also runs the peer's TCP
+/// input.)
+fn halves(capacity: u64, slot: usize) -> bool {
+    capacity >= 2 && slot <= COALESCE_MAX_SLOT && capacity * slot as u64 <= 2 * RUN_BYTES as u64
 }
 
 /// Bytes one run (one WRITE) may cover: a burst coalesces up to this, or up to the ring's free
@@ -152,11 +174,14 @@ const RUN_BYTES: usize = 64 * 1024;
 /// slots each message goes as its own WRITE (a run would carry every slot's unused tail).
 const COALESCE_MAX_SLOT: usize = 512;
 
-/// Most messages one WRITE carries, for slots of `slot` bytes: up to `RUN_BYTES` of them, or
-/// one when slots are large.
-fn run_limit(slot: usize) -> u64 {
+/// Most messages one WRITE carries, for a ring of `capacity` slots of `slot` bytes: up to
+/// `RUN_BYTES` of them, or half the ring where it goes in halves ([`halves`]), or one when
+/// slots are large.
+fn run_limit(capacity: u64, slot: usize) -> u64 {
     if slot > COALESCE_MAX_SLOT {
         1
+    } else if halves(capacity, slot) {
+        capacity.div_ceil(2)
     } else {
         (RUN_BYTES / slot.max(1)).max(1) as u64
     }
@@ -402,8 +427,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
             if c & GONE != 0 || seq - c.min(seq) >= st.capacity {
                 return Ok(false);
             }
-            let step = credit_step(st.capacity as u32);
-            st.room_until.set((c + st.capacity).min(seq + step));
+            st.room_until.set((c + st.capacity).min(seq + st.step));
         }
         if self.failed() {
             return Ok(false);
@@ -447,8 +471,8 @@ impl<T, C: Codec<T>> Sender<T, C> {
         // once when slots are large (a run would carry each slot's unused tail).
         if wrapped || seq + 1 - st.posted.get() >= st.run_limit {
             // Batched: a sender in a burst posts many of these before it yields, and they
-            // leave together in one system call.
-            st.post_run_with(true).map_err(Box::new)?;
+            // leave together in one system call; a ring in halves sends each half at once.
+            st.post_run_with(!st.halves()).map_err(Box::new)?;
         } else {
             schedule(st);
         }
@@ -711,7 +735,13 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         self.returns.set(returns);
         if returns % 16 == 0 || count & GONE != 0 {
             drop(ops.execute(op, sge, [self.credit_src.clone()], false));
-        } else if let Err(e) = ops.post_unsignaled(op, sge, &self.credit_src) {
+        } else if let Err(e) = ops.post_unsignaled_with(
+            op,
+            sge,
+            &self.credit_src,
+            // A ring in halves has its credits sent at once.
+            !halves(self.st.capacity, self.st.slot),
+        ) {
             self.inner().driver_error(e);
         }
     }

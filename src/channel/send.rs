@@ -8,7 +8,7 @@ use std::rc::{Rc, Weak};
 use barewire_drivers::{Buffer, MappedRemote, Op, SendOp};
 
 use super::ring::extent;
-use super::{credit_step, Waiters};
+use super::Waiters;
 use crate::control::imm;
 use crate::endpoint::{Arrival, Inner};
 use crate::error::Result;
@@ -19,7 +19,8 @@ use crate::error::Result;
 /// returns; consecutive messages form a run, and the run goes out as one RDMA WRITE (on verbs
 /// with one immediate announcing how many messages it carries) when the task that sent them
 /// yields (the flush poller runs before the core polls the network again), when it reaches
-/// `RUN_BYTES` (64 KiB) or the end of the ring, or on `flush`. A burst of small messages
+/// `RUN_BYTES` (64 KiB) or the end of the ring, or on `flush`; a ring of at most two runs goes
+/// in halves, each sent as soon as it is full (see `halves`). A burst of small messages
 /// therefore costs one work request and one wire message per run, not per message; a lone
 /// message goes out as soon as its sender waits for anything. (Runs need small slots: with a
 /// `max_message` over ~500 bytes each message is its own WRITE.)
@@ -46,6 +47,8 @@ pub(crate) struct TxState {
     pub(super) signal_at: Cell<u64>,
     /// A run this many messages long is posted at once (see `run_limit`).
     pub(super) run_limit: u64,
+    /// Credits come back every this many messages (see `credit_step`).
+    pub(super) step: u64,
     /// Length of the last message written (the run's WRITE ends there).
     pub(super) last_len: Cell<usize>,
     /// On the core's flush list.
@@ -106,11 +109,16 @@ impl TxState {
     /// Receives this half keeps in the connection's pool: one per credit notice the ring's
     /// capacity allows in flight, and a few.
     pub(super) fn recvs(&self) -> usize {
-        (self.capacity / super::credit_step(self.capacity as u32)) as usize + 4
+        (self.capacity / self.step) as usize + 4
     }
 
     pub(crate) fn wake(&self) {
         self.waker.wake();
+    }
+
+    /// The ring goes in halves (see `halves`): a run that ends at a half is sent at once.
+    pub(super) fn halves(&self) -> bool {
+        super::halves(self.capacity, self.slot)
     }
 
     /// Posts the pending run, if any, as one WRITE (with immediate unless the receiver watches
@@ -168,7 +176,7 @@ impl TxState {
         // by, which surfaces errors. (The endpoint itself signals one in a long unsignaled
         // run, so a verbs send queue never fills with them whatever the capacity.)
         if to >= self.signal_at.get() {
-            let step = credit_step(self.capacity as u32);
+            let step = self.step;
             self.signal_at.set((to / step + 1) * step);
             let op = inner.ops.execute(op, sge, [self.staging.clone()], false);
             let mut inflight = self.inflight.borrow_mut();

@@ -761,3 +761,25 @@ fn a_send_dropped_while_the_ring_is_full_places_nothing() {
         });
     }
 }
+
+#[test]
+fn a_ring_of_at_most_two_runs_goes_in_halves() {
+    use super::{credit_step, halves, run_limit};
+    // 1,024 slots of 72 bytes (64-byte messages): 72 KiB, two runs at most.
+    assert!(halves(1024, 72));
+    assert_eq!((run_limit(1024, 72), credit_step(1024, 72)), (512, 512));
+    // An odd capacity: the first half is the larger; credits every half, rounded down.
+    assert_eq!((run_limit(7, 16), credit_step(7, 16)), (4, 3));
+    // 128 KiB exactly is still two runs; one slot more is not.
+    assert!(halves(2048, 64));
+    assert!(!halves(2049, 64));
+    // Larger rings keep runs of 64 KiB and credits every quarter.
+    assert!(!halves(2048, 72));
+    assert_eq!((run_limit(2048, 72), credit_step(2048, 72)), (910, 512));
+    // Large slots send each message alone, whatever the ring.
+    assert!(!halves(16, 4104));
+    assert_eq!((run_limit(16, 4104), credit_step(16, 4104)), (1, 4));
+    // A ring of one slot has no halves.
+    assert!(!halves(1, 16));
+    assert_eq!((run_limit(1, 16), credit_step(1, 16)), (4096, 1));
+}

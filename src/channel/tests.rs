@@ -783,3 +783,56 @@ fn a_ring_of_at_most_two_runs_goes_in_halves() {
     assert!(!halves(1, 16));
     assert_eq!((run_limit(1, 16), credit_step(1, 16)), (4096, 1));
 }
+
+/// A run the receiver refuses (here: written with a key that is not its ring's) fails the
+/// sender within a bound, whether or not any run was signaled: `flush` returns the failure
+/// instead of success or a wait for ever, and later sends fail too. Watched rings signal no
+/// runs at all (see `TxState::post_run_with`), so this is how they learn of it; announced
+/// rings signal one per credit step. On both transports that watch rings.
+#[test]
+fn a_run_the_receiver_refuses_fails_the_sender() {
+    use std::time::Duration;
+    for (driver, announce) in [("soft", false), ("soft", true), ("shm", false)] {
+        on_a_sleeping_core(async {
+            let cfg = DriverConfig::parse(driver, None).unwrap();
+            let (_nodes, ea, eb) = connected(&cfg).await;
+            let opts = ChannelOptions {
+                announce,
+                ..ChannelOptions::new(64, 8)
+            };
+            let ea2 = ea.clone();
+            let far = barewire_engine::spawn_local(async move {
+                let (_tx, rx) = ea2.open_channel::<u64>(opts).await.unwrap();
+                // Nothing arrives: the runs land nowhere.
+                let got = barewire_engine::time::timeout(Duration::from_secs(5), rx.recv()).await;
+                assert!(
+                    !matches!(got, Ok(Ok(_))),
+                    "{driver}: a refused run was received"
+                );
+            });
+            let (tx, _rx) = eb.open_channel::<u64>(opts).await.unwrap();
+            let ring = tx.st.ring.get().unwrap();
+            tx.st.ring.set(Some(barewire_drivers::RegionDescriptor {
+                rkey: barewire_drivers::Stag(ring.rkey.0 ^ 0x5a5a_5a00),
+                ..ring
+            }));
+            for i in 0..40u64 {
+                // (The first sends may still be placed: the failure comes back later.)
+                if tx.send(&i).await.is_err() {
+                    break;
+                }
+            }
+            let flushed = barewire_engine::time::timeout(Duration::from_secs(5), tx.flush()).await;
+            match flushed {
+                Ok(Err(_)) => {}
+                Ok(Ok(())) => panic!("{driver} announce={announce}: flush succeeded"),
+                Err(_) => panic!("{driver} announce={announce}: flush waited past 5 s"),
+            }
+            assert!(
+                tx.send(&99).await.is_err(),
+                "{driver}: a send after the failure"
+            );
+            far.await.unwrap();
+        });
+    }
+}

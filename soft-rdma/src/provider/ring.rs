@@ -208,6 +208,9 @@ pub(super) struct RingOps {
     /// chunks queued than that (see `arm_send`).
     iov: Box<[libc::iovec]>,
     msg: Box<libc::msghdr>,
+    /// A send of at most `SMALL_SEND` bytes is copied here and goes as one plain `SEND` (see
+    /// `arm_send`).
+    small: Box<[u8; SMALL_SEND]>,
     /// The socket's slot in the core's registered file table, if it got one (see `target`).
     file: Option<u32>,
 }
@@ -224,6 +227,11 @@ const SEND_IOV_FEW: usize = 64;
 /// alternations, when an FPDU still took three entries). The epoll path, which sends in a loop,
 /// gained nothing from it.
 const SEND_IOV: usize = 256;
+
+/// Sends of at most this many bytes go from a copy, as one plain `SEND` rather than a gathered
+/// `SENDMSG`: 8-byte WRITE, READ and atomic round trips took about 0.97x the time in the fast
+/// phase of this host (bench/RESULTS.md, thirty-sixth session). The copy is a few cache lines.
+const SMALL_SEND: usize = 512;
 
 /// A gather list of `n` empty entries.
 fn empty_iov(n: usize) -> Box<[libc::iovec]> {
@@ -247,6 +255,7 @@ impl RingOps {
             iov: empty_iov(SEND_IOV_FEW),
             // SAFETY: msghdr is plain old data; zero is "no name, no control".
             msg: Box::new(unsafe { std::mem::zeroed() }),
+            small: Box::new([0; SMALL_SEND]),
             file: None,
         }
     }
@@ -476,6 +485,31 @@ fn arm_send(
             // A burst of large messages: this queue pair keeps the long gather list.
             ops.iov = empty_iov(SEND_IOV);
             (count, taken) = gather::<SEND_IOV>(stream, &mut ops.iov);
+        }
+        if count > 0 && taken <= SMALL_SEND {
+            // A small send (a latency-bound message, an acknowledgement, a Read Response's
+            // header): its few chunks copied into one buffer go as a plain SEND, which the
+            // kernel takes without reading a message header and importing a gather list.
+            let mut at = 0;
+            for v in &ops.iov[..count] {
+                // SAFETY: `gather` just filled the entry from one of the stream's queued
+                // chunks, which stay valid and unchanged until the send completes.
+                let src = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                ops.small[at..at + src.len()].copy_from_slice(src);
+                at += src.len();
+            }
+            let e = opcode::Send::new(fd, ops.small.as_ptr(), taken as u32)
+                .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                .build()
+                .flags(named);
+            // SAFETY: the buffer lives in `ops` (boxed), and nothing writes it again before
+            // this send completes (`ops.tx` is `Sending` until then); with MSG_DONTWAIT the
+            // kernel reads it inside this pass's submission.
+            unsafe { r.raw.push(e, send) };
+            ops.tx = TxOp::Sending;
+            // Until its completion is applied, a close keeps the chunks this send took.
+            stream.tx_take(taken);
+            return true;
         }
         if count > 0 {
             ops.msg.msg_iov = ops.iov.as_mut_ptr();

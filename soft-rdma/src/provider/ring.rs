@@ -229,8 +229,9 @@ const SEND_IOV_FEW: usize = 64;
 const SEND_IOV: usize = 256;
 
 /// Sends of at most this many bytes go from a copy, as one plain `SEND` rather than a gathered
-/// `SENDMSG`: 8-byte WRITE, READ and atomic round trips took about 0.97x the time in the fast
-/// phase of this host (bench/RESULTS.md, thirty-sixth session). The copy is a few cache lines.
+/// `SENDMSG`: 8-byte WRITE and READ round trips took 0.985x and 0.99x the time, medians of ten
+/// alternated rounds (about 0.97x in the rounds where the host was in its fast phase), atomics
+/// 1.00x (bench/RESULTS.md, thirty-sixth session). The copy is a few cache lines.
 const SMALL_SEND: usize = 512;
 
 /// A gather list of `n` empty entries.

@@ -708,6 +708,30 @@ where
     accepting.join().unwrap();
 }
 
+/// Runs `f` once for each way a channel's ring is received: watched over soft, announced over
+/// soft, watched over shm. Each time on a fresh sleeping core, with two connected endpoints
+/// (the accepting node's first) and `ChannelOptions::new(capacity, max_message)` announced or
+/// not.
+fn on_each_ring_transport<F>(
+    capacity: u32,
+    max_message: usize,
+    f: impl Fn(&'static str, ChannelOptions, crate::Endpoint, crate::Endpoint) -> F,
+) where
+    F: std::future::Future<Output = ()>,
+{
+    for (driver, announce) in [("soft", false), ("soft", true), ("shm", false)] {
+        on_a_sleeping_core(async {
+            let cfg = DriverConfig::parse(driver, None).unwrap();
+            let (_nodes, ea, eb) = connected(&cfg).await;
+            let opts = ChannelOptions {
+                announce,
+                ..ChannelOptions::new(capacity, max_message)
+            };
+            f(driver, opts, ea, eb).await;
+        });
+    }
+}
+
 /// A send that waits for room and is dropped before it finds any places nothing: the next
 /// sends arrive in order, with nothing lost or doubled, for a codec that encodes (whose
 /// encoding the waiting future holds) and for plain data (placed from the item itself). On
@@ -715,51 +739,40 @@ where
 #[test]
 fn a_send_dropped_while_the_ring_is_full_places_nothing() {
     use std::time::Duration;
-    for (driver, announce) in [("soft", false), ("soft", true), ("shm", false)] {
-        on_a_sleeping_core(async {
-            let cfg = DriverConfig::parse(driver, None).unwrap();
-            let (_nodes, ea, eb) = connected(&cfg).await;
-            let opts = ChannelOptions {
-                announce,
-                ..ChannelOptions::new(4, 64)
-            };
-            let ea2 = ea.clone();
-            let sender = barewire_engine::spawn_local(async move {
-                let (tx, _rx) = ea2.open_bare_channel::<String>(opts).await.unwrap();
-                let (ptx, _prx) = ea2.open_channel::<u64>(opts).await.unwrap();
-                for i in 0..4 {
-                    tx.send(&format!("m{i}")).await.unwrap();
-                    ptx.send(&i).await.unwrap();
-                }
-                // Both rings are full (the receiver reads nothing yet): these wait, and go.
-                let dropped = "dropped".to_string();
-                for _ in 0..3 {
-                    let t = barewire_engine::time::timeout(
-                        Duration::from_millis(20),
-                        tx.send(&dropped),
-                    );
-                    assert!(t.await.is_err(), "a send into a full ring waited");
-                    let t =
-                        barewire_engine::time::timeout(Duration::from_millis(20), ptx.send(&99));
-                    assert!(t.await.is_err(), "a send into a full ring waited");
-                }
-                for i in 4..40 {
-                    tx.send(&format!("m{i}")).await.unwrap();
-                    ptx.send(&i).await.unwrap();
-                }
-                tx.flush().await.unwrap();
-                ptx.flush().await.unwrap();
-            });
-            let (_tx, rx) = eb.open_bare_channel::<String>(opts).await.unwrap();
-            let (_ptx, prx) = eb.open_channel::<u64>(opts).await.unwrap();
-            barewire_engine::time::sleep(Duration::from_millis(200)).await;
-            for i in 0..40 {
-                assert_eq!(rx.recv().await.unwrap(), format!("m{i}"), "{driver}");
-                assert_eq!(prx.recv().await.unwrap(), i, "{driver}");
+    on_each_ring_transport(4, 64, |driver, opts, ea, eb| async move {
+        let ea2 = ea.clone();
+        let sender = barewire_engine::spawn_local(async move {
+            let (tx, _rx) = ea2.open_bare_channel::<String>(opts).await.unwrap();
+            let (ptx, _prx) = ea2.open_channel::<u64>(opts).await.unwrap();
+            for i in 0..4 {
+                tx.send(&format!("m{i}")).await.unwrap();
+                ptx.send(&i).await.unwrap();
             }
-            sender.await.unwrap();
+            // Both rings are full (the receiver reads nothing yet): these wait, and go.
+            let dropped = "dropped".to_string();
+            for _ in 0..3 {
+                let t =
+                    barewire_engine::time::timeout(Duration::from_millis(20), tx.send(&dropped));
+                assert!(t.await.is_err(), "a send into a full ring waited");
+                let t = barewire_engine::time::timeout(Duration::from_millis(20), ptx.send(&99));
+                assert!(t.await.is_err(), "a send into a full ring waited");
+            }
+            for i in 4..40 {
+                tx.send(&format!("m{i}")).await.unwrap();
+                ptx.send(&i).await.unwrap();
+            }
+            tx.flush().await.unwrap();
+            ptx.flush().await.unwrap();
         });
-    }
+        let (_tx, rx) = eb.open_bare_channel::<String>(opts).await.unwrap();
+        let (_ptx, prx) = eb.open_channel::<u64>(opts).await.unwrap();
+        barewire_engine::time::sleep(Duration::from_millis(200)).await;
+        for i in 0..40 {
+            assert_eq!(rx.recv().await.unwrap(), format!("m{i}"), "{driver}");
+            assert_eq!(prx.recv().await.unwrap(), i, "{driver}");
+        }
+        sender.await.unwrap();
+    });
 }
 
 #[test]
@@ -792,47 +805,40 @@ fn a_ring_of_at_most_two_runs_goes_in_halves() {
 #[test]
 fn a_run_the_receiver_refuses_fails_the_sender() {
     use std::time::Duration;
-    for (driver, announce) in [("soft", false), ("soft", true), ("shm", false)] {
-        on_a_sleeping_core(async {
-            let cfg = DriverConfig::parse(driver, None).unwrap();
-            let (_nodes, ea, eb) = connected(&cfg).await;
-            let opts = ChannelOptions {
-                announce,
-                ..ChannelOptions::new(64, 8)
-            };
-            let ea2 = ea.clone();
-            let far = barewire_engine::spawn_local(async move {
-                let (_tx, rx) = ea2.open_channel::<u64>(opts).await.unwrap();
-                // Nothing arrives: the runs land nowhere.
-                let got = barewire_engine::time::timeout(Duration::from_secs(5), rx.recv()).await;
-                assert!(
-                    !matches!(got, Ok(Ok(_))),
-                    "{driver}: a refused run was received"
-                );
-            });
-            let (tx, _rx) = eb.open_channel::<u64>(opts).await.unwrap();
-            let ring = tx.st.ring.get().unwrap();
-            tx.st.ring.set(Some(barewire_drivers::RegionDescriptor {
-                rkey: barewire_drivers::Stag(ring.rkey.0 ^ 0x5a5a_5a00),
-                ..ring
-            }));
-            for i in 0..40u64 {
-                // (The first sends may still be placed: the failure comes back later.)
-                if tx.send(&i).await.is_err() {
-                    break;
-                }
-            }
-            let flushed = barewire_engine::time::timeout(Duration::from_secs(5), tx.flush()).await;
-            match flushed {
-                Ok(Err(_)) => {}
-                Ok(Ok(())) => panic!("{driver} announce={announce}: flush succeeded"),
-                Err(_) => panic!("{driver} announce={announce}: flush waited past 5 s"),
-            }
+    on_each_ring_transport(64, 8, |driver, opts, ea, eb| async move {
+        let announce = opts.announce;
+        let ea2 = ea.clone();
+        let far = barewire_engine::spawn_local(async move {
+            let (_tx, rx) = ea2.open_channel::<u64>(opts).await.unwrap();
+            // Nothing arrives: the runs land nowhere.
+            let got = barewire_engine::time::timeout(Duration::from_secs(5), rx.recv()).await;
             assert!(
-                tx.send(&99).await.is_err(),
-                "{driver}: a send after the failure"
+                !matches!(got, Ok(Ok(_))),
+                "{driver}: a refused run was received"
             );
-            far.await.unwrap();
         });
-    }
+        let (tx, _rx) = eb.open_channel::<u64>(opts).await.unwrap();
+        let ring = tx.st.ring.get().unwrap();
+        tx.st.ring.set(Some(barewire_drivers::RegionDescriptor {
+            rkey: barewire_drivers::Stag(ring.rkey.0 ^ 0x5a5a_5a00),
+            ..ring
+        }));
+        for i in 0..40u64 {
+            // (The first sends may still be placed: the failure comes back later.)
+            if tx.send(&i).await.is_err() {
+                break;
+            }
+        }
+        let flushed = barewire_engine::time::timeout(Duration::from_secs(5), tx.flush()).await;
+        match flushed {
+            Ok(Err(_)) => {}
+            Ok(Ok(())) => panic!("{driver} announce={announce}: flush succeeded"),
+            Err(_) => panic!("{driver} announce={announce}: flush waited past 5 s"),
+        }
+        assert!(
+            tx.send(&99).await.is_err(),
+            "{driver}: a send after the failure"
+        );
+        far.await.unwrap();
+    });
 }

@@ -487,42 +487,36 @@ fn arm_send(
             ops.iov = empty_iov(SEND_IOV);
             (count, taken) = gather::<SEND_IOV>(stream, &mut ops.iov);
         }
-        if count > 0 && taken <= SMALL_SEND {
-            // A small send (a latency-bound message, an acknowledgement, a Read Response's
-            // header): its few chunks copied into one buffer go as a plain SEND, which the
-            // kernel takes without reading a message header and importing a gather list.
-            let mut at = 0;
-            for v in &ops.iov[..count] {
-                // SAFETY: `gather` just filled the entry from one of the stream's queued
-                // chunks, which stay valid and unchanged until the send completes.
-                let src = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-                ops.small[at..at + src.len()].copy_from_slice(src);
-                at += src.len();
-            }
-            let e = opcode::Send::new(fd, ops.small.as_ptr(), taken as u32)
-                .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                .build()
-                .flags(named);
-            // SAFETY: the buffer lives in `ops` (boxed), and nothing writes it again before
-            // this send completes (`ops.tx` is `Sending` until then); with MSG_DONTWAIT the
-            // kernel reads it inside this pass's submission.
-            unsafe { r.raw.push(e, send) };
-            ops.tx = TxOp::Sending;
-            // Until its completion is applied, a close keeps the chunks this send took.
-            stream.tx_take(taken);
-            return true;
-        }
         if count > 0 {
-            ops.msg.msg_iov = ops.iov.as_mut_ptr();
-            ops.msg.msg_iovlen = count;
-            let e = opcode::SendMsg::new(fd, &*ops.msg)
-                .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
-                .build()
-                .flags(named);
-            // SAFETY: the gather list lives in `ops` (boxed) and names chunks the stream
-            // just checked; with MSG_DONTWAIT the kernel reads them inside this pass's
-            // submission, which follows `prepare_submit` with nothing in between.
-            unsafe { r.raw.push(e, send) };
+            let e = if taken <= SMALL_SEND {
+                // A small send (a latency-bound message, an acknowledgement, a Read Response's
+                // header): its few chunks copied into one buffer go as a plain SEND, which the
+                // kernel takes without reading a message header and importing a gather list.
+                let mut at = 0;
+                for v in &ops.iov[..count] {
+                    // SAFETY: `gather` just filled the entry from one of the stream's queued
+                    // chunks, which stay valid and unchanged until the send completes.
+                    let src =
+                        unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                    ops.small[at..at + src.len()].copy_from_slice(src);
+                    at += src.len();
+                }
+                opcode::Send::new(fd, ops.small.as_ptr(), taken as u32)
+                    .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                    .build()
+            } else {
+                ops.msg.msg_iov = ops.iov.as_mut_ptr();
+                ops.msg.msg_iovlen = count;
+                opcode::SendMsg::new(fd, &*ops.msg)
+                    .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
+                    .build()
+            };
+            // SAFETY: the copy, or the gather list and the chunks it names (which the stream
+            // just checked), live in `ops` (boxed) or the stream, and nothing changes them
+            // before this send completes (`ops.tx` is `Sending` until then); with MSG_DONTWAIT
+            // the kernel reads them inside this pass's submission, which follows
+            // `prepare_submit` with nothing in between.
+            unsafe { r.raw.push(e.flags(named), send) };
             ops.tx = TxOp::Sending;
             // Until its completion is applied, a close keeps the chunks this send took.
             stream.tx_take(taken);

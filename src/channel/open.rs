@@ -88,6 +88,7 @@ impl Endpoint {
             ))
         })?;
         let id = inner.next_chan_id()?;
+        let step = credit_step(cap, slot);
         let tx = Rc::new(TxState {
             id,
             capacity: cap,
@@ -101,9 +102,9 @@ impl Endpoint {
             head: Cell::new(0),
             posted: Cell::new(0),
             run_at: Cell::new(0),
-            signal_at: Cell::new(credit_step(cap, slot)),
+            signal_at: Cell::new(step),
             run_limit: run_limit(cap, slot),
-            step: credit_step(cap, slot),
+            step,
             last_len: Cell::new(0),
             listed: Cell::new(false),
             inflight: RefCell::new(VecDeque::new()),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use barewire_engine::spawn_local;
 use barewire_engine::time::{sleep, timeout};
-use barewire_soft_rdma::provider::{connect, ConnectOptions, Listener, QueuePair};
+use barewire_soft_rdma::provider::{connect, CmError, ConnectOptions, Listener, QueuePair};
 use barewire_soft_rdma::verbs::{CompletionQueue, Device};
 
 /// A listener on a free loopback port, and its address.
@@ -349,7 +349,12 @@ fn connections_per_source_are_capped_and_freed_as_they_close() {
         )
         .await
         .expect("refused promptly");
-        assert!(third.is_err(), "a third connection from one address got in");
+        // ... and the connecting side is told the listener hung up, and why it may have.
+        match third {
+            Err(e @ CmError::Closed(_)) => assert!(e.to_string().contains("connection limits")),
+            Err(e) => panic!("a refused connection reported {e:?}"),
+            Ok(_) => panic!("a third connection from one address got in"),
+        }
         assert_eq!(l.counters().over_limit, 1);
         // Closing one makes room.
         drop(first);

@@ -77,8 +77,13 @@ fn main() {
                 )
             }
             .unwrap();
+            // Every queue pair comes from this one address: the listener's limits on open
+            // connections (there against floods) are raised to let all of them in.
+            let open = cli.n as usize + 1;
             let opts = ConnectOptions {
                 private_data: RegionDescriptor::of(&mr).to_bytes().to_vec(),
+                max_connections: open,
+                max_connections_per_source: open,
                 ..ConnectOptions::default()
             };
             let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts).unwrap();
@@ -91,6 +96,7 @@ fn main() {
     let n = cli.n as usize;
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg("--server")
+        .arg(cli.n.to_string())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

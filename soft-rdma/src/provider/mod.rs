@@ -152,6 +152,16 @@ pub enum CmError {
         /// The peer's private data.
         private_data: Vec<u8>,
     },
+    /// The peer closed the connection before its MPA Reply. A barewire listener closes a new
+    /// connection at once when its source address is over the listener's limits
+    /// ([`ConnectOptions::max_connections_per_source`], [`ConnectOptions::max_connections`]) or
+    /// banned for protection violations, and drops a pending handshake that newer ones evict;
+    /// [`Listener::counters`] on that side says which.
+    #[error(
+        "the peer closed the connection before its MPA Reply ({0}); a barewire listener does so \
+         to an address over its connection limits or banned (see its counters)"
+    )]
+    Closed(io::Error),
     /// Private data over 512 bytes (less the 4 IRD/ORD bytes in revision 2).
     #[error("private data too long: {0} bytes")]
     PrivateDataTooLong(usize),
@@ -297,7 +307,8 @@ pub async fn connect(
     let left = deadline.saturating_duration_since(Instant::now());
     let (peer, _) = barewire_engine::time::timeout(left, reply)
         .await
-        .map_err(within(NO_REPLY))??;
+        .map_err(within(NO_REPLY))?
+        .map_err(closed_early)?;
     let neg =
         negotiate(&opts.mpa, &peer.frame(MpaKind::Reply)).map_err(|reason| CmError::Rejected {
             reason,
@@ -306,6 +317,22 @@ pub async fn connect(
     s.set_keepalive(opts.keepalive)?;
     let qp = QueuePair::start(s.into_fd(), pd, scq, rcq, &opts, neg);
     Ok((qp, peer.private_data))
+}
+
+/// A handshake's I/O error that says the peer hung up, as [`CmError::Closed`].
+fn closed_early(e: CmError) -> CmError {
+    use io::ErrorKind::*;
+    match e {
+        CmError::Io(io)
+            if matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            ) =>
+        {
+            CmError::Closed(io)
+        }
+        e => e,
+    }
 }
 
 /// Accepts connections with the MPA handshake.

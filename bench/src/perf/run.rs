@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use barewire_drivers::{
     connect, Access, CompletionQueue, ConnectOptions, Device, DriverConfig, Listener, MemoryRegion,
-    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, WcStatus,
-    WorkCompletion,
+    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, Transport,
+    WcStatus, WorkCompletion,
 };
 use barewire_engine::{yield_now, Runtime};
 use hdrhistogram::Histogram;
@@ -337,12 +337,11 @@ impl Cycles {
     }
 }
 
-/// Waits until the byte at `addr` is `v`: looks at it in a short spin, as perftest polls its
-/// buffer, and yields to the engine between spins (the software provider places the bytes
-/// from the core's own loop; on shm and verbs they land by themselves).
-async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
+/// Waits until the byte at `addr` is `v`: looks at it in a spin of `looks` looks, as perftest
+/// polls its buffer, and yields to the engine between spins (see [`spin_looks`]).
+async fn wait_byte(buf: &Buffer, addr: u64, v: u8, looks: u32) {
     loop {
-        for _ in 0..SPIN_LOOKS {
+        for _ in 0..looks {
             if buf.byte(addr) == v {
                 return;
             }
@@ -351,8 +350,21 @@ async fn wait_byte(buf: &Buffer, addr: u64, v: u8) {
     }
 }
 
-/// Looks at the polled byte per engine pass in `wait_byte`.
-const SPIN_LOOKS: u32 = 32;
+/// Looks at the polled byte per engine pass in `wait_byte`, for a queue pair over `t`. The
+/// software provider places the bytes from the core's own loop, so a waiter yields to it after
+/// a short spin. Over shm and verbs the bytes land by themselves: a waiter spins longer
+/// between passes (still about a microsecond at most, so the engine's other work goes on), as
+/// perftest polls its buffer with no engine at all. With 32 looks there, an engine pass that
+/// the byte lands during delays its sight by up to a pass: the shm 8 B write_lat p50 was
+/// 0.12-0.13 µs against 0.085-0.10 with 256 or more looks (bench/RESULTS.md, thirty-seventh
+/// session).
+fn spin_looks(t: Transport) -> u32 {
+    if t == Transport::Soft {
+        32
+    } else {
+        1024
+    }
+}
 
 fn server(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
@@ -435,11 +447,12 @@ async fn serve(
     let mut counter = 0u64;
     match plan.test {
         Test::WriteLat => {
+            let looks = spin_looks(qp.transport());
             for &size in &plan.sizes {
                 for _ in 0..warmup(plan.iters) + plan.iters {
                     counter += 1;
                     let v = (counter % 255 + 1) as u8;
-                    wait_byte(buf, buf.recv_area() + size as u64 - 1, v).await;
+                    wait_byte(buf, buf.recv_area() + size as u64 - 1, v, looks).await;
                     buf.set_byte(buf.send_area() + size as u64 - 1, v);
                     let op = to_client(CTRL as u64);
                     post_send(qp, wr(0, op, buf.sge(buf.send_area(), size), false))?;
@@ -667,12 +680,13 @@ impl Client<'_> {
                 };
                 let (src, last) = (buf.send_area(), buf.send_area() + size as u64 - 1);
                 let polled = buf.recv_area() + size as u64 - 1;
+                let looks = spin_looks(qp.transport());
                 timed!(|i| {
                     self.counter.set(self.counter.get() + 1);
                     let v = (self.counter.get() % 255 + 1) as u8;
                     buf.set_byte(last, v);
                     post_send(qp, wr(i, op, buf.sge(src, size), false))?;
-                    wait_byte(buf, polled, v).await;
+                    wait_byte(buf, polled, v, looks).await;
                 })
             }
             Test::SendLat => {

@@ -88,9 +88,10 @@ pub struct ConnectOptions {
     /// See [`violation_budget`](Self::violation_budget).
     pub ban: Duration,
     /// Listener: connections it keeps open at once (accepted and alive); a new one beyond it
-    /// is closed at once.
+    /// is closed at once, and its [`connect`] fails with [`CmError::Closed`].
     pub max_connections: usize,
-    /// Listener: connections open at once from one source address.
+    /// Listener: connections open at once from one source address; beyond it, as
+    /// [`max_connections`](Self::max_connections).
     pub max_connections_per_source: usize,
     /// How long a connection may go without a sign of the peer's host before it fails, idle
     /// or not (`None`: without limit). The kernel probes an idle connection and the peer's

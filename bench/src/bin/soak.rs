@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! barewire-soak [--seconds 120] [--seed N] [--fault-every-ms 4000] [--net netns|loopback|auto]
-//!               [--driver soft|shm|auto] [--break WHAT]
+//!               [--driver soft|shm|auto] [--faults kill,stop,cut,long-cut] [--break WHAT]
 //! ```
 //!
 //! `--driver` picks the workers' transport: the software provider (the default), shm (all
@@ -164,6 +164,16 @@ struct Cli {
     /// The workers' transport (shm needs `--net loopback`).
     #[arg(long, value_enum, default_value = "soft")]
     driver: DriverName,
+    /// The kinds of fault to draw from, each equally likely: `kill` (SIGKILL and a restart),
+    /// `stop` (SIGSTOP, then SIGCONT), `cut` (the link down for 0.3 to 3 s, or one in three
+    /// for 4 to 5.5 s), `long-cut` (always 4 to 5.5 s). Cuts need `--net netns`.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_values = ["kill", "stop", "cut"]
+    )]
+    faults: Vec<FaultKind>,
     /// Run a deliberately broken worker (each check must catch its own).
     #[arg(long = "break", value_enum, value_name = "WHAT")]
     broken: Option<BreakName>,
@@ -190,6 +200,15 @@ enum DriverName {
     Soft,
     Shm,
     Auto,
+}
+
+/// One kind of fault the supervisor injects (see `--faults`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FaultKind {
+    Kill,
+    Stop,
+    Cut,
+    LongCut,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -253,7 +272,15 @@ fn main() {
         // Read by the workers this process starts.
         std::env::set_var("BAREWIRE_SOAK_BREAK", &b);
     }
-    let status = supervise(&net, seconds, seed, every);
+    let is_cut = |f: &FaultKind| matches!(f, FaultKind::Cut | FaultKind::LongCut);
+    if net.link.is_none() && cli.faults.iter().all(is_cut) {
+        eprintln!(
+            "barewire-soak: --faults names only link cuts, and on loopback there is no link \
+             to cut (--net netns makes one; it needs root)"
+        );
+        std::process::exit(2);
+    }
+    let status = supervise(&net, seconds, seed, every, &cli.faults);
     drop(net);
     std::process::exit(status);
 }
@@ -423,7 +450,7 @@ struct Worker {
 }
 
 /// Runs the soak; returns the exit status.
-fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
+fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64, kinds: &[FaultKind]) -> i32 {
     let (tx, rx) = mpsc::channel::<Event>();
     let exe = std::env::current_exe().expect("own path");
     // Per stream (client rank r → server r+1): where the server resumes after a restart.
@@ -528,10 +555,11 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
         if now >= next_fault && now < quiet {
             next_fault = now + Duration::from_millis(every_ms / 2 + rand(every_ms));
             let r = rand(PROCS as u64) as usize;
-            let kind = rand(3);
-            if kind == 2 && net.link.is_some() {
+            let kind = kinds[rand(kinds.len() as u64) as usize];
+            let cut = matches!(kind, FaultKind::Cut | FaultKind::LongCut);
+            if cut && net.link.is_some() {
                 if cut_until.is_none() && net.cut(true) {
-                    let ms = if rand(3) == 0 {
+                    let ms = if kind == FaultKind::LongCut || rand(3) == 0 {
                         4000 + rand(1500)
                     } else {
                         300 + rand(2700)
@@ -543,7 +571,7 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64) -> i32 {
             } else if stopped.iter().all(|s| s.0 != r) {
                 // Rank 0 is only ever stopped, so that one process lives through the whole run
                 // for the RSS and descriptor check.
-                if kind == 0 && r != 0 {
+                if kind == FaultKind::Kill && r != 0 {
                     kills.push((r, mono_ns()));
                     let _ = ws[r].child.kill();
                     let _ = ws[r].child.wait();

@@ -359,8 +359,13 @@ impl Core {
         self.tasks_head.set(Some(ptr));
     }
 
-    /// Removes a task from the list and returns the list's reference.
-    fn unlink(&self, h: &Header) -> RawTask {
+    /// Removes a task from the list and returns the list's reference. Takes the task's own
+    /// pointer, not a `&Header`: the reference handed back reaches the whole cell (its stage
+    /// too), and a pointer made from a `&Header` may reach the header's bytes only (Miri's
+    /// borrow checks flag the stage access through one).
+    fn unlink(&self, ptr: NonNull<Header>) -> RawTask {
+        // SAFETY: the list holds a reference to the task, so its header is alive.
+        let h = unsafe { ptr.as_ref() };
         let (prev, next) = (h.prev.take(), h.next.take());
         match prev {
             // SAFETY: list neighbours are alive (the list holds references to them).
@@ -372,7 +377,7 @@ impl Core {
             unsafe { n.as_ref() }.prev.set(prev);
         }
         // SAFETY: the list held one reference, handed over here.
-        unsafe { RawTask::from_raw(NonNull::from(h)) }
+        unsafe { RawTask::from_raw(ptr) }
     }
 
     /// Runs up to `budget` tasks. Returns how many ran.
@@ -396,7 +401,7 @@ impl Core {
             };
             if done {
                 task.complete();
-                drop(self.unlink(task.header()));
+                drop(self.unlink(task.as_ptr()));
             }
         }
         ran
@@ -621,8 +626,7 @@ impl Core {
             self.drain_inbox();
             let mut progressed = false;
             while let Some(head) = self.tasks_head.get() {
-                // SAFETY: the head is alive (the list holds a reference).
-                let task = self.unlink(unsafe { head.as_ref() });
+                let task = self.unlink(head);
                 task.abort(JoinError::Cancelled);
                 task.complete();
                 progressed = true;

@@ -191,6 +191,9 @@ impl Builder {
                 })?,
             },
         };
+        if n == 0 {
+            return Ok(0);
+        }
         // The kernel refuses a table larger than the open-file limit.
         let mut lim = libc::rlimit {
             rlim_cur: 0,

@@ -287,6 +287,11 @@ impl RawTask {
         RawTask { ptr }
     }
 
+    /// The task's pointer, which reaches its whole cell (a `&Header` reaches the header only).
+    pub(crate) fn as_ptr(&self) -> NonNull<Header> {
+        self.ptr
+    }
+
     pub(crate) fn header(&self) -> &Header {
         // SAFETY: we hold a reference, so the cell is alive.
         unsafe { self.ptr.as_ref() }

@@ -458,7 +458,11 @@ fn a_task_pending_at_shutdown_has_its_future_dropped() {
     });
     assert_eq!(dropped.get(), 1, "only the finished task's future is gone");
     drop(rt);
-    assert_eq!(dropped.get(), 2, "the pending task's future went with the runtime");
+    assert_eq!(
+        dropped.get(),
+        2,
+        "the pending task's future went with the runtime"
+    );
 }
 
 #[test]

@@ -52,17 +52,33 @@ fn side_with(qp: u32, crc: bool, ord: u16, remote_completion: bool) -> Side {
 
 /// A buffer with guard bytes on both sides; only the middle is registered.
 struct Guarded {
-    mem: Vec<u8>,
+    /// Words, so that the region (GUARD bytes in) is 8-byte aligned, as an atomic's target
+    /// must be; seen as bytes through `bytes`.
+    mem: Vec<u64>,
+    len: usize,
     mr: Option<MemoryRegion>,
 }
 
 impl Guarded {
     fn new(s: &Side, len: usize, access: Access, fill: u8) -> Guarded {
-        let mut mem = vec![0xEE; len + 2 * GUARD];
-        mem[GUARD..GUARD + len].fill(fill);
+        let mut mem = vec![u64::from_ne_bytes([0xEE; 8]); (len + 2 * GUARD).div_ceil(8)];
+        let base = mem.as_mut_ptr().cast::<u8>();
+        // SAFETY: `mem` holds at least len + 2 * GUARD bytes; u8 has no alignment or validity
+        // requirements.
+        unsafe { std::slice::from_raw_parts_mut(base.add(GUARD), len) }.fill(fill);
         // SAFETY: `mem` is never reallocated and outlives the region (dropped first, below).
-        let mr = unsafe { s.pd.register(mem.as_mut_ptr().add(GUARD), len, access) }.unwrap();
-        Guarded { mem, mr: Some(mr) }
+        let mr = unsafe { s.pd.register(base.add(GUARD), len, access) }.unwrap();
+        Guarded {
+            mem,
+            len,
+            mr: Some(mr),
+        }
+    }
+    /// The region with its guards on either side.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: as in `new`; the stream writes these bytes only inside its calls, which
+        // do not overlap this borrow.
+        unsafe { std::slice::from_raw_parts(self.mem.as_ptr().cast::<u8>(), self.len + 2 * GUARD) }
     }
     fn addr(&self) -> u64 {
         self.mr.as_ref().unwrap().addr() as u64
@@ -71,13 +87,13 @@ impl Guarded {
         self.mr.as_ref().unwrap().stag()
     }
     fn data(&self) -> &[u8] {
-        &self.mem[GUARD..self.mem.len() - GUARD]
+        &self.bytes()[GUARD..GUARD + self.len]
     }
     fn guards_intact(&self) -> bool {
-        let n = self.mem.len();
-        self.mem[..GUARD]
+        let b = self.bytes();
+        b[..GUARD]
             .iter()
-            .chain(&self.mem[n - GUARD..])
+            .chain(&b[GUARD + self.len..])
             .all(|&b| b == 0xEE)
     }
     fn sge(&self, off: usize, len: usize) -> Sge {

@@ -211,6 +211,13 @@ enum FaultKind {
     LongCut,
 }
 
+impl FaultKind {
+    /// The link goes down (needs the network namespaces).
+    fn is_cut(self) -> bool {
+        matches!(self, FaultKind::Cut | FaultKind::LongCut)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BreakName {
     Dup,
@@ -272,8 +279,7 @@ fn main() {
         // Read by the workers this process starts.
         std::env::set_var("BAREWIRE_SOAK_BREAK", &b);
     }
-    let is_cut = |f: &FaultKind| matches!(f, FaultKind::Cut | FaultKind::LongCut);
-    if net.link.is_none() && cli.faults.iter().all(is_cut) {
+    if net.link.is_none() && cli.faults.iter().all(|f| f.is_cut()) {
         eprintln!(
             "barewire-soak: --faults names only link cuts, and on loopback there is no link \
              to cut (--net netns makes one; it needs root)"
@@ -556,8 +562,7 @@ fn supervise(net: &Net, seconds: u64, seed: u64, every_ms: u64, kinds: &[FaultKi
             next_fault = now + Duration::from_millis(every_ms / 2 + rand(every_ms));
             let r = rand(PROCS as u64) as usize;
             let kind = kinds[rand(kinds.len() as u64) as usize];
-            let cut = matches!(kind, FaultKind::Cut | FaultKind::LongCut);
-            if cut && net.link.is_some() {
+            if kind.is_cut() && net.link.is_some() {
                 if cut_until.is_none() && net.cut(true) {
                     let ms = if kind == FaultKind::LongCut || rand(3) == 0 {
                         4000 + rand(1500)

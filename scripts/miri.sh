@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the tests that Miri can interpret, to catch undefined behaviour in barewire's unsafe
-# code: the task cells and their list (engine), the key tables (rdma-types), and the stream's
-# placement and gather lists (soft-rdma). Manual, like the fuzz targets: it needs the nightly
-# toolchain with its `miri` and `rust-src` components, and takes about 15 minutes here.
+# code: the task cells and their list (engine), the key tables (rdma-types), the stream's
+# placement and gather lists (soft-rdma), and the drivers' buffers and shared-memory message
+# ring. Manual, like the fuzz targets: it needs the nightly toolchain with its `miri` and
+# `rust-src` components, and takes about 25 minutes here.
 #
 #   rustup +nightly component add miri rust-src
 #   bash scripts/miri.sh
@@ -13,7 +14,8 @@
 # waker recognised as another's (Miri gives vtables no fixed address, so `Waker::will_wake`
 # says no); loops of millions of messages, the long random scripts and the corpus replays
 # (hours under Miri), and the CRC's sweeps over every length against the bitwise reference
-# (the folding path itself still runs); and anything that opens a socket (Miri has no sockets).
+# (the folding path itself still runs); and anything that opens a socket (Miri has no sockets)
+# or maps a memfd (the shm ring's own tests put it in ordinary memory under Miri).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,9 +37,14 @@ cargo +nightly miri test -p barewire-engine --test task_cache -- \
 cargo +nightly miri test -p barewire-engine --test time -- \
   timeout_fires_and_drops_the_inner_future a_dropped_sleep_is_removed
 cargo +nightly miri test -p barewire-engine --test poller -- each_yield_lets_every_poller_run
+cargo +nightly miri test -p barewire-engine --lib -- net::addr::tests
 
 echo "== soft-rdma: the sans-I/O stream (placement, gather lists, Terminates) and the wire codec"
 # (`stream::fuzz::tests` put guard pages around their regions with mmap, which Miri lacks.)
 cargo +nightly miri test -p barewire-soft-rdma --lib --test stream -- \
   --skip random_scripts_keep_every_promise --skip corpus --skip stream::fuzz::tests \
   --skip every_length_matches_the_reference --skip any_bytes_cut_anywhere
+
+echo "== drivers: buffers (bounds, the ascending copy), the shm ring against a hostile writer"
+# (An explicit soft or shm transport never asks libibverbs for its devices, so these run.)
+cargo +nightly miri test -p barewire-drivers --lib -- ops::tests shm::ring transport::tests

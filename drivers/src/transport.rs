@@ -373,7 +373,7 @@ impl DriverConfig {
 
     /// Chooses the transport and device this configuration asks for (see [`select`]).
     pub fn select(&self) -> Result<Chosen, DriverError> {
-        let devs = verbs_devices();
+        let devs = devices_for(self.transport);
         if self.verbs_only && devs.is_empty() {
             return Err(DriverError::NoDevice {
                 transport: "verbs".into(),
@@ -512,7 +512,17 @@ fn describe(devs: &[DeviceInfo]) -> String {
 /// ([`Chosen::same_host_shm`]), and says which on stderr; an explicit hardware
 /// transport with no matching device is an error, never a silent fallback.
 pub fn select(transport: Transport, device: Option<&str>) -> Result<Chosen, DriverError> {
-    select_from(transport, device, &verbs_devices())
+    select_from(transport, device, &devices_for(transport))
+}
+
+/// The verbs devices, listed only where the choice can fall on one: an explicit soft or shm
+/// request never loads libibverbs' device list (and so runs where no RDMA stack, or only an
+/// interpreter such as Miri, is present).
+fn devices_for(transport: Transport) -> Vec<DeviceInfo> {
+    match transport {
+        Transport::Soft | Transport::Shm => Vec::new(),
+        _ => verbs_devices(),
+    }
 }
 
 pub(crate) fn select_from(

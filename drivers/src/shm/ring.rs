@@ -473,6 +473,62 @@ mod tests {
         assert!(r.peek().is_err());
     }
 
+    /// A reader that writes anything into the words the writer reads (its head and how far it
+    /// has looked: behind, ahead of what was sent, or anywhere) moves the writer only within
+    /// what it sent: what the writer believes consumed never goes back and never passes its
+    /// tail, so it never has more than a ring's worth outstanding and never writes over a
+    /// record it believes unread.
+    #[test]
+    fn a_hostile_reader_moves_the_writer_only_within_what_it_sent() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let cap = MIN_CAP as u64;
+        let (mut w, r) = pair(MIN_CAP);
+        let (mut believed, mut pushed, mut refused, mut moved) = (0u64, 0, 0, 0);
+        for _ in 0..if cfg!(miri) { 300 } else { 20_000 } {
+            let tail = w.tail();
+            let claim = match next() % 6 {
+                0 => next(),
+                1 => tail.wrapping_sub(next() % (2 * cap)),
+                2 => tail + next() % 4096,
+                3 => believed + next() % (tail - believed + 1),
+                _ => u64::MAX,
+            };
+            if claim != u64::MAX {
+                let word = if next() % 3 == 0 { SEEN } else { HEAD };
+                r.ring.word(word).store(claim, Ordering::Release);
+            }
+            let body = (next() % 4096) as usize;
+            if w.push(SEND, LAST, body, body as u32, 0, |_| {}) {
+                pushed += 1;
+            } else {
+                refused += 1;
+            }
+            let c = w.consumed();
+            assert!(
+                c >= believed && c <= w.tail(),
+                "believed {c} consumed, after {believed}, with {} sent",
+                w.tail()
+            );
+            moved += (c > believed) as u32;
+            believed = c;
+            let a = w.acknowledged();
+            assert!(a >= c && a <= w.tail(), "acknowledged {a} of {}", w.tail());
+            assert!(w.tail() - c <= cap, "{} bytes outstanding", w.tail() - c);
+        }
+        // Every kind of step happened: records went in, a full ring refused one, and the
+        // reader's honest claims moved the writer on.
+        assert!(
+            pushed > 0 && refused > 0 && moved > 0,
+            "{pushed} {refused} {moved}"
+        );
+    }
+
     /// A writer that writes anything anywhere: random record headers (kinds, flags and lengths
     /// both plausible and not) over the whole area, random bytes between them, and a random tail,
     /// after a random number of honest records has moved the reader's head (so reads wrap). The

@@ -25,6 +25,13 @@
 #![warn(missing_docs)]
 
 mod api;
+
+/// The checks the drivers' cargo-fuzz targets run (`fuzz/fuzz_targets/shm_ring.rs`), exported
+/// so that the fuzz crate and the corpus replay (`tests/fuzz_corpus.rs`) call the same code.
+#[doc(hidden)]
+pub mod fuzz {
+    pub use crate::shm::ring::fuzz::{seeds as shm_ring_seeds, shm_ring};
+}
 mod backend;
 mod ops;
 mod shm;

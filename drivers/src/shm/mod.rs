@@ -69,7 +69,7 @@
 
 mod mem;
 mod qp;
-mod ring;
+pub(crate) mod ring;
 mod sock;
 
 use std::cell::RefCell;

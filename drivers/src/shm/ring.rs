@@ -18,6 +18,8 @@ use std::sync::Arc;
 
 use super::mem::MemFile;
 
+pub(crate) mod fuzz;
+
 /// Header bytes before the records.
 pub(crate) const HEADER: usize = 256;
 const TAIL: usize = 0;
@@ -74,9 +76,9 @@ pub(crate) enum Keep {
     File(Arc<MemFile>),
     /// Held for its Drop (the unmapping).
     Mapping(#[allow(dead_code)] super::mem::Mapping),
-    /// Ordinary zeroed memory shared by a test's two ends, where no memfd can be made (Miri).
-    #[cfg(test)]
-    Heap(#[allow(dead_code)] std::rc::Rc<tests::Heap>),
+    /// Ordinary memory shared by both ends in one process (the fuzz harness, and the tests
+    /// under Miri, which cannot make a memfd). Held for its Drop (the freeing).
+    Heap(#[allow(dead_code)] std::rc::Rc<Heap>),
 }
 
 impl Ring {
@@ -389,42 +391,80 @@ impl Reader {
     }
 }
 
+/// Ordinary zeroed memory holding one ring in this process, with [`Heap::GUARD`] bytes of
+/// [`Heap::FILL`] before and after it, freed when the last end lets go.
+pub(crate) struct Heap {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Heap {
+    /// Guard bytes either side of the ring (a multiple of the ring's 64-byte alignment).
+    pub(crate) const GUARD: usize = 64;
+    pub(crate) const FILL: u8 = 0xa5;
+
+    /// A ring of `cap` bytes (a power of two within the limits) and its two ends.
+    pub(crate) fn pair(cap: usize) -> (Writer, Reader, std::rc::Rc<Heap>) {
+        assert!(cap.is_power_of_two() && (MIN_CAP..=MAX_CAP).contains(&cap));
+        let len = HEADER + cap + 2 * Self::GUARD;
+        let layout = std::alloc::Layout::from_size_align(len, 64).expect("a valid layout");
+        // SAFETY: the layout's size is not zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: the guards lie inside the allocation: [0, GUARD) and [len - GUARD, len).
+        unsafe {
+            std::ptr::write_bytes(ptr, Self::FILL, Self::GUARD);
+            std::ptr::write_bytes(ptr.add(len - Self::GUARD), Self::FILL, Self::GUARD);
+        }
+        let heap = std::rc::Rc::new(Heap { ptr, layout });
+        // SAFETY: the ring starts after the first guard, inside the allocation.
+        let base = unsafe { ptr.add(Self::GUARD) };
+        let end = |keep| Ring {
+            base,
+            cap,
+            _keep: Keep::Heap(keep),
+        };
+        let (w, r) = (end(heap.clone()), end(heap.clone()));
+        (Writer::new(w), Reader::new(r), heap)
+    }
+
+    /// True while both guards hold only what was put there: nothing wrote outside the ring.
+    pub(crate) fn guards_intact(&self) -> bool {
+        let len = self.layout.size();
+        // SAFETY: the allocation is `len` bytes and lives as long as `self`; only this
+        // process's two ends write to it, and not during this call.
+        let all = unsafe { std::slice::from_raw_parts(self.ptr, len) };
+        let (head, tail) = (&all[..Self::GUARD], &all[len - Self::GUARD..]);
+        head.iter().chain(tail).all(|&b| b == Self::FILL)
+    }
+}
+
+impl Drop for Heap {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `pair` with this layout, and freed once, by the last owner.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Zeroed, 64-byte aligned memory for a ring, freed when the last end lets go.
-    pub(crate) struct Heap {
-        ptr: *mut u8,
-        layout: std::alloc::Layout,
-    }
-
-    impl Drop for Heap {
-        fn drop(&mut self) {
-            // SAFETY: allocated in `pair` with this layout, and freed once, by the last owner.
-            unsafe { std::alloc::dealloc(self.ptr, self.layout) }
-        }
-    }
-
     /// A ring's two ends over one area. The area is a memfd as in a connection, or under Miri
     /// (which cannot make one) ordinary memory: the ring's code sees a pointer either way.
     fn pair(cap: usize) -> (Writer, Reader) {
-        let end = |base, keep| Ring {
-            base,
-            cap,
-            _keep: keep,
-        };
         if cfg!(miri) {
-            let layout = std::alloc::Layout::from_size_align(HEADER + cap, 64).unwrap();
-            // SAFETY: the layout's size is not zero.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            assert!(!ptr.is_null(), "out of memory");
-            let heap = std::rc::Rc::new(Heap { ptr, layout });
-            let w = end(ptr, Keep::Heap(heap.clone()));
-            return (Writer::new(w), Reader::new(end(ptr, Keep::Heap(heap))));
+            let (w, r, _) = Heap::pair(cap);
+            return (w, r);
         }
         let r = Ring::create(cap).unwrap();
-        let w = end(r.base, Keep::File(r.file().unwrap().clone()));
+        let w = Ring {
+            base: r.base,
+            cap,
+            _keep: Keep::File(r.file().unwrap().clone()),
+        };
         (Writer::new(w), Reader::new(r))
     }
 

@@ -530,9 +530,12 @@ mod tests {
         let cap = MIN_CAP as u64;
         let (mut w, r) = pair(MIN_CAP);
         let (mut believed, mut pushed, mut refused, mut moved) = (0u64, 0, 0, 0);
-        for _ in 0..if cfg!(miri) { 300 } else { 20_000 } {
+        for i in 0..if cfg!(miri) { 300 } else { 20_000 } {
             let tail = w.tail();
-            let claim = match next() % 6 {
+            // Stretches of 64 steps in which the reader is silent (the ring fills) alternate
+            // with stretches of claims.
+            let silent = (i / 64) % 2 == 0;
+            let claim = match if silent { 5 } else { next() % 6 } {
                 0 => next(),
                 1 => tail.wrapping_sub(next() % (2 * cap)),
                 2 => tail + next() % 4096,

@@ -2,7 +2,7 @@
 //! kept) through the same checks the cargo-fuzz target runs.
 
 use barewire_drivers::fuzz;
-use barewire_soft_rdma::wire::fuzz::replay_corpus;
+use barewire_soft_rdma::wire::fuzz::{check_seeds, replay_corpus};
 
 #[test]
 fn the_shm_ring_corpus_passes() {
@@ -11,19 +11,5 @@ fn the_shm_ring_corpus_passes() {
 
 #[test]
 fn the_seeds_pass_and_are_in_the_corpus() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/shm_ring");
-    for (i, s) in fuzz::shm_ring_seeds().iter().enumerate() {
-        fuzz::shm_ring(s);
-        let path = root.join(format!("seed-{i}"));
-        if std::env::var_os("BAREWIRE_WRITE_SEEDS").is_some() {
-            std::fs::create_dir_all(&root).unwrap();
-            std::fs::write(&path, s).unwrap();
-        }
-        assert_eq!(
-            std::fs::read(&path).ok().as_ref(),
-            Some(s),
-            "{}",
-            path.display()
-        );
-    }
+    check_seeds("shm_ring", &fuzz::shm_ring_seeds(), fuzz::shm_ring);
 }

@@ -452,6 +452,16 @@ impl Drop for Heap {
 mod tests {
     use super::*;
 
+    /// A reproducible stream of pseudo-random words (xorshift64).
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     /// A ring's two ends over one area. The area is a memfd as in a connection, or under Miri
     /// (which cannot make one) ordinary memory: the ring's code sees a pointer either way.
     fn pair(cap: usize) -> (Writer, Reader) {
@@ -520,13 +530,7 @@ mod tests {
     /// record it believes unread.
     #[test]
     fn a_hostile_reader_moves_the_writer_only_within_what_it_sent() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let cap = MIN_CAP as u64;
         let (mut w, r) = pair(MIN_CAP);
         let (mut believed, mut pushed, mut refused, mut moved) = (0u64, 0, 0, 0);
@@ -579,13 +583,7 @@ mod tests {
     /// the area and inside what the tail published, and it must never panic.
     #[test]
     fn a_hostile_writer_cannot_move_the_reader_outside_what_it_published() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let cap = MIN_CAP;
         let (mut outcomes_none, mut outcomes_err, mut records) = (0, 0, 0);
         for _ in 0..if cfg!(miri) { 100 } else { 2000 } {

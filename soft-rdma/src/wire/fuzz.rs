@@ -29,6 +29,28 @@ pub fn replay_corpus(target: &str, check: fn(&[u8])) -> usize {
     n
 }
 
+/// Runs `check` on each of `seeds` and asserts that each is committed as
+/// `fuzz/corpus/<target>/seed-<i>` (with `BAREWIRE_WRITE_SEEDS` set, writes them there first).
+/// For `cargo test`, so a seed that changes in code and not in the corpus is caught.
+pub fn check_seeds(target: &str, seeds: &[Vec<u8>], check: fn(&[u8])) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+    for (i, s) in seeds.iter().enumerate() {
+        check(s);
+        let path = root.join(target).join(format!("seed-{i}"));
+        if std::env::var_os("BAREWIRE_WRITE_SEEDS").is_some() {
+            std::fs::create_dir_all(path.parent().expect("a corpus directory"))
+                .expect("the corpus directory can be made");
+            std::fs::write(&path, s).expect("a seed can be written");
+        }
+        assert_eq!(
+            std::fs::read(&path).ok().as_ref(),
+            Some(s),
+            "{}",
+            path.display()
+        );
+    }
+}
+
 /// MPA Request/Reply parsing and negotiation.
 pub fn mpa_handshake(data: &[u8]) {
     for kind in [MpaKind::Request, MpaKind::Reply] {

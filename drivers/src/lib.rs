@@ -25,6 +25,12 @@
 #![warn(missing_docs)]
 
 mod api;
+mod backend;
+mod ops;
+mod shm;
+mod soft;
+mod transport;
+mod verbs;
 
 /// The checks the drivers' cargo-fuzz targets run (`fuzz/fuzz_targets/shm_ring.rs`), exported
 /// so that the fuzz crate and the corpus replay (`tests/fuzz_corpus.rs`) call the same code.
@@ -32,12 +38,6 @@ mod api;
 pub mod fuzz {
     pub use crate::shm::ring::fuzz::{seeds as shm_ring_seeds, shm_ring};
 }
-mod backend;
-mod ops;
-mod shm;
-mod soft;
-mod transport;
-mod verbs;
 
 pub use api::{
     connect, Access, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion,

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
-use super::{Heap, HEAD, HEADER, IMM, MIN_CAP, REC, REVOKE, SEEN, SEND, TAIL};
+use super::{Heap, Reader, Record, HEAD, HEADER, IMM, MIN_CAP, REC, REVOKE, SEEN, SEND, TAIL};
 
 /// A record the honest writer put in: kind, flags, length, value and the payload's fill byte.
 type Sent = (u8, u8, u32, u32, u8);
@@ -27,7 +27,6 @@ pub fn shm_ring(data: &[u8]) {
     let mut byte = move || input.next();
     let cap = MIN_CAP;
     let (mut w, mut r, heap) = Heap::pair(cap);
-    let area = r.ring.base as usize + HEADER..r.ring.base as usize + HEADER + cap;
     let mut sent: VecDeque<Sent> = VecDeque::new();
     // No hostile step yet: the reader must see exactly what was sent.
     let mut honest = true;
@@ -110,18 +109,7 @@ pub fn shm_ring(data: &[u8]) {
                             break;
                         }
                         Ok(Some((rec, body))) => {
-                            let n = if rec.kind == SEND {
-                                rec.len as usize
-                            } else {
-                                0
-                            };
-                            let tail = r.ring.word(TAIL).load(Ordering::Acquire);
-                            assert!(
-                                area.contains(&(body as usize))
-                                    && body as usize + n <= area.end
-                                    && r.head + (REC + n.div_ceil(REC) * REC) as u64 <= tail,
-                                "{rec:?} lies outside the area or what was published"
-                            );
+                            let n = assert_inside(&r, &rec, body);
                             if honest {
                                 let (kind, flags, len, value, f) =
                                     sent.pop_front().expect("a record nobody sent");
@@ -179,6 +167,31 @@ pub fn shm_ring(data: &[u8]) {
         assert!(w.tail() - c <= cap as u64, "more than a ring outstanding");
     }
     assert!(heap.guards_intact(), "a byte outside the ring changed");
+}
+
+/// Asserts that a record the reader handed out lies inside the ring's area and inside what
+/// the tail published, and that its payload is no longer than a fragment; returns the payload's
+/// length.
+pub(crate) fn assert_inside(r: &Reader, rec: &Record, body: *const u8) -> usize {
+    let n = if rec.kind == SEND {
+        rec.len as usize
+    } else {
+        0
+    };
+    let area = r.ring.base as usize + HEADER..r.ring.base as usize + HEADER + r.ring.cap;
+    let tail = r.ring.word(TAIL).load(Ordering::Acquire);
+    let at = body as usize;
+    assert!(area.contains(&at), "{rec:?} starts outside the area");
+    assert!(at + n <= area.end, "{rec:?} runs past the area");
+    assert!(
+        r.head + (REC + n.div_ceil(REC) * REC) as u64 <= tail,
+        "{rec:?} lies past what was published"
+    );
+    assert!(
+        n <= r.ring.max_fragment(),
+        "{rec:?} is longer than a fragment"
+    );
+    n
 }
 
 /// Inputs to start the corpus from: honest traffic across the wrap (Sends of many lengths,

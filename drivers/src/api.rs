@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 pub use barewire_rdma_types::{
-    Access, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, Stag, WcOpcode, WcStatus,
-    WorkCompletion,
+    Access, ListenerCounters, QpState, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, Stag,
+    WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::backend::{DeviceOps, ListenerOps, MrOps, PdOps, QpOps, WindowOps};
@@ -689,6 +689,15 @@ impl Listener {
     /// The bound port.
     pub fn port(&self) -> u16 {
         self.ops.port()
+    }
+
+    /// What the listener took in and refused, and why, since it was bound: connections whose
+    /// setup timed out, was malformed or came from another user, setups pushed out by newer
+    /// ones over the listener's caps, and complete setups dropped because `accept` fell
+    /// behind. Soft counts its TCP connections and shm its local ones (`auto` adds the two);
+    /// rdma_cm keeps no such counts, so on verbs they stay zero.
+    pub fn counters(&self) -> ListenerCounters {
+        self.ops.counters()
     }
 
     /// Accepts one peer: its queue pair and private data.

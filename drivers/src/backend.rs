@@ -141,6 +141,10 @@ pub(crate) trait MappedPeer {
 /// Accepts connections.
 pub(crate) trait ListenerOps {
     fn port(&self) -> u16;
+    /// What the listener refused, and why (zeros where the backend keeps no counts).
+    fn counters(&self) -> barewire_rdma_types::ListenerCounters {
+        barewire_rdma_types::ListenerCounters::default()
+    }
     /// Accepts one peer into `pd`, posting `recvs` before the peer can send anything.
     fn accept<'a>(
         &'a self,

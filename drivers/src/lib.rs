@@ -40,9 +40,9 @@ pub mod fuzz {
 }
 
 pub use api::{
-    connect, Access, CompletionQueue, ConnectOptions, Device, Listener, MemoryRegion,
-    ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges,
-    Stag, WcOpcode, WcStatus, Window, WorkCompletion,
+    connect, Access, CompletionQueue, ConnectOptions, Device, Listener, ListenerCounters,
+    MemoryRegion, ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr,
+    Sge, Sges, Stag, WcOpcode, WcStatus, Window, WorkCompletion,
 };
 pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote};
 pub use transport::{

@@ -240,6 +240,10 @@ impl ListenerOps for Listener {
         self.0.local_addr().map(|a| a.port()).unwrap_or(0)
     }
 
+    fn counters(&self) -> barewire_rdma_types::ListenerCounters {
+        self.0.counters()
+    }
+
     fn accept<'a>(
         &'a self,
         pd: &'a dyn PdOps,

@@ -10,6 +10,7 @@
 //!   poll and await ([`CompletionQueue`]).
 //! - The queue-pair state machine ([`QpState`]) and [`RegionDescriptor`], what a peer needs
 //!   to address a region.
+//! - What a listener refused, and why ([`ListenerCounters`]).
 //!
 //! Objects belong to one core (`!Send`), like everything the engine runs.
 //!
@@ -26,12 +27,14 @@
 
 #![warn(missing_docs)]
 
+mod cm;
 mod cq;
 mod mr;
 mod qp;
 mod region;
 mod wr;
 
+pub use cm::ListenerCounters;
 pub use cq::{CompletionQueue, Next, WcOpcode, WcStatus, WorkCompletion};
 pub use mr::{
     Access, Device, MemoryRegion, ProtectionDomain, Stag, StagHasher, StagMap, Violation, Window,

@@ -2,7 +2,7 @@
 //! Request must not keep a well-behaved client from being answered, handshakes have a
 //! deadline, and a flood is bounded by the per-listener and per-source caps.
 
-use barewire_test_support::rt;
+use barewire_test_support::{allow_fds, rt};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream as StdStream};
 use std::time::{Duration, Instant};
@@ -52,26 +52,6 @@ async fn good_client(l: &Listener, addr: SocketAddr) -> Duration {
     let took = t0.elapsed();
     drop(pair);
     took
-}
-
-/// Lets a process hold `n` descriptors (the flood below opens a thousand sockets on each side).
-fn allow_fds(n: u64) -> bool {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        if lim.rlim_cur >= n {
-            return true;
-        }
-        if lim.rlim_max < n {
-            return false;
-        }
-        lim.rlim_cur = n;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
-    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Helpers the workspace's tests share (see the README): the one-core sleeping runtime, child
-//! processes that announce `READY <port>`, and network namespaces joined by a veth pair.
+//! processes that announce `READY <port>`, network namespaces joined by a veth pair, and a
+//! higher descriptor limit for flood tests.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -201,6 +202,27 @@ impl Drop for Netns {
     fn drop(&mut self) {
         Netns::ip(&["link", "del", &self.veth]);
         Netns::ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// Raises this process's descriptor limit to `n` if it is lower (a flood test opens a thousand
+/// sockets on each side); false if the hard limit forbids it.
+pub fn allow_fds(n: u64) -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        if lim.rlim_cur >= n {
+            return true;
+        }
+        if lim.rlim_max < n {
+            return false;
+        }
+        lim.rlim_cur = n;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
     }
 }
 

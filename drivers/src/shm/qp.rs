@@ -1319,7 +1319,7 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
     // Only processes of this user: see the module docs.
     // SAFETY: getuid has no preconditions.
     let me = unsafe { libc::getuid() };
-    match sock::peer_uid(&fd) {
+    match sock::peer_cred(&fd).map(|c| c.uid) {
         Ok(uid) if uid == me => {}
         Ok(uid) => {
             return Err(connect_error(format!(
@@ -1525,22 +1525,70 @@ fn is_local(addr: SocketAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
+/// Setups a listener runs at once, in all and from one process, and complete ones it holds for
+/// `accept`: the software provider's listener's defaults
+/// (`max_pending_handshakes`, `max_pending_per_source`).
+const MAX_SETUPS: usize = 128;
+const MAX_SETUPS_PER_PROCESS: usize = 16;
+
 /// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
 /// number is this listener's in the namespace, and `port 0` picks a free one.
+///
+/// Any local process can connect to an abstract name, so a listener defends itself as the
+/// software provider's does. Each connection is heard by a task of its own, with the setup's
+/// deadline. At most [`MAX_SETUPS`] are heard at once, and [`MAX_SETUPS_PER_PROCESS`] from one
+/// process (`SO_PEERCRED`); a new connection over a cap evicts the oldest it competes with, so
+/// a process that floods the name pushes out only its own stale connections and holds a
+/// bounded number of this process's descriptors. A peer whose setup fails (malformed, another
+/// user, another host, gone before the answer, a ring that cannot be mapped) is counted and
+/// dropped: `accept` goes on to the next, and fails only for this side's own errors. At most
+/// [`MAX_SETUPS`] complete setups wait for `accept`; beyond that, new ones are dropped.
 pub(crate) struct Listener {
     fd: OwnedFd,
     /// Peers heard by their setup tasks, waiting for an accept to finish them.
-    heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<Result<Heard, DriverError>>>>,
-    heard_tx: barewire_engine::sync::mpsc::Sender<Result<Heard, DriverError>>,
+    heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<Heard>>>,
+    heard_tx: barewire_engine::sync::mpsc::Sender<Heard>,
+    /// Setups in progress, and what was refused.
+    intake: Rc<Intake>,
     port_of: Port,
     port: u16,
     private: Vec<u8>,
     timeout: Duration,
 }
 
+/// A listener's setups in progress (by the peer's process) and its counts, shared with the
+/// tasks that hear peers.
+struct Intake {
+    setups: barewire_engine::net::Handshakes<libc::pid_t>,
+    counters: Cell<barewire_rdma_types::ListenerCounters>,
+}
+
+impl Intake {
+    fn count(&self, f: impl FnOnce(&mut barewire_rdma_types::ListenerCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Every connection still in its setup is dropped with the listener.
+        self.intake.setups.cancel_all();
+    }
+}
+
 impl crate::backend::ListenerOps for Listener {
     fn port(&self) -> u16 {
         self.port
+    }
+
+    fn counters(&self) -> barewire_rdma_types::ListenerCounters {
+        let shm = self.intake.counters.get();
+        match &self.port_of {
+            Port::Reserved(_) => shm,
+            Port::Soft(l) => shm + l.counters(),
+        }
     }
 
     fn accept<'a>(
@@ -1569,41 +1617,60 @@ impl crate::backend::ListenerOps for Listener {
             }
             let mut back = Back(&self.heard, Some(taken));
             let queue = back.1.as_mut().expect("held until dropped");
-            let heard = loop {
-                if let Some(h) = queue.try_recv() {
-                    break h;
-                }
-                if let Some(c) =
-                    sock::accept(&self.fd).map_err(|e| connect_error(format!("accept: {e}")))?
-                {
-                    let (tx, deadline) = (self.heard_tx.clone(), Instant::now() + self.timeout);
-                    spawn_local(async move {
-                        let _ = tx.try_send(hear(c, M_HELLO, deadline).await);
-                    });
-                    continue;
-                }
-                // Whichever comes first; each is cancel-safe (a heard peer waits in the queue,
-                // a new one in the backlog, and the provider's accept keeps what it accepted).
-                let shm = crate::backend::first(queue.recv(), poll_readable(self.fd.as_raw_fd()));
-                let shm = match &self.port_of {
-                    Port::Reserved(_) => shm.await,
-                    Port::Soft(l) => {
-                        let soft = crate::soft::accept(l, &pd.pd, scq, rcq, &recvs);
-                        match crate::backend::first(soft, shm).await {
-                            Ok(r) => return r,
-                            Err(shm) => shm,
+            let (qp, data) = loop {
+                let heard = loop {
+                    if let Some(h) = queue.try_recv() {
+                        break h;
+                    }
+                    let backoff = match sock::accept(&self.fd) {
+                        Ok(Some(c)) => {
+                            self.take_in(c);
+                            continue;
                         }
+                        Ok(None) => false,
+                        // Out of descriptors or memory for a moment: wait rather than spin (the
+                        // connection stays in the backlog) and rather than fail the accept.
+                        Err(e) if barewire_engine::net::accept_error_is_transient(&e) => true,
+                        Err(e) => return Err(connect_error(format!("accept: {e}"))),
+                    };
+                    // Whichever comes first; each is cancel-safe (a heard peer waits in the
+                    // queue, a new one in the backlog, and the provider's accept keeps what it
+                    // accepted).
+                    let fd = self.fd.as_raw_fd();
+                    let more = async move {
+                        if backoff {
+                            barewire_engine::time::sleep(Duration::from_millis(10)).await;
+                        } else {
+                            let _ = poll_readable(fd).await;
+                        }
+                    };
+                    let shm = crate::backend::first(queue.recv(), more);
+                    let shm = match &self.port_of {
+                        Port::Reserved(_) => shm.await,
+                        Port::Soft(l) => {
+                            let soft = crate::soft::accept(l, &pd.pd, scq, rcq, &recvs);
+                            match crate::backend::first(soft, shm).await {
+                                Ok(r) => return r,
+                                Err(shm) => shm,
+                            }
+                        }
+                    };
+                    if let Ok(Some(h)) = shm {
+                        break h;
                     }
                 };
-                if let Ok(Some(h)) = shm {
-                    break h;
+                // A peer that hung up meanwhile, or whose ring cannot be mapped, is its own
+                // failure: counted, and the next peer is taken.
+                let ours = Ours::new()?;
+                let answered = ours
+                    .send(&heard.fd, M_ACCEPT, &self.private)
+                    .and_then(|()| finish(heard, ours, pd, scq.queue(), rcq.queue(), self.timeout));
+                match answered {
+                    Ok(r) => break r,
+                    Err(_) => self.intake.count(|n| n.bad_requests += 1),
                 }
             };
             drop(back);
-            let heard = heard?;
-            let ours = Ours::new()?;
-            ours.send(&heard.fd, M_ACCEPT, &self.private)?;
-            let (qp, data) = finish(heard, ours, pd, scq.queue(), rcq.queue(), self.timeout)?;
             for wr in recvs {
                 qp.post_recv(wr)?;
             }
@@ -1660,11 +1727,40 @@ impl Listener {
             fd,
             heard: RefCell::new(Some(heard)),
             heard_tx,
+            intake: Rc::new(Intake {
+                setups: barewire_engine::net::Handshakes::new(MAX_SETUPS, MAX_SETUPS_PER_PROCESS),
+                counters: Cell::new(Default::default()),
+            }),
             port_of,
             port,
             private: private.to_vec(),
             timeout,
         })
+    }
+
+    /// Starts hearing a new local connection, in a task of its own, under the listener's caps.
+    fn take_in(&self, c: OwnedFd) {
+        let intake = &self.intake;
+        intake.count(|n| n.connections += 1);
+        // The peer's process is its source (one whose credentials cannot be read counts as 0).
+        let pid = sock::peer_cred(&c).map_or(0, |cred| cred.pid);
+        let evicted = intake.setups.make_room(&pid);
+        intake.count(|n| n.evicted += evicted as u64);
+        let id = intake.setups.next_id();
+        let (tx, i) = (self.heard_tx.clone(), intake.clone());
+        let deadline = Instant::now() + self.timeout;
+        let task = spawn_local(async move {
+            match hear(c, M_HELLO, deadline).await {
+                Ok(h) if tx.len() < MAX_SETUPS => {
+                    let _ = tx.try_send(h);
+                }
+                Ok(_) => i.count(|n| n.overflowed += 1),
+                Err(_) if Instant::now() >= deadline => i.count(|n| n.timed_out += 1),
+                Err(_) => i.count(|n| n.bad_requests += 1),
+            }
+            i.setups.done(id);
+        });
+        intake.setups.push(id, pid, task);
     }
 }
 

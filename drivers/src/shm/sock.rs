@@ -102,8 +102,8 @@ pub(crate) fn accept(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(c) }))
 }
 
-/// The user id of the process at the other end.
-pub(crate) fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
+/// The credentials (process, user, group) of the process at the other end, as it connected.
+pub(crate) fn peer_cred(fd: &OwnedFd) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain data; getsockopt fills it and its length is checked.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -120,7 +120,7 @@ pub(crate) fn peer_uid(fd: &OwnedFd) -> io::Result<u32> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(cred.uid)
+    Ok(cred)
 }
 
 /// Sends one message with `fds` attached, without blocking (a full socket is an error: the

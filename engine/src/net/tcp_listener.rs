@@ -104,3 +104,29 @@ impl Incoming<'_> {
         TcpStream::from_owned(fd)
     }
 }
+
+/// Whether an error from accept(2) says "not now" rather than "never": out of descriptors or
+/// memory for a moment, or a connection that went away while it waited. A listener backs off
+/// and tries again (the connection stays in the kernel's backlog); any other error means the
+/// listening socket itself is unusable.
+///
+/// ```
+/// use barewire_engine::net::accept_error_is_transient;
+/// assert!(accept_error_is_transient(&std::io::Error::from_raw_os_error(libc::EMFILE)));
+/// assert!(!accept_error_is_transient(&std::io::Error::from_raw_os_error(libc::EBADF)));
+/// ```
+pub fn accept_error_is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EPERM
+        )
+    )
+}

@@ -376,26 +376,7 @@ pub struct Listener {
     acceptor: barewire_engine::JoinHandle<()>,
 }
 
-/// What a listener refused, by reason (cumulative).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ListenerCounters {
-    /// Connections accepted by TCP.
-    pub connections: u64,
-    /// Handshakes dropped at their deadline.
-    pub timed_out: u64,
-    /// Pending handshakes evicted by newer connections (per-listener or per-source cap).
-    pub evicted: u64,
-    /// Connections whose MPA Request was malformed, or that closed before sending it.
-    pub bad_requests: u64,
-    /// Complete Requests dropped because [`Listener::accept`] fell too far behind.
-    pub overflowed: u64,
-    /// Protection violations by peers of this listener (each answered with a Terminate).
-    pub violations: u64,
-    /// Connections refused because their address had spent its violation budget.
-    pub banned: u64,
-    /// Connections refused because the listener, or their address, had as many open as allowed.
-    pub over_limit: u64,
-}
+pub use barewire_rdma_types::ListenerCounters;
 
 /// A complete MPA Request waiting for `accept`.
 struct Arrived {
@@ -420,11 +401,8 @@ struct Intake {
     /// Replies sent by tasks that `accept` started, for the next `accept` to start.
     answered: RefCell<std::collections::VecDeque<Answered>>,
     waiter: RefCell<Option<std::task::Waker>>,
-    /// Handshakes in progress, oldest first: (id, source address, task).
-    pending: RefCell<
-        std::collections::VecDeque<(u64, std::net::IpAddr, barewire_engine::JoinHandle<()>)>,
-    >,
-    next_id: std::cell::Cell<u64>,
+    /// Handshakes in progress, by source address.
+    pending: barewire_engine::net::Handshakes<std::net::IpAddr>,
     /// A failure of TCP accept itself (the listener is unusable).
     failed: RefCell<Option<io::Error>>,
     counters: std::cell::Cell<ListenerCounters>,
@@ -474,30 +452,6 @@ impl Intake {
         if let Some(w) = self.waiter.borrow_mut().take() {
             w.wake();
         }
-    }
-
-    /// Makes room for one more handshake from `ip`: evicts the oldest from that address at
-    /// the per-source cap, then the oldest of all at the listener's cap.
-    fn make_room(&self, ip: std::net::IpAddr) {
-        let mut pending = self.pending.borrow_mut();
-        let from_ip = pending.iter().filter(|p| p.1 == ip).count();
-        if from_ip >= self.opts.max_pending_per_source.max(1) {
-            if let Some(i) = pending.iter().position(|p| p.1 == ip) {
-                let (_, _, task) = pending.remove(i).expect("found");
-                task.cancel();
-                self.count(|c| c.evicted += 1);
-            }
-        }
-        if pending.len() >= self.opts.max_pending_handshakes.max(1) {
-            if let Some((_, _, task)) = pending.pop_front() {
-                task.cancel();
-                self.count(|c| c.evicted += 1);
-            }
-        }
-    }
-
-    fn done(&self, id: u64) {
-        self.pending.borrow_mut().retain(|p| p.0 != id);
     }
 
     /// A peer from `ip` broke a protection rule; past its budget, `ip` is banned.
@@ -563,7 +517,7 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
     loop {
         let (stream, peer) = match inner.accept().await {
             Ok(c) => c,
-            Err(e) if is_transient(&e) => {
+            Err(e) if barewire_engine::net::accept_error_is_transient(&e) => {
                 // Out of descriptors or memory for a moment: back off rather than spin; the
                 // connection stays in the kernel's backlog.
                 barewire_engine::time::sleep(Duration::from_millis(10)).await;
@@ -584,9 +538,9 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
             shared.count(|c| c.over_limit += 1);
             continue;
         }
-        shared.make_room(peer.ip());
-        let id = shared.next_id.get();
-        shared.next_id.set(id + 1);
+        let evicted = shared.pending.make_room(&peer.ip());
+        shared.count(|c| c.evicted += evicted as u64);
+        let id = shared.pending.next_id();
         let s = shared.clone();
         let task = barewire_engine::spawn_local(async move {
             let deadline = s.opts.handshake_timeout;
@@ -610,27 +564,10 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
                 Ok(Err(_)) => s.count(|c| c.bad_requests += 1),
                 Err(_) => s.count(|c| c.timed_out += 1),
             }
-            s.done(id);
+            s.pending.done(id);
         });
-        shared.pending.borrow_mut().push_back((id, peer.ip(), task));
+        shared.pending.push(id, peer.ip(), task);
     }
-}
-
-/// Accept errors that say "not now" rather than "never" (accept(2)).
-fn is_transient(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::EMFILE
-                | libc::ENFILE
-                | libc::ENOBUFS
-                | libc::ENOMEM
-                | libc::ECONNABORTED
-                | libc::EINTR
-                | libc::EPROTO
-                | libc::EPERM
-        )
-    )
 }
 
 impl Listener {
@@ -644,8 +581,10 @@ impl Listener {
             ready: RefCell::new(Default::default()),
             answered: RefCell::new(Default::default()),
             waiter: RefCell::new(None),
-            pending: RefCell::new(Default::default()),
-            next_id: std::cell::Cell::new(0),
+            pending: barewire_engine::net::Handshakes::new(
+                opts.max_pending_handshakes,
+                opts.max_pending_per_source,
+            ),
             failed: RefCell::new(None),
             counters: Default::default(),
             strikes: RefCell::new(Default::default()),
@@ -766,9 +705,7 @@ impl Drop for Listener {
     fn drop(&mut self) {
         // Stop accepting and drop every connection still in its handshake.
         self.acceptor.cancel();
-        for (_, _, task) in self.shared.pending.borrow_mut().drain(..) {
-            task.cancel();
-        }
+        self.shared.pending.cancel_all();
         self.shared.ready.borrow_mut().clear();
     }
 }

@@ -1,0 +1,211 @@
+//! An shm listener under hostile or broken local processes. Any process in the network
+//! namespace can connect to a listener's abstract name: connections that say nothing or send
+//! junk are counted and dropped, never an error from `accept`, and a flood from one process is
+//! bounded by the listener's caps, so it holds few of the listener's descriptors and delays
+//! nobody else.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use barewire_drivers::{
+    connect, ConnectOptions, Device, DriverConfig, Endpoint, Listener, ListenerCounters,
+};
+use barewire_engine::spawn_local;
+use barewire_engine::time::sleep;
+use barewire_test_support::{allow_fds, rt};
+
+fn shm() -> Device {
+    Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap()
+}
+
+/// A connection to the shm name of the listener on 127.0.0.1:`port`, opened as any local
+/// process can, with nothing said on it.
+fn raw_connection(port: u16) -> OwnedFd {
+    // SAFETY: plain socket(2); the result is checked and owned.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: a descriptor we just created.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("barewire-shm/127.0.0.1:{port}");
+    // sun_path[0] stays 0: the abstract namespace.
+    for (i, b) in name.bytes().enumerate() {
+        a.sun_path[1 + i] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: a valid address of the given length.
+    let rc = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&a as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
+    fd
+}
+
+/// Sends `junk` on a raw connection: not a setup message.
+fn say(c: &OwnedFd, junk: &[u8]) {
+    // SAFETY: writing from a live slice on a connected socket.
+    let n = unsafe { libc::send(c.as_raw_fd(), junk.as_ptr().cast(), junk.len(), 0) };
+    assert_eq!(
+        n,
+        junk.len() as isize,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// What the server thread reports: the listener's counters at each step.
+type Report = mpsc::Receiver<ListenerCounters>;
+
+/// Runs a listener with setup deadline `timeout` in a thread of its own (a sleeping core). It
+/// accepts one peer in a task of its own while it reports its counters once `taken_in`
+/// connections have come in, and again once the accept returned (which must be a queue pair:
+/// the test fails if it is an error).
+fn server(timeout: Duration, taken_in: u64) -> (u16, Report, std::thread::JoinHandle<()>) {
+    let (port_tx, port_rx) = mpsc::channel();
+    let (tx, rx) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let dev = shm();
+            let opts = ConnectOptions {
+                timeout,
+                ..ConnectOptions::default()
+            };
+            let l = Rc::new(Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &opts).unwrap());
+            port_tx.send(l.port()).unwrap();
+            let acc = spawn_local({
+                let l = l.clone();
+                async move {
+                    let pd = dev.alloc_pd().unwrap();
+                    let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+                    let (qp, _) = l.accept(&pd, &scq, &rcq).await.expect("accept");
+                    Endpoint::new(qp, scq, rcq)
+                }
+            });
+            let t = Instant::now();
+            while l.counters().connections < taken_in && t.elapsed() < Duration::from_secs(20) {
+                sleep(Duration::from_millis(5)).await;
+            }
+            tx.send(l.counters()).unwrap();
+            let ep = acc.await.expect("the accept task");
+            tx.send(l.counters()).unwrap();
+            drop(ep);
+        })
+    });
+    (port_rx.recv().unwrap(), rx, t)
+}
+
+/// A good peer connects to `port` and is accepted; returns how long that took.
+fn good_client(port: u16) -> Duration {
+    rt().block_on(async move {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+        let t = Instant::now();
+        let (qp, _) = connect(
+            ([127, 0, 0, 1], port).into(),
+            &pd,
+            &scq,
+            &rcq,
+            &ConnectOptions::default(),
+        )
+        .await
+        .expect("a good peer connects");
+        let took = t.elapsed();
+        drop(qp);
+        took
+    })
+}
+
+/// A connection that sends junk, and one that says nothing until the setup deadline, are each
+/// counted and closed; the accept that runs meanwhile returns the good peer after them.
+#[test]
+fn junk_and_silence_are_counted_and_the_accept_returns_the_next_good_peer() {
+    let (port, report, t) = server(Duration::from_millis(300), 2);
+    let silent = raw_connection(port);
+    let junk = raw_connection(port);
+    say(&junk, b"GET / HTTP/1.1\r\n\r\n");
+    let taken_in = report.recv().unwrap();
+    assert_eq!(taken_in.connections, 2, "{taken_in:?}");
+    // Past the silent one's deadline.
+    std::thread::sleep(Duration::from_millis(600));
+    good_client(port);
+    let c = report.recv().unwrap();
+    assert_eq!(
+        (c.connections, c.bad_requests, c.timed_out, c.evicted),
+        (3, 1, 1, 0),
+        "{c:?}"
+    );
+    // The listener closed both: each reads the end of the connection.
+    for fd in [&silent, &junk] {
+        let mut b = [0u8; 64];
+        // SAFETY: reading into a live buffer; blocking, and the peer has closed.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
+        assert_eq!(n, 0, "{}", std::io::Error::last_os_error());
+    }
+    t.join().unwrap();
+}
+
+/// One process opens 1,100 connections to the listener's name and says nothing on them (every
+/// 11th sends junk). The listener hears at most 16 of them at once (its cap per process), so
+/// it holds at most that many of their descriptors; every other one is pushed out or refused,
+/// and counted. A good peer that connects after the flood is accepted without waiting for any
+/// of them (their setup deadline is 20 s).
+#[test]
+fn a_flood_from_one_process_holds_few_descriptors_and_fails_no_accept() {
+    const FLOOD: usize = 1100;
+    const PER_PROCESS: usize = 16;
+    if !allow_fds(4096) {
+        eprintln!("SKIP: RLIMIT_NOFILE cannot be raised to 4096 here");
+        return;
+    }
+    let (port, report, t) = server(Duration::from_secs(20), FLOOD as u64);
+    let before = open_fds();
+    let mut held = Vec::new();
+    for i in 0..FLOOD {
+        let c = raw_connection(port);
+        if i % 11 == 0 {
+            say(&c, &[0xab; 64]);
+        }
+        held.push(c);
+    }
+    let flooded = report.recv().unwrap();
+    assert_eq!(flooded.connections, FLOOD as u64, "{flooded:?}");
+    // The flood's own descriptors, and at most the cap's worth on the listener's side (and a
+    // few of its own): the tasks it pushed out close theirs when they are next scheduled.
+    let bound = before + FLOOD + PER_PROCESS + 8;
+    let t0 = Instant::now();
+    while open_fds() > bound && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let fds = open_fds();
+    assert!(
+        fds <= bound,
+        "{} descriptors besides the flood's own {FLOOD}, past the cap of {PER_PROCESS}",
+        fds - before - FLOOD
+    );
+    let took = good_client(port);
+    assert!(
+        took < Duration::from_secs(2),
+        "a good peer waited {took:?} behind the flood"
+    );
+    let c = report.recv().unwrap();
+    assert_eq!(c.connections, FLOOD as u64 + 1, "{c:?}");
+    assert!(
+        c.evicted + c.bad_requests >= (FLOOD - PER_PROCESS) as u64,
+        "{c:?}"
+    );
+    drop(held);
+    t.join().unwrap();
+}

@@ -61,6 +61,14 @@ fn say(c: &OwnedFd, junk: &[u8]) {
     );
 }
 
+/// The tests of this file run one at a time: one counts the process's descriptors, and the
+/// others open hundreds.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
@@ -132,6 +140,7 @@ fn good_client(port: u16) -> Duration {
 /// counted and closed; the accept that runs meanwhile returns the good peer after them.
 #[test]
 fn junk_and_silence_are_counted_and_the_accept_returns_the_next_good_peer() {
+    let _serial = one_at_a_time();
     let (port, report, t) = server(Duration::from_millis(300), 2);
     let silent = raw_connection(port);
     let junk = raw_connection(port);
@@ -164,6 +173,7 @@ fn junk_and_silence_are_counted_and_the_accept_returns_the_next_good_peer() {
 /// of them (their setup deadline is 20 s).
 #[test]
 fn a_flood_from_one_process_holds_few_descriptors_and_fails_no_accept() {
+    let _serial = one_at_a_time();
     const FLOOD: usize = 1100;
     const PER_PROCESS: usize = 16;
     if !allow_fds(4096) {
@@ -208,4 +218,94 @@ fn a_flood_from_one_process_holds_few_descriptors_and_fails_no_accept() {
     );
     drop(held);
     t.join().unwrap();
+}
+
+/// One process holds at most 256 of a listener's accepted connections at once: the next is
+/// closed at once and its connect fails. Once one of them fails (its peer went), another gets
+/// in, though the listener's application still holds the failed queue pair.
+#[test]
+fn one_process_holds_at_most_256_open_connections_and_a_failed_one_frees_its_place() {
+    let _serial = one_at_a_time();
+    const PER_PROCESS: usize = 256;
+    if !allow_fds(4096) {
+        eprintln!("SKIP: RLIMIT_NOFILE cannot be raised to 4096 here");
+        return;
+    }
+    let (port_tx, port_rx) = mpsc::channel();
+    // The test tells the server to stop by dropping `stop`.
+    let (stop, stopped) = mpsc::channel::<()>();
+    let (tx, report) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let dev = shm();
+            let l = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default());
+            let l = Rc::new(l.unwrap());
+            port_tx.send(l.port()).unwrap();
+            let held = Rc::new(std::cell::RefCell::new(Vec::new()));
+            let acceptor = spawn_local({
+                let (held, l) = (held.clone(), l.clone());
+                async move {
+                    let pd = dev.alloc_pd().unwrap();
+                    loop {
+                        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+                        let (qp, _) = l.accept(&pd, &scq, &rcq).await.expect("accept");
+                        held.borrow_mut().push(Endpoint::new(qp, scq, rcq));
+                        tx.send(held.borrow().len()).unwrap();
+                    }
+                }
+            });
+            while stopped.try_recv() != Err(mpsc::TryRecvError::Disconnected) {
+                sleep(Duration::from_millis(2)).await;
+            }
+            acceptor.cancel();
+            assert_eq!(
+                held.borrow().len(),
+                PER_PROCESS + 1,
+                "every queue pair still held"
+            );
+            l.counters()
+        })
+    });
+    let port = port_rx.recv().unwrap();
+    rt().block_on(async {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let opts = ConnectOptions::default();
+        let mut mine = Vec::new();
+        for i in 0..PER_PROCESS {
+            let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+            let (qp, _) = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            mine.push(qp);
+            assert_eq!(report.recv().unwrap(), i + 1, "accepted in order");
+        }
+        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+        let over = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts).await;
+        let e = over.err().expect("the 257th connection is refused");
+        assert!(e.to_string().contains("over its connection limits"), "{e}");
+        // One of ours goes, so the listener's side of it fails: its place is free again.
+        drop(mine.pop());
+        let t = std::time::Instant::now();
+        let qp = loop {
+            match connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts).await {
+                Ok((qp, _)) => break qp,
+                Err(e) if t.elapsed() < Duration::from_secs(5) => {
+                    assert!(e.to_string().contains("over its connection limits"), "{e}");
+                    sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("the failed connection's place was never freed: {e}"),
+            }
+        };
+        assert_eq!(report.recv().unwrap(), PER_PROCESS + 1);
+        drop((qp, mine));
+    });
+    drop(stop);
+    let c = t.join().unwrap();
+    assert!(c.over_limit >= 1, "{c:?}");
+    assert_eq!(
+        c.connections - c.over_limit,
+        PER_PROCESS as u64 + 1,
+        "{c:?}"
+    );
 }

@@ -187,6 +187,9 @@ pub(crate) struct QpInner {
     /// Since when the peer has owed this side something with no progress, and the progress
     /// mark then (see [`QpInner::watch`]).
     stall: Cell<Option<(u64, Instant)>>,
+    /// An accepted queue pair's place among its listener's open connections, given back when
+    /// it fails (the application may hold it a while yet).
+    admission: Cell<Option<barewire_engine::net::Admitted<libc::pid_t>>>,
 }
 
 struct Tx {
@@ -991,6 +994,7 @@ impl QpInner {
             return;
         }
         self.state.set(QpState::Error);
+        self.admission.take();
         // SAFETY: shutdown(2) on our own socket: the peer sees the hang-up.
         unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.task.borrow_mut().take() {
@@ -1330,12 +1334,20 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
     }
     let raw = fd.as_raw_fd();
     let mut buf = vec![0u8; HELLO + MAX_PRIVATE + 1];
-    let got = sock::recv_by(raw, &mut buf, deadline)
-        .await
-        .map_err(|e| connect_error(format!("waiting for the peer's setup: {e}")))?;
-    if got.len == 0 {
-        return Err(connect_error("the peer hung up during setup"));
-    }
+    // A listener closes a connection over its limits at once (its hello unread: a reset).
+    let closed = || {
+        if want == M_ACCEPT {
+            closed_by_listener()
+        } else {
+            connect_error("the peer hung up during setup")
+        }
+    };
+    let got = match sock::recv_by(raw, &mut buf, deadline).await {
+        Ok(got) if got.len == 0 => return Err(closed()),
+        Ok(got) => got,
+        Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Err(closed()),
+        Err(e) => return Err(connect_error(format!("waiting for the peer's setup: {e}"))),
+    };
     if buf[0] == M_REJECT {
         return Err(DriverError::Rejected {
             private_data: buf[1..got.len].to_vec(),
@@ -1369,6 +1381,15 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
     })
 }
 
+/// What a connect says when the listener closes the connection before accepting it.
+fn closed_by_listener() -> DriverError {
+    connect_error(
+        "the listener closed the connection before accepting it; a barewire listener does so \
+         to a process over its connection limits, and to a setup that newer ones pushed out \
+         (see its counters)",
+    )
+}
+
 /// This side's half of the setup: its ring, queue pair number and core wake-up descriptor.
 struct Ours {
     ring: Ring,
@@ -1395,16 +1416,22 @@ impl Ours {
             .descriptor(true)
             .map_err(|e| connect_error(e.to_string()))?;
         let msg = Hello::ours(kind, self.num, private).encode();
-        sock::send(fd.as_raw_fd(), &msg, &[ring_fd, self.wake.as_raw_fd()])
-            .map_err(|e| connect_error(format!("sending setup: {e}")))
+        sock::send(fd.as_raw_fd(), &msg, &[ring_fd, self.wake.as_raw_fd()]).map_err(|e| {
+            if kind == M_HELLO && matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) {
+                closed_by_listener()
+            } else {
+                connect_error(format!("sending setup: {e}"))
+            }
+        })
     }
 }
 
-/// Builds the queue pair from both halves of the setup. No waiting: a listener's accept stays
-/// cancel-safe.
+/// Builds the queue pair from both halves of the setup (`admission`: an accepted one's place
+/// among its listener's connections). No waiting: a listener's accept stays cancel-safe.
 fn finish(
     heard: Heard,
     ours: Ours,
+    admission: Option<barewire_engine::net::Admitted<libc::pid_t>>,
     pd: &Pd,
     scq: &CompletionQueue,
     rcq: &CompletionQueue,
@@ -1452,6 +1479,7 @@ fn finish(
         asked: Cell::new(0),
         popped: Cell::new(0),
         stall: Cell::new(None),
+        admission: Cell::new(admission),
     });
     let task = spawn_local(serve_control(Rc::downgrade(&inner), raw));
     *inner.task.borrow_mut() = Some(task);
@@ -1516,7 +1544,7 @@ pub(crate) async fn connect(
     let ours = Ours::new()?;
     ours.send(&fd, M_HELLO, private)?;
     let heard = hear(fd, M_ACCEPT, deadline).await?;
-    finish(heard, ours, pd, scq, rcq, timeout)
+    finish(heard, ours, None, pd, scq, rcq, timeout)
 }
 
 /// True if `addr`'s IP is one of this host's (in this network namespace).
@@ -1530,6 +1558,10 @@ fn is_local(addr: SocketAddr) -> bool {
 /// (`max_pending_handshakes`, `max_pending_per_source`).
 const MAX_SETUPS: usize = 128;
 const MAX_SETUPS_PER_PROCESS: usize = 16;
+/// Accepted connections open at once, in all and from one process (the software provider's
+/// `max_connections`, `max_connections_per_source`); one beyond them is closed at once.
+const MAX_OPEN: usize = 4096;
+const MAX_OPEN_PER_PROCESS: usize = 256;
 
 /// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
 /// number is this listener's in the namespace, and `port 0` picks a free one.
@@ -1542,12 +1574,15 @@ const MAX_SETUPS_PER_PROCESS: usize = 16;
 /// bounded number of this process's descriptors. A peer whose setup fails (malformed, another
 /// user, another host, gone before the answer, a ring that cannot be mapped) is counted and
 /// dropped: `accept` goes on to the next, and fails only for this side's own errors. At most
-/// [`MAX_SETUPS`] complete setups wait for `accept`; beyond that, new ones are dropped.
+/// [`MAX_SETUPS`] complete setups wait for `accept`; beyond that, new ones are dropped. And at
+/// most [`MAX_OPEN`] accepted connections are open at once, [`MAX_OPEN_PER_PROCESS`] from one
+/// process; a connection beyond them is closed at once (a connection that failed no longer
+/// counts, even while the application still holds its queue pair).
 pub(crate) struct Listener {
     fd: OwnedFd,
     /// Peers heard by their setup tasks, waiting for an accept to finish them.
-    heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<Heard>>>,
-    heard_tx: barewire_engine::sync::mpsc::Sender<Heard>,
+    heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<(libc::pid_t, Heard)>>>,
+    heard_tx: barewire_engine::sync::mpsc::Sender<(libc::pid_t, Heard)>,
     /// Setups in progress, and what was refused.
     intake: Rc<Intake>,
     port_of: Port,
@@ -1560,6 +1595,7 @@ pub(crate) struct Listener {
 /// tasks that hear peers.
 struct Intake {
     setups: barewire_engine::net::Handshakes<libc::pid_t>,
+    open: barewire_engine::net::Connections<libc::pid_t>,
     counters: Cell<barewire_rdma_types::ListenerCounters>,
 }
 
@@ -1662,9 +1698,12 @@ impl crate::backend::ListenerOps for Listener {
                 // A peer that hung up meanwhile, or whose ring cannot be mapped, is its own
                 // failure: counted, and the next peer is taken.
                 let ours = Ours::new()?;
+                let (pid, heard) = heard;
+                let admitted = Some(self.intake.open.admit(pid));
+                let (scq, rcq, timeout) = (scq.queue(), rcq.queue(), self.timeout);
                 let answered = ours
                     .send(&heard.fd, M_ACCEPT, &self.private)
-                    .and_then(|()| finish(heard, ours, pd, scq.queue(), rcq.queue(), self.timeout));
+                    .and_then(|()| finish(heard, ours, admitted, pd, scq, rcq, timeout));
                 match answered {
                     Ok(r) => break r,
                     Err(_) => self.intake.count(|n| n.bad_requests += 1),
@@ -1729,6 +1768,7 @@ impl Listener {
             heard_tx,
             intake: Rc::new(Intake {
                 setups: barewire_engine::net::Handshakes::new(MAX_SETUPS, MAX_SETUPS_PER_PROCESS),
+                open: barewire_engine::net::Connections::new(MAX_OPEN, MAX_OPEN_PER_PROCESS),
                 counters: Cell::new(Default::default()),
             }),
             port_of,
@@ -1744,6 +1784,10 @@ impl Listener {
         intake.count(|n| n.connections += 1);
         // The peer's process is its source (one whose credentials cannot be read counts as 0).
         let pid = sock::peer_cred(&c).map_or(0, |cred| cred.pid);
+        if intake.open.full(&pid) {
+            intake.count(|n| n.over_limit += 1);
+            return; // closed at once
+        }
         let evicted = intake.setups.make_room(&pid);
         intake.count(|n| n.evicted += evicted as u64);
         let id = intake.setups.next_id();
@@ -1752,7 +1796,7 @@ impl Listener {
         let task = spawn_local(async move {
             match hear(c, M_HELLO, deadline).await {
                 Ok(h) if tx.len() < MAX_SETUPS => {
-                    let _ = tx.try_send(h);
+                    let _ = tx.try_send((pid, h));
                 }
                 Ok(_) => i.count(|n| n.overflowed += 1),
                 Err(_) if Instant::now() >= deadline => i.count(|n| n.timed_out += 1),

@@ -409,30 +409,14 @@ struct Intake {
     /// Per source address: when its recent violations happened, and until when it is refused.
     strikes: RefCell<std::collections::HashMap<std::net::IpAddr, Strikes>>,
     /// Accepted connections still open, per source address and in all.
-    open: RefCell<std::collections::HashMap<std::net::IpAddr, usize>>,
-    open_total: std::cell::Cell<usize>,
+    open: barewire_engine::net::Connections<std::net::IpAddr>,
 }
 
 /// One accepted connection, counted against its listener's limits while it lives; also
 /// where its protection violations are reported.
 struct Admission {
     intake: std::rc::Weak<Intake>,
-    ip: std::net::IpAddr,
-}
-
-impl Drop for Admission {
-    fn drop(&mut self) {
-        if let Some(i) = self.intake.upgrade() {
-            i.open_total.set(i.open_total.get().saturating_sub(1));
-            let mut open = i.open.borrow_mut();
-            if let Some(n) = open.get_mut(&self.ip) {
-                *n -= 1;
-                if *n == 0 {
-                    open.remove(&self.ip);
-                }
-            }
-        }
-    }
+    open: barewire_engine::net::Admitted<std::net::IpAddr>,
 }
 
 #[derive(Default)]
@@ -484,20 +468,11 @@ impl Intake {
         }
     }
 
-    /// True when the listener, or `ip`, has as many connections open as allowed.
-    fn full(&self, ip: std::net::IpAddr) -> bool {
-        self.open_total.get() >= self.opts.max_connections
-            || self.open.borrow().get(&ip).copied().unwrap_or(0)
-                >= self.opts.max_connections_per_source
-    }
-
     /// Counts a new open connection from `ip`.
     fn admit(self: &Rc<Self>, ip: std::net::IpAddr) -> Admission {
-        self.open_total.set(self.open_total.get() + 1);
-        *self.open.borrow_mut().entry(ip).or_default() += 1;
         Admission {
             intake: Rc::downgrade(self),
-            ip,
+            open: self.open.admit(ip),
         }
     }
 
@@ -534,7 +509,7 @@ async fn acceptor(inner: TcpListener, shared: Rc<Intake>) {
             shared.count(|c| c.banned += 1);
             continue; // dropped: closed at once
         }
-        if shared.full(peer.ip()) {
+        if shared.open.full(&peer.ip()) {
             shared.count(|c| c.over_limit += 1);
             continue;
         }
@@ -588,8 +563,10 @@ impl Listener {
             failed: RefCell::new(None),
             counters: Default::default(),
             strikes: RefCell::new(Default::default()),
-            open: RefCell::new(Default::default()),
-            open_total: std::cell::Cell::new(0),
+            open: barewire_engine::net::Connections::new(
+                opts.max_connections,
+                opts.max_connections_per_source,
+            ),
         });
         let acceptor = barewire_engine::spawn_local(acceptor(inner, shared.clone()));
         Ok(Listener {

@@ -23,7 +23,7 @@ pub(super) fn close(i: &mut QpInner, read_status: WcStatus) {
             let ours = i.stream.terminate_sent() && !i.stream.peer_terminated();
             if ours && i.stream.last_terminate().is_some_and(is_protection) {
                 if let Some(intake) = a.intake.upgrade() {
-                    intake.violation(a.ip);
+                    intake.violation(*a.open.source());
                 }
             }
         }

@@ -50,6 +50,14 @@
 //!   read this one's memory through /proc anyway, so a grant gives it no new power; bounds
 //!   and rights are enforced at byte granularity by the peer's driver, and the pages around a
 //!   region in the same buffer are reachable by a process that bypasses it.
+//! - **Listeners.** Any process in the namespace can connect to a listener's abstract name,
+//!   so a listener defends itself as the software provider's does: setups run in tasks of
+//!   their own under the setup deadline, at most 128 at once and 16 per process (a newcomer
+//!   pushes out the oldest it competes with); a setup that is junk, silent, from another user
+//!   or gone before the answer is counted and dropped, never an error from `accept`; and at
+//!   most 4,096 accepted connections are open at once, 256 per process, a connection beyond
+//!   them closed at once (its connect says why). [`crate::Listener::counters`] says what was
+//!   refused.
 //! - **Faults.** A peer that dies closes its control socket: the queue pair delivers what the
 //!   peer had already sent, then goes to ERROR and flushes everything outstanding. A stopped
 //!   peer's memory stays readable and writable, as a NIC serves a stopped process, through

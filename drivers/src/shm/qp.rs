@@ -1172,8 +1172,14 @@ async fn serve_control(qp: Weak<QpInner>, fd: RawFd) {
                 drop(q);
                 let _ = poll_readable(fd).await;
             }
-            // The peer hung up or the socket broke: the peer is gone.
-            _ => {
+            // The peer hung up or the socket broke: the peer is gone. (A message too long or
+            // with too many descriptors breaks the protocol, and ends the connection the same.)
+            other => {
+                if let Err(e) = other {
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        eprintln!("barewire shm: queue pair {}: {e}; disconnecting", q.num);
+                    }
+                }
                 q.task.borrow_mut().take();
                 q.deliver();
                 q.fail(WcStatus::RetryExcErr);
@@ -2048,6 +2054,137 @@ mod tests {
         let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
         let e = sock::check_eventfd(&r).unwrap_err().to_string();
         assert!(e.contains("not an eventfd"), "{e}");
+    }
+
+    /// What a hostile peer does once its setup is through.
+    #[derive(Debug, Clone, Copy)]
+    enum Hostile {
+        /// Forges a record of an unknown kind at the ring's start and publishes it.
+        UnknownRecord,
+        /// Publishes a tail a ring and a record past the reader's head.
+        TailPastTheRing,
+        /// Forges a Send of 4 KiB and publishes only its header.
+        SendPastWhatIsPublished,
+        /// A well-formed Send of 300 bytes, longer than the receive posted for it.
+        SendLongerThanTheReceive,
+        /// A control message of a kind nobody defined.
+        UnknownControl,
+        /// A grant nobody asked for, carrying a pipe.
+        UnaskedGrant,
+        /// A control message carrying more descriptors than any message may.
+        TooManyDescriptors,
+    }
+
+    /// Sets up over the listener on `port` as barewire's peer would, then does `what` through
+    /// the ring it was handed (mapped writable, as every writer maps it) or its control socket,
+    /// and wakes the listener's core. Returns whether the listener hung up on it in time.
+    async fn hostile_peer(port: u16, what: Hostile) -> bool {
+        let fd = sock::seqpacket().unwrap();
+        sock::connect(&fd, &sock::name(([127, 0, 0, 1], port).into())).unwrap();
+        let ours = Ours::new().unwrap();
+        ours.send(&fd, M_HELLO, b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let heard = hear(fd, M_ACCEPT, deadline).await.unwrap();
+        let cap = heard.peer.ring_cap as usize;
+        let map = Mapping::new(&heard.ring, 0, (ring::HEADER + cap) as u64, 0, true).unwrap();
+        let mut w = Writer::new(Ring::from_mapping(map, cap));
+        let raw = heard.fd.as_raw_fd();
+        match what {
+            Hostile::UnknownRecord => {
+                w.forge(0, 9, 0, 0, 0);
+                w.publish(16);
+            }
+            Hostile::TailPastTheRing => w.publish(cap as u64 + 16),
+            Hostile::SendPastWhatIsPublished => {
+                w.forge(0, ring::SEND, ring::LAST, 4096, 0);
+                w.publish(16);
+            }
+            Hostile::SendLongerThanTheReceive => {
+                // SAFETY: `push` hands over the record's payload area of 300 bytes.
+                let fill = |p| unsafe { std::ptr::write_bytes(p, 0x55, 300) };
+                assert!(w.push(ring::SEND, ring::LAST, 300, 300, 0, fill));
+            }
+            Hostile::UnknownControl => sock::send(raw, &[99, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap(),
+            Hostile::UnaskedGrant => {
+                let mut p = [0; 2];
+                // SAFETY: a pipe of our own; both ends are owned below.
+                assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+                // SAFETY: the descriptors pipe just made.
+                let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+                let mut m = [0u8; 36];
+                m[0] = M_GRANT;
+                m[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                m[32] = G_READ | G_WRITE;
+                sock::send(raw, &m, &[r.as_raw_fd()]).unwrap();
+            }
+            Hostile::TooManyDescriptors => {
+                let e: Vec<OwnedFd> = (0..4).map(|_| sock::eventfd().unwrap()).collect();
+                let mut fds: Vec<RawFd> = e.iter().map(|f| f.as_raw_fd()).collect();
+                fds.push(fds[0]);
+                sock::send_any(raw, &[M_ASK, 0, 0, 0, 1, 0, 0, 0], &fds).unwrap();
+            }
+        }
+        sock::poke(heard.wake.as_raw_fd());
+        let mut buf = [0u8; 64];
+        loop {
+            match sock::recv_by(raw, &mut buf, deadline).await {
+                Ok(r) if r.len > 0 => continue,
+                Ok(_) => return true,
+                Err(e) => return e.kind() != std::io::ErrorKind::TimedOut,
+            }
+        }
+    }
+
+    /// A peer that breaks the protocol on a live connection (through the ring it writes or
+    /// its control socket) ends that connection: the listener's posted receive completes with
+    /// an error and the peer sees the hang-up, both within a bound; nothing around the receive
+    /// changes; and the listener goes on accepting the next peer.
+    #[test]
+    fn a_hostile_peer_ends_only_its_own_connection_and_reaches_nothing() {
+        use Hostile::*;
+        barewire_test_support::rt().block_on(async {
+            let dev = super::super::Device::new();
+            let opts = crate::api::ConnectOptions::default();
+            let l = Listener::bind(([127, 0, 0, 1], 0).into(), &opts, false).unwrap();
+            let port = l.port();
+            let pd = dev.alloc_pd().unwrap();
+            // A receive of 256 bytes between two guards of 64, all registered.
+            let mut mem = vec![0xeeu8; 384];
+            let base = mem.as_mut_ptr();
+            // SAFETY: `mem` outlives the region (both live to the end of this block).
+            let mr = unsafe { pd.register(base, 384, Access::LOCAL_WRITE) }.unwrap();
+            for what in [
+                UnknownRecord,
+                TailPastTheRing,
+                SendPastWhatIsPublished,
+                SendLongerThanTheReceive,
+                UnknownControl,
+                UnaskedGrant,
+                TooManyDescriptors,
+            ] {
+                let peer = spawn_local(hostile_peer(port, what));
+                let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+                let recv = RecvWr {
+                    wr_id: 7,
+                    sges: Sge {
+                        addr: base as u64 + 64,
+                        len: 256,
+                        lkey: mr.lkey(),
+                    }
+                    .into(),
+                };
+                let (qp, _) = l.accept(&*pd, &s, &r, vec![recv]).await.unwrap();
+                let wc = barewire_engine::time::timeout(Duration::from_secs(3), r.queue().next())
+                    .await
+                    .unwrap_or_else(|_| panic!("{what:?}: the receive never completed"));
+                assert_eq!(wc.wr_id, 7, "{what:?}");
+                assert_ne!(wc.status, WcStatus::Success, "{what:?}");
+                assert_eq!(qp.state(), QpState::Error, "{what:?}");
+                assert!(peer.await.unwrap(), "{what:?}: the listener never hung up");
+                assert!(mem.iter().all(|&b| b == 0xee), "{what:?}: memory changed");
+            }
+            drop(mr);
+        });
     }
 
     /// A client that connects, waits, and only then says hello: an accept dropped while it

@@ -49,6 +49,19 @@ pub(crate) const INVALIDATE: u8 = 4;
 pub(crate) const MIN_CAP: usize = 64 << 10;
 pub(crate) const MAX_CAP: usize = 64 << 20;
 
+/// What a hostile writer can do to a ring it maps, for the live queue pair tests: a header of
+/// its choosing at any position, and any tail.
+#[cfg(test)]
+impl Writer {
+    pub(crate) fn forge(&self, pos: u64, kind: u8, flags: u8, len: u32, value: u32) {
+        self.write_header(pos, kind, flags, len, value);
+    }
+
+    pub(crate) fn publish(&self, tail: u64) {
+        self.ring.word(TAIL).store(tail, Ordering::Release);
+    }
+}
+
 /// One record's header as the reader sees it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Record {

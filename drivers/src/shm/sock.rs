@@ -127,12 +127,18 @@ pub(crate) fn peer_cred(fd: &OwnedFd) -> io::Result<libc::ucred> {
 /// peer is not reading its control messages).
 pub(crate) fn send(fd: RawFd, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
+    send_any(fd, msg, fds)
+}
+
+/// As [`send`], with more descriptors than a message may carry (up to 16): what a peer that
+/// breaks the protocol can send, for the tests.
+pub(crate) fn send_any(fd: RawFd, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: msg.as_ptr() as *mut libc::c_void,
         iov_len: msg.len(),
     };
-    // Room for the largest control message, aligned for cmsghdr.
-    let mut space = [0u64; 8];
+    // Room for 16 descriptors, aligned for cmsghdr.
+    let mut space = [0u64; 10];
     // SAFETY: msghdr is plain data.
     let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
     h.msg_iov = &mut iov;
@@ -141,7 +147,7 @@ pub(crate) fn send(fd: RawFd, msg: &[u8], fds: &[RawFd]) -> io::Result<()> {
         let bytes = std::mem::size_of_val(fds);
         // SAFETY: CMSG_SPACE is arithmetic.
         let need = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
-        debug_assert!(need <= std::mem::size_of_val(&space));
+        assert!(need <= std::mem::size_of_val(&space));
         h.msg_control = space.as_mut_ptr().cast();
         h.msg_controllen = need as _;
         // SAFETY: the control buffer holds one cmsghdr with `bytes` of data (checked above).

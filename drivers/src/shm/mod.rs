@@ -137,13 +137,19 @@ impl Device {
         }
     }
 
+    /// Notes that `stag` was granted over `qp`: once per queue pair, though its peer may ask
+    /// again (after a revocation, or over and over), and with the queue pairs that are gone
+    /// dropped, so the list never outgrows the live queue pairs that hold the key.
     fn granted(&self, stag: u32, qp: &Rc<qp::QpInner>) {
-        self.grants
-            .borrow_mut()
-            .over
-            .entry(stag)
-            .or_default()
-            .push(Rc::downgrade(qp));
+        let mut g = self.grants.borrow_mut();
+        let over = g.over.entry(stag).or_default();
+        over.retain(|w| w.strong_count() > 0);
+        if !over
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Rc::as_ptr(qp)))
+        {
+            over.push(Rc::downgrade(qp));
+        }
     }
 
     /// Tells every queue pair that was granted `stag` (and, for a region, its windows) that

@@ -2075,16 +2075,80 @@ mod tests {
         TooManyDescriptors,
     }
 
-    /// Sets up over the listener on `port` as barewire's peer would, then does `what` through
-    /// the ring it was handed (mapped writable, as every writer maps it) or its control socket,
-    /// and wakes the listener's core. Returns whether the listener hung up on it in time.
-    async fn hostile_peer(port: u16, what: Hostile) -> bool {
+    /// A device, a listener on a free loopback port, the port, and a protection domain.
+    fn listening() -> (
+        super::super::Device,
+        Listener,
+        u16,
+        Box<dyn crate::backend::PdOps>,
+    ) {
+        let dev = super::super::Device::new();
+        let opts = crate::api::ConnectOptions::default();
+        let l = Listener::bind(([127, 0, 0, 1], 0).into(), &opts, false).unwrap();
+        let port = l.port();
+        let pd = dev.alloc_pd().unwrap();
+        (dev, l, port, pd)
+    }
+
+    /// Sets up over the listener on `port` by hand, as barewire's peer does: what the listener
+    /// answered, and this side's half.
+    async fn set_up(port: u16, deadline: Instant) -> (Heard, Ours) {
         let fd = sock::seqpacket().unwrap();
         sock::connect(&fd, &sock::name(([127, 0, 0, 1], port).into())).unwrap();
         let ours = Ours::new().unwrap();
         ours.send(&fd, M_HELLO, b"").unwrap();
+        (hear(fd, M_ACCEPT, deadline).await.unwrap(), ours)
+    }
+
+    /// A peer that asks for one key a thousand times (on one connection), and then on ten
+    /// connections that end, leaves the owner's list of where the key went as long as the
+    /// queue pairs that still hold it: one entry per live queue pair.
+    #[test]
+    fn a_key_asked_for_over_and_over_is_noted_once_per_live_queue_pair() {
+        barewire_test_support::rt().block_on(async {
+            let (dev, l, port, pd) = listening();
+            let mem = pd.allocate(4096, 64).unwrap().unwrap();
+            // SAFETY: `mem` outlives the region (both live to the end of this block).
+            let mr = unsafe { pd.register(mem.ptr(), 4096, Access::REMOTE_READ) }.unwrap();
+            let stag = mr.rkey().0;
+            let noted = || dev.grants.borrow().over.get(&stag).map_or(0, Vec::len);
+            let ask = move |times: usize| async move {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let (heard, _ours) = set_up(port, deadline).await;
+                let raw = heard.fd.as_raw_fd();
+                let mut m = [M_ASK, 0, 0, 0, 0, 0, 0, 0];
+                m[4..8].copy_from_slice(&stag.to_le_bytes());
+                let mut buf = [0u8; 64];
+                for _ in 0..times {
+                    sock::send(raw, &m, &[]).unwrap();
+                    let got = sock::recv_by(raw, &mut buf, deadline).await.unwrap();
+                    assert_eq!(buf[0], M_GRANT);
+                    assert_eq!(got.fds.len(), 1);
+                }
+            };
+            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let asker = spawn_local(ask(1000));
+            let (held, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
+            asker.await.unwrap();
+            assert_eq!(noted(), 1, "a thousand asks on one queue pair");
+            for _ in 0..10 {
+                let asker = spawn_local(ask(1));
+                let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
+                asker.await.unwrap();
+                drop(qp);
+            }
+            assert_eq!(noted(), 2, "the last connection's, and the one still held");
+            drop((held, mr));
+            mem.release();
+        });
+    }
+
+    /// Sets up over the listener on `port` as barewire's peer would, then does `what` through
+    /// the ring it was handed (mapped writable, as every writer maps it) or its control socket,
+    /// and wakes the listener's core. Returns whether the listener hung up on it in time.
+    async fn hostile_peer(port: u16, what: Hostile) -> bool {
         let deadline = Instant::now() + Duration::from_secs(5);
-        let heard = hear(fd, M_ACCEPT, deadline).await.unwrap();
+        let (heard, _ours) = set_up(port, deadline).await;
         let cap = heard.peer.ring_cap as usize;
         let map = Mapping::new(&heard.ring, 0, (ring::HEADER + cap) as u64, 0, true).unwrap();
         let mut w = Writer::new(Ring::from_mapping(map, cap));
@@ -2143,11 +2207,7 @@ mod tests {
     fn a_hostile_peer_ends_only_its_own_connection_and_reaches_nothing() {
         use Hostile::*;
         barewire_test_support::rt().block_on(async {
-            let dev = super::super::Device::new();
-            let opts = crate::api::ConnectOptions::default();
-            let l = Listener::bind(([127, 0, 0, 1], 0).into(), &opts, false).unwrap();
-            let port = l.port();
-            let pd = dev.alloc_pd().unwrap();
+            let (dev, l, port, pd) = listening();
             // A receive of 256 bytes between two guards of 64, all registered.
             let mut mem = vec![0xeeu8; 384];
             let base = mem.as_mut_ptr();

@@ -118,6 +118,150 @@ fn explicit_shm_to_a_soft_only_listener_is_a_prompt_clear_error() {
     assert_eq!(transport_to(&soft, addr), Transport::Soft);
 }
 
+/// A process of user `nobody` (65534) that holds the shm name of 127.0.0.1:`port`, as any
+/// local user can (abstract names have no owner), until dropped. `None` where this test cannot
+/// change users (not root).
+struct Squatter {
+    pid: libc::pid_t,
+    _hold: std::os::fd::OwnedFd,
+}
+
+fn squat(port: u16) -> Option<Squatter> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    // Everything the child needs is made before the fork: it only makes system calls.
+    let (a, len) = barewire_test_support::shm_listener_address(port);
+    let (mut ready, mut hold) = ([0; 2], [0; 2]);
+    // SAFETY: two pipes into local arrays; checked.
+    assert!(unsafe { libc::pipe(ready.as_mut_ptr()) == 0 && libc::pipe(hold.as_mut_ptr()) == 0 });
+    // SAFETY: the child makes only async-signal-safe system calls on memory made above, and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            // Raw system calls: glibc's setuid would signal threads the child does not have.
+            if libc::syscall(libc::SYS_setgid, 65534) != 0
+                || libc::syscall(libc::SYS_setuid, 65534) != 0
+            {
+                libc::_exit(1);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+            if fd < 0
+                || libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) != 0
+                || libc::listen(fd, 16) != 0
+            {
+                libc::_exit(2);
+            }
+            libc::write(ready[1], b"1".as_ptr().cast(), 1);
+            // Until the test closes its end of `hold`.
+            let mut b = 0u8;
+            libc::read(hold[0], (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: the descriptors the pipes made; each end is owned once.
+    let (ready_r, ready_w, _hold_r, hold_w) = unsafe {
+        (
+            OwnedFd::from_raw_fd(ready[0]),
+            OwnedFd::from_raw_fd(ready[1]),
+            OwnedFd::from_raw_fd(hold[0]),
+            OwnedFd::from_raw_fd(hold[1]),
+        )
+    };
+    drop(ready_w);
+    let mut b = 0u8;
+    // SAFETY: reading one byte into a local.
+    let n = unsafe {
+        libc::read(
+            std::os::fd::AsRawFd::as_raw_fd(&ready_r),
+            (&mut b as *mut u8).cast(),
+            1,
+        )
+    };
+    assert_eq!(n, 1, "the squatting child failed to bind the name");
+    Some(Squatter { pid, _hold: hold_w })
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        // SAFETY: our own child, which exits once its end of `hold` reads EOF.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// Another user's process holds the shm name of a soft-only listener's port: `auto` passes
+/// it over and reaches the listener through the software provider, and an explicit `shm`
+/// connect says who holds the name.
+#[test]
+fn a_shm_name_held_by_another_user_is_passed_over() {
+    if !verbs_devices().is_empty() {
+        eprintln!("SKIP: this host has an RDMA device, which auto prefers");
+        return;
+    }
+    let soft_peer = peer("soft", None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], soft_peer.port()));
+    let Some(squatter) = squat(soft_peer.port()) else {
+        eprintln!("SKIP: changing users needs root");
+        return;
+    };
+    assert_eq!(transport_to(&auto(), addr), Transport::Soft);
+    let shm = Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap();
+    rt().block_on(async {
+        let pd = shm.alloc_pd().unwrap();
+        let (scq, rcq) = (shm.create_cq(16).unwrap(), shm.create_cq(16).unwrap());
+        let e = connect(addr, &pd, &scq, &rcq, &shm.connect_options())
+            .await
+            .err()
+            .expect("another user's name");
+        assert!(
+            e.to_string().contains("held by a process of user 65534"),
+            "{e}"
+        );
+    });
+    drop(squatter);
+}
+
+/// Another user's process holds the shm name of a free port before a listener binds it: an
+/// `auto` listener still binds, serves a same-host `auto` peer through the software provider,
+/// and an explicit `shm` listener fails, naming the user.
+#[test]
+fn a_listener_whose_shm_name_another_user_holds_serves_through_soft_or_says_who() {
+    if !verbs_devices().is_empty() {
+        eprintln!("SKIP: this host has an RDMA device, which auto prefers");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let Some(squatter) = squat(port) else {
+        eprintln!("SKIP: changing users needs root");
+        return;
+    };
+    let listen = format!("127.0.0.1:{port}");
+    assert_eq!(
+        reached("auto", &listen, "auto", "127.0.0.1"),
+        Ok(Transport::Soft)
+    );
+    let shm = Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap();
+    let e = Listener::bind(&shm, listen.parse().unwrap(), &shm.connect_options())
+        .err()
+        .expect("an explicit shm listener cannot listen there");
+    assert!(
+        e.to_string().contains("a process of user 65534 holds it"),
+        "{e}"
+    );
+    drop(squatter);
+}
+
 /// On this core: a listener of driver `listening` bound to `listen` (port 0), and a peer of
 /// driver `connecting` that connects to the address `to` with the listener's port, then
 /// checks a WRITE and a READ of the listener's region. The transport the connection runs over,

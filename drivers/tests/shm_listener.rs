@@ -14,7 +14,7 @@ use barewire_drivers::{
 };
 use barewire_engine::spawn_local;
 use barewire_engine::time::sleep;
-use barewire_test_support::{allow_fds, rt};
+use barewire_test_support::{allow_fds, rt, shm_listener_address};
 
 fn shm() -> Device {
     Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap()
@@ -28,23 +28,9 @@ fn raw_connection(port: u16) -> OwnedFd {
     assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
     // SAFETY: a descriptor we just created.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = format!("barewire-shm/127.0.0.1:{port}");
-    // sun_path[0] stays 0: the abstract namespace.
-    for (i, b) in name.bytes().enumerate() {
-        a.sun_path[1 + i] = b as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    let (a, len) = shm_listener_address(port);
     // SAFETY: a valid address of the given length.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&a as *const libc::sockaddr_un).cast(),
-            len as libc::socklen_t,
-        )
-    };
+    let rc = unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
     assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
     fd
 }

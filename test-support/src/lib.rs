@@ -1,6 +1,6 @@
 //! Helpers the workspace's tests share (see the README): the one-core sleeping runtime, child
-//! processes that announce `READY <port>`, network namespaces joined by a veth pair, and a
-//! higher descriptor limit for flood tests.
+//! processes that announce `READY <port>`, network namespaces joined by a veth pair, a higher
+//! descriptor limit for flood tests, and the address of an shm listener's name.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -224,6 +224,21 @@ pub fn allow_fds(n: u64) -> bool {
         lim.rlim_cur = n;
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
     }
+}
+
+/// The abstract Unix address (and its length) of the shm listener of 127.0.0.1:`port`, as the
+/// drivers' shm backend names it: for tests that connect to it, or take it first, by hand.
+pub fn shm_listener_address(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
+    // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = format!("barewire-shm/127.0.0.1:{port}");
+    // sun_path[0] stays 0: the abstract namespace.
+    for (i, b) in name.bytes().enumerate() {
+        a.sun_path[1 + i] = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    (a, len as libc::socklen_t)
 }
 
 #[cfg(test)]

@@ -57,7 +57,10 @@
 //!   or gone before the answer is counted and dropped, never an error from `accept`; and at
 //!   most 4,096 accepted connections are open at once, 256 per process, a connection beyond
 //!   them closed at once (its connect says why). [`crate::Listener::counters`] says what was
-//!   refused.
+//!   refused. Abstract names have no owner, so another user can take a port's name first: a
+//!   connect passes a name held by another user's process over (`auto` then goes through the
+//!   software provider), an `auto` listener whose name is taken serves everyone through the
+//!   provider and says so, and an explicit shm listener fails, naming the user.
 //! - **Faults.** A peer that dies closes its control socket: the queue pair delivers what the
 //!   peer had already sent, then goes to ERROR and flushes everything outstanding. A stopped
 //!   peer's memory stays readable and writable, as a NIC serves a stopped process, through

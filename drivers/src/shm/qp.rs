@@ -1511,11 +1511,26 @@ pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, 
     }
     // A listener on this very address, else one on every address of the port.
     let wildcard = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+    // Any local user can bind an abstract name: one held by another user's process is not
+    // this user's listener (and setup with it would be refused), so it is passed over, and
+    // `auto` goes on to the software provider rather than fail.
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let mut foreign = None;
     for name in [sock::name(addr), sock::name(wildcard)] {
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
         loop {
             match sock::connect(&fd, &name) {
-                Ok(()) => return Ok(Reach::Listener(fd)),
+                Ok(()) => match sock::peer_cred(&fd) {
+                    Ok(c) if c.uid != me => {
+                        foreign = Some(format!(
+                            "the shm name of {name} is held by a process of user {}, not {me}",
+                            c.uid
+                        ));
+                        break;
+                    }
+                    _ => return Ok(Reach::Listener(fd)),
+                },
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
                 {
@@ -1526,9 +1541,9 @@ pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, 
             }
         }
     }
-    Ok(Reach::NotHere(format!(
-        "no shm listener on {addr} (connection refused)"
-    )))
+    Ok(Reach::NotHere(foreign.unwrap_or_else(|| {
+        format!("no shm listener on {addr} (connection refused)")
+    })))
 }
 
 /// Sets up a queue pair over a socket [`reach`] connected.
@@ -1585,7 +1600,9 @@ const MAX_OPEN_PER_PROCESS: usize = 256;
 /// process; a connection beyond them is closed at once (a connection that failed no longer
 /// counts, even while the application still holds its queue pair).
 pub(crate) struct Listener {
-    fd: OwnedFd,
+    /// The shm name's socket; `None` under `auto` when another user's process holds the name
+    /// (see [`Listener::bind`]): every peer then comes through the software provider.
+    fd: Option<OwnedFd>,
     /// Peers heard by their setup tasks, waiting for an accept to finish them.
     heard: RefCell<Option<barewire_engine::sync::mpsc::Receiver<(libc::pid_t, Heard)>>>,
     heard_tx: barewire_engine::sync::mpsc::Sender<(libc::pid_t, Heard)>,
@@ -1664,26 +1681,28 @@ impl crate::backend::ListenerOps for Listener {
                     if let Some(h) = queue.try_recv() {
                         break h;
                     }
-                    let backoff = match sock::accept(&self.fd) {
-                        Ok(Some(c)) => {
+                    let backoff = match self.fd.as_ref().map(sock::accept) {
+                        Some(Ok(Some(c))) => {
                             self.take_in(c);
                             continue;
                         }
-                        Ok(None) => false,
+                        Some(Ok(None)) | None => false,
                         // Out of descriptors or memory for a moment: wait rather than spin (the
                         // connection stays in the backlog) and rather than fail the accept.
-                        Err(e) if barewire_engine::net::accept_error_is_transient(&e) => true,
-                        Err(e) => return Err(connect_error(format!("accept: {e}"))),
+                        Some(Err(e)) if barewire_engine::net::accept_error_is_transient(&e) => true,
+                        Some(Err(e)) => return Err(connect_error(format!("accept: {e}"))),
                     };
                     // Whichever comes first; each is cancel-safe (a heard peer waits in the
                     // queue, a new one in the backlog, and the provider's accept keeps what it
                     // accepted).
-                    let fd = self.fd.as_raw_fd();
+                    let fd = self.fd.as_ref().map(|f| f.as_raw_fd());
                     let more = async move {
-                        if backoff {
-                            barewire_engine::time::sleep(Duration::from_millis(10)).await;
-                        } else {
-                            let _ = poll_readable(fd).await;
+                        match fd {
+                            None => std::future::pending().await,
+                            Some(_) if backoff => {
+                                barewire_engine::time::sleep(Duration::from_millis(10)).await
+                            }
+                            Some(fd) => drop(poll_readable(fd).await),
                         }
                     };
                     let shm = crate::backend::first(queue.recv(), more);
@@ -1736,6 +1755,11 @@ enum Port {
 impl Listener {
     /// Listens on `addr`: on the shm name of its port, and (`auto`) through the software
     /// provider on the port itself.
+    ///
+    /// Any local user can bind an abstract name. A name that another user's process holds is
+    /// not this listener's to take: under `auto` the listener then serves every peer through
+    /// the software provider (same-host peers pass such a name over too, see [`reach`]), and
+    /// says so; an explicit shm listener fails, naming the user.
     pub(crate) fn bind(
         addr: SocketAddr,
         opts: &crate::api::ConnectOptions,
@@ -1762,11 +1786,30 @@ impl Listener {
         let port = bound.port();
         let name = sock::name(bound);
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
-        sock::listen(&fd, &name).map_err(|e| {
-            connect_error(format!(
-                "listening on the shm name {name}: {e} (another shm listener has it)"
-            ))
-        })?;
+        let mut fd = Some(fd);
+        if let Err(e) = sock::listen(fd.as_ref().expect("made above"), &name) {
+            // SAFETY: getuid has no preconditions.
+            let me = unsafe { libc::getuid() };
+            match sock::holder_uid(&name) {
+                Some(uid) if uid != me && matches!(port_of, Port::Soft(_)) => {
+                    eprintln!(
+                        "barewire shm: the shm name {name} is held by a process of user {uid}; \
+                         this listener serves peers on this host through the software provider"
+                    );
+                    fd = None;
+                }
+                Some(uid) if uid != me => {
+                    return Err(connect_error(format!(
+                        "listening on the shm name {name}: a process of user {uid} holds it"
+                    )))
+                }
+                _ => {
+                    return Err(connect_error(format!(
+                        "listening on the shm name {name}: {e} (another shm listener has it)"
+                    )))
+                }
+            }
+        }
         let (heard_tx, heard) = barewire_engine::sync::mpsc::unbounded();
         Ok(Listener {
             fd,

@@ -102,6 +102,14 @@ pub(crate) fn accept(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(c) }))
 }
 
+/// The user of the process that listens on the abstract name `name`, if one does and takes a
+/// connection now.
+pub(crate) fn holder_uid(name: &str) -> Option<u32> {
+    let fd = seqpacket().ok()?;
+    connect(&fd, name).ok()?;
+    peer_cred(&fd).ok().map(|c| c.uid)
+}
+
 /// The credentials (process, user, group) of the process at the other end, as it connected.
 pub(crate) fn peer_cred(fd: &OwnedFd) -> io::Result<libc::ucred> {
     // SAFETY: ucred is plain data; getsockopt fills it and its length is checked.

@@ -26,7 +26,8 @@ pub struct ListenerCounters {
     pub bad_requests: u64,
     /// Complete setups dropped because `accept` fell too far behind.
     pub overflowed: u64,
-    /// Protection violations by peers of this listener (each answered with a Terminate).
+    /// Protection violations by peers of this listener (soft answers each with a Terminate;
+    /// shm counts a request for a key the peer may not use, and ends that connection).
     pub violations: u64,
     /// Connections refused because their address had spent its violation budget.
     pub banned: u64,

@@ -189,7 +189,14 @@ pub(crate) struct QpInner {
     stall: Cell<Option<(u64, Instant)>>,
     /// An accepted queue pair's place among its listener's open connections, given back when
     /// it fails (the application may hold it a while yet).
-    admission: Cell<Option<barewire_engine::net::Admitted<libc::pid_t>>>,
+    admission: Cell<Option<Admission>>,
+}
+
+/// An accepted queue pair's place among its listener's open connections; also where its
+/// peer's protection violations are counted.
+struct Admission {
+    _open: barewire_engine::net::Admitted<libc::pid_t>,
+    intake: Weak<Intake>,
 }
 
 struct Tx {
@@ -1123,6 +1130,7 @@ impl QpInner {
                 let fd = file.descriptor(rights & (G_WRITE | G_ATOMIC) != 0).ok()?;
                 Some((addr, len, offset, rights, fd, file))
             });
+        let refused = grant.is_none();
         let sent = match grant {
             Some((addr, len, offset, rights, fd, _file)) => {
                 let mut m = [0u8; 36];
@@ -1149,7 +1157,23 @@ impl QpInner {
             // The peer hung up meanwhile (it is shutting down): not this side's error, and the
             // next receive on the socket sees the hang-up and fails the queue pair as gone.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET)) => Ok(()),
-            other => other.map_err(|e| format!("answering a grant request: {e}")),
+            Err(e) => Err(format!("answering a grant request: {e}")),
+            // A key this peer may not use is a protection violation, as an access with one is on
+            // verbs and soft: the refusal tells the peer (whose request fails with a remote
+            // access error, and whose queue pair then ends anyway), and the connection ends
+            // here too, so a peer cannot guess keys on one connection.
+            Ok(()) if refused => {
+                if let Some(a) = self.admission.take() {
+                    if let Some(i) = a.intake.upgrade() {
+                        i.count(|n| n.violations += 1);
+                    }
+                }
+                Err(format!(
+                    "the peer asked for key {stag:#010x}, which it may not use (a protection \
+                     violation)"
+                ))
+            }
+            Ok(()) => Ok(()),
         }
     }
 }
@@ -1437,7 +1461,7 @@ impl Ours {
 fn finish(
     heard: Heard,
     ours: Ours,
-    admission: Option<barewire_engine::net::Admitted<libc::pid_t>>,
+    admission: Option<Admission>,
     pd: &Pd,
     scq: &CompletionQueue,
     rcq: &CompletionQueue,
@@ -1724,7 +1748,10 @@ impl crate::backend::ListenerOps for Listener {
                 // failure: counted, and the next peer is taken.
                 let ours = Ours::new()?;
                 let (pid, heard) = heard;
-                let admitted = Some(self.intake.open.admit(pid));
+                let admitted = Some(Admission {
+                    _open: self.intake.open.admit(pid),
+                    intake: Rc::downgrade(&self.intake),
+                });
                 let (scq, rcq, timeout) = (scq.queue(), rcq.queue(), self.timeout);
                 let answered = ours
                     .send(&heard.fd, M_ACCEPT, &self.private)
@@ -2116,6 +2143,8 @@ mod tests {
         UnaskedGrant,
         /// A control message carrying more descriptors than any message may.
         TooManyDescriptors,
+        /// Asks for a key nobody registered (guessing).
+        GuessedKey,
     }
 
     /// A device, a listener on a free loopback port, the port, and a protection domain.
@@ -2230,6 +2259,9 @@ mod tests {
                 fds.push(fds[0]);
                 sock::send_any(raw, &[M_ASK, 0, 0, 0, 1, 0, 0, 0], &fds).unwrap();
             }
+            Hostile::GuessedKey => {
+                sock::send(raw, &[M_ASK, 0, 0, 0, 0x78, 0x56, 0x34, 0x12], &[]).unwrap();
+            }
         }
         sock::poke(heard.wake.as_raw_fd());
         let mut buf = [0u8; 64];
@@ -2264,6 +2296,7 @@ mod tests {
                 UnknownControl,
                 UnaskedGrant,
                 TooManyDescriptors,
+                GuessedKey,
             ] {
                 let peer = spawn_local(hostile_peer(port, what));
                 let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
@@ -2286,6 +2319,8 @@ mod tests {
                 assert!(peer.await.unwrap(), "{what:?}: the listener never hung up");
                 assert!(mem.iter().all(|&b| b == 0xee), "{what:?}: memory changed");
             }
+            // The guess is the one protection violation among them.
+            assert_eq!(l.counters().violations, 1);
             drop(mr);
         });
     }

@@ -10,7 +10,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use barewire_drivers::{
-    connect, ConnectOptions, Device, DriverConfig, Endpoint, Listener, ListenerCounters,
+    connect, Access, Buffer, ConnectOptions, Device, DriverConfig, DriverError, Endpoint, Listener,
+    ListenerCounters, RegionDescriptor, Remote, Stag, WcStatus,
 };
 use barewire_engine::spawn_local;
 use barewire_engine::time::sleep;
@@ -98,6 +99,46 @@ fn server(timeout: Duration, taken_in: u64) -> (u16, Report, std::thread::JoinHa
         })
     });
     (port_rx.recv().unwrap(), rx, t)
+}
+
+/// The thread of [`accept_all`]: what it returns once stopped.
+type AcceptAll = std::thread::JoinHandle<(ListenerCounters, usize)>;
+
+/// Runs a listener in a thread of its own that accepts every peer and holds its queue pair,
+/// reporting how many it holds after each accept. Dropping the returned sender stops it; the
+/// thread then returns the listener's counters and how many queue pairs it held.
+fn accept_all() -> (u16, mpsc::Receiver<usize>, mpsc::Sender<()>, AcceptAll) {
+    let (port_tx, port_rx) = mpsc::channel();
+    let (stop, stopped) = mpsc::channel::<()>();
+    let (tx, report) = mpsc::channel();
+    let t = std::thread::spawn(move || {
+        rt().block_on(async move {
+            let dev = shm();
+            let l = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default());
+            let l = Rc::new(l.unwrap());
+            port_tx.send(l.port()).unwrap();
+            let held = Rc::new(std::cell::RefCell::new(Vec::new()));
+            let acceptor = spawn_local({
+                let (held, l) = (held.clone(), l.clone());
+                async move {
+                    let pd = dev.alloc_pd().unwrap();
+                    loop {
+                        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+                        let (qp, _) = l.accept(&pd, &scq, &rcq).await.expect("accept");
+                        held.borrow_mut().push(Endpoint::new(qp, scq, rcq));
+                        let _ = tx.send(held.borrow().len());
+                    }
+                }
+            });
+            while stopped.try_recv() != Err(mpsc::TryRecvError::Disconnected) {
+                sleep(Duration::from_millis(2)).await;
+            }
+            acceptor.cancel();
+            let n = held.borrow().len();
+            (l.counters(), n)
+        })
+    });
+    (port_rx.recv().unwrap(), report, stop, t)
 }
 
 /// A good peer connects to `port` and is accepted; returns how long that took.
@@ -217,42 +258,7 @@ fn one_process_holds_at_most_256_open_connections_and_a_failed_one_frees_its_pla
         eprintln!("SKIP: RLIMIT_NOFILE cannot be raised to 4096 here");
         return;
     }
-    let (port_tx, port_rx) = mpsc::channel();
-    // The test tells the server to stop by dropping `stop`.
-    let (stop, stopped) = mpsc::channel::<()>();
-    let (tx, report) = mpsc::channel();
-    let t = std::thread::spawn(move || {
-        rt().block_on(async move {
-            let dev = shm();
-            let l = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default());
-            let l = Rc::new(l.unwrap());
-            port_tx.send(l.port()).unwrap();
-            let held = Rc::new(std::cell::RefCell::new(Vec::new()));
-            let acceptor = spawn_local({
-                let (held, l) = (held.clone(), l.clone());
-                async move {
-                    let pd = dev.alloc_pd().unwrap();
-                    loop {
-                        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
-                        let (qp, _) = l.accept(&pd, &scq, &rcq).await.expect("accept");
-                        held.borrow_mut().push(Endpoint::new(qp, scq, rcq));
-                        tx.send(held.borrow().len()).unwrap();
-                    }
-                }
-            });
-            while stopped.try_recv() != Err(mpsc::TryRecvError::Disconnected) {
-                sleep(Duration::from_millis(2)).await;
-            }
-            acceptor.cancel();
-            assert_eq!(
-                held.borrow().len(),
-                PER_PROCESS + 1,
-                "every queue pair still held"
-            );
-            l.counters()
-        })
-    });
-    let port = port_rx.recv().unwrap();
+    let (port, report, stop, t) = accept_all();
     rt().block_on(async {
         let dev = shm();
         let pd = dev.alloc_pd().unwrap();
@@ -287,11 +293,58 @@ fn one_process_holds_at_most_256_open_connections_and_a_failed_one_frees_its_pla
         drop((qp, mine));
     });
     drop(stop);
-    let c = t.join().unwrap();
+    let (c, held) = t.join().unwrap();
+    assert_eq!(held, PER_PROCESS + 1, "every queue pair still held");
     assert!(c.over_limit >= 1, "{c:?}");
     assert_eq!(
         c.connections - c.over_limit,
         PER_PROCESS as u64 + 1,
         "{c:?}"
     );
+}
+
+/// A process whose peers ask for keys they may not use is refused for a while: each such
+/// request ends its connection, and after eight within ten seconds the process's next connect
+/// is closed at once and says why. The listener counts the violations and the refusal.
+#[test]
+fn a_process_that_asks_for_keys_it_may_not_use_is_refused_for_a_while() {
+    let _serial = one_at_a_time();
+    let (port, report, stop, t) = accept_all();
+    rt().block_on(async {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let opts = ConnectOptions::default();
+        let buf = Buffer::new(&pd, 64, 64, Access::LOCAL_WRITE).unwrap();
+        for guess in 0..8u32 {
+            let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+            let (qp, _) = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("connection {guess}: {e}"));
+            assert_eq!(report.recv().unwrap(), guess as usize + 1);
+            let ep = Endpoint::new(qp, scq, rcq);
+            let made_up = RegionDescriptor {
+                addr: 1 << 40,
+                len: 4096,
+                rkey: Stag(0x5eed_0000 + guess),
+            };
+            match ep.read(&buf, 0, 8, Remote::at(made_up, 0)).await {
+                Err(DriverError::Completion { status, .. }) => {
+                    assert_eq!(status, WcStatus::RemAccessErr, "guess {guess}")
+                }
+                other => panic!("guess {guess}: {other:?}"),
+            }
+        }
+        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+        let e = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+            .await
+            .err()
+            .expect("the ninth connection is refused");
+        assert!(
+            e.to_string().contains("banned for protection violations"),
+            "{e}"
+        );
+    });
+    drop(stop);
+    let (c, _) = t.join().unwrap();
+    assert_eq!((c.violations, c.banned), (8, 1), "{c:?}");
 }

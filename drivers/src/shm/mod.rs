@@ -17,7 +17,9 @@
 //!   peer then checks every access against the granted bounds and rights itself, and answers
 //!   a violation as the soft provider does: a remote access error, and the queue pair goes to
 //!   ERROR. A request for a key the peer may not use is refused and ends the connection on the
-//!   owner's side too (counted as a violation), so keys cannot be guessed on one connection.
+//!   owner's side too (counted as a violation), so keys cannot be guessed on one connection;
+//!   a process whose peers do that 8 times within 10 s is refused by the listener for 60 s,
+//!   as the software provider refuses an address.
 //! - **Operations.** WRITE and READ are copies into and out of the mapping, made by the
 //!   initiator's CPU when it posts them, a MiB per loop pass (the rest at the next passes, so
 //!   a large one does not hold the core from its other tasks; later requests wait behind it);

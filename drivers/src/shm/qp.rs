@@ -195,7 +195,7 @@ pub(crate) struct QpInner {
 /// An accepted queue pair's place among its listener's open connections; also where its
 /// peer's protection violations are counted.
 struct Admission {
-    _open: barewire_engine::net::Admitted<libc::pid_t>,
+    open: barewire_engine::net::Admitted<libc::pid_t>,
     intake: Weak<Intake>,
 }
 
@@ -1166,6 +1166,7 @@ impl QpInner {
                 if let Some(a) = self.admission.take() {
                     if let Some(i) = a.intake.upgrade() {
                         i.count(|n| n.violations += 1);
+                        i.strikes.strike(*a.open.source(), Instant::now());
                     }
                 }
                 Err(format!(
@@ -1415,8 +1416,8 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
 fn closed_by_listener() -> DriverError {
     connect_error(
         "the listener closed the connection before accepting it; a barewire listener does so \
-         to a process over its connection limits, and to a setup that newer ones pushed out \
-         (see its counters)",
+         to a process over its connection limits or banned for protection violations, and to a \
+         setup that newer ones pushed out (see its counters)",
     )
 }
 
@@ -1607,6 +1608,11 @@ const MAX_SETUPS_PER_PROCESS: usize = 16;
 /// `max_connections`, `max_connections_per_source`); one beyond them is closed at once.
 const MAX_OPEN: usize = 4096;
 const MAX_OPEN_PER_PROCESS: usize = 256;
+/// A process whose peers make this many protection violations within the window is refused
+/// for the ban (the software provider's `violation_budget`, `violation_window` and `ban`).
+const VIOLATIONS: usize = 8;
+const VIOLATION_WINDOW: Duration = Duration::from_secs(10);
+const BAN: Duration = Duration::from_secs(60);
 
 /// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
 /// number is this listener's in the namespace, and `port 0` picks a free one.
@@ -1622,7 +1628,9 @@ const MAX_OPEN_PER_PROCESS: usize = 256;
 /// [`MAX_SETUPS`] complete setups wait for `accept`; beyond that, new ones are dropped. And at
 /// most [`MAX_OPEN`] accepted connections are open at once, [`MAX_OPEN_PER_PROCESS`] from one
 /// process; a connection beyond them is closed at once (a connection that failed no longer
-/// counts, even while the application still holds its queue pair).
+/// counts, even while the application still holds its queue pair). A peer that asks for a key
+/// it may not use ends its connection; a process whose peers do that [`VIOLATIONS`] times
+/// within [`VIOLATION_WINDOW`] is refused for [`BAN`].
 pub(crate) struct Listener {
     /// The shm name's socket; `None` under `auto` when another user's process holds the name
     /// (see [`Listener::bind`]): every peer then comes through the software provider.
@@ -1643,6 +1651,8 @@ pub(crate) struct Listener {
 struct Intake {
     setups: barewire_engine::net::Handshakes<libc::pid_t>,
     open: barewire_engine::net::Connections<libc::pid_t>,
+    /// Processes whose peers asked for keys they may not use, and their bans.
+    strikes: barewire_engine::net::Strikes<libc::pid_t>,
     counters: Cell<barewire_rdma_types::ListenerCounters>,
 }
 
@@ -1749,7 +1759,7 @@ impl crate::backend::ListenerOps for Listener {
                 let ours = Ours::new()?;
                 let (pid, heard) = heard;
                 let admitted = Some(Admission {
-                    _open: self.intake.open.admit(pid),
+                    open: self.intake.open.admit(pid),
                     intake: Rc::downgrade(&self.intake),
                 });
                 let (scq, rcq, timeout) = (scq.queue(), rcq.queue(), self.timeout);
@@ -1845,6 +1855,7 @@ impl Listener {
             intake: Rc::new(Intake {
                 setups: barewire_engine::net::Handshakes::new(MAX_SETUPS, MAX_SETUPS_PER_PROCESS),
                 open: barewire_engine::net::Connections::new(MAX_OPEN, MAX_OPEN_PER_PROCESS),
+                strikes: barewire_engine::net::Strikes::new(VIOLATIONS, VIOLATION_WINDOW, BAN),
                 counters: Cell::new(Default::default()),
             }),
             port_of,
@@ -1860,9 +1871,13 @@ impl Listener {
         intake.count(|n| n.connections += 1);
         // The peer's process is its source (one whose credentials cannot be read counts as 0).
         let pid = sock::peer_cred(&c).map_or(0, |cred| cred.pid);
+        if intake.strikes.banned(&pid, Instant::now()) {
+            intake.count(|n| n.banned += 1);
+            return; // closed at once
+        }
         if intake.open.full(&pid) {
             intake.count(|n| n.over_limit += 1);
-            return; // closed at once
+            return;
         }
         let evicted = intake.setups.make_room(&pid);
         intake.count(|n| n.evicted += evicted as u64);

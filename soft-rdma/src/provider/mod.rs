@@ -407,7 +407,7 @@ struct Intake {
     failed: RefCell<Option<io::Error>>,
     counters: std::cell::Cell<ListenerCounters>,
     /// Per source address: when its recent violations happened, and until when it is refused.
-    strikes: RefCell<std::collections::HashMap<std::net::IpAddr, Strikes>>,
+    strikes: barewire_engine::net::Strikes<std::net::IpAddr>,
     /// Accepted connections still open, per source address and in all.
     open: barewire_engine::net::Connections<std::net::IpAddr>,
 }
@@ -417,12 +417,6 @@ struct Intake {
 struct Admission {
     intake: std::rc::Weak<Intake>,
     open: barewire_engine::net::Admitted<std::net::IpAddr>,
-}
-
-#[derive(Default)]
-struct Strikes {
-    recent: std::collections::VecDeque<Instant>,
-    banned_until: Option<Instant>,
 }
 
 impl Intake {
@@ -441,31 +435,7 @@ impl Intake {
     /// A peer from `ip` broke a protection rule; past its budget, `ip` is banned.
     fn violation(&self, ip: std::net::IpAddr) {
         self.count(|c| c.violations += 1);
-        let now = Instant::now();
-        let mut strikes = self.strikes.borrow_mut();
-        // Bounded: addresses with nothing recent are forgotten when the map grows.
-        if strikes.len() >= 4096 {
-            let window = self.opts.violation_window;
-            strikes.retain(|_, s| {
-                s.banned_until.is_some_and(|t| t > now)
-                    || s.recent
-                        .back()
-                        .is_some_and(|t| now.duration_since(*t) < window)
-            });
-        }
-        let s = strikes.entry(ip).or_default();
-        s.recent.push_back(now);
-        while s
-            .recent
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > self.opts.violation_window)
-        {
-            s.recent.pop_front();
-        }
-        if s.recent.len() >= self.opts.violation_budget.max(1) {
-            s.banned_until = Some(now + self.opts.ban);
-            s.recent.clear();
-        }
+        self.strikes.strike(ip, Instant::now());
     }
 
     /// Counts a new open connection from `ip`.
@@ -478,12 +448,7 @@ impl Intake {
 
     /// True while `ip` is serving a ban.
     fn banned(&self, ip: std::net::IpAddr) -> bool {
-        let now = Instant::now();
-        self.strikes
-            .borrow()
-            .get(&ip)
-            .and_then(|s| s.banned_until)
-            .is_some_and(|t| t > now)
+        self.strikes.banned(&ip, Instant::now())
     }
 }
 
@@ -562,7 +527,11 @@ impl Listener {
             ),
             failed: RefCell::new(None),
             counters: Default::default(),
-            strikes: RefCell::new(Default::default()),
+            strikes: barewire_engine::net::Strikes::new(
+                opts.violation_budget,
+                opts.violation_window,
+                opts.ban,
+            ),
             open: barewire_engine::net::Connections::new(
                 opts.max_connections,
                 opts.max_connections_per_source,

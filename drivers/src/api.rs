@@ -444,6 +444,60 @@ pub struct ConnectOptions {
     /// [`TransportDefaults::keepalive`](crate::TransportDefaults::keepalive); verbs and shm
     /// do not use it).
     pub keepalive: Option<Duration>,
+    /// A listener's defences against floods and key guessers (soft and shm).
+    pub limits: ListenerLimits,
+}
+
+/// A listener's defences against floods and key guessers, on soft (per source address) and
+/// shm (per process, which any local process can reach through the listener's name). The
+/// defaults suit a server open to many peers. One that takes many connections from one peer,
+/// say hundreds of queue pairs between two processes, raises the per-source limits.
+/// ([`Listener::counters`] says what they refused; rdma_cm on verbs has defences of its own.)
+///
+/// ```
+/// use barewire_drivers::{ConnectOptions, ListenerLimits};
+/// let opts = ConnectOptions {
+///     limits: ListenerLimits { max_connections_per_source: 1024, ..ListenerLimits::default() },
+///     ..ConnectOptions::default()
+/// };
+/// assert_eq!(opts.limits.max_connections_per_source, 1024);
+/// assert_eq!(opts.limits.max_setups_per_source, 16);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// Setups in progress at once (each has [`ConnectOptions::timeout`] to finish); a new
+    /// connection beyond it evicts the oldest. Default 128.
+    pub max_setups: usize,
+    /// Setups in progress at once from one source; beyond it, the oldest from that source is
+    /// evicted, so one source cannot fill the listener. Default 16.
+    pub max_setups_per_source: usize,
+    /// Accepted connections open at once; a new one beyond it is closed at once (its connect
+    /// fails saying so). A connection that failed no longer counts. Default 4,096.
+    pub max_connections: usize,
+    /// Accepted connections open at once from one source. Default 256.
+    pub max_connections_per_source: usize,
+    /// Protection violations (an access with a key the peer may not use) one source may
+    /// commit within [`violation_window`](Self::violation_window) before it is refused for
+    /// [`ban`](Self::ban). Default 8.
+    pub violation_budget: usize,
+    /// See [`violation_budget`](Self::violation_budget). Default 10 s.
+    pub violation_window: Duration,
+    /// See [`violation_budget`](Self::violation_budget). Default 60 s.
+    pub ban: Duration,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            max_setups: 128,
+            max_setups_per_source: 16,
+            max_connections: 4096,
+            max_connections_per_source: 256,
+            violation_budget: 8,
+            violation_window: Duration::from_secs(10),
+            ban: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for ConnectOptions {
@@ -459,6 +513,7 @@ impl Default for ConnectOptions {
             tos: None,
             initial_recvs: Vec::new(),
             keepalive: crate::DEFAULT_KEEPALIVE,
+            limits: ListenerLimits::default(),
         }
     }
 }

@@ -41,8 +41,8 @@ pub mod fuzz {
 
 pub use api::{
     connect, Access, CompletionQueue, ConnectOptions, Device, Listener, ListenerCounters,
-    MemoryRegion, ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr,
-    Sge, Sges, Stag, WcOpcode, WcStatus, Window, WorkCompletion,
+    ListenerLimits, MemoryRegion, ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor,
+    SendOp, SendWr, Sge, Sges, Stag, WcOpcode, WcStatus, Window, WorkCompletion,
 };
 pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote};
 pub use transport::{

@@ -59,6 +59,13 @@ pub(crate) fn options(o: &ConnectOptions) -> soft::provider::ConnectOptions {
         handshake_timeout: o.timeout,
         mulpdu: o.mulpdu,
         keepalive: o.keepalive,
+        max_pending_handshakes: o.limits.max_setups,
+        max_pending_per_source: o.limits.max_setups_per_source,
+        max_connections: o.limits.max_connections,
+        max_connections_per_source: o.limits.max_connections_per_source,
+        violation_budget: o.limits.violation_budget,
+        violation_window: o.limits.violation_window,
+        ban: o.limits.ban,
         ..soft::provider::ConnectOptions::default()
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use barewire_drivers::{
     connect, Access, Buffer, ConnectOptions, Device, DriverConfig, DriverError, Endpoint, Listener,
-    ListenerCounters, RegionDescriptor, Remote, Stag, WcStatus,
+    ListenerCounters, ListenerLimits, RegionDescriptor, Remote, Stag, WcStatus,
 };
 use barewire_engine::spawn_local;
 use barewire_engine::time::sleep;
@@ -104,18 +104,24 @@ fn server(timeout: Duration, taken_in: u64) -> (u16, Report, std::thread::JoinHa
 /// The thread of [`accept_all`]: what it returns once stopped.
 type AcceptAll = std::thread::JoinHandle<(ListenerCounters, usize)>;
 
-/// Runs a listener in a thread of its own that accepts every peer and holds its queue pair,
+/// Runs a listener of `driver` with `limits` in a thread of its own that accepts every peer and holds its queue pair,
 /// reporting how many it holds after each accept. Dropping the returned sender stops it; the
 /// thread then returns the listener's counters and how many queue pairs it held.
-fn accept_all() -> (u16, mpsc::Receiver<usize>, mpsc::Sender<()>, AcceptAll) {
+fn accept_all(
+    driver: &'static str,
+    limits: ListenerLimits,
+) -> (u16, mpsc::Receiver<usize>, mpsc::Sender<()>, AcceptAll) {
     let (port_tx, port_rx) = mpsc::channel();
     let (stop, stopped) = mpsc::channel::<()>();
     let (tx, report) = mpsc::channel();
     let t = std::thread::spawn(move || {
         rt().block_on(async move {
-            let dev = shm();
-            let l = Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &ConnectOptions::default());
-            let l = Rc::new(l.unwrap());
+            let dev = Device::open(&DriverConfig::parse(driver, None).unwrap()).unwrap();
+            let opts = ConnectOptions {
+                limits,
+                ..ConnectOptions::default()
+            };
+            let l = Rc::new(Listener::bind(&dev, ([127, 0, 0, 1], 0).into(), &opts).unwrap());
             port_tx.send(l.port()).unwrap();
             let held = Rc::new(std::cell::RefCell::new(Vec::new()));
             let acceptor = spawn_local({
@@ -258,7 +264,7 @@ fn one_process_holds_at_most_256_open_connections_and_a_failed_one_frees_its_pla
         eprintln!("SKIP: RLIMIT_NOFILE cannot be raised to 4096 here");
         return;
     }
-    let (port, report, stop, t) = accept_all();
+    let (port, report, stop, t) = accept_all("shm", ListenerLimits::default());
     rt().block_on(async {
         let dev = shm();
         let pd = dev.alloc_pd().unwrap();
@@ -304,18 +310,24 @@ fn one_process_holds_at_most_256_open_connections_and_a_failed_one_frees_its_pla
 }
 
 /// A process whose peers ask for keys they may not use is refused for a while: each such
-/// request ends its connection, and after eight within ten seconds the process's next connect
-/// is closed at once and says why. The listener counts the violations and the refusal.
+/// request ends its connection, and after the listener's budget of them (three here) within
+/// its window the process's next connect is closed at once and says why. The listener counts
+/// the violations and the refusal.
 #[test]
 fn a_process_that_asks_for_keys_it_may_not_use_is_refused_for_a_while() {
     let _serial = one_at_a_time();
-    let (port, report, stop, t) = accept_all();
+    const BUDGET: u32 = 3;
+    let limits = ListenerLimits {
+        violation_budget: BUDGET as usize,
+        ..ListenerLimits::default()
+    };
+    let (port, report, stop, t) = accept_all("shm", limits);
     rt().block_on(async {
         let dev = shm();
         let pd = dev.alloc_pd().unwrap();
         let opts = ConnectOptions::default();
         let buf = Buffer::new(&pd, 64, 64, Access::LOCAL_WRITE).unwrap();
-        for guess in 0..8u32 {
+        for guess in 0..BUDGET {
             let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
             let (qp, _) = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
                 .await
@@ -338,7 +350,7 @@ fn a_process_that_asks_for_keys_it_may_not_use_is_refused_for_a_while() {
         let e = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
             .await
             .err()
-            .expect("the ninth connection is refused");
+            .expect("the connection after the budget is refused");
         assert!(
             e.to_string().contains("banned for protection violations"),
             "{e}"
@@ -346,5 +358,41 @@ fn a_process_that_asks_for_keys_it_may_not_use_is_refused_for_a_while() {
     });
     drop(stop);
     let (c, _) = t.join().unwrap();
-    assert_eq!((c.violations, c.banned), (8, 1), "{c:?}");
+    assert_eq!((c.violations, c.banned), (BUDGET as u64, 1), "{c:?}");
+}
+
+/// The same limits reach the software provider's listener: with two connections allowed per
+/// source address, a third from 127.0.0.1 is closed at once.
+#[test]
+fn the_limits_reach_the_software_providers_listener_too() {
+    let _serial = one_at_a_time();
+    let limits = ListenerLimits {
+        max_connections_per_source: 2,
+        ..ListenerLimits::default()
+    };
+    let (port, report, stop, t) = accept_all("soft", limits);
+    rt().block_on(async {
+        let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let opts = dev.connect_options();
+        let mut mine = Vec::new();
+        for i in 0..2 {
+            let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+            let (qp, _) = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+            mine.push(qp);
+            assert_eq!(report.recv().unwrap(), i + 1);
+        }
+        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+        let e = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+            .await
+            .err()
+            .expect("a third connection from one address is refused");
+        assert!(e.to_string().contains("connection limits"), "{e}");
+        drop(mine);
+    });
+    drop(stop);
+    let (c, held) = t.join().unwrap();
+    assert_eq!((held, c.over_limit), (2, 1), "{c:?}");
 }

@@ -18,8 +18,8 @@
 //!   a violation as the soft provider does: a remote access error, and the queue pair goes to
 //!   ERROR. A request for a key the peer may not use is refused and ends the connection on the
 //!   owner's side too (counted as a violation), so keys cannot be guessed on one connection;
-//!   a process whose peers do that 8 times within 10 s is refused by the listener for 60 s,
-//!   as the software provider refuses an address.
+//!   a process whose peers do that past the listener's violation budget (8 within 10 s by
+//!   default) is refused for its ban (60 s), as the software provider refuses an address.
 //! - **Operations.** WRITE and READ are copies into and out of the mapping, made by the
 //!   initiator's CPU when it posts them, a MiB per loop pass (the rest at the next passes, so
 //!   a large one does not hold the core from its other tasks; later requests wait behind it);
@@ -54,12 +54,14 @@
 //!   and rights are enforced at byte granularity by the peer's driver, and the pages around a
 //!   region in the same buffer are reachable by a process that bypasses it.
 //! - **Listeners.** Any process in the namespace can connect to a listener's abstract name,
-//!   so a listener defends itself as the software provider's does: setups run in tasks of
-//!   their own under the setup deadline, at most 128 at once and 16 per process (a newcomer
-//!   pushes out the oldest it competes with); a setup that is junk, silent, from another user
-//!   or gone before the answer is counted and dropped, never an error from `accept`; and at
-//!   most 4,096 accepted connections are open at once, 256 per process, a connection beyond
-//!   them closed at once (its connect says why). [`crate::Listener::counters`] says what was
+//!   so a listener defends itself as the software provider's does, under the same
+//!   [`ListenerLimits`](crate::ListenerLimits) with the peer's process as the source: setups
+//!   run in tasks of their own under the setup deadline, capped in all and per process (by
+//!   default 128 and 16; a newcomer pushes out the oldest it competes with); a setup that is
+//!   junk, silent, from another user or gone before the answer is counted and dropped, never
+//!   an error from `accept`; and accepted connections open at once are capped too (4,096 and
+//!   256), a connection beyond them closed at once (its connect says why).
+//!   [`crate::Listener::counters`] says what was
 //!   refused. Abstract names have no owner, so another user can take a port's name first: a
 //!   connect passes a name held by another user's process over (`auto` then goes through the
 //!   software provider), an `auto` listener whose name is taken serves everyone through the

@@ -1599,38 +1599,23 @@ fn is_local(addr: SocketAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
-/// Setups a listener runs at once, in all and from one process, and complete ones it holds for
-/// `accept`: the software provider's listener's defaults
-/// (`max_pending_handshakes`, `max_pending_per_source`).
-const MAX_SETUPS: usize = 128;
-const MAX_SETUPS_PER_PROCESS: usize = 16;
-/// Accepted connections open at once, in all and from one process (the software provider's
-/// `max_connections`, `max_connections_per_source`); one beyond them is closed at once.
-const MAX_OPEN: usize = 4096;
-const MAX_OPEN_PER_PROCESS: usize = 256;
-/// A process whose peers make this many protection violations within the window is refused
-/// for the ban (the software provider's `violation_budget`, `violation_window` and `ban`).
-const VIOLATIONS: usize = 8;
-const VIOLATION_WINDOW: Duration = Duration::from_secs(10);
-const BAN: Duration = Duration::from_secs(60);
-
 /// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
 /// number is this listener's in the namespace, and `port 0` picks a free one.
 ///
 /// Any local process can connect to an abstract name, so a listener defends itself as the
-/// software provider's does. Each connection is heard by a task of its own, with the setup's
-/// deadline. At most [`MAX_SETUPS`] are heard at once, and [`MAX_SETUPS_PER_PROCESS`] from one
-/// process (`SO_PEERCRED`); a new connection over a cap evicts the oldest it competes with, so
-/// a process that floods the name pushes out only its own stale connections and holds a
-/// bounded number of this process's descriptors. A peer whose setup fails (malformed, another
-/// user, another host, gone before the answer, a ring that cannot be mapped) is counted and
-/// dropped: `accept` goes on to the next, and fails only for this side's own errors. At most
-/// [`MAX_SETUPS`] complete setups wait for `accept`; beyond that, new ones are dropped. And at
-/// most [`MAX_OPEN`] accepted connections are open at once, [`MAX_OPEN_PER_PROCESS`] from one
-/// process; a connection beyond them is closed at once (a connection that failed no longer
-/// counts, even while the application still holds its queue pair). A peer that asks for a key
-/// it may not use ends its connection; a process whose peers do that [`VIOLATIONS`] times
-/// within [`VIOLATION_WINDOW`] is refused for [`BAN`].
+/// software provider's does, under the same [`ListenerLimits`](crate::ListenerLimits), with
+/// the peer's process (`SO_PEERCRED`) as its source. Each connection is heard by a task of its
+/// own, with the setup's deadline. Setups in progress are capped in all and per process; a new
+/// connection over a cap evicts the oldest it competes with, so a process that floods the name
+/// pushes out only its own stale connections and holds a bounded number of this process's
+/// descriptors. A peer whose setup fails (malformed, another user, another host, gone before
+/// the answer, a ring that cannot be mapped) is counted and dropped: `accept` goes on to the
+/// next, and fails only for this side's own errors. As many complete setups as may be in
+/// progress wait for `accept`; beyond that, new ones are dropped. Accepted connections open at
+/// once are capped in all and per process; a connection beyond them is closed at once (one
+/// that failed no longer counts, even while the application still holds its queue pair). A
+/// peer that asks for a key it may not use ends its connection, and a process whose peers do
+/// that past the violation budget is refused for the ban.
 pub(crate) struct Listener {
     /// The shm name's socket; `None` under `auto` when another user's process holds the name
     /// (see [`Listener::bind`]): every peer then comes through the software provider.
@@ -1653,6 +1638,8 @@ struct Intake {
     open: barewire_engine::net::Connections<libc::pid_t>,
     /// Processes whose peers asked for keys they may not use, and their bans.
     strikes: barewire_engine::net::Strikes<libc::pid_t>,
+    /// Complete setups that may wait for `accept`.
+    max_waiting: usize,
     counters: Cell<barewire_rdma_types::ListenerCounters>,
 }
 
@@ -1802,7 +1789,7 @@ impl Listener {
         opts: &crate::api::ConnectOptions,
         auto: bool,
     ) -> Result<Listener, DriverError> {
-        let (private, timeout) = (&opts.private_data, opts.timeout);
+        let (private, timeout, limits) = (&opts.private_data, opts.timeout, opts.limits);
         if private.len() > MAX_PRIVATE {
             return Err(connect_error(format!(
                 "{} bytes of private data (at most {MAX_PRIVATE})",
@@ -1853,9 +1840,20 @@ impl Listener {
             heard: RefCell::new(Some(heard)),
             heard_tx,
             intake: Rc::new(Intake {
-                setups: barewire_engine::net::Handshakes::new(MAX_SETUPS, MAX_SETUPS_PER_PROCESS),
-                open: barewire_engine::net::Connections::new(MAX_OPEN, MAX_OPEN_PER_PROCESS),
-                strikes: barewire_engine::net::Strikes::new(VIOLATIONS, VIOLATION_WINDOW, BAN),
+                setups: barewire_engine::net::Handshakes::new(
+                    limits.max_setups,
+                    limits.max_setups_per_source,
+                ),
+                open: barewire_engine::net::Connections::new(
+                    limits.max_connections,
+                    limits.max_connections_per_source,
+                ),
+                strikes: barewire_engine::net::Strikes::new(
+                    limits.violation_budget,
+                    limits.violation_window,
+                    limits.ban,
+                ),
+                max_waiting: limits.max_setups.max(1),
                 counters: Cell::new(Default::default()),
             }),
             port_of,
@@ -1886,7 +1884,7 @@ impl Listener {
         let deadline = Instant::now() + self.timeout;
         let task = spawn_local(async move {
             match hear(c, M_HELLO, deadline).await {
-                Ok(h) if tx.len() < MAX_SETUPS => {
+                Ok(h) if tx.len() < i.max_waiting => {
                     let _ = tx.try_send((pid, h));
                 }
                 Ok(_) => i.count(|n| n.overflowed += 1),

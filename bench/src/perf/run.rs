@@ -22,9 +22,9 @@ use std::process::{Command as Process, Stdio};
 use std::time::{Duration, Instant};
 
 use barewire_drivers::{
-    connect, Access, CompletionQueue, ConnectOptions, Device, DriverConfig, Listener, MemoryRegion,
-    ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp, SendWr, Sge, Sges, Transport,
-    WcStatus, WorkCompletion,
+    connect, Access, CompletionQueue, ConnectOptions, Device, DriverConfig, Listener,
+    ListenerLimits, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, RegionDescriptor, SendOp,
+    SendWr, Sge, Sges, Transport, WcStatus, WorkCompletion,
 };
 use barewire_engine::{yield_now, Runtime};
 use hdrhistogram::Histogram;
@@ -373,12 +373,18 @@ fn server(args: &RunArgs) -> Result<(), String> {
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let buf = Buffer::new(&pd, super::cli::MAX_SIZE)?;
         let desc = buf.mr().descriptor();
-        let l = Listener::bind(
-            &dev,
-            SocketAddr::from(([0, 0, 0, 0], args.port)),
-            &options(&dev, args.crc, desc.to_bytes().to_vec()),
-        )
-        .map_err(|e| format!("listen on port {}: {e}", args.port))?;
+        // One client opens every queue pair (`--qps`, up to u16::MAX): no per-source cap below it.
+        let most = usize::from(u16::MAX);
+        let opts = ConnectOptions {
+            limits: ListenerLimits {
+                max_connections: most,
+                max_connections_per_source: most,
+                ..ListenerLimits::default()
+            },
+            ..options(&dev, args.crc, desc.to_bytes().to_vec())
+        };
+        let l = Listener::bind(&dev, SocketAddr::from(([0, 0, 0, 0], args.port)), &opts)
+            .map_err(|e| format!("listen on port {}: {e}", args.port))?;
         let port = l.port();
         if args.announce {
             println!("READY {port}");

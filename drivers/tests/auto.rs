@@ -433,11 +433,12 @@ fn a_connect_that_nothing_answers_fails_within_the_setup_deadline() {
         (Some(l), at)
     };
     for driver in ["soft", "shm", "auto"] {
-        within(
+        let e = within(
             driver,
             "a listener that never accepts",
             attempt(driver, &unaccepted),
         );
+        assert!(e.contains("slow to accept"), "{e}");
     }
     held.join().unwrap();
 }

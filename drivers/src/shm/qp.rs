@@ -1377,6 +1377,12 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
         Ok(got) if got.len == 0 => return Err(closed()),
         Ok(got) => got,
         Err(e) if e.raw_os_error() == Some(libc::ECONNRESET) => return Err(closed()),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut && want == M_ACCEPT => {
+            return Err(connect_error(
+                "no answer from the listener within the setup timeout \
+                 (ConnectOptions::timeout): is it stopped, overloaded, or slow to accept?",
+            ))
+        }
         Err(e) => return Err(connect_error(format!("waiting for the peer's setup: {e}"))),
     };
     if buf[0] == M_REJECT {

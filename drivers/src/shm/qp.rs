@@ -1422,8 +1422,8 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
 fn closed_by_listener() -> DriverError {
     connect_error(
         "the listener closed the connection before accepting it; a barewire listener does so \
-         to a process over its connection limits or banned for protection violations, and to a \
-         setup that newer ones pushed out (see its counters)",
+         when it closes, to a process over its connection limits or banned for protection \
+         violations, and to a setup that newer ones pushed out (see its counters)",
     )
 }
 

@@ -358,6 +358,31 @@ fn a_cut_off_nodes_supervised_child_restarts_on_the_survivor() {
 mod seq;
 use seq::Seq;
 
+/// Tells both members to send `n` messages to `seq` from sequence number `from`, and waits
+/// until each says it sent them.
+async fn members_send(members: &mut Rc<[Member; 2]>, from: u64, n: u64) {
+    for m in Rc::get_mut(members).expect("one owner").iter_mut() {
+        m.say(&format!("SEND {from} {n}"));
+    }
+    for m in members.iter() {
+        // "SENT", or "SEND-FAILED <why>" (a tell refused, e.g. its node declared down).
+        let line = m.expect_async("SEN", Duration::from_secs(30)).await;
+        assert_eq!(line, "SENT", "a member's sender failed");
+    }
+}
+
+/// Waits (up to 20 s) until `seq` has taken `n` messages; `what` names them if they never do.
+async fn taken(seq: &barewire::actor::ActorRef<Seq>, n: u64, what: &str) {
+    let t0 = Instant::now();
+    while seq.ask((u64::MAX, 0), ASK).await.unwrap().0 < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{what} never arrived"
+        );
+        time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[test]
 fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
     const EACH: u64 = 20_000;
@@ -417,23 +442,10 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         let mut forwarded = first;
         for settle in 0.. {
             assert!(settle < 50, "the members never switched to the new home");
-            for m in Rc::get_mut(&mut members).expect("one owner").iter_mut() {
-                m.say(&format!("SEND {next} 64"));
-            }
-            for m in members.iter() {
-                let line = m.expect_async("SEN", Duration::from_secs(30)).await;
-                assert_eq!(line, "SENT", "a member's sender failed");
-            }
+            members_send(&mut members, next, 64).await;
             next += 64;
             arrived += 2 * 64;
-            let t0 = Instant::now();
-            while moved.ask((u64::MAX, 0), ASK).await.unwrap().0 < arrived {
-                assert!(
-                    t0.elapsed() < Duration::from_secs(20),
-                    "a small round never arrived"
-                );
-                time::sleep(Duration::from_millis(5)).await;
-            }
+            taken(&moved, arrived, "a small round").await;
             let now = sys.forwarded();
             let quiet = now == forwarded;
             forwarded = now;
@@ -443,23 +455,9 @@ fn an_actor_moves_under_load_and_every_message_arrives_once_in_order() {
         }
         // The other nodes' references have switched to the new address: a second round goes
         // there directly, not through this node.
-        for m in Rc::get_mut(&mut members).expect("one owner").iter_mut() {
-            m.say(&format!("SEND {next} {EACH}"));
-        }
-        for m in members.iter() {
-            // "SENT", or "SEND-FAILED <why>" (a tell refused, e.g. its node declared down).
-            let line = m.expect_async("SEN", Duration::from_secs(30)).await;
-            assert_eq!(line, "SENT", "a member's sender failed");
-        }
+        members_send(&mut members, next, EACH).await;
         let all = arrived + 2 * EACH;
-        let t0 = Instant::now();
-        while moved.ask((u64::MAX, 0), ASK).await.unwrap().0 < all {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "the second round never arrived"
-            );
-            time::sleep(Duration::from_millis(5)).await;
-        }
+        taken(&moved, all, "the second round").await;
         assert_eq!(moved.ask((u64::MAX, 0), ASK).await.unwrap(), (all, 0));
         let again = sys.forwarded() - forwarded;
         eprintln!(

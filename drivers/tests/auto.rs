@@ -123,7 +123,6 @@ fn explicit_shm_to_a_soft_only_listener_is_a_prompt_clear_error() {
 /// change users (not root).
 struct Squatter {
     pid: libc::pid_t,
-    _hold: std::os::fd::OwnedFd,
 }
 
 fn squat(port: u16) -> Option<Squatter> {
@@ -134,9 +133,9 @@ fn squat(port: u16) -> Option<Squatter> {
     }
     // Everything the child needs is made before the fork: it only makes system calls.
     let (a, len) = barewire_test_support::shm_listener_address(port);
-    let (mut ready, mut hold) = ([0; 2], [0; 2]);
-    // SAFETY: two pipes into local arrays; checked.
-    assert!(unsafe { libc::pipe(ready.as_mut_ptr()) == 0 && libc::pipe(hold.as_mut_ptr()) == 0 });
+    let mut ready = [0; 2];
+    // SAFETY: a pipe into a local array; checked.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
     // SAFETY: the child makes only async-signal-safe system calls on memory made above, and
     // leaves with _exit.
     let pid = unsafe { libc::fork() };
@@ -157,19 +156,18 @@ fn squat(port: u16) -> Option<Squatter> {
                 libc::_exit(2);
             }
             libc::write(ready[1], b"1".as_ptr().cast(), 1);
-            // Until the test closes its end of `hold`.
-            let mut b = 0u8;
-            libc::read(hold[0], (&mut b as *mut u8).cast(), 1);
-            libc::_exit(0);
+            // Until the test kills it.
+            loop {
+                libc::pause();
+            }
         }
     }
-    // SAFETY: the descriptors the pipes made; each end is owned once.
-    let (ready_r, ready_w, _hold_r, hold_w) = unsafe {
+    // SAFETY: the descriptors the pipe made; each end is owned once. The write end is closed
+    // here, so a child that exits before writing reads as end of file.
+    let (ready_r, ready_w) = unsafe {
         (
             OwnedFd::from_raw_fd(ready[0]),
             OwnedFd::from_raw_fd(ready[1]),
-            OwnedFd::from_raw_fd(hold[0]),
-            OwnedFd::from_raw_fd(hold[1]),
         )
     };
     drop(ready_w);
@@ -183,12 +181,12 @@ fn squat(port: u16) -> Option<Squatter> {
         )
     };
     assert_eq!(n, 1, "the squatting child failed to bind the name");
-    Some(Squatter { pid, _hold: hold_w })
+    Some(Squatter { pid })
 }
 
 impl Drop for Squatter {
     fn drop(&mut self) {
-        // SAFETY: our own child, which exits once its end of `hold` reads EOF.
+        // SAFETY: our own child, killed and reaped once.
         unsafe {
             libc::kill(self.pid, libc::SIGKILL);
             libc::waitpid(self.pid, std::ptr::null_mut(), 0);

@@ -1352,8 +1352,7 @@ pub(crate) struct Heard {
 /// a peer it refuses with a Reject that says why.
 async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverError> {
     // Only processes of this user: see the module docs.
-    // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
+    let me = sock::uid();
     match sock::peer_cred(&fd).map(|c| c.uid) {
         Ok(uid) if uid == me => {}
         Ok(uid) => {
@@ -1545,8 +1544,7 @@ pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, 
     // Any local user can bind an abstract name: one held by another user's process is not
     // this user's listener (and setup with it would be refused), so it is passed over, and
     // `auto` goes on to the software provider rather than fail.
-    // SAFETY: getuid has no preconditions.
-    let me = unsafe { libc::getuid() };
+    let me = sock::uid();
     let mut foreign = None;
     for name in [sock::name(addr), sock::name(wildcard)] {
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
@@ -1818,8 +1816,7 @@ impl Listener {
         let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
         let mut fd = Some(fd);
         if let Err(e) = sock::listen(fd.as_ref().expect("made above"), &name) {
-            // SAFETY: getuid has no preconditions.
-            let me = unsafe { libc::getuid() };
+            let me = sock::uid();
             match sock::holder_uid(&name) {
                 Some(uid) if uid != me && matches!(port_of, Port::Soft(_)) => {
                     eprintln!(
@@ -2133,14 +2130,19 @@ mod tests {
     use crate::backend::{DeviceOps, ListenerOps};
     use std::os::fd::FromRawFd;
 
-    #[test]
-    fn a_wake_up_descriptor_must_be_an_eventfd() {
-        assert!(sock::check_eventfd(&sock::eventfd().unwrap()).is_ok());
+    /// A pipe: its read end and its write end.
+    fn pipe() -> (OwnedFd, OwnedFd) {
         let mut p = [0; 2];
         // SAFETY: a pipe of our own; both ends are owned below.
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-        // SAFETY: the descriptors pipe just made.
-        let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+        // SAFETY: the descriptors pipe just made, each owned once.
+        unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    }
+
+    #[test]
+    fn a_wake_up_descriptor_must_be_an_eventfd() {
+        assert!(sock::check_eventfd(&sock::eventfd().unwrap()).is_ok());
+        let (r, _w) = pipe();
         let e = sock::check_eventfd(&r).unwrap_err().to_string();
         assert!(e.contains("not an eventfd"), "{e}");
     }
@@ -2261,11 +2263,7 @@ mod tests {
             }
             Hostile::UnknownControl => sock::send(raw, &[99, 0, 0, 0, 0, 0, 0, 0], &[]).unwrap(),
             Hostile::UnaskedGrant => {
-                let mut p = [0; 2];
-                // SAFETY: a pipe of our own; both ends are owned below.
-                assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
-                // SAFETY: the descriptors pipe just made.
-                let (r, _w) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
+                let (r, _w) = pipe();
                 let mut m = [0u8; 36];
                 m[0] = M_GRANT;
                 m[16..24].copy_from_slice(&(1u64 << 40).to_le_bytes());

@@ -102,6 +102,12 @@ pub(crate) fn accept(fd: &OwnedFd) -> io::Result<Option<OwnedFd>> {
     Ok(Some(unsafe { OwnedFd::from_raw_fd(c) }))
 }
 
+/// This process's user.
+pub(crate) fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
+
 /// The user of the process that listens on the abstract name `name`, if one does and takes a
 /// connection now.
 pub(crate) fn holder_uid(name: &str) -> Option<u32> {

@@ -361,6 +361,46 @@ fn a_process_that_asks_for_keys_it_may_not_use_is_refused_for_a_while() {
     assert_eq!((c.violations, c.banned), (BUDGET as u64, 1), "{c:?}");
 }
 
+/// A connect to a name whose holder takes no connections (a stopped listener: its backlog
+/// stays full) ends at its setup timeout and says why, not "Resource temporarily unavailable".
+#[test]
+fn a_connect_that_finds_the_backlog_full_for_its_whole_timeout_says_so() {
+    let _serial = one_at_a_time();
+    let port_holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = port_holder.local_addr().unwrap().port();
+    // SAFETY: plain socket(2); the result is checked and owned.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+    // SAFETY: a descriptor we just created.
+    let name_holder = unsafe { OwnedFd::from_raw_fd(fd) };
+    let (a, len) = shm_listener_address(port);
+    // SAFETY: a valid address of the given length; a backlog with room for one connection.
+    unsafe {
+        let at = (&a as *const libc::sockaddr_un).cast();
+        assert_eq!(libc::bind(name_holder.as_raw_fd(), at, len), 0);
+        assert_eq!(libc::listen(name_holder.as_raw_fd(), 0), 0);
+    }
+    let _waiting = raw_connection(port);
+    rt().block_on(async {
+        let dev = shm();
+        let pd = dev.alloc_pd().unwrap();
+        let timeout = Duration::from_millis(200);
+        let opts = ConnectOptions {
+            timeout,
+            ..ConnectOptions::default()
+        };
+        let (scq, rcq) = (dev.create_cq(8).unwrap(), dev.create_cq(8).unwrap());
+        let t0 = Instant::now();
+        let e = connect(([127, 0, 0, 1], port).into(), &pd, &scq, &rcq, &opts)
+            .await
+            .err()
+            .expect("nobody accepts");
+        let took = t0.elapsed();
+        assert!(e.to_string().contains("backlog was full"), "{e}");
+        assert!(took >= timeout && took < Duration::from_secs(5), "{took:?}");
+    });
+}
+
 /// The same limits reach the software provider's listener: with two connections allowed per
 /// source address, a third from 127.0.0.1 is closed at once.
 #[test]

@@ -1570,6 +1570,13 @@ pub(crate) async fn reach(addr: SocketAddr, deadline: Instant) -> Result<Reach, 
                     barewire_engine::time::sleep(Duration::from_millis(1)).await;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(connect_error(format!(
+                        "the shm listener of {name} had no room for another connection \
+                         (its backlog was full) for the whole setup timeout \
+                         (ConnectOptions::timeout): is it stopped, overloaded, or slow to accept?"
+                    )))
+                }
                 Err(e) => return Err(connect_error(format!("connecting to {name}: {e}"))),
             }
         }

@@ -36,7 +36,7 @@
 //!   ([`crate::QueuePair::watch_memory`], as `Channel<T>` does) sets a flag in its ring's
 //!   header. The writer then copies its Writes to that peer in ascending address order (16-byte
 //!   stores, each fenced; `memcpy` may let later bytes show first), and after each Write looks
-//!   at the reader's sleep flag and wakes it through its wake-up socket: the reader sets that flag,
+//!   at the reader's sleep flag and wakes it through its eventfd: the reader sets that flag,
 //!   fences, and looks at its memory once more before it sleeps, so either it sees the Write
 //!   or the writer sees it asleep. Peers that never ask pay nothing of this.
 //! - **Revocation.** Dropping a region or a window, or invalidating a key (locally, or by a
@@ -53,16 +53,6 @@
 //!   read this one's memory through /proc anyway, so a grant gives it no new power; bounds
 //!   and rights are enforced at byte granularity by the peer's driver, and the pages around a
 //!   region in the same buffer are reachable by a process that bypasses it.
-//! - **Wake-ups.** A core that sleeps waits on a Unix datagram socket of its own, at an
-//!   abstract address the kernel picks. Each peer gets a socket connected to it, made for
-//!   that connection, and pokes with one byte; this core pokes a peer through the one it was
-//!   given (checked to be a Unix datagram socket) with `MSG_DONTWAIT`, which no flag the peer
-//!   sets on its file can undo, so a peer that fills its socket and makes it blocking only
-//!   loses its own wake-ups. No peer holds the socket this core reads, so none can take the
-//!   wake-ups meant for it. (One eventfd per core, handed to every peer, allowed both: a
-//!   holder can clear the file's `O_NONBLOCK` and read it empty, or fill a counter it handed
-//!   over, and the core's next read or write blocks for good.) Any local process can send to
-//!   the address, which costs the core a pass per datagram and nothing else.
 //! - **Listeners.** Any process in the namespace can connect to a listener's abstract name,
 //!   so a listener defends itself as the software provider's does, under the same
 //!   [`ListenerLimits`](crate::ListenerLimits) with the peer's process as the source: setups

@@ -166,7 +166,7 @@ pub(crate) struct QpInner {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     sock: OwnedFd,
-    /// The socket connected to the peer core's wake-up socket, which it gave this queue pair.
+    /// The peer core's wake-up eventfd.
     peer_wake: OwnedFd,
     state: Cell<QpState>,
     tx: RefCell<Tx>,
@@ -1282,10 +1282,10 @@ impl Hello {
     }
 }
 
-/// This core's wake-up socket, its waiter, and its queue pairs.
+/// This core's wake-up eventfd, its waiter, and its queue pairs.
 struct CoreShm {
     core: Cell<u64>,
-    wake: RefCell<Option<Rc<sock::WakeSocket>>>,
+    wake: RefCell<Option<Rc<OwnedFd>>>,
     qps: RefCell<Vec<Weak<QpInner>>>,
     registered: Cell<bool>,
     waiter: RefCell<Option<JoinHandle<()>>>,
@@ -1314,8 +1314,8 @@ thread_local! {
     };
 }
 
-/// This core's wake-up socket (made, and the poller registered, on first use).
-fn core_wake() -> Result<Rc<sock::WakeSocket>, DriverError> {
+/// This core's wake-up eventfd (made, and the poller registered, on first use).
+fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
     CORE.with(|c| {
         let token = barewire_engine::core_token();
         if c.core.replace(token) != token {
@@ -1328,9 +1328,8 @@ fn core_wake() -> Result<Rc<sock::WakeSocket>, DriverError> {
             c.next_look.set(None);
         }
         if c.wake.borrow().is_none() {
-            let w = sock::wake_socket()
-                .map_err(|e| connect_error(format!("the core's wake-up socket: {e}")))?;
-            *c.wake.borrow_mut() = Some(Rc::new(w));
+            let fd = sock::eventfd().map_err(|e| connect_error(format!("eventfd: {e}")))?;
+            *c.wake.borrow_mut() = Some(Rc::new(fd));
         }
         if !c.registered.replace(true) {
             barewire_engine::register_poller(Box::new(ShmPoller { live: Vec::new() }));
@@ -1339,8 +1338,8 @@ fn core_wake() -> Result<Rc<sock::WakeSocket>, DriverError> {
     })
 }
 
-/// A peer's setup message, heard and checked: the socket, what it said, its ring and a socket
-/// connected to its core's wake-up socket.
+/// A peer's setup message, heard and checked: the socket, what it said, its ring and its
+/// core's wake-up descriptor.
 pub(crate) struct Heard {
     fd: OwnedFd,
     peer: Hello,
@@ -1409,7 +1408,7 @@ async fn hear(fd: OwnedFd, want: u8, deadline: Instant) -> Result<Heard, DriverE
     let mut fds = got.fds;
     let wake = fds.pop().expect("two");
     let ring = fds.pop().expect("two");
-    sock::check_wake(&wake).map_err(|e| connect_error(format!("setup: {e}")))?;
+    sock::check_eventfd(&wake).map_err(|e| connect_error(format!("setup: {e}")))?;
     Ok(Heard {
         fd,
         peer,
@@ -1427,20 +1426,17 @@ fn closed_by_listener() -> DriverError {
     )
 }
 
-/// This side's half of the setup: its ring, queue pair number, and a socket connected to its
-/// core's wake-up socket for the peer alone (sent, then closed here).
+/// This side's half of the setup: its ring, queue pair number and core wake-up descriptor.
 struct Ours {
     ring: Ring,
     num: u32,
-    wake: OwnedFd,
+    wake: Rc<OwnedFd>,
 }
 
 impl Ours {
     fn new() -> Result<Ours, DriverError> {
-        let wake = sock::wake_sender(&*core_wake()?)
-            .map_err(|e| connect_error(format!("a wake-up socket for the peer: {e}")))?;
         Ok(Ours {
-            wake,
+            wake: core_wake()?,
             ring: Ring::create(RING)?,
             num: next_qp_num(),
         })
@@ -2021,7 +2017,7 @@ impl QpInner {
 
 /// Delivers incoming records to posted receives and resumes send queues that waited for ring
 /// room, on every pass; before the core sleeps, marks each inbound ring "reader asleep" so a
-/// writer wakes the core through its wake-up socket.
+/// writer wakes the core through its eventfd.
 struct ShmPoller {
     live: Vec<Rc<QpInner>>,
 }
@@ -2121,8 +2117,8 @@ impl Poller for ShmPoller {
             let wake = c.wake.borrow().clone();
             if let (true, Some(wake)) = (idle, wake) {
                 *c.waiter.borrow_mut() = Some(spawn_local(async move {
-                    let _ = poll_readable(wake.fd.as_raw_fd()).await;
-                    sock::drain(wake.fd.as_raw_fd());
+                    let _ = poll_readable(wake.as_raw_fd()).await;
+                    sock::drain(wake.as_raw_fd());
                 }));
                 ready = false; // let the task submit its poll before the core sleeps
             }
@@ -2151,144 +2147,11 @@ mod tests {
     }
 
     #[test]
-    fn a_wake_up_descriptor_must_be_a_datagram_socket() {
-        let w = sock::wake_socket().unwrap();
-        assert!(sock::check_wake(&sock::wake_sender(&w).unwrap()).is_ok());
+    fn a_wake_up_descriptor_must_be_an_eventfd() {
+        assert!(sock::check_eventfd(&sock::eventfd().unwrap()).is_ok());
         let (r, _w) = pipe();
-        let e = sock::check_wake(&r).unwrap_err().to_string();
-        assert!(
-            e.contains("pipe:[") && e.contains("not a Unix datagram socket"),
-            "{e}"
-        );
-        let e = sock::check_wake(&sock::seqpacket().unwrap())
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("socket:["), "{e}");
-    }
-
-    /// A socket connected to this core's wake-up socket gives its holder none of the core's
-    /// wake-ups: another peer's poke stays for the core.
-    #[test]
-    fn a_peer_cannot_take_the_wake_ups_meant_for_its_core() {
-        let w = sock::wake_socket().unwrap();
-        let (honest, hostile) = (
-            sock::wake_sender(&w).unwrap(),
-            sock::wake_sender(&w).unwrap(),
-        );
-        sock::poke(honest.as_raw_fd());
-        let mut b = [0u8; 4];
-        // SAFETY: receiving into a live buffer of its length.
-        let took = unsafe { libc::recv(hostile.as_raw_fd(), b.as_mut_ptr().cast(), 4, 0) };
-        assert_eq!(
-            (took, std::io::Error::last_os_error().raw_os_error()),
-            (-1, Some(libc::EAGAIN))
-        );
-        // SAFETY: as above.
-        let n = unsafe { libc::recv(w.fd.as_raw_fd(), b.as_mut_ptr().cast(), 4, 0) };
-        assert_eq!(n, 1, "the core's socket holds the poke");
-    }
-
-    /// A peer that hands over a wake-up descriptor it then makes blocking and full (a
-    /// datagram socket whose buffer it filled and whose `O_NONBLOCK` it cleared: an eventfd
-    /// at its counter's limit would do the same) and says it sleeps, so every Send to it pokes
-    /// it: the core that pokes goes on (a timer of its own fires), where a blocking write
-    /// would hold it, and every queue pair on it, for good.
-    #[test]
-    fn a_peer_cannot_block_this_core_through_its_wake_up_descriptor() {
-        use std::sync::mpsc::channel;
-        let (port_tx, port_rx) = channel();
-        let (jammed_tx, jammed_rx) = channel();
-        let (alive_tx, alive_rx) = channel();
-        let (quit_tx, quit_rx) = channel::<()>();
-        let victim = std::thread::spawn(move || {
-            barewire_test_support::rt().block_on(async move {
-                let (dev, l, port, pd) = listening();
-                port_tx.send(port).unwrap();
-                let mut mem = vec![0u8; 64];
-                // SAFETY: `mem` outlives the region (both live to the end of this block).
-                let mr = unsafe { pd.register(mem.as_mut_ptr(), 64, Access::LOCAL_WRITE) };
-                let mr = mr.unwrap();
-                let (s, r) = (dev.create_cq(256).unwrap(), dev.create_cq(16).unwrap());
-                let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
-                while jammed_rx.try_recv().is_err() {
-                    barewire_engine::time::sleep(Duration::from_millis(1)).await;
-                }
-                for i in 0..64 {
-                    let wr = SendWr {
-                        wr_id: i,
-                        op: SendOp::Send {
-                            solicited: false,
-                            invalidate: None,
-                        },
-                        sges: Sge {
-                            addr: mem.as_ptr() as u64,
-                            len: 8,
-                            lkey: mr.lkey(),
-                        }
-                        .into(),
-                        signaled: true,
-                        fence: false,
-                    };
-                    qp.post_send(wr).unwrap();
-                }
-                barewire_engine::time::sleep(Duration::from_millis(20)).await;
-                alive_tx.send(()).unwrap();
-                drop((qp, mr));
-            })
-        });
-        let hostile = std::thread::spawn(move || {
-            barewire_test_support::rt().block_on(async move {
-                let port = port_rx.recv().unwrap();
-                let mut p = [0; 2];
-                // SAFETY: a socket pair of our own; both ends are owned below.
-                let rc = unsafe {
-                    libc::socketpair(
-                        libc::AF_UNIX,
-                        libc::SOCK_DGRAM | libc::SOCK_NONBLOCK,
-                        0,
-                        p.as_mut_ptr(),
-                    )
-                };
-                assert_eq!(rc, 0);
-                // SAFETY: the descriptors socketpair just made, each owned once.
-                let (a, _b) = unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) };
-                let fd = sock::seqpacket().unwrap();
-                sock::connect(&fd, &sock::name(([127, 0, 0, 1], port).into())).unwrap();
-                let ours = Ours {
-                    ring: Ring::create(RING).unwrap(),
-                    num: next_qp_num(),
-                    wake: a,
-                };
-                ours.send(&fd, M_HELLO, b"").unwrap();
-                let deadline = Instant::now() + Duration::from_secs(5);
-                let _heard = hear(fd, M_ACCEPT, deadline).await.unwrap();
-                let jam = ours.wake.as_raw_fd();
-                let mut filled = 0;
-                while filled < 100_000 {
-                    // SAFETY: sending one byte from a live buffer.
-                    if unsafe { libc::send(jam, [1u8].as_ptr().cast(), 1, 0) } < 0 {
-                        break;
-                    }
-                    filled += 1;
-                }
-                assert!(filled < 100_000, "the socket never filled");
-                // SAFETY: fcntl on a descriptor we own: blocking from now on.
-                let rc = unsafe { libc::fcntl(jam, libc::F_SETFL, 0) };
-                assert_eq!(rc, 0);
-                let reader = Reader::new(ours.ring);
-                assert!(reader.sleep());
-                jammed_tx.send(()).unwrap();
-                let _ = quit_rx.recv_timeout(Duration::from_secs(30));
-            })
-        });
-        let alive = alive_rx.recv_timeout(Duration::from_secs(10));
-        let _ = quit_tx.send(());
-        assert!(
-            alive.is_ok(),
-            "the core is held by its poke of a peer's blocking wake-up descriptor"
-        );
-        victim.join().unwrap();
-        hostile.join().unwrap();
+        let e = sock::check_eventfd(&r).unwrap_err().to_string();
+        assert!(e.contains("not an eventfd"), "{e}");
     }
 
     /// What a hostile peer does once its setup is through.
@@ -2415,7 +2278,7 @@ mod tests {
                 sock::send(raw, &m, &[r.as_raw_fd()]).unwrap();
             }
             Hostile::TooManyDescriptors => {
-                let e: Vec<OwnedFd> = (0..4).map(|_| sock::seqpacket().unwrap()).collect();
+                let e: Vec<OwnedFd> = (0..4).map(|_| sock::eventfd().unwrap()).collect();
                 let mut fds: Vec<RawFd> = e.iter().map(|f| f.as_raw_fd()).collect();
                 fds.push(fds[0]);
                 sock::send_any(raw, &[M_ASK, 0, 0, 0, 1, 0, 0, 0], &fds).unwrap();

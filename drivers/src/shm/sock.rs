@@ -254,25 +254,10 @@ pub(crate) async fn recv_by(fd: RawFd, buf: &mut [u8], deadline: Instant) -> io:
     }
 }
 
-/// A core's wake-up socket: a non-blocking Unix datagram socket at an abstract address the
-/// kernel picks, which only this core reads; each peer pokes it through a socket of its own
-/// connected to it ([`wake_sender`]). Why not an eventfd: the module docs, "Wake-ups".
-pub(crate) struct WakeSocket {
-    pub fd: OwnedFd,
-    addr: libc::sockaddr_un,
-    len: libc::socklen_t,
-}
-
-/// A non-blocking Unix datagram socket.
-fn datagram() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the result is checked and owned.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
+/// A non-blocking eventfd (the core's wake-up descriptor).
+pub(crate) fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain eventfd(2); the result is checked and owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -280,111 +265,39 @@ fn datagram() -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Makes this core's wake-up socket, at an abstract address the kernel picks (autobind: no
-/// name another process could take first).
-pub(crate) fn wake_socket() -> io::Result<WakeSocket> {
-    let fd = datagram()?;
-    // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let family = std::mem::size_of::<libc::sa_family_t>() as libc::socklen_t;
-    // SAFETY: an address of the family alone asks the kernel to pick an abstract name.
-    if unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            family,
-        )
-    } != 0
-    {
+/// Checks that a descriptor a peer sent as its wake-up is an eventfd, and makes it
+/// non-blocking: anything else (a pipe it never drains, say) could block this core on a write.
+pub(crate) fn check_eventfd(fd: &OwnedFd) -> io::Result<()> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if link.as_os_str() != "anon_inode:[eventfd]" {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the peer's wake-up descriptor is {}, not an eventfd",
+                link.display()
+            ),
+        ));
+    }
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    let set = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if flags < 0 || set < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
-    // SAFETY: getsockname fills at most `len` bytes of `addr`.
-    let rc = unsafe {
-        libc::getsockname(
-            fd.as_raw_fd(),
-            (&mut addr as *mut libc::sockaddr_un).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(WakeSocket { fd, addr, len })
+    Ok(())
 }
 
-/// A socket connected to `wake`, for one peer to poke that core through.
-pub(crate) fn wake_sender(wake: &WakeSocket) -> io::Result<OwnedFd> {
-    let fd = datagram()?;
-    // SAFETY: the address getsockname gave, of its length.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&wake.addr as *const libc::sockaddr_un).cast(),
-            wake.len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
-}
-
-/// Checks that a descriptor a peer sent as its wake-up is a Unix datagram socket: [`poke`]
-/// never blocks on one, whatever the peer does with it.
-pub(crate) fn check_wake(fd: &OwnedFd) -> io::Result<()> {
-    let opt = |name| {
-        let mut v: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `v`.
-        let rc = unsafe {
-            libc::getsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                name,
-                (&mut v as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        (rc == 0).then_some(v)
-    };
-    match (opt(libc::SO_DOMAIN), opt(libc::SO_TYPE)) {
-        (Some(libc::AF_UNIX), Some(libc::SOCK_DGRAM)) => Ok(()),
-        _ => {
-            let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                .map_or_else(|e| e.to_string(), |l| l.display().to_string());
-            Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("the peer's wake-up descriptor is {link}, not a Unix datagram socket"),
-            ))
-        }
-    }
-}
-
-/// Wakes the core whose wake-up socket `fd` is connected to. `MSG_DONTWAIT` holds for this
-/// call whatever flags the socket's file carries; a full socket means a wake-up is pending.
+/// Adds one to an eventfd (a full counter means a wake-up is pending anyway).
 pub(crate) fn poke(fd: RawFd) {
-    // SAFETY: sending one byte from a live buffer.
-    unsafe {
-        libc::send(
-            fd,
-            [1u8].as_ptr().cast(),
-            1,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+    let one = 1u64;
+    // SAFETY: writing 8 bytes from a live u64.
+    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
 }
 
-/// Empties this core's wake-up socket (its own: no other process reads it).
+/// Empties an eventfd.
 pub(crate) fn drain(fd: RawFd) {
-    let mut buf = [0u8; 16];
-    // A bound, so a flood cannot hold the core here: what is left wakes it again at once.
-    for _ in 0..256 {
-        // SAFETY: receiving into a live buffer of its length.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n < 0 {
-            break;
-        }
-    }
+    let mut v = 0u64;
+    // SAFETY: reading 8 bytes into a live u64; non-blocking.
+    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
 }

@@ -2123,6 +2123,11 @@ impl Poller for ShmPoller {
                 ready = false; // let the task submit its poll before the core sleeps
             }
         });
+        if !ready {
+            // The engine calls `exit_interrupt_mode` only after a `true`: a ring left marked
+            // asleep would have its writer poke an awake core at every record.
+            self.exit_interrupt_mode();
+        }
         ready
     }
 
@@ -2198,6 +2203,30 @@ mod tests {
         let ours = Ours::new().unwrap();
         ours.send(&fd, M_HELLO, b"").unwrap();
         (hear(fd, M_ACCEPT, deadline).await.unwrap(), ours)
+    }
+
+    /// A core that may not sleep (a Send waits in a ring for a receive) leaves none of its
+    /// rings marked asleep: the engine calls `exit_interrupt_mode` only after a `true`, and a
+    /// writer that saw the mark would wake an awake core at every record.
+    #[test]
+    fn a_core_that_may_not_sleep_leaves_no_ring_marked_asleep() {
+        barewire_test_support::rt().block_on(async {
+            let (dev, l, port, pd) = listening();
+            let peer = spawn_local(set_up(port, Instant::now() + Duration::from_secs(5)));
+            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
+            let (heard, _ours) = peer.await.unwrap();
+            let cap = heard.peer.ring_cap as usize;
+            let map = Mapping::new(&heard.ring, 0, (ring::HEADER + cap) as u64, 0, true).unwrap();
+            let mut w = Writer::new(Ring::from_mapping(map, cap));
+            // SAFETY: `push` hands over the record's payload area of 8 bytes.
+            let fill = |p| unsafe { std::ptr::write_bytes(p, 0x55, 8) };
+            assert!(w.push(ring::SEND, ring::LAST, 8, 8, 0, fill));
+            let mut poller = ShmPoller { live: Vec::new() };
+            assert!(!poller.try_enter_interrupt_mode(), "a record waits");
+            assert!(!w.reader_asleep(), "the ring is left marked asleep");
+            drop(qp);
+        });
     }
 
     /// A peer that asks for one key a thousand times (on one connection), and then on ten

@@ -56,8 +56,7 @@
 //!   Such a process can also stop or kill this one, so what it shares for speed is not
 //!   defended against it: a peer that turns the wake-up eventfd it handed over blocking and
 //!   fills its counter makes this core's next poke of it block. (Datagram sockets, which no
-//!   flag can make block, cost a sleeping core's round trip half again; `bench/RESULTS.md`,
-//!   forty-first session.)
+//!   flag can make block, were tried and measured: `bench/RESULTS.md`, forty-first session.)
 //! - **Listeners.** Any process in the namespace can connect to a listener's abstract name,
 //!   so a listener defends itself as the software provider's does, under the same
 //!   [`ListenerLimits`](crate::ListenerLimits) with the peer's process as the source: setups

@@ -135,6 +135,10 @@ pub struct RunArgs {
     pub sqpoll: Option<u64>,
     /// How long an idle core polls before it sleeps (`--idle-spin-us`, default 1000).
     pub idle_spin_us: u64,
+    /// Latency tests: an untimed pause before each iteration (`--gap-us`, default 0), so that
+    /// with a gap longer than `idle_spin_us` both sides sleep between messages and each one
+    /// times the wake-up of an idle peer.
+    pub gap_us: u64,
     /// Queue pairs (connections) a bandwidth test spreads its requests over (`--qps`), each
     /// with `tx_depth` in flight.
     pub qps: u16,
@@ -302,6 +306,11 @@ struct RunOpts {
     /// How long an idle core keeps polling before it sleeps, in microseconds.
     #[arg(long, value_name = "US", default_value_t = 1000)]
     idle_spin_us: u64,
+    /// Latency tests: pause this long (untimed) before each iteration; longer than
+    /// `--idle-spin-us`, both sides sleep between messages, so each times an idle peer's
+    /// wake-up.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    gap_us: u64,
     /// Ask for MPA CRC32c (off by default, as Linux siw).
     #[arg(long)]
     crc: bool,
@@ -439,6 +448,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         },
         sqpoll: o.sqpoll,
         idle_spin_us: o.idle_spin_us,
+        gap_us: o.gap_us,
         json: o.json,
         loopback: o.loopback,
         crc: o.crc,
@@ -545,6 +555,8 @@ mod tests {
         assert_eq!((r.sqpoll, r.idle_spin_us), (None, 1000));
         let r = run("read_lat --sqpoll 10 --idle-spin-us 0");
         assert_eq!((r.sqpoll, r.idle_spin_us), (Some(10), 0));
+        assert_eq!(r.gap_us, 0);
+        assert_eq!(run("send_lat --idle-spin-us 0 --gap-us 200").gap_us, 200);
         assert!(
             p("read_lat --sqpoll 0").is_err(),
             "an idle time of 0 ms is refused"

@@ -276,6 +276,7 @@ impl Runner<'_> {
             reactor: v.reactor,
             sqpoll: None,
             idle_spin_us: 1000,
+            gap_us: 0,
             qps: v.qps,
             json: true,
             loopback: true,

@@ -666,6 +666,10 @@ impl Client<'_> {
             (|$i:ident| $body:block) => {{
                 let mut t = Cycles::now();
                 for $i in 0..warm + a.iters {
+                    if a.gap_us > 0 {
+                        barewire_engine::time::sleep(Duration::from_micros(a.gap_us)).await;
+                        t = Cycles::now();
+                    }
                     $body
                     let now = Cycles::now();
                     if $i >= warm {

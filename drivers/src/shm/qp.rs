@@ -2091,9 +2091,15 @@ impl Poller for ShmPoller {
             if q.tx.borrow().copying || !q.rx.borrow().r.sleep() {
                 ready = false;
             }
-            // Completions held for the peer to take their records: it wakes us when it does.
+            // Completions held for the peer to take their records: it wakes us when it does,
+            // if one of them is signaled (taking an unsignaled Send completes nothing, and the
+            // next signaled request asks for the wake-up in its turn).
             if q.holding.get() {
-                q.tx.borrow().w.wake_when_consumed();
+                let tx = q.tx.borrow();
+                if tx.held.iter().any(|&(.., signaled)| signaled) {
+                    tx.w.wake_when_consumed();
+                }
+                drop(tx);
                 if q.releasable() {
                     ready = false;
                 }
@@ -2226,6 +2232,50 @@ mod tests {
             assert!(!poller.try_enter_interrupt_mode(), "a record waits");
             assert!(!w.reader_asleep(), "the ring is left marked asleep");
             drop(qp);
+        });
+    }
+
+    /// A core about to sleep asks its peer for a wake-up when the peer takes its records only
+    /// if a completion waits on that: taking an unsignaled Send completes nothing, and an idle
+    /// peer's wake-up was one poke slower for it.
+    #[test]
+    fn only_a_signaled_completion_held_for_the_peer_asks_it_for_a_wake_up() {
+        barewire_test_support::rt().block_on(async {
+            let (dev, l, port, pd) = listening();
+            let peer = spawn_local(set_up(port, Instant::now() + Duration::from_secs(5)));
+            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+            let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
+            let (_heard, ours) = peer.await.unwrap();
+            let reader = Reader::new(ours.ring);
+            let mut mem = vec![0u8; 64];
+            // SAFETY: `mem` outlives the region (both live to the end of this block).
+            let mr = unsafe { pd.register(mem.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
+            let send = |signaled| SendWr {
+                wr_id: 1,
+                op: SendOp::Send {
+                    solicited: false,
+                    invalidate: None,
+                },
+                sges: Sge {
+                    addr: mem.as_ptr() as u64,
+                    len: 8,
+                    lkey: mr.lkey(),
+                }
+                .into(),
+                signaled,
+                fence: false,
+            };
+            let mut poller = ShmPoller { live: Vec::new() };
+            qp.post_send(send(false)).unwrap();
+            poller.try_enter_interrupt_mode();
+            assert!(
+                !reader.writer_waits(),
+                "an unsignaled Send asked for a wake-up"
+            );
+            qp.post_send(send(true)).unwrap();
+            poller.try_enter_interrupt_mode();
+            assert!(reader.writer_waits(), "a signaled Send did not ask for one");
+            drop((qp, mr));
         });
     }
 

@@ -309,6 +309,12 @@ impl Reader {
         Ok(t)
     }
 
+    /// Whether the writer asked to be woken when this side next consumes (for the tests).
+    #[cfg(test)]
+    pub(crate) fn writer_waits(&self) -> bool {
+        self.ring.flag(WRITER_WAITS).load(Ordering::SeqCst) != 0
+    }
+
     /// True if a record is waiting that this side has not looked at (records it holds for
     /// want of a receive are taken when one is posted, with nothing to wake for).
     pub(crate) fn has_data(&self) -> bool {

@@ -2211,19 +2211,43 @@ mod tests {
         (hear(fd, M_ACCEPT, deadline).await.unwrap(), ours)
     }
 
+    /// A queue pair the listener accepted from a peer set up by hand ([`set_up`]), with the
+    /// peer's halves of the setup, and what the pair needs alive.
+    struct Accepted {
+        qp: QueuePair,
+        heard: Heard,
+        ours: Ours,
+        pd: Box<dyn crate::backend::PdOps>,
+        _cqs: (crate::api::CompletionQueue, crate::api::CompletionQueue),
+        _listener: (super::super::Device, Listener),
+    }
+
+    async fn accepted() -> Accepted {
+        let (dev, l, port, pd) = listening();
+        let peer = spawn_local(set_up(port, Instant::now() + Duration::from_secs(5)));
+        let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
+        let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
+        let (heard, ours) = peer.await.unwrap();
+        Accepted {
+            qp,
+            heard,
+            ours,
+            pd,
+            _cqs: (s, r),
+            _listener: (dev, l),
+        }
+    }
+
     /// A core that may not sleep (a Send waits in a ring for a receive) leaves none of its
     /// rings marked asleep: the engine calls `exit_interrupt_mode` only after a `true`, and a
     /// writer that saw the mark would wake an awake core at every record.
     #[test]
     fn a_core_that_may_not_sleep_leaves_no_ring_marked_asleep() {
         barewire_test_support::rt().block_on(async {
-            let (dev, l, port, pd) = listening();
-            let peer = spawn_local(set_up(port, Instant::now() + Duration::from_secs(5)));
-            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-            let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
-            let (heard, _ours) = peer.await.unwrap();
-            let cap = heard.peer.ring_cap as usize;
-            let map = Mapping::new(&heard.ring, 0, (ring::HEADER + cap) as u64, 0, true).unwrap();
+            let a = accepted().await;
+            let cap = a.heard.peer.ring_cap as usize;
+            let map = Mapping::new(&a.heard.ring, 0, (ring::HEADER + cap) as u64, 0, true);
+            let map = map.unwrap();
             let mut w = Writer::new(Ring::from_mapping(map, cap));
             // SAFETY: `push` hands over the record's payload area of 8 bytes.
             let fill = |p| unsafe { std::ptr::write_bytes(p, 0x55, 8) };
@@ -2231,7 +2255,7 @@ mod tests {
             let mut poller = ShmPoller { live: Vec::new() };
             assert!(!poller.try_enter_interrupt_mode(), "a record waits");
             assert!(!w.reader_asleep(), "the ring is left marked asleep");
-            drop(qp);
+            drop(a);
         });
     }
 
@@ -2241,11 +2265,7 @@ mod tests {
     #[test]
     fn only_a_signaled_completion_held_for_the_peer_asks_it_for_a_wake_up() {
         barewire_test_support::rt().block_on(async {
-            let (dev, l, port, pd) = listening();
-            let peer = spawn_local(set_up(port, Instant::now() + Duration::from_secs(5)));
-            let (s, r) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
-            let (qp, _) = l.accept(&*pd, &s, &r, Vec::new()).await.unwrap();
-            let (_heard, ours) = peer.await.unwrap();
+            let Accepted { qp, ours, pd, .. } = accepted().await;
             let reader = Reader::new(ours.ring);
             let mut mem = vec![0u8; 64];
             // SAFETY: `mem` outlives the region (both live to the end of this block).

@@ -21,14 +21,19 @@ fn shm() -> Device {
     Device::open(&DriverConfig::parse("shm", None).unwrap()).unwrap()
 }
 
-/// A connection to the shm name of the listener on 127.0.0.1:`port`, opened as any local
-/// process can, with nothing said on it.
-fn raw_connection(port: u16) -> OwnedFd {
+/// A blocking Unix seqpacket socket, as any local process can open.
+fn seqpacket() -> OwnedFd {
     // SAFETY: plain socket(2); the result is checked and owned.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
     // SAFETY: a descriptor we just created.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// A connection to the shm name of the listener on 127.0.0.1:`port`, opened as any local
+/// process can, with nothing said on it.
+fn raw_connection(port: u16) -> OwnedFd {
+    let fd = seqpacket();
     let (a, len) = shm_listener_address(port);
     // SAFETY: a valid address of the given length.
     let rc = unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) };
@@ -368,11 +373,7 @@ fn a_connect_that_finds_the_backlog_full_for_its_whole_timeout_says_so() {
     let _serial = one_at_a_time();
     let port_holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = port_holder.local_addr().unwrap().port();
-    // SAFETY: plain socket(2); the result is checked and owned.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-    // SAFETY: a descriptor we just created.
-    let name_holder = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name_holder = seqpacket();
     let (a, len) = shm_listener_address(port);
     // SAFETY: a valid address of the given length; a backlog with room for one connection.
     unsafe {

@@ -2095,11 +2095,12 @@ impl Poller for ShmPoller {
             // if one of them is signaled (taking an unsignaled Send completes nothing, and the
             // next signaled request asks for the wake-up in its turn).
             if q.holding.get() {
-                let tx = q.tx.borrow();
-                if tx.held.iter().any(|&(.., signaled)| signaled) {
-                    tx.w.wake_when_consumed();
+                {
+                    let tx = q.tx.borrow();
+                    if tx.held.iter().any(|&(.., signaled)| signaled) {
+                        tx.w.wake_when_consumed();
+                    }
                 }
-                drop(tx);
                 if q.releasable() {
                     ready = false;
                 }

@@ -3,7 +3,10 @@
 //! Each core keeps its pending deadlines in an ordered map. The loop fires every deadline that
 //! has passed on each pass, and when it goes to sleep it tells the reactor the earliest one, so a
 //! sleeping core wakes on time without a timer thread. Resolution is the reactor's wait
-//! resolution (about 50 µs on Linux with io_uring's timespec wait).
+//! resolution: both reactors wait with a `timespec` (io_uring's, and `epoll_pwait2`'s), so it is
+//! the kernel's timer slack, 50 µs by default. Only the epoll reactor on a kernel before 5.11
+//! (or under a seccomp profile that refuses `epoll_pwait2`) counts in milliseconds, rounded up:
+//! there a timer may fire up to a millisecond late. None fires early.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -93,3 +93,33 @@ fn a_dropped_sleep_is_removed() {
         "dropped timers do not make the core wake: {s:?}"
     );
 }
+
+/// A sleep shorter than a millisecond on a core that sleeps while it waits wakes near its
+/// deadline under either reactor: the epoll reactor's wait takes its timeout in nanoseconds
+/// (`epoll_pwait2`), not rounded up to the millisecond `epoll_wait` counts in. Judged by the
+/// median of 21 sleeps, so a few late wake-ups on a busy machine do not decide it; rounded up,
+/// every one of them would take at least a millisecond.
+#[test]
+fn a_sub_millisecond_sleep_is_not_rounded_up_to_a_millisecond() {
+    let rt = rt(1);
+    common::expect_reactor(&rt);
+    let mut took = rt.block_on(async {
+        let mut took = Vec::new();
+        for _ in 0..21 {
+            let t0 = Instant::now();
+            sleep(Duration::from_micros(200)).await;
+            took.push(t0.elapsed());
+        }
+        took
+    });
+    took.sort();
+    assert!(
+        took[0] >= Duration::from_micros(200),
+        "woke early: {took:?}"
+    );
+    assert!(
+        took[10] < Duration::from_micros(900),
+        "median of 21 sleeps of 200 µs: {:?} (all: {took:?})",
+        took[10]
+    );
+}

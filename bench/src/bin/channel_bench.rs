@@ -13,6 +13,11 @@
 //! - with `--driver shm --versus-soft`, the same channel's throughput over shm beside soft,
 //!   each rep running soft right after shm, the ratio taken per rep.
 //!
+//! Every receiving loop hands each message it takes to `std::hint::black_box`, barewire's and
+//! tokio's alike, so the compiler cannot drop a copy out of the ring or out of tokio's buffer
+//! whose result nothing reads. (Until the forty-second session the `recv` loop discarded its
+//! messages, and the copy out of the ring was compiled away: bench/RESULTS.md.)
+//!
 //! Usage (`--help` says more):
 //!
 //! ```text
@@ -62,6 +67,11 @@ struct Cli {
     /// messages may be in flight before the sender waits for credits.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..))]
     capacity: u32,
+    /// What barewire's `recv` loop does with each message: `keep` hands it whole to
+    /// `std::hint::black_box` (the default, as the other receivers do); `sum` adds up its
+    /// eight 8-byte words, a receiver that reads every byte and keeps only a total.
+    #[arg(long, default_value = "keep", value_parser = ["keep", "sum"])]
+    consume: String,
     /// Only tokio's buffered program, `--reps` times (to profile it alone).
     #[arg(long, hide = true)]
     tokio_only: bool,
@@ -86,6 +96,11 @@ fn pings() -> usize {
 
 fn node(driver: &str) -> Node {
     Node::with_config(&barewire::drivers::DriverConfig::parse(driver, None).unwrap()).unwrap()
+}
+
+/// `--consume sum` (passed to the server half through the environment).
+fn consume_sum() -> bool {
+    std::env::var("CHANNEL_BENCH_CONSUME").as_deref() == Ok("sum")
 }
 
 /// Slots sized for the message (64 B + the 4-byte length), in a ring of `--capacity` (passed
@@ -123,14 +138,26 @@ fn serve_barewire(cpu: usize, n: usize, driver: &str) {
             let m = rx.recv().await.unwrap();
             tx.send(&m).await.unwrap();
         }
-        for _ in 0..n {
-            rx.recv().await.unwrap();
+        if consume_sum() {
+            let mut total = 0u64;
+            for _ in 0..n {
+                let m = rx.recv().await.unwrap();
+                for w in m.chunks_exact(8) {
+                    total = total.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+                }
+            }
+            std::hint::black_box(total);
+        } else {
+            for _ in 0..n {
+                std::hint::black_box(rx.recv().await.unwrap());
+            }
         }
         tx.send(&[1; 64]).await.unwrap();
         let (mut got, mut batch) = (0, Vec::with_capacity(BATCH));
         while got < n {
             batch.clear();
             got += rx.recv_many(&mut batch, BATCH).await.unwrap();
+            std::hint::black_box(&batch);
         }
         tx.send(&[1; 64]).await.unwrap();
         // The client hangs up once it has this; a flush that loses that race is fine.
@@ -218,6 +245,7 @@ fn serve_tokio_framed(cpu: usize, n: usize) {
         for _ in 0..n {
             let f = frames.next().await.unwrap().unwrap();
             assert_eq!(f.len(), 64);
+            std::hint::black_box(&f);
         }
         w.write_all(&[1]).await.unwrap();
     });
@@ -274,6 +302,7 @@ fn serve_tokio(cpu: usize, n: usize) {
         for _ in 0..n {
             let len = r.read_u32().await.unwrap() as usize;
             r.read_exact(&mut buf[..len]).await.unwrap();
+            std::hint::black_box(&buf);
         }
         w.write_all(&[1]).await.unwrap();
     });
@@ -415,6 +444,7 @@ fn main() {
     // Before any thread or child starts: the server halves read it (they are started with
     // their own arguments only).
     std::env::set_var("CHANNEL_BENCH_CAPACITY", cli.capacity.to_string());
+    std::env::set_var("CHANNEL_BENCH_CONSUME", &cli.consume);
     if cli.tokio_only {
         for rep in 0..cli.reps {
             let rate = run_tokio(cli.cpu, cli.n as usize);

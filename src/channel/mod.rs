@@ -565,9 +565,8 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// failed.
     ///
     /// A message already here is taken and returned by the first poll, with no state machine
-    /// of its own around it (the value is moved as few times as the compiler allows; a
-    /// receiver that keeps up with a stream of small messages moves none with
-    /// [`recv_many`](Self::recv_many)).
+    /// of its own around it (see [`Recv`]). A receiver that keeps up with a stream of small
+    /// messages can take them in batches with [`recv_many`](Self::recv_many).
     pub fn recv(&self) -> Recv<'_, T, C> {
         Recv { rx: self }
     }
@@ -579,8 +578,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     ///
     /// For a receiver that keeps up with a stream of messages: one wait covers a batch, and
     /// plain-old-data is copied out of the ring straight into `out`, where `recv` hands each
-    /// message back through its own `Result` (a move of the whole value, for a 64-byte message
-    /// about a third of the receiver's time in channel-bench).
+    /// message back through its own `Result`.
     ///
     /// ```no_run
     /// # async fn demo(rx: barewire::Receiver<[u8; 64]>) -> barewire::Result<()> {
@@ -752,9 +750,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     }
 }
 
-/// The future of [`Receiver::recv`]. A named type whose `poll` inlines into the awaiting
-/// code, so a message taken at once is built where the caller reads it instead of being
-/// returned through a function's out-pointer and copied back.
+/// The future of [`Receiver::recv`]. A message already here is taken by the first poll.
 ///
 /// Dropping it before it completes takes nothing: a wait for a message can be given a
 /// deadline, and the next `recv` gets the message the abandoned one would have.
@@ -783,7 +779,14 @@ pub struct Recv<'a, T, C: Codec<T>> {
 impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
     type Output = Result<T>;
 
-    #[inline(always)]
+    // Out of line: the message is then written once, into the caller's `Poll<Result<T>>`
+    // through its return pointer, and read from there. Inlined, the compiler moved that value
+    // (a 64-byte message sits at offset 1 of a 72-byte `Result`) from stack slot to stack slot
+    // in pieces that straddled the stores before them, and each such load waited for its
+    // stores to drain instead of being forwarded from them: `Channel<[u8; 64]>` over shm took
+    // 35 M msg/s inlined and 58 out of line, with each message handed to `black_box`; 49 and
+    // 59 with a receiver that adds up every word (bench/RESULTS.md, forty-second session).
+    #[inline(never)]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let rx = self.rx;
         match rx.poll_ready(cx) {

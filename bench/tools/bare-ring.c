@@ -1,10 +1,17 @@
-// The floor under `Channel<[u8; 64]>` over shm (bench/RESULTS.md, twenty-eighth session): a bare
-// single-producer ring between two pinned threads, with the channel's 72-byte slots (a length
-// word, a mark word, 64 bytes of message) and credits returned every 256 messages, and no library
-// code. Prints messages per second.
+// The floor under `Channel<[u8; 64]>` over shm (bench/RESULTS.md, twenty-eighth and
+// forty-second sessions): a bare single-producer ring between two pinned threads, with the
+// channel's 72-byte slots (a length word, 64 bytes of message, a mark word), credits returned
+// every 256 messages, and no library code. Prints messages per second.
+//
+// The receiver copies each message out and clears its slot's length and mark, as the channel's
+// does. With RUN = 1 each message is stored straight into its slot, its mark last. With RUN > 1
+// the sender works as the channel does in a burst: it writes RUN messages into a staging buffer
+// of its own, then copies them into the ring in one ascending pass (the shm driver's ordered
+// copy). (The twenty-eighth session's version had marks that counted laps, and no clearing.)
 //
 //     gcc -O2 -pthread -o /tmp/bare-ring bench/tools/bare-ring.c
-//     /tmp/bare-ring [SLOTS [MESSAGES]]      (defaults: 1024 slots, 30,000,000 messages)
+//     /tmp/bare-ring [SLOTS [MESSAGES [RUN]]]   (defaults: 1024 slots, 30,000,000 messages, 1)
+//     /tmp/bare-ring 1024 30000000 512          (the channel's halves at 1,024 slots)
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -15,22 +22,94 @@
 #include <string.h>
 #include <time.h>
 #define SLOT 72
-static long N = 1024, M = 30000000;
+#define MARK 0x5ab17e0du
+static long N = 1024, M = 30000000, RUN = 1;
 static unsigned char *ring;
 static _Alignas(64) _Atomic uint64_t consumed;
 static _Alignas(64) volatile uint64_t sink;
-static void pin(int c){cpu_set_t s;CPU_ZERO(&s);CPU_SET(c,&s);pthread_setaffinity_np(pthread_self(),sizeof s,&s);}
-static void *cons(void *a){ pin(1); unsigned char buf[64]; uint64_t acc=0;
-  for (long i=0;i<M;i++){ _Atomic uint32_t *mark=(_Atomic uint32_t*)(ring+(i%N)*SLOT+4);
-    while (atomic_load_explicit(mark,memory_order_acquire)!=(uint32_t)(i+1)) ;
-    memcpy(buf, ring+(i%N)*SLOT+8, 64); acc+=buf[0];
-    if ((i+1)%256==0) atomic_store_explicit(&consumed,i+1,memory_order_release); }
-  sink=acc; return 0; }
-int main(int c,char**v){ if(c>1)N=atol(v[1]); if(c>2)M=atol(v[2]); ring=aligned_alloc(4096,((N*SLOT+4095)/4096)*4096); memset(ring,0,N*SLOT);
-  pthread_t t; pthread_create(&t,0,cons,0); pin(0); unsigned char msg[64]; memset(msg,7,64);
-  struct timespec a,b; clock_gettime(CLOCK_MONOTONIC,&a); uint64_t cr=0;
-  for (long i=0;i<M;i++){ while (i-cr>=N) cr=atomic_load_explicit(&consumed,memory_order_acquire);
-    unsigned char *s=ring+(i%N)*SLOT; *(uint32_t*)s=64; memcpy(s+8,msg,64);
-    atomic_store_explicit((_Atomic uint32_t*)(s+4),(uint32_t)(i+1),memory_order_release); }
-  pthread_join(t,0); clock_gettime(CLOCK_MONOTONIC,&b);
-  double s=(b.tv_sec-a.tv_sec)+(b.tv_nsec-a.tv_nsec)/1e9; printf("N=%ld %.1f M msg/s\n",N,M/s/1e6); }
+static void pin(int c) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(c, &s);
+  pthread_setaffinity_np(pthread_self(), sizeof s, &s);
+}
+static uint32_t load(unsigned char *p) {
+  return atomic_load_explicit((_Atomic uint32_t *)p, memory_order_acquire);
+}
+static void *receiver(void *a) {
+  (void)a;
+  pin(1);
+  unsigned char buf[64];
+  uint64_t acc = 0;
+  for (long i = 0; i < M; i++) {
+    unsigned char *s = ring + (i % N) * SLOT;
+    while (load(s) == 0 || load(s + 68) != MARK)
+      ;
+    memcpy(buf, s + 4, 64);
+    acc += buf[0];
+    // Cleared, so that the next lap's mark is new (as the channel's receiver does).
+    atomic_store_explicit((_Atomic uint32_t *)s, 0, memory_order_relaxed);
+    atomic_store_explicit((_Atomic uint32_t *)(s + 68), 0, memory_order_relaxed);
+    if ((i + 1) % 256 == 0)
+      atomic_store_explicit(&consumed, i + 1, memory_order_release);
+  }
+  sink = acc;
+  return 0;
+}
+// A message: its length (top bit set, as the channel's), its bytes, the mark.
+static void compose(unsigned char *s, const unsigned char *msg) {
+  uint32_t len = 64 | 1u << 31, mark = MARK;
+  memcpy(s, &len, 4);
+  memcpy(s + 4, msg, 64);
+  memcpy(s + 68, &mark, 4);
+}
+// 16 bytes at a time, in ascending order (x86 keeps stores in program order; the barrier keeps
+// the compiler from merging or reordering them), as the shm driver copies a watched Write.
+static void copy_ascending(unsigned char *d, const unsigned char *s, long n) {
+  for (long o = 0; o < n; o += 16) {
+    __uint128_t v;
+    memcpy(&v, s + o, 16);
+    memcpy(d + o, &v, 16);
+    __asm__ volatile("" ::: "memory");
+  }
+}
+int main(int c, char **v) {
+  if (c > 1) N = atol(v[1]);
+  if (c > 2) M = atol(v[2]);
+  if (c > 3) RUN = atol(v[3]);
+  if (RUN < 1 || RUN > N) RUN = 1;
+  ring = aligned_alloc(4096, ((N * SLOT + 4095) / 4096) * 4096);
+  memset(ring, 0, N * SLOT);
+  unsigned char *staging = aligned_alloc(4096, ((RUN * SLOT + 4095) / 4096) * 4096);
+  pthread_t t;
+  pthread_create(&t, 0, receiver, 0);
+  pin(0);
+  unsigned char msg[64];
+  memset(msg, 7, 64);
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  uint64_t credit = 0;
+  for (long i = 0; i < M;) {
+    long r = RUN, at = i % N;
+    if (r > M - i) r = M - i;
+    if (at + r > N) r = N - at; // a run stops at the ring's end
+    while ((uint64_t)(i + r) - credit > (uint64_t)N)
+      credit = atomic_load_explicit(&consumed, memory_order_acquire);
+    if (RUN == 1) {
+      unsigned char *s = ring + at * SLOT;
+      uint32_t len = 64 | 1u << 31;
+      memcpy(s, &len, 4);
+      memcpy(s + 4, msg, 64);
+      atomic_store_explicit((_Atomic uint32_t *)(s + 68), MARK, memory_order_release);
+    } else {
+      for (long k = 0; k < r; k++)
+        compose(staging + k * SLOT, msg);
+      copy_ascending(ring + at * SLOT, staging, r * SLOT);
+    }
+    i += r;
+  }
+  pthread_join(t, 0);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  double s = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9;
+  printf("N=%ld RUN=%ld %.1f M msg/s\n", N, RUN, M / s / 1e6);
+}

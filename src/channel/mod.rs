@@ -780,8 +780,8 @@ pub struct Recv<'a, T, C: Codec<T>> {
 impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
     type Output = Result<T>;
 
-    // Out of line: the message is then written once, into the caller's `Poll<Result<T>>`
-    // through its return pointer, and read from there. Inlined, the compiler moved that value
+    // Out of line: the message then reaches the caller's `Poll<Result<T>>` through its return
+    // pointer, and the caller reads it from there. Inlined, the compiler moved that value
     // (a 64-byte message sits at offset 1 of a 72-byte `Result`) from stack slot to stack slot
     // in pieces that straddled the stores before them, and each such load waited for its
     // stores to drain instead of being forwarded from them: `Channel<[u8; 64]>` over shm took

@@ -185,9 +185,8 @@ impl Epoll {
     ) -> io::Result<usize> {
         let fd = self.poll.as_raw_fd();
         let max = events.len() as libc::c_int;
-        let sub_ms = timeout.is_some_and(|t| t.subsec_nanos() % 1_000_000 != 0);
-        if sub_ms && !self.no_pwait2.get() {
-            let t = timeout.expect("sub_ms");
+        let sub_ms = timeout.filter(|t| t.subsec_nanos() % 1_000_000 != 0);
+        if let Some(t) = sub_ms.filter(|_| !self.no_pwait2.get()) {
             let ts = libc::timespec {
                 tv_sec: t.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
                 tv_nsec: t.subsec_nanos() as libc::c_long,

@@ -20,7 +20,15 @@ fn channel_bench_help_and_bad_input() {
     let bin = env!("CARGO_BIN_EXE_channel-bench");
     let (ok, help) = run(bin, &["--help"]);
     assert!(ok, "{help}");
-    for flag in ["--reps", "-n", "--cpu", "--channel-only", "--versus-soft"] {
+    for flag in [
+        "--reps",
+        "-n",
+        "--cpu",
+        "--channel-only",
+        "--versus-soft",
+        "--consume",
+        "--crc",
+    ] {
         assert!(help.contains(flag), "{flag} in {help}");
     }
     assert!(

@@ -13,6 +13,10 @@
 //! - with `--driver shm --versus-soft`, the same channel's throughput over shm beside soft,
 //!   each rep running soft right after shm, the ratio taken per rep.
 //!
+//! barewire's connections run with MPA CRC32c off unless `--crc` is given, the channel's and the
+//! raw WRITE's alike, as `barewire-perf` and its report do. (Until the forty-third session the
+//! channel ran with the library's default, CRC on, beside a raw WRITE without it.)
+//!
 //! Every receiving loop hands each message it takes to `std::hint::black_box`, barewire's and
 //! tokio's alike, so the compiler cannot drop a copy out of the ring or out of tokio's buffer
 //! whose result nothing reads. (Until the forty-second session the `recv` loop discarded its
@@ -22,7 +26,7 @@
 //!
 //! ```text
 //! channel-bench [--reps N] [-n MESSAGES] [--cpu A,B] [--capacity SLOTS] [--channel-only]
-//!               [--driver soft|shm] [--versus-soft]
+//!               [--driver soft|shm] [--versus-soft] [--consume keep|sum] [--crc]
 //! ```
 
 use std::io::Write;
@@ -72,6 +76,11 @@ struct Cli {
     /// eight 8-byte words, a receiver that reads every byte and keeps only a total.
     #[arg(long, default_value = "keep", value_parser = ["keep", "sum"])]
     consume: String,
+    /// MPA CRC32c on barewire's connections, the channel's and the raw WRITE's alike. Off by
+    /// default, as in `barewire-perf` and its report (the benchmark targets' setting; tokio's
+    /// programs check nothing beyond TCP either); the library's own default is on.
+    #[arg(long)]
+    crc: bool,
     /// Only tokio's buffered program, `--reps` times (to profile it alone).
     #[arg(long, hide = true)]
     tokio_only: bool,
@@ -95,7 +104,15 @@ fn pings() -> usize {
 }
 
 fn node(driver: &str) -> Node {
-    Node::with_config(&barewire::drivers::DriverConfig::parse(driver, None).unwrap()).unwrap()
+    let cfg = barewire::drivers::DriverConfig::parse(driver, None)
+        .unwrap()
+        .crc(crc());
+    Node::with_config(&cfg).unwrap()
+}
+
+/// `--crc` (passed to the server half through the environment).
+fn crc() -> bool {
+    std::env::var("CHANNEL_BENCH_CRC").as_deref() == Ok("on")
 }
 
 /// `--consume sum` (passed to the server half through the environment).
@@ -368,6 +385,7 @@ fn raw_write_p50(cpus: [usize; 2], driver: &str) -> Result<f64, String> {
             driver,
         ])
         .args(["--cpu", &format!("{},{}", cpus[0], cpus[1])])
+        .args(crc().then_some("--crc"))
         .output()
         .map_err(|e| format!("{}: {e}", exe.display()))?;
     let s = String::from_utf8_lossy(&out.stdout);
@@ -445,6 +463,7 @@ fn main() {
     // their own arguments only).
     std::env::set_var("CHANNEL_BENCH_CAPACITY", cli.capacity.to_string());
     std::env::set_var("CHANNEL_BENCH_CONSUME", &cli.consume);
+    std::env::set_var("CHANNEL_BENCH_CRC", if cli.crc { "on" } else { "off" });
     if cli.tokio_only {
         for rep in 0..cli.reps {
             let rate = run_tokio(cli.cpu, cli.n as usize);
@@ -458,6 +477,12 @@ fn main() {
     let (mut framed_rate, mut fed_rate, mut many_rate) = (vec![], vec![], vec![]);
     let (mut vs_recv, mut vs_many) = (vec![], vec![]);
     let driver = cli.driver.as_str();
+    // Said once, before the figures: the CRC setting moves the soft figures by about a tenth.
+    println!(
+        "barewire over {driver}{}: MPA CRC32c {} (--crc turns it on)",
+        if cli.versus_soft { " and soft" } else { "" },
+        if cli.crc { "on" } else { "off" }
+    );
     for rep in 0..reps {
         let (lat, rate, many) = run_barewire(cpus, n, driver);
         if cli.versus_soft {

@@ -237,10 +237,103 @@ impl Buffer {
         u32::from_le(w)
     }
 
+    /// The `len` bytes at `offset`, checked once here, for a run of accesses to one record
+    /// (a channel's slot: its length word, its message, its mark). Panics if the range is
+    /// outside the buffer.
+    ///
+    /// Each access through the span checks only against the span's length, a value the
+    /// caller holds. A run of the buffer's own accesses checks each against the buffer, and
+    /// after every store the compiler loads the buffer's address and length again, since the
+    /// store went through a raw pointer that might, for all it knows, have changed them.
+    ///
+    /// ```
+    /// use barewire_drivers::{Access, Buffer, Device, DriverConfig};
+    /// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+    /// let s = buf.span(64, 16);
+    /// s.store_u32_le(0, 5);
+    /// s.write(4, b"hello");
+    /// assert_eq!(buf.load_u32_le(64), 5);
+    /// let mut out = [0u8; 5];
+    /// buf.read_at(68, &mut out);
+    /// assert_eq!(&out, b"hello");
+    /// ```
+    #[inline]
+    pub fn span(&self, offset: usize, len: usize) -> Span<'_> {
+        self.check(offset, len);
+        Span {
+            // SAFETY: `offset` is inside the buffer (checked above; the end may be one past).
+            ptr: unsafe { self.ptr.add(offset) },
+            len,
+            _buffer: std::marker::PhantomData,
+        }
+    }
+
     /// An SGE for `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         self.check(offset, len);
         self.mr.sge(offset, len)
+    }
+}
+
+/// A checked range of a [`Buffer`] ([`Buffer::span`]), with the buffer's own accesses, each
+/// checked against the span. Offsets count from the span's start.
+#[derive(Clone, Copy)]
+pub struct Span<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _buffer: std::marker::PhantomData<&'a Buffer>,
+}
+
+impl Span<'_> {
+    #[inline]
+    fn check(&self, offset: usize, len: usize) {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            overrun("span", offset, len, self.len);
+        }
+    }
+
+    /// Copies bytes out, as [`Buffer::read_at`].
+    #[inline]
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.check(offset, out.len());
+        // SAFETY: inside the span (checked), which is inside the buffer (checked when it was
+        // made), and the buffer outlives the span; a plain copy with no reference into
+        // memory a peer may write.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
+    }
+
+    /// Copies bytes in, as [`Buffer::write_at`].
+    #[inline]
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: as `read`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Writes `v` as 4 little-endian bytes, as [`Buffer::store_u32_le`].
+    #[inline]
+    pub fn store_u32_le(&self, offset: usize, v: u32) {
+        self.check(offset, 4);
+        // SAFETY: as `read`; an unaligned plain store.
+        unsafe { std::ptr::write_unaligned(self.ptr.add(offset) as *mut u32, v.to_le()) }
+    }
+
+    /// Reads the aligned little-endian 4-byte word with acquire ordering, as
+    /// [`Buffer::load_u32_le`]. Panics if it is unaligned.
+    #[inline]
+    pub fn load_u32_le(&self, offset: usize) -> u32 {
+        self.check(offset, 4);
+        if (self.ptr as usize + offset) % 4 != 0 {
+            unaligned(offset, 4);
+        }
+        // SAFETY: an aligned word inside the span (checked); AtomicU32 has u32's layout.
+        let w = unsafe {
+            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        u32::from_le(w)
     }
 }
 
@@ -1014,6 +1107,48 @@ mod tests {
         let mut all = [0u8; 64];
         b.read_at(0, &mut all);
         assert!(all[..60].iter().all(|&x| x == 0));
+    }
+
+    /// A span is checked against the buffer when it is made, and each access through it
+    /// against the span, so no access through one leaves the range it was given.
+    #[test]
+    fn a_span_refuses_every_access_outside_it() {
+        let b = buffer();
+        let panics = |f: &dyn Fn()| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                .err()
+                .and_then(|p| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            panics(&|| {
+                b.span(60, 8);
+            }),
+            "8 bytes at 60 overrun a 64-byte buffer"
+        );
+        let s = b.span(16, 8);
+        s.store_u32_le(4, 7);
+        s.write(0, &[9, 9]);
+        assert_eq!(s.load_u32_le(4), 7);
+        assert_eq!(
+            panics(&|| s.store_u32_le(5, 0)),
+            "4 bytes at 5 overrun a 8-byte span"
+        );
+        assert!(panics(&|| s.write(8, &[1])).contains("overrun a 8-byte span"));
+        assert!(panics(&|| s.read(usize::MAX, &mut [0; 2])).contains("overrun"));
+        assert_eq!(
+            panics(&|| {
+                s.load_u32_le(2);
+            }),
+            "unaligned 4-byte word at 2"
+        );
+        // Only what the span's accesses wrote, inside it, changed.
+        let mut all = [0u8; 64];
+        b.read_at(0, &mut all);
+        let mut want = [0u8; 64];
+        want[16..18].copy_from_slice(&[9, 9]);
+        want[20..24].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(all, want);
     }
 
     #[test]

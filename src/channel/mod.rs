@@ -88,11 +88,11 @@ pub struct ChannelOptions {
     /// instead: each half leaves as soon as it is full, and its credits as soon as it is read,
     /// so that the two sides overlap rather than take turns. Over TCP (the software provider)
     /// a larger window still goes faster for streams of small messages: keep it at a few
-    /// hundred KiB there. 64-byte messages, each kept by the receiver, went 1.09x (`recv`) and
-    /// 1.17x (`recv_many`) as fast with 4096 slots (288 KiB) as with 1024 in channel-bench, and
-    /// 1.20x and 1.31x with 16384 (1.1 MiB); before rings went in halves, 4096 slots had been
-    /// 1.3-1.8x as fast as 1024 (bench/RESULTS.md, thirteenth, thirty-sixth and forty-second
-    /// sessions). Over shm the window matters little.
+    /// hundred KiB there. 64-byte messages, each kept by the receiver, with MPA CRC on, went
+    /// 1.09x (`recv`) and 1.17x (`recv_many`) as fast with 4096 slots (288 KiB) as with 1024
+    /// in channel-bench, and 1.20x and 1.31x with 16384 (1.1 MiB); before rings went in halves,
+    /// 4096 slots had been 1.3-1.8x as fast as 1024 (bench/RESULTS.md, thirteenth,
+    /// thirty-sixth and forty-second sessions). Over shm the window matters little.
     pub capacity: u32,
     /// Largest encoded message, in bytes (at most 1 MiB - 2). Each ring slot is this plus a
     /// 4-byte length and a 4-byte mark; keep it close to the real size: slots of up to 512

@@ -175,17 +175,13 @@ impl Buffer {
     /// Copies bytes out. Panics if the range is outside the buffer.
     #[inline]
     pub fn read_at(&self, offset: usize, out: &mut [u8]) {
-        self.check(offset, out.len());
-        // SAFETY: in bounds (checked); a plain copy with no reference into shared memory.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
+        self.span(offset, out.len()).read(0, out)
     }
 
     /// Copies bytes in. Panics if the range is outside the buffer.
     #[inline]
     pub fn write_at(&self, offset: usize, data: &[u8]) {
-        self.check(offset, data.len());
-        // SAFETY: as read_at.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
+        self.span(offset, data.len()).write(0, data)
     }
 
     /// Sets `len` bytes at `offset` to zero. Panics if the range is outside the buffer.
@@ -215,9 +211,7 @@ impl Buffer {
     /// `write_at` of its bytes, without a call to copy 4 bytes. Panics if outside the buffer.
     #[inline]
     pub fn store_u32_le(&self, offset: usize, v: u32) {
-        self.check(offset, 4);
-        // SAFETY: in bounds (checked); an unaligned plain store.
-        unsafe { std::ptr::write_unaligned(self.ptr.add(offset) as *mut u32, v.to_le()) }
+        self.span(offset, 4).store_u32_le(0, v)
     }
 
     /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering: what a
@@ -225,16 +219,7 @@ impl Buffer {
     /// Panics if the word is outside the buffer or unaligned.
     #[inline]
     pub fn load_u32_le(&self, offset: usize) -> u32 {
-        self.check(offset, 4);
-        if (self.ptr as usize + offset) % 4 != 0 {
-            unaligned(offset, 4);
-        }
-        // SAFETY: an aligned, in-bounds word; AtomicU32 has u32's layout.
-        let w = unsafe {
-            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
-                .load(std::sync::atomic::Ordering::Acquire)
-        };
-        u32::from_le(w)
+        self.span(offset, 4).load_u32_le(0)
     }
 
     /// The `len` bytes at `offset`, checked once here, for a run of accesses to one record
@@ -266,6 +251,7 @@ impl Buffer {
             // SAFETY: `offset` is inside the buffer (checked above; the end may be one past).
             ptr: unsafe { self.ptr.add(offset) },
             len,
+            at: offset,
             _buffer: std::marker::PhantomData,
         }
     }
@@ -283,6 +269,8 @@ impl Buffer {
 pub struct Span<'a> {
     ptr: *mut u8,
     len: usize,
+    /// Where it starts in the buffer: an unaligned word's panic names the buffer's offset.
+    at: usize,
     _buffer: std::marker::PhantomData<&'a Buffer>,
 }
 
@@ -294,7 +282,7 @@ impl Span<'_> {
         }
     }
 
-    /// Copies bytes out, as [`Buffer::read_at`].
+    /// Copies bytes out (what [`Buffer::read_at`] does through a span of its own).
     #[inline]
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         self.check(offset, out.len());
@@ -304,7 +292,7 @@ impl Span<'_> {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
     }
 
-    /// Copies bytes in, as [`Buffer::write_at`].
+    /// Copies bytes in (what [`Buffer::write_at`] does through a span of its own).
     #[inline]
     pub fn write(&self, offset: usize, data: &[u8]) {
         self.check(offset, data.len());
@@ -326,7 +314,7 @@ impl Span<'_> {
     pub fn load_u32_le(&self, offset: usize) -> u32 {
         self.check(offset, 4);
         if (self.ptr as usize + offset) % 4 != 0 {
-            unaligned(offset, 4);
+            unaligned(self.at + offset, 4);
         }
         // SAFETY: an aligned word inside the span (checked); AtomicU32 has u32's layout.
         let w = unsafe {
@@ -1067,6 +1055,14 @@ mod tests {
         Buffer::new(&pd, 64, 64, Access::LOCAL_WRITE).unwrap()
     }
 
+    /// What `f` panicked with (empty if it did not).
+    fn panics(f: &dyn Fn()) -> String {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+            .err()
+            .and_then(|p| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    }
+
     /// The bounds and alignment checks (out of line since their panics moved to cold
     /// functions) still stop every access that leaves the buffer, and say why.
     #[test]
@@ -1074,12 +1070,6 @@ mod tests {
         let b = buffer();
         b.write_at(60, &[1, 2, 3, 4]);
         assert_eq!(b.load_u32_le(60), u32::from_le_bytes([1, 2, 3, 4]));
-        let panics = |f: &dyn Fn()| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-                .err()
-                .and_then(|p| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default()
-        };
         assert_eq!(
             panics(&|| b.write_at(61, &[0; 4])),
             "4 bytes at 61 overrun a 64-byte buffer"
@@ -1114,12 +1104,6 @@ mod tests {
     #[test]
     fn a_span_refuses_every_access_outside_it() {
         let b = buffer();
-        let panics = |f: &dyn Fn()| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-                .err()
-                .and_then(|p| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default()
-        };
         assert_eq!(
             panics(&|| {
                 b.span(60, 8);
@@ -1136,11 +1120,12 @@ mod tests {
         );
         assert!(panics(&|| s.write(8, &[1])).contains("overrun a 8-byte span"));
         assert!(panics(&|| s.read(usize::MAX, &mut [0; 2])).contains("overrun"));
+        // (An unaligned word is named by its offset in the buffer.)
         assert_eq!(
             panics(&|| {
                 s.load_u32_le(2);
             }),
-            "unaligned 4-byte word at 2"
+            "unaligned 4-byte word at 18"
         );
         // Only what the span's accesses wrote, inside it, changed.
         let mut all = [0u8; 64];

@@ -282,7 +282,7 @@ impl Span<'_> {
         }
     }
 
-    /// Copies bytes out (what [`Buffer::read_at`] does through a span of its own).
+    /// Copies bytes out.
     #[inline]
     pub fn read(&self, offset: usize, out: &mut [u8]) {
         self.check(offset, out.len());
@@ -292,7 +292,7 @@ impl Span<'_> {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) }
     }
 
-    /// Copies bytes in (what [`Buffer::write_at`] does through a span of its own).
+    /// Copies bytes in.
     #[inline]
     pub fn write(&self, offset: usize, data: &[u8]) {
         self.check(offset, data.len());
@@ -300,7 +300,7 @@ impl Span<'_> {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(offset), data.len()) }
     }
 
-    /// Writes `v` as 4 little-endian bytes, as [`Buffer::store_u32_le`].
+    /// Writes `v` as 4 little-endian bytes (any alignment): a plain store.
     #[inline]
     pub fn store_u32_le(&self, offset: usize, v: u32) {
         self.check(offset, 4);
@@ -308,8 +308,8 @@ impl Span<'_> {
         unsafe { std::ptr::write_unaligned(self.ptr.add(offset) as *mut u32, v.to_le()) }
     }
 
-    /// Reads the aligned little-endian 4-byte word with acquire ordering, as
-    /// [`Buffer::load_u32_le`]. Panics if it is unaligned.
+    /// Reads the aligned little-endian 4-byte word with acquire ordering (see
+    /// [`Buffer::load_u32_le`]). Panics if it is unaligned.
     #[inline]
     pub fn load_u32_le(&self, offset: usize) -> u32 {
         self.check(offset, 4);

@@ -478,11 +478,16 @@ fn main() {
     let (mut vs_recv, mut vs_many) = (vec![], vec![]);
     let driver = cli.driver.as_str();
     // Said once, before the figures: the CRC setting moves the soft figures by about a tenth.
-    println!(
-        "barewire over {driver}{}: MPA CRC32c {} (--crc turns it on)",
-        if cli.versus_soft { " and soft" } else { "" },
-        if cli.crc { "on" } else { "off" }
-    );
+    let crc = if cli.crc { "on" } else { "off" };
+    match (driver, cli.versus_soft) {
+        ("shm", false) => {
+            println!("barewire over shm: no MPA framing, so no CRC (--crc is for soft)")
+        }
+        ("shm", true) => {
+            println!("barewire over shm, and over soft with MPA CRC32c {crc} (--crc turns it on)")
+        }
+        _ => println!("barewire over {driver}: MPA CRC32c {crc} (--crc turns it on)"),
+    }
     for rep in 0..reps {
         let (lat, rate, many) = run_barewire(cpus, n, driver);
         if cli.versus_soft {

@@ -674,10 +674,10 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     /// (the message starts `PREFIX` bytes in), and is called exactly once when this returns
     /// `Ok` (never when the length word is bad); then the slot is freed (also when `decode`
     /// fails: the message was the peer's, and is gone). `decode` keeps its own result, so what
-    /// this returns is built here, never moved from the closure. (A `Result` the closure returned, moved out
-    /// after the bookkeeping below, is copied whole, payload bytes included, from stores of
-    /// other widths: a failed store forwarding per message, about a tenth of the receiver's
-    /// time in channel-bench's `recv_many`, and a sixth in `recv`'s.)
+    /// this returns is built here, never moved from the closure. (A `Result` the closure
+    /// returned, moved out after the bookkeeping below, is copied whole, payload bytes
+    /// included, from stores of other widths: a failed store forwarding per message, about a
+    /// tenth of the receiver's time in channel-bench's `recv_many`, and a sixth in `recv`'s.)
     #[inline(always)]
     fn take_with(&self, decode: impl FnOnce(usize, Span<'_>)) -> Result<()> {
         let n = self.consumed.get();

@@ -64,7 +64,7 @@ pub(crate) use send::{ensure_flusher, TxState};
 use crate::control::imm;
 use crate::endpoint::{Inner, Link, Retired};
 use crate::error::{Error, Result};
-use ring::{extent, length, watch, LEN_SET, MARK, MARK_LEN, PREFIX};
+use ring::{extent, length, watch, Look, LEN_SET, MARK, MARK_LEN, PREFIX};
 use send::schedule;
 
 /// A channel's shape.
@@ -603,20 +603,26 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         if limit == 0 {
             return Ok(0);
         }
-        while !self.ready() {
-            self.wait().await?;
-        }
         let mut taken = 0;
-        while taken < limit && self.ready() {
-            // A decode error is kept aside, and `take_with` builds its own result (see there).
+        while taken < limit {
+            // A decode error is kept aside, and `take_next` builds its own result (see there).
             let mut failed = None;
-            self.take_with(|len, slot| {
+            let took = self.take_next(|len, slot| {
                 // Only an error is stored: an `Ok` moved into `failed` is a copy of stale
                 // stack words per message, from stores of other widths.
                 if let Err(e) = C::decode_push(len, |b| slot.read(PREFIX, b), out) {
                     failed = Some(e);
                 }
-            })?;
+            });
+            match took {
+                Some(r) => r?,
+                // Nothing here: wait for the first message, return with any later one.
+                None if taken == 0 => {
+                    self.wait().await?;
+                    continue;
+                }
+                None => break,
+            }
             if let Some(e) = failed {
                 return Err(e);
             }
@@ -670,29 +676,51 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         Poll::Pending
     }
 
-    /// Takes the next message, which is here (`ready`): `decode` gets its length and its slot
-    /// (the message starts `PREFIX` bytes in), and is called exactly once when this returns
-    /// `Ok` (never when the length word is bad); then the slot is freed (also when `decode`
-    /// fails: the message was the peer's, and is gone). `decode` keeps its own result, so what
-    /// this returns is built here, never moved from the closure. (A `Result` the closure
-    /// returned, moved out after the bookkeeping below, is copied whole, payload bytes
-    /// included, from stores of other widths: a failed store forwarding per message, about a
-    /// tenth of the receiver's time in channel-bench's `recv_many`, and a sixth in `recv`'s.)
+    /// Takes the next message if it is here: `None` when it is not (a polled ring's slot has
+    /// not fully landed, see [`RxState::look`]; an announced ring has no arrival counted for
+    /// it). Otherwise `decode` gets its length and its slot (the message starts `PREFIX` bytes
+    /// in), and is called exactly once when this returns `Some(Ok)` (never when the length word
+    /// is bad); then the slot is freed (also when `decode` fails: the message was the peer's,
+    /// and is gone).
+    ///
+    /// A polled ring's slot is looked at once (`RxState::look`): one checked span and one load
+    /// of the length word, then the mark, the message and the clearing stores all through that
+    /// span. Before, `recv` asked whether the message had landed and then took it, each finding
+    /// the slot and loading its length on its own: 164 instructions per `recv` of a 64-byte
+    /// message over shm against 119 now (callgrind), and 1.07x the messages per second
+    /// (bench/RESULTS.md, forty-fourth session).
+    ///
+    /// `decode` keeps its own result, so what this returns is built here, never moved from the
+    /// closure. (A `Result` the closure returned, moved out after the bookkeeping below, is
+    /// copied whole, payload bytes included, from stores of other widths: a failed store
+    /// forwarding per message, about a tenth of the receiver's time in channel-bench's
+    /// `recv_many`, and a sixth in `recv`'s.)
     #[inline(always)]
-    fn take_with(&self, decode: impl FnOnce(usize, Span<'_>)) -> Result<()> {
+    fn take_next(&self, decode: impl FnOnce(usize, Span<'_>)) -> Option<Result<()>> {
         let n = self.consumed.get();
         let tail = self.tail.get();
         let at = tail * self.st.slot;
-        let slot = self.st.slot_at(at);
-        // Announced or seen landed, so written: a zero word or a length the slot cannot hold
-        // is the peer's fault.
-        let Some(len) = length(slot.load_u32_le(0)).filter(|&len| len <= self.st.slot - extent(0))
-        else {
-            return Err(self.malformed_length(at));
-        };
-        decode(len, slot);
         if self.st.polled {
-            self.st.clear_taken(at, len, C::FIXED_LEN == Some(len));
+            let (len, slot) = match self.st.look(at) {
+                Look::Landed(len, slot) => (len, slot),
+                Look::Landing => return None,
+                Look::Oversized => return Some(Err(self.malformed_length(at))),
+            };
+            decode(len, slot);
+            self.st
+                .clear_taken(&slot, at, len, C::FIXED_LEN == Some(len));
+        } else {
+            if self.st.arrived.get() <= n {
+                return None;
+            }
+            let slot = self.st.slot_at(at);
+            // Announced, so written: a zero word or a length the slot cannot hold is the
+            // peer's fault.
+            let max = self.st.slot - extent(0);
+            let Some(len) = length(slot.load_u32_le(0)).filter(|&len| len <= max) else {
+                return Some(Err(self.malformed_length(at)));
+            };
+            decode(len, slot);
         }
         self.consumed.set(n + 1);
         self.tail.set(if tail + 1 == self.st.capacity as usize {
@@ -703,7 +731,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         if n + 1 - self.credited.get() >= self.step {
             self.return_credits(n + 1);
         }
-        Ok(())
+        Some(Ok(()))
     }
 
     /// The error for a slot at `at` whose length word is zero or more than the slot holds.
@@ -789,27 +817,34 @@ impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
     #[inline(never)]
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
         let rx = self.rx;
-        match rx.poll_ready(cx) {
-            Poll::Ready(Ok(())) => {
-                // Decoded in place and returned from there (see `Codec::decode_into`).
-                let mut value = std::mem::MaybeUninit::uninit();
-                let mut failed = None;
-                rx.take_with(|len, slot| {
-                    if let Err(e) = C::decode_into(len, |out| slot.read(PREFIX, out), &mut value) {
-                        failed = Some(e);
-                    }
-                })?;
-                Poll::Ready(match failed {
-                    Some(e) => Err(e),
-                    // SAFETY: `take_with` calls its closure exactly once when it returns `Ok`
-                    // (it returned `Ok`: the `?` above), and `decode_into` initialized
-                    // `value` (it returned `Ok`: `failed` is `None`).
-                    None => Ok(unsafe { value.assume_init() }),
-                })
+        // Decoded in place and returned from there (see `Codec::decode_into`).
+        let mut value = std::mem::MaybeUninit::uninit();
+        let mut failed = None;
+        loop {
+            let took = rx.take_next(|len, slot| {
+                if let Err(e) = C::decode_into(len, |out| slot.read(PREFIX, out), &mut value) {
+                    failed = Some(e);
+                }
+            });
+            match took {
+                Some(Ok(())) => break,
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                // Not here: closed, failed, or registered to be woken; here after all (it
+                // landed meanwhile): taken on the next turn.
+                None => match rx.poll_arrival(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
             }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
         }
+        Poll::Ready(match failed {
+            Some(e) => Err(e),
+            // SAFETY: `take_next` called its closure exactly once, since it returned
+            // `Some(Ok)`, and `decode_into` initialized `value` (it returned `Ok`: `failed` is
+            // `None`).
+            None => Ok(unsafe { value.assume_init() }),
+        })
     }
 }
 

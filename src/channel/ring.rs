@@ -67,29 +67,21 @@ impl RxState {
         self.waker.wake();
     }
 
-    /// The length word of the slot at `at`: `None` until it is written (its top byte, which
-    /// holds `LEN_SET`, is the word's last to land when a stream places it byte by byte),
-    /// otherwise the length it claims.
-    pub(super) fn len_at(&self, at: usize) -> Option<usize> {
-        length(self.ring.load_u32_le(at))
-    }
-
     /// The slot at `at`, checked once for the accesses that read or clear it.
     #[inline(always)]
     pub(super) fn slot_at(&self, at: usize) -> Span<'_> {
         self.ring.span(at, self.slot)
     }
 
-    /// Polled rings: clears the slot at `at` once its message of `len` bytes is taken, so that
-    /// the next mark seen there is new. With `fixed` (every message of this channel has `len`
-    /// bytes, `Codec::FIXED_LEN`) the next message's mark lands where this one's was, so the
-    /// length and mark words are all there is to clear; otherwise the slot is zeroed as far as
-    /// the sender may have written (a run carries whole slots, a lone large-slot message only
-    /// its extent).
+    /// Polled rings: clears the slot at `at` (`slot`, its span) once its message of `len`
+    /// bytes is taken, so that the next mark seen there is new. With `fixed` (every message of
+    /// this channel has `len` bytes, `Codec::FIXED_LEN`) the next message's mark lands where
+    /// this one's was, so the length and mark words are all there is to clear; otherwise the
+    /// slot is zeroed as far as the sender may have written (a run carries whole slots, a lone
+    /// large-slot message only its extent).
     #[inline(always)]
-    pub(super) fn clear_taken(&self, at: usize, len: usize, fixed: bool) {
+    pub(super) fn clear_taken(&self, slot: &Span<'_>, at: usize, len: usize, fixed: bool) {
         if fixed {
-            let slot = self.slot_at(at);
             slot.store_u32_le(0, 0);
             slot.store_u32_le(extent(len) - MARK_LEN, 0);
             return;
@@ -108,23 +100,46 @@ impl RxState {
         self.ring.zero(at, written);
     }
 
-    /// Polled rings: whether the message whose slot starts at `at` has fully landed. A
-    /// transport that lets memory be watched places a WRITE's bytes in ascending order (the
-    /// software provider in stream order, shm by an ordered copy), so a message's length word
-    /// lands before the message and its mark after. A consumed slot is zeroed, so a length
-    /// that reads non-zero is this message's, and a mark at the end it gives is its last bytes.
-    /// A length too large for the slot counts as landed, for `recv` to report.
+    /// Polled rings: what the slot at `at` holds. A transport that lets memory be watched
+    /// places a WRITE's bytes in ascending order (the software provider in stream order, shm
+    /// by an ordered copy), so a message's length word lands before the message and its mark
+    /// after. A consumed slot is zeroed, so a length that reads non-zero is this message's,
+    /// and a mark at the end it gives is its last bytes: the message has fully landed. A
+    /// length too large for the slot is the peer's fault, for `recv` to report.
     ///
-    /// (It reads through the ring, not a checked slot as `take_with` does: that made `recv`
-    /// over shm 2–4% slower in channel-bench, alternated, where `take_with`'s gained.)
+    /// The slot is checked once, and its length word loaded once: the receiver takes a
+    /// landed message through the span this hands back.
+    #[inline(always)]
+    pub(super) fn look(&self, at: usize) -> Look<'_> {
+        let slot = self.slot_at(at);
+        let Some(len) = length(slot.load_u32_le(0)) else {
+            return Look::Landing;
+        };
+        if len > self.slot - extent(0) {
+            return Look::Oversized;
+        }
+        if slot.load_u32_le(extent(len) - MARK_LEN) != MARK {
+            return Look::Landing;
+        }
+        Look::Landed(len, slot)
+    }
+
+    /// Polled rings: whether the slot at `at` is ready for `recv` (see [`look`](Self::look)):
+    /// its message has fully landed, or its length word is one to report.
     #[inline]
     pub(super) fn landed(&self, at: usize) -> bool {
-        match self.len_at(at) {
-            None => false,
-            Some(len) if len > self.slot - extent(0) => true,
-            Some(len) => self.ring.load_u32_le(at + extent(len) - MARK_LEN) == MARK,
-        }
+        !matches!(self.look(at), Look::Landing)
     }
+}
+
+/// What a polled ring's slot holds (see [`RxState::look`]).
+pub(super) enum Look<'a> {
+    /// Nothing yet, or a message still landing.
+    Landing,
+    /// A length word the slot cannot hold.
+    Oversized,
+    /// A message of this many bytes, all of it in, and the slot it is in.
+    Landed(usize, Span<'a>),
 }
 
 thread_local! {

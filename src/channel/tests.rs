@@ -482,7 +482,7 @@ fn a_cleared_slot_lands_again_only_with_the_next_messages_last_byte() {
             for placed in 0..=next_bytes.len() {
                 ring.write_at(0, &slot_bytes(taken));
                 assert!(st.landed(0));
-                st.clear_taken(0, taken, fixed);
+                st.clear_taken(&st.slot_at(0), 0, taken, fixed);
                 ring.write_at(0, &next_bytes[..placed]);
                 assert_eq!(
                     st.landed(0),
@@ -589,6 +589,49 @@ fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
             );
             let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
             assert!(matches!(answer, Ok(Ok(N))), "no answer from the receiver");
+        },
+    );
+}
+
+/// A peer that stores a length word too large for its slot into a polled ring (over shm, where
+/// the sender holds a mapping of the ring): `recv` reports it as malformed, after taking every
+/// message before it in order, and touches nothing beyond the slot.
+#[test]
+fn recv_refuses_a_length_word_larger_than_its_slot() {
+    use std::time::Duration;
+    let opts = ChannelOptions::new(16, 8);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            assert_eq!(rx.recv().await, Ok(1));
+            assert_eq!(rx.recv().await, Ok(2));
+            let r = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(
+                matches!(&r, Ok(Err(Error::Malformed(m))) if m.contains("length word")),
+                "{r:?}"
+            );
+            // The slot after the bad one was never written, and is still zero.
+            let next = 3 * rx.st.slot;
+            assert_eq!(rx.st.ring.load_u32_le(next), 0);
+            tx.send(&3).await.unwrap();
+            let _ = tx.flush().await;
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
+            tx.send(&1).await.unwrap();
+            tx.flush().await.unwrap();
+            // After a pause the next message goes straight into the mapped ring.
+            barewire_engine::time::sleep(Duration::from_millis(100)).await;
+            tx.send(&2).await.unwrap();
+            tx.flush().await.unwrap();
+            let m = tx.st.direct.get().expect("the receiver's ring is mapped");
+            // Slot 2 (the third message's): a length one byte more than the slot holds.
+            let slot = tx.st.slot;
+            let bad = (slot - extent(0) + 1) as u32 | LEN_SET;
+            m.store_u32_le(2 * slot, bad);
+            m.wake_peer();
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(3))), "{answer:?}");
         },
     );
 }

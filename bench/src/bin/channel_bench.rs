@@ -13,6 +13,11 @@
 //! - with `--driver shm --versus-soft`, the same channel's throughput over shm beside soft,
 //!   each rep running soft right after shm, the ratio taken per rep.
 //!
+//! tokio's buffered program runs right after the channel in each rep, and the channel's ratio
+//! to it is taken per rep too: the figure to quote is the median of those ratios, since this
+//! host changes pace within a run and a ratio of medians can pair a fast channel run with a
+//! slow tokio one. (Until the forty-fourth session only the ratio of the medians was printed.)
+//!
 //! barewire's connections run with MPA CRC32c off unless `--crc` is given, the channel's and the
 //! raw WRITE's alike, as `barewire-perf` and its report do. (Until the forty-third session the
 //! channel ran with the library's default, CRC on, beside a raw WRITE without it.)
@@ -476,6 +481,7 @@ fn main() {
         (vec![], vec![], vec![], vec![], vec![]);
     let (mut framed_rate, mut fed_rate, mut many_rate) = (vec![], vec![], vec![]);
     let (mut vs_recv, mut vs_many) = (vec![], vec![]);
+    let (mut vs_tok_recv, mut vs_tok_many) = (vec![], vec![]);
     let driver = cli.driver.as_str();
     // Said once, before the figures: the CRC setting moves the soft figures by about a tenth.
     let crc = if cli.crc { "on" } else { "off" };
@@ -506,6 +512,9 @@ fn main() {
             vs_many.push(many / soft_many);
         }
         many_rate.push(many);
+        // tokio's buffered program right after the channel, as shm's soft run above, so that
+        // the rep's ratio pairs two runs at the same pace of this host.
+        let tok = (!channel_only).then(|| run_tokio(cpus, n));
         let raw = raw_write(cpus, driver);
         if channel_only {
             println!(
@@ -519,19 +528,23 @@ fn main() {
             raw_lat.extend(raw);
             continue;
         }
-        let tok = run_tokio(cpus, n);
+        let tok = tok.expect("measured unless --channel-only");
+        vs_tok_recv.push(rate / tok);
+        vs_tok_many.push(many / tok);
         // A flush per message is slow: fewer of them keep the rep short (the rate is steady).
         let framed = run_tokio_framed(cpus, n.min(200_000), false);
         let fed = run_tokio_framed(cpus, n, true);
         let ucx = ucx_am_bw(cpus, driver);
         println!(
-            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s, ucx am_bw {}",
+            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s (channel / tokio buffered {:.2}x with recv, {:.2}x with recv_many), ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
             rate / 1e6,
             many / 1e6,
             framed / 1e6,
             fed / 1e6,
             tok / 1e6,
+            rate / tok,
+            many / tok,
             ucx.map_or("-".into(), |v| format!("{:.3} M msg/s", v / 1e6))
         );
         framed_rate.push(framed);
@@ -548,6 +561,15 @@ fn main() {
             "medians of the per-rep ratios: shm / soft {:.2}x with recv, {:.2}x with recv_many",
             m(&mut vs_recv),
             m(&mut vs_many)
+        );
+    }
+    if !channel_only {
+        // The figure to quote: each rep's ratio pairs runs seconds apart, where the medians
+        // below may pair a fast rep's channel with a slow rep's tokio.
+        println!(
+            "medians of the per-rep ratios: channel / tokio buffered {:.2}x with recv, {:.2}x with recv_many",
+            m(&mut vs_tok_recv),
+            m(&mut vs_tok_many)
         );
     }
     let (cl, rl, cr, tr, ur) = (

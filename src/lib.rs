@@ -45,7 +45,9 @@ pub use barewire_drivers as drivers;
 pub use barewire_engine as engine;
 pub use barewire_soft_rdma as soft_rdma;
 
-pub use channel::{Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Recv, Sender, Sending};
+pub use channel::{
+    Bare, Bytes, ChannelOptions, Codec, Raw, Receiver, Recv, RecvInto, Sender, Sending,
+};
 pub use distributed::DistributedChannel;
 pub use endpoint::{Endpoint, DEFAULT_CHANNEL_RING_LIMIT, DEFAULT_HANDSHAKE_TIMEOUT};
 pub use error::{Error, Mismatch, Result};

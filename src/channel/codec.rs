@@ -66,6 +66,14 @@ pub trait Codec<T> {
         out.write(Self::decode_from(len, fill)?);
         Ok(())
     }
+    /// Decodes a `len`-byte message as `decode_from` does into `out`, replacing what it held:
+    /// for [`Receiver::recv_into`](super::Receiver::recv_into), which fills a value the caller
+    /// keeps from one message to the next. On an error `out` is left as it was. Plain-old-data
+    /// is copied out of the ring straight into `out`, and [`Bytes`] reuses `out`'s allocation.
+    fn decode_replace(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut T) -> Result<()> {
+        *out = Self::decode_from(len, fill)?;
+        Ok(())
+    }
     /// Decodes a `len`-byte message as `decode_from` does and appends it to `out`: for a
     /// receiver taking many at once ([`Receiver::recv_many`](super::Receiver::recv_many)),
     /// which plain-old-data fills in place, with no value moved through a `Result`.
@@ -131,6 +139,12 @@ impl<T: Pod> Codec<T> for Raw {
         Raw::fits::<T>(len)?;
         // Straight into the value: one copy out of the ring.
         fill(bytemuck::bytes_of_mut(out.write(T::zeroed())));
+        Ok(())
+    }
+    fn decode_replace(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut T) -> Result<()> {
+        Raw::fits::<T>(len)?;
+        // Straight into the caller's value: one copy out of the ring.
+        fill(bytemuck::bytes_of_mut(out));
         Ok(())
     }
     fn decode_push(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<T>) -> Result<()> {
@@ -199,6 +213,13 @@ impl Codec<Vec<u8>> for Bytes {
         let mut v = vec![0u8; len];
         fill(&mut v);
         Ok(v)
+    }
+    fn decode_replace(len: usize, fill: impl FnOnce(&mut [u8]), out: &mut Vec<u8>) -> Result<()> {
+        // Into the caller's vector, whose allocation serves message after message.
+        out.clear();
+        out.resize(len, 0);
+        fill(out);
+        Ok(())
     }
     fn decode(bytes: &[u8]) -> Result<Vec<u8>> {
         Ok(bytes.to_vec())

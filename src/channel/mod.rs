@@ -252,7 +252,8 @@ pub struct Sender<T, C: Codec<T> = Raw> {
     _t: PhantomData<(fn(T), C)>,
 }
 
-/// The receiving half of a channel: [`recv`](Receiver::recv) one message at a time, or
+/// The receiving half of a channel: [`recv`](Receiver::recv) one message at a time,
+/// [`recv_into`](Receiver::recv_into) one at a time into a value the caller keeps, or
 /// [`recv_many`](Receiver::recv_many) every message already there.
 ///
 /// ```
@@ -568,9 +569,43 @@ impl<T, C: Codec<T>> Receiver<T, C> {
     ///
     /// A message already here is taken and returned by the first poll, with no state machine
     /// of its own around it (see [`Recv`]). A receiver that keeps up with a stream of small
-    /// messages can take them in batches with [`recv_many`](Self::recv_many).
+    /// messages can take each into one buffer of its own with [`recv_into`](Self::recv_into),
+    /// or take them in batches with [`recv_many`](Self::recv_many).
     pub fn recv(&self) -> Recv<'_, T, C> {
         Recv { rx: self }
+    }
+
+    /// The next message, into `out`, which keeps it until the next call: what `read_exact`
+    /// into a buffer is to a byte stream. Waits and fails as [`recv`](Self::recv) does; on an
+    /// error `out` is left as it was.
+    ///
+    /// Nothing is moved on the way: plain-old-data is copied out of the ring straight into
+    /// `out` (where `recv` hands the value back through its `Result`, a copy per move), and a
+    /// [`Bytes`] channel reuses `out`'s allocation message after message.
+    ///
+    /// ```
+    /// # barewire::engine::Runtime::builder().cores(1).sleeping().build().unwrap().block_on(async {
+    /// # let cfg = barewire::drivers::DriverConfig::parse("soft", None).unwrap();
+    /// # let (_nodes, a, b) = barewire::Node::loopback_pair(&cfg).await.unwrap();
+    /// use barewire::{engine::spawn_local, ChannelOptions};
+    /// let opts = ChannelOptions::new(64, 64);
+    /// let far = spawn_local(async move { a.open_channel::<[u8; 64]>(opts).await.unwrap() });
+    /// let (_tx, rx) = b.open_channel::<[u8; 64]>(opts).await.unwrap();
+    /// let (tx, _rx) = far.await.unwrap();
+    /// for i in 0..3u8 {
+    ///     tx.send(&[i; 64]).await.unwrap();
+    /// }
+    /// let mut msg = [0u8; 64]; // one buffer for every message
+    /// let mut sum = 0u32;
+    /// for _ in 0..3 {
+    ///     rx.recv_into(&mut msg).await.unwrap();
+    ///     sum += msg[0] as u32;
+    /// }
+    /// assert_eq!(sum, 0 + 1 + 2);
+    /// # });
+    /// ```
+    pub fn recv_into<'a>(&'a self, out: &'a mut T) -> RecvInto<'a, T, C> {
+        RecvInto { rx: self, out }
     }
 
     /// Waits for the next message, then appends it and every further message already here,
@@ -845,6 +880,48 @@ impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
             // `None`).
             None => Ok(unsafe { value.assume_init() }),
         })
+    }
+}
+
+/// The future of [`Receiver::recv_into`]. A message already here is taken by the first poll.
+///
+/// Dropping it before it completes takes nothing, and leaves `out` as it was.
+#[must_use = "futures do nothing unless awaited"]
+pub struct RecvInto<'a, T, C: Codec<T>> {
+    rx: &'a Receiver<T, C>,
+    out: &'a mut T,
+}
+
+impl<T, C: Codec<T>> Future for RecvInto<'_, T, C> {
+    type Output = Result<()>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        let rx = this.rx;
+        loop {
+            let mut failed = None;
+            let out = &mut *this.out;
+            let took = rx.take_next(|len, slot| {
+                if let Err(e) = C::decode_replace(len, |b| slot.read(PREFIX, b), out) {
+                    failed = Some(e);
+                }
+            });
+            match took {
+                Some(Ok(())) => {
+                    return Poll::Ready(match failed {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    })
+                }
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                // As `Recv::poll`.
+                None => match rx.poll_arrival(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
+            }
+        }
     }
 }
 

@@ -678,6 +678,54 @@ fn recv_many_keeps_what_it_took_before_a_message_that_does_not_decode() {
     );
 }
 
+/// `recv_into` fills the caller's value: a message that does not decode is an error that
+/// leaves the value as it was (and is consumed: the next call goes on after it), and a bytes
+/// channel fills the caller's vector in its own allocation.
+#[test]
+fn recv_into_fills_the_callers_value_and_leaves_it_on_an_error() {
+    use std::time::Duration;
+    let opts = ChannelOptions::new(16, 64);
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            let mut s = String::new();
+            rx.recv_into(&mut s).await.unwrap();
+            assert_eq!(s, "a");
+            let r = rx.recv_into(&mut s).await;
+            assert!(matches!(r, Err(Error::Malformed(_))), "{r:?}");
+            assert_eq!(s, "a", "a message that does not decode leaves the value");
+            rx.recv_into(&mut s).await.unwrap();
+            assert_eq!(s, "c", "the bad message was consumed, the next follows");
+            let (btx, brx) = ep.open_bytes_channel(opts).await.unwrap();
+            let mut v = Vec::with_capacity(64);
+            let at = v.as_ptr();
+            for want in [&b"twelve bytes"[..], b"", &[7u8; 64], b"xy"] {
+                brx.recv_into(&mut v).await.unwrap();
+                assert_eq!(v, want);
+                assert_eq!(v.as_ptr(), at, "the vector's own allocation");
+            }
+            tx.send(&"done".to_string()).await.unwrap();
+            let _ = tx.flush().await;
+            drop(btx);
+        },
+        |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            tx.send(&"a".to_string()).await.unwrap();
+            // A BARE string of two bytes that are not UTF-8.
+            tx.send_bytes(&[2, 0xff, 0xfe]).await.unwrap();
+            tx.send(&"c".to_string()).await.unwrap();
+            tx.flush().await.unwrap();
+            let (btx, _brx) = ep.open_bytes_channel(opts).await.unwrap();
+            for m in [&b"twelve bytes"[..], b"", &[7u8; 64], b"xy"] {
+                btx.send(&m.to_vec()).await.unwrap();
+            }
+            btx.flush().await.unwrap();
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(ref s)) if s == "done"), "{answer:?}");
+        },
+    );
+}
+
 /// A channel whose codec gives every message one length (`Raw`: the type's size) refuses
 /// bytes of any other length at the sender, since its receiver clears only the length and
 /// mark words of a slot it took (`Codec::FIXED_LEN`); the channel goes on working.

@@ -2,7 +2,9 @@
 //!
 //! - 64 B ping-pong p50 (half the round trip) over `Channel<[u8; 64]>`, beside a raw 64 B RDMA
 //!   WRITE ping-pong of the same provider (`barewire-perf write_lat -s 64`);
-//! - 64 B one-way throughput over `Channel<[u8; 64]>`, beside tokio TCP with length-prefixed
+//! - 64 B one-way throughput over `Channel<[u8; 64]>`, taken three ways (`recv`, which returns
+//!   each message; `recv_into` one buffer, as tokio's receiver reads each message into its
+//!   buffer; `recv_many` in batches), beside tokio TCP with length-prefixed
 //!   framing, three ways: buffered (a u32 length before each message into a 64 KiB
 //!   `BufWriter`, flushed once at the end: the fair peer, and the headline), fed
 //!   (`FramedWrite` + `LengthDelimitedCodec`, `feed` per message and one `flush`) and
@@ -76,9 +78,9 @@ struct Cli {
     /// messages may be in flight before the sender waits for credits.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..))]
     capacity: u32,
-    /// What barewire's `recv` loop does with each message: `keep` hands it whole to
-    /// `std::hint::black_box` (the default, as the other receivers do); `sum` adds up its
-    /// eight 8-byte words, a receiver that reads every byte and keeps only a total.
+    /// What barewire's `recv` and `recv_into` loops do with each message: `keep` hands it
+    /// whole to `std::hint::black_box` (the default, as the other receivers do); `sum` adds up
+    /// its eight 8-byte words, a receiver that reads every byte and keeps only a total.
     #[arg(long, default_value = "keep", value_parser = ["keep", "sum"])]
     consume: String,
     /// MPA CRC32c on barewire's connections, the channel's and the raw WRITE's alike. Off by
@@ -147,7 +149,9 @@ fn runtime(cpu: usize) -> barewire::engine::Runtime {
 const BATCH: usize = 1024;
 
 /// The far side of a barewire run: echo `pings()` messages, then count `n` taken one `recv` at
-/// a time and acknowledge, then `n` more taken with `recv_many` and acknowledge.
+/// a time and acknowledge, then `n` more taken one `recv_into` at a time into one buffer (as
+/// tokio's receiver reads each into its buffer) and acknowledge, then `n` more taken with
+/// `recv_many` and acknowledge.
 fn serve_barewire(cpu: usize, n: usize, driver: &str) {
     runtime(cpu).block_on(async move {
         let node = node(driver);
@@ -175,6 +179,23 @@ fn serve_barewire(cpu: usize, n: usize, driver: &str) {
             }
         }
         tx.send(&[1; 64]).await.unwrap();
+        let mut buf = [0u8; 64];
+        if consume_sum() {
+            let mut total = 0u64;
+            for _ in 0..n {
+                rx.recv_into(&mut buf).await.unwrap();
+                for w in buf.chunks_exact(8) {
+                    total = total.wrapping_add(u64::from_le_bytes(w.try_into().unwrap()));
+                }
+            }
+            std::hint::black_box(total);
+        } else {
+            for _ in 0..n {
+                rx.recv_into(&mut buf).await.unwrap();
+                std::hint::black_box(&buf);
+            }
+        }
+        tx.send(&[1; 64]).await.unwrap();
         let (mut got, mut batch) = (0, Vec::with_capacity(BATCH));
         while got < n {
             batch.clear();
@@ -187,8 +208,19 @@ fn serve_barewire(cpu: usize, n: usize, driver: &str) {
     });
 }
 
-/// Returns (ping-pong p50 in µs, messages per second taken by `recv`, by `recv_many`).
-fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> (f64, f64, f64) {
+/// What one barewire run measured.
+#[derive(Clone, Copy)]
+struct Run {
+    /// Ping-pong p50, µs (half the round trip).
+    p50: f64,
+    /// Messages per second taken one `recv` at a time, one `recv_into` at a time, and by
+    /// `recv_many`.
+    recv: f64,
+    into: f64,
+    many: f64,
+}
+
+fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> Run {
     let (port, mut child) = barewire_bench::spawn_ready(&[
         "--serve-barewire",
         &cpus[1].to_string(),
@@ -215,9 +247,9 @@ fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> (f64, f64, f64) {
             }
             let warm = pings / 10;
             let p50 = median(&mut lat[warm..]);
-            // The same sender both times; the server takes the first n with `recv`, the
-            // second with `recv_many`.
-            let mut rates = [0.0; 2];
+            // The same sender each time; the server takes the first n with `recv`, the
+            // second with `recv_into`, the third with `recv_many`.
+            let mut rates = [0.0; 3];
             for rate in &mut rates {
                 let t = Instant::now();
                 for i in 0..n {
@@ -226,7 +258,12 @@ fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> (f64, f64, f64) {
                 rx.recv().await.unwrap(); // everything arrived
                 *rate = n as f64 / t.elapsed().as_secs_f64();
             }
-            (p50, rates[0], rates[1])
+            Run {
+                p50,
+                recv: rates[0],
+                into: rates[1],
+                many: rates[2],
+            }
         })
     })
     .join()
@@ -479,9 +516,10 @@ fn main() {
     let (channel_only, reps, n, cpus) = (cli.channel_only, cli.reps, cli.n as usize, cli.cpu);
     let (mut chan_lat, mut raw_lat, mut chan_rate, mut tokio_rate, mut ucx_rate) =
         (vec![], vec![], vec![], vec![], vec![]);
-    let (mut framed_rate, mut fed_rate, mut many_rate) = (vec![], vec![], vec![]);
-    let (mut vs_recv, mut vs_many) = (vec![], vec![]);
-    let (mut vs_tok_recv, mut vs_tok_many) = (vec![], vec![]);
+    let (mut framed_rate, mut fed_rate, mut many_rate, mut into_rate) =
+        (vec![], vec![], vec![], vec![]);
+    let (mut vs_recv, mut vs_into, mut vs_many) = (vec![], vec![], vec![]);
+    let (mut vs_tok_recv, mut vs_tok_into, mut vs_tok_many) = (vec![], vec![], vec![]);
     let driver = cli.driver.as_str();
     // Said once, before the figures: the CRC setting moves the soft figures by about a tenth.
     let crc = if cli.crc { "on" } else { "off" };
@@ -495,32 +533,44 @@ fn main() {
         _ => println!("barewire over {driver}: MPA CRC32c {crc} (--crc turns it on)"),
     }
     for rep in 0..reps {
-        let (lat, rate, many) = run_barewire(cpus, n, driver);
+        let run = run_barewire(cpus, n, driver);
+        let Run {
+            p50: lat,
+            recv: rate,
+            into,
+            many,
+        } = run;
         if cli.versus_soft {
             // Right after, so that both halves of the ratio see the host at the same pace.
-            let (_, soft_rate, soft_many) = run_barewire(cpus, n, "soft");
+            let soft = run_barewire(cpus, n, "soft");
             println!(
-                "rep {rep}: shm {:.3} / soft {:.3} M msg/s = {:.2}x with recv, shm {:.3} / soft {:.3} = {:.2}x with recv_many",
+                "rep {rep}: shm {:.3} / soft {:.3} M msg/s = {:.2}x with recv, shm {:.3} / soft {:.3} = {:.2}x with recv_into, shm {:.3} / soft {:.3} = {:.2}x with recv_many",
                 rate / 1e6,
-                soft_rate / 1e6,
-                rate / soft_rate,
+                soft.recv / 1e6,
+                rate / soft.recv,
+                into / 1e6,
+                soft.into / 1e6,
+                into / soft.into,
                 many / 1e6,
-                soft_many / 1e6,
-                many / soft_many
+                soft.many / 1e6,
+                many / soft.many
             );
-            vs_recv.push(rate / soft_rate);
-            vs_many.push(many / soft_many);
+            vs_recv.push(rate / soft.recv);
+            vs_into.push(into / soft.into);
+            vs_many.push(many / soft.many);
         }
         many_rate.push(many);
+        into_rate.push(into);
         // tokio's buffered program right after the channel, as shm's soft run above, so that
         // the rep's ratio pairs two runs at the same pace of this host.
         let tok = (!channel_only).then(|| run_tokio(cpus, n));
         let raw = raw_write(cpus, driver);
         if channel_only {
             println!(
-                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s",
+                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
                 raw.map_or("-".into(), |v| format!("{v:.2} us")),
                 rate / 1e6,
+                into / 1e6,
                 many / 1e6
             );
             chan_lat.push(lat);
@@ -530,20 +580,23 @@ fn main() {
         }
         let tok = tok.expect("measured unless --channel-only");
         vs_tok_recv.push(rate / tok);
+        vs_tok_into.push(into / tok);
         vs_tok_many.push(many / tok);
         // A flush per message is slow: fewer of them keep the rep short (the rate is steady).
         let framed = run_tokio_framed(cpus, n.min(200_000), false);
         let fed = run_tokio_framed(cpus, n, true);
         let ucx = ucx_am_bw(cpus, driver);
         println!(
-            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s (channel / tokio buffered {:.2}x with recv, {:.2}x with recv_many), ucx am_bw {}",
+            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s (channel / tokio buffered {:.2}x with recv, {:.2}x with recv_into, {:.2}x with recv_many), ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
             rate / 1e6,
+            into / 1e6,
             many / 1e6,
             framed / 1e6,
             fed / 1e6,
             tok / 1e6,
             rate / tok,
+            into / tok,
             many / tok,
             ucx.map_or("-".into(), |v| format!("{:.3} M msg/s", v / 1e6))
         );
@@ -558,8 +611,9 @@ fn main() {
     let m = |v: &mut Vec<f64>| if v.is_empty() { f64::NAN } else { median(v) };
     if cli.versus_soft {
         println!(
-            "medians of the per-rep ratios: shm / soft {:.2}x with recv, {:.2}x with recv_many",
+            "medians of the per-rep ratios: shm / soft {:.2}x with recv, {:.2}x with recv_into, {:.2}x with recv_many",
             m(&mut vs_recv),
+            m(&mut vs_into),
             m(&mut vs_many)
         );
     }
@@ -567,8 +621,9 @@ fn main() {
         // The figure to quote: each rep's ratio pairs runs seconds apart, where the medians
         // below may pair a fast rep's channel with a slow rep's tokio.
         println!(
-            "medians of the per-rep ratios: channel / tokio buffered {:.2}x with recv, {:.2}x with recv_many",
+            "medians of the per-rep ratios: channel / tokio buffered {:.2}x with recv, {:.2}x with recv_into, {:.2}x with recv_many",
             m(&mut vs_tok_recv),
+            m(&mut vs_tok_into),
             m(&mut vs_tok_many)
         );
     }
@@ -582,6 +637,7 @@ fn main() {
     let fr = m(&mut framed_rate);
     let fd = m(&mut fed_rate);
     let mr = m(&mut many_rate);
+    let ir = m(&mut into_rate);
     // A figure that was not measured reads "-", not NaN.
     let raw = if rl.is_nan() {
         "raw WRITE - (not measured)".to_string()
@@ -590,8 +646,9 @@ fn main() {
     };
     if channel_only {
         println!(
-            "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s, with recv_many {:.3} M msg/s",
+            "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
             cr / 1e6,
+            ir / 1e6,
             mr / 1e6
         );
         return;

@@ -769,6 +769,29 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         Some(Ok(()))
     }
 
+    /// `take_next` for a future's poll: ready once the next message was taken (`decode` called
+    /// once with it, as by `take_next`), or the channel is closed or failed; otherwise
+    /// registered to be woken when that changes.
+    #[inline(always)]
+    fn poll_take(
+        &self,
+        cx: &mut Context<'_>,
+        mut decode: impl FnMut(usize, Span<'_>),
+    ) -> Poll<Result<()>> {
+        loop {
+            match self.take_next(&mut decode) {
+                Some(r) => return Poll::Ready(r),
+                // Not here: closed, failed, or registered to be woken; here after all (it
+                // landed meanwhile): taken on the next turn.
+                None => match self.poll_arrival(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                },
+            }
+        }
+    }
+
     /// The error for a slot at `at` whose length word is zero or more than the slot holds.
     #[cold]
     #[inline(never)]
@@ -855,31 +878,22 @@ impl<T, C: Codec<T>> Future for Recv<'_, T, C> {
         // Decoded in place and returned from there (see `Codec::decode_into`).
         let mut value = std::mem::MaybeUninit::uninit();
         let mut failed = None;
-        loop {
-            let took = rx.take_next(|len, slot| {
-                if let Err(e) = C::decode_into(len, |out| slot.read(PREFIX, out), &mut value) {
-                    failed = Some(e);
-                }
-            });
-            match took {
-                Some(Ok(())) => break,
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                // Not here: closed, failed, or registered to be woken; here after all (it
-                // landed meanwhile): taken on the next turn.
-                None => match rx.poll_arrival(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => return Poll::Pending,
-                },
+        let took = rx.poll_take(cx, |len, slot| {
+            if let Err(e) = C::decode_into(len, |out| slot.read(PREFIX, out), &mut value) {
+                failed = Some(e);
             }
+        });
+        match took {
+            Poll::Ready(Ok(())) => Poll::Ready(match failed {
+                Some(e) => Err(e),
+                // SAFETY: `poll_take` called the closure once with the message it took, since
+                // it returned `Ready(Ok)`, and `decode_into` initialized `value` (it returned
+                // `Ok`: `failed` is `None`).
+                None => Ok(unsafe { value.assume_init() }),
+            }),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
         }
-        Poll::Ready(match failed {
-            Some(e) => Err(e),
-            // SAFETY: `take_next` called its closure exactly once, since it returned
-            // `Some(Ok)`, and `decode_into` initialized `value` (it returned `Ok`: `failed` is
-            // `None`).
-            None => Ok(unsafe { value.assume_init() }),
-        })
     }
 }
 
@@ -897,30 +911,21 @@ impl<T, C: Codec<T>> Future for RecvInto<'_, T, C> {
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = self.get_mut();
-        let rx = this.rx;
-        loop {
-            let mut failed = None;
-            let out = &mut *this.out;
-            let took = rx.take_next(|len, slot| {
-                if let Err(e) = C::decode_replace(len, |b| slot.read(PREFIX, b), out) {
-                    failed = Some(e);
-                }
-            });
-            match took {
-                Some(Ok(())) => {
-                    return Poll::Ready(match failed {
-                        Some(e) => Err(e),
-                        None => Ok(()),
-                    })
-                }
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                // As `Recv::poll`.
-                None => match rx.poll_arrival(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                    Poll::Pending => return Poll::Pending,
-                },
+        let out = &mut *this.out;
+        let mut failed = None;
+        let took = this.rx.poll_take(cx, |len, slot| {
+            if let Err(e) = C::decode_replace(len, |b| slot.read(PREFIX, b), out) {
+                failed = Some(e);
             }
+        });
+        // (Matched on `took` alone: a match on the pair `(took, failed)` made `recv_into` over
+        // shm 0.65-0.75x as fast in channel-bench, alternated.)
+        match took {
+            Poll::Ready(Ok(())) => Poll::Ready(match failed {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }),
+            took => took,
         }
     }
 }

@@ -209,7 +209,6 @@ fn serve_barewire(cpu: usize, n: usize, driver: &str) {
 }
 
 /// What one barewire run measured.
-#[derive(Clone, Copy)]
 struct Run {
     /// Ping-pong p50, µs (half the round trip).
     p50: f64,
@@ -533,13 +532,12 @@ fn main() {
         _ => println!("barewire over {driver}: MPA CRC32c {crc} (--crc turns it on)"),
     }
     for rep in 0..reps {
-        let run = run_barewire(cpus, n, driver);
         let Run {
             p50: lat,
             recv: rate,
             into,
             many,
-        } = run;
+        } = run_barewire(cpus, n, driver);
         if cli.versus_soft {
             // Right after, so that both halves of the ratio see the host at the same pace.
             let soft = run_barewire(cpus, n, "soft");

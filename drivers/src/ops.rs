@@ -391,6 +391,22 @@ impl MappedRemote {
         }
     }
 
+    /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering (a word
+    /// this process stored there, read back). Panics if outside the region or unaligned.
+    #[inline]
+    pub fn load_u32_le(&self, offset: usize) -> u32 {
+        self.check(offset, 4);
+        if (self.ptr as usize + offset) % 4 != 0 {
+            unaligned(offset, 4);
+        }
+        // SAFETY: an aligned word inside the mapping (checked); AtomicU32 has u32's layout.
+        let w = unsafe {
+            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        u32::from_le(w)
+    }
+
     /// Wakes the peer's core if it sleeps, so that it looks at what was stored: call it after a
     /// batch of stores, before this task waits (it costs a fence). A peer that is awake sees the
     /// stores without it.

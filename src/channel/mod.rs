@@ -438,20 +438,24 @@ impl<T, C: Codec<T>> Sender<T, C> {
         let at = head * st.slot;
         let wrapped = head + 1 == st.capacity as usize;
         let next = if wrapped { 0 } else { head + 1 };
-        // The first message since this task last yielded (none went straight in since the
-        // flush poller ran, and no run is pending).
-        if st.posted.get() == seq && !st.wake_due.get() {
-            if let Some(m) = st.direct.get() {
-                // Straight into the receiver's slot, which is free (the credit check above),
-                // and published at once: the length word, the message, then the mark, which
-                // the receiver sees after the rest. What the sender adds before it yields
-                // gathers into a run behind this one (a burst is cheaper as one copy).
-                m.store_u32_le(at, bytes.len() as u32 | LEN_SET);
-                m.write(at + PREFIX, bytes);
-                m.store_u32_le(at + extent(bytes.len()) - MARK_LEN, MARK);
-                st.seq.set(seq + 1);
+        if let Some(m) = st.direct.get() {
+            // Straight into the receiver's slot, which is free (the credit check above): the
+            // message, its mark, then its length word. The first message since this task last
+            // yielded (no run pending, none went straight in since the flush poller ran) is
+            // published at once: its length word has `LEN_SET`, and the receiver, which reads
+            // that word first, finds the rest in. The rest of a burst is stored unpublished
+            // (`LEN_SET` clear, which the receiver reads as not yet written) and published as a
+            // run (`TxState::publish`): each message is written once, where a staged run was
+            // written twice, and the receiver does not chase the sender through the lines it is
+            // writing.
+            let len = bytes.len();
+            m.write(at + PREFIX, bytes);
+            m.store_u32_le(at + extent(len) - MARK_LEN, MARK);
+            st.seq.set(seq + 1);
+            st.head.set(next);
+            if st.posted.get() == seq && !st.wake_due.get() {
+                m.store_u32_le(at, len as u32 | LEN_SET);
                 st.posted.set(seq + 1);
-                st.head.set(next);
                 st.run_at.set(next);
                 // The receiver sees it at once unless it sleeps; the flush poller looks at
                 // that once this task yields.
@@ -459,6 +463,13 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 schedule(st);
                 return Ok(true);
             }
+            m.store_u32_le(at, len as u32);
+            if wrapped || seq + 1 - st.posted.get() >= st.run_limit {
+                st.post_run().map_err(Box::new)?;
+            } else {
+                schedule(st);
+            }
+            return Ok(true);
         }
         // The staging slot is free: it last held message `seq - capacity`, which the receiver
         // has consumed (the credit check above), so it was placed, so it was sent.

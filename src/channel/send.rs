@@ -7,7 +7,7 @@ use std::rc::{Rc, Weak};
 
 use barewire_drivers::{Buffer, MappedRemote, Op, SendOp};
 
-use super::ring::extent;
+use super::ring::{extent, LEN_SET};
 use super::Waiters;
 use crate::control::imm;
 use crate::endpoint::{Arrival, Inner};
@@ -23,7 +23,9 @@ use crate::error::Result;
 /// in halves, each sent as soon as it is full (see `halves`). A burst of small messages
 /// therefore costs one work request and one wire message per run, not per message; a lone
 /// message goes out as soon as its sender waits for anything. (Runs need small slots: with a
-/// `max_message` over ~500 bytes each message is its own WRITE.)
+/// `max_message` over ~500 bytes each message is its own WRITE.) Over shm, once the receiver's
+/// ring is mapped, `send` stores the message straight into its slot instead, and a run is
+/// published rather than posted (see `direct`).
 pub(crate) struct TxState {
     pub(super) id: u16,
     pub(super) capacity: u64,
@@ -57,8 +59,9 @@ pub(crate) struct TxState {
     /// The receiver watches its ring: runs go as plain WRITEs (see `RxState::landed`).
     pub(super) polled: Cell<bool>,
     /// The receiver's ring mapped into this process (shm, once granted, and only for a
-    /// receiver that watches): a message sent while no run is pending is then stored straight
-    /// into its slot and published at once, with no staging copy and no work request.
+    /// receiver that watches): every message is then stored straight into its slot, with no
+    /// staging copy and no work request, and published at once if no run is pending, or
+    /// otherwise with its run (see `publish`).
     pub(super) direct: OnceCell<MappedRemote>,
     /// A message went straight into the ring since the receiver was last woken (if asleep).
     pub(super) wake_due: Cell<bool>,
@@ -122,19 +125,30 @@ impl TxState {
     }
 
     /// Posts the pending run, if any, as one WRITE (with immediate unless the receiver watches
-    /// its ring): transmitted at once, or
-    /// (`batched`) with the provider's next pass together with whatever else is posted before
-    /// then.
+    /// its ring): transmitted at once, or (`batched`) with the provider's next pass together
+    /// with whatever else is posted before then. Once the receiver's ring is mapped (`direct`)
+    /// the run is already in it, and is published instead (see `publish`); a receiver that
+    /// may sleep is woken either way.
     pub(super) fn post_run(&self) -> Result<()> {
         self.post_run_with(false)
     }
 
     pub(super) fn post_run_with(&self, batched: bool) -> Result<()> {
         let (from, to) = (self.posted.get(), self.seq.get());
-        if self.wake_due.replace(false) {
-            if let Some(m) = self.direct.get() {
+        if let Some(m) = self.direct.get() {
+            // Every message since the ring was mapped went straight into it.
+            if from != to {
+                if let Some(inner) = self.link.upgrade() {
+                    if let Some(e) = &inner.shared.borrow().error {
+                        return Err(e.clone());
+                    }
+                }
+                self.publish(m, to - from);
+            }
+            if self.wake_due.replace(false) || from != to {
                 m.wake_peer();
             }
+            return Ok(());
         }
         if from == to {
             return Ok(());
@@ -147,8 +161,8 @@ impl TxState {
         }
         let ring = self.ring.get().expect("accepted channel");
         if self.polled.get() && self.direct.get().is_none() {
-            // Once the receiver's ring is granted (the first run asked for it), a message sent
-            // with no run pending goes straight into it (see `Sender::try_place`).
+            // Once the receiver's ring is granted (the first run asked for it), every later
+            // message goes straight into it (see `Sender::try_place`); this run is posted.
             if let Some(m) = inner.ops.qp().map_remote(&ring) {
                 let _ = self.direct.set(m);
             }
@@ -200,6 +214,24 @@ impl TxState {
                 .map_err(|e| inner.driver_error(e))?;
         }
         Ok(())
+    }
+}
+
+impl TxState {
+    /// Publishes the `count` messages from `posted` on, which the sender stored straight into
+    /// the receiver's ring with their length words unpublished (`LEN_SET` clear; see
+    /// `Sender::try_place`): each length word gets `LEN_SET`, the run's last first. The receiver
+    /// looks at the run's first slot, so it finds the whole run in once it sees that one, and
+    /// takes it behind this pass rather than chasing it. A run never wraps (it ends at the
+    /// ring's end), so its slots are consecutive.
+    fn publish(&self, m: &MappedRemote, count: u64) {
+        let first = self.run_at.get();
+        for k in (first..first + count as usize).rev() {
+            let at = k * self.slot;
+            m.store_u32_le(at, m.load_u32_le(at) | LEN_SET);
+        }
+        self.posted.set(self.seq.get());
+        self.run_at.set(self.head.get());
     }
 }
 

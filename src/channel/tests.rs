@@ -549,9 +549,10 @@ fn a_message_stored_straight_into_a_sleeping_receivers_ring_wakes_it() {
     );
 }
 
-/// Over shm, `recv_many` takes messages that came both ways a sender places them: stored
-/// straight into the ring (the first after each pause) and in runs (the rest of each burst),
-/// through many wraps of a small ring, in order and each once.
+/// Over shm, `recv_many` takes messages that came every way a sender places them: staged
+/// runs (before the receiver's ring is mapped), then stored straight into the ring, published
+/// at once (the first after each pause) or as a run (the rest of each burst), through many
+/// wraps of a small ring, in order and each once.
 #[test]
 fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
     use std::time::Duration;
@@ -562,7 +563,12 @@ fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
             let (tx, rx) = ep.open_channel::<u64>(opts).await.unwrap();
             let (mut got, mut batches) = (Vec::new(), 0u64);
             while (got.len() as u64) < N {
-                let n = rx.recv_many(&mut got, 50).await.unwrap();
+                let wait = Duration::from_secs(20);
+                let Ok(n) = barewire_engine::time::timeout(wait, rx.recv_many(&mut got, 50)).await
+                else {
+                    panic!("message {} never came", got.len());
+                };
+                let n = n.unwrap();
                 assert!((1..=50).contains(&n), "took {n}");
                 batches += 1;
             }
@@ -589,6 +595,50 @@ fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
             );
             let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
             assert!(matches!(answer, Ok(Ok(N))), "no answer from the receiver");
+        },
+    );
+}
+
+/// Over shm, bursts of messages of every length up to the slot's, sent once the receiver's
+/// ring is mapped (so stored straight into it, unpublished, then published as a run), each
+/// arrive whole and in order, through wraps of a small ring: a slot's length word is read only
+/// once its run is published, whatever the length.
+#[test]
+fn bursts_of_varied_lengths_over_shm_arrive_whole_and_in_order() {
+    use std::time::Duration;
+    const N: usize = 3_000;
+    let opts = ChannelOptions::new(32, 64);
+    let message = |i: usize| "x".repeat(i % 61) + &i.to_string()[..1];
+    over_shm(
+        move |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            for i in 0..N {
+                let wait = Duration::from_secs(20);
+                let Ok(got) = barewire_engine::time::timeout(wait, rx.recv()).await else {
+                    panic!("message {i} never came");
+                };
+                assert_eq!(got.unwrap(), message(i), "message {i}");
+            }
+            tx.send(&"done".to_string()).await.unwrap();
+            let _ = tx.flush().await;
+        },
+        move |ep| async move {
+            let (tx, rx) = ep.open_bare_channel::<String>(opts).await.unwrap();
+            let (mut i, mut burst) = (0, 1);
+            while i < N {
+                for _ in 0..burst.min(N - i) {
+                    tx.send(&message(i)).await.unwrap();
+                    i += 1;
+                }
+                barewire_engine::time::sleep(Duration::from_micros(200)).await;
+                burst = burst % 40 + 3;
+            }
+            assert!(
+                tx.st.direct.get().is_some(),
+                "the receiver's ring was mapped, so the direct path ran"
+            );
+            let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
+            assert!(matches!(answer, Ok(Ok(ref s)) if s == "done"), "{answer:?}");
         },
     );
 }

@@ -5,13 +5,17 @@
 //
 // The receiver copies each message out and clears its slot's length and mark, as the channel's
 // does. With RUN = 1 each message is stored straight into its slot, its mark last. With RUN > 1
-// the sender works as the channel does in a burst: it writes RUN messages into a staging buffer
-// of its own, then copies them into the ring in one ascending pass (the shm driver's ordered
-// copy). (The twenty-eighth session's version had marks that counted laps, and no clearing.)
+// the sender writes RUN messages, then publishes them together:
+// - PUBLISH = 0: into a staging buffer of its own, then copied into the ring in one ascending
+//   pass (the shm driver's ordered copy; the channel's bursts until the forty-fifth session);
+// - PUBLISH = 1: each message and its mark straight into its slot with the length word left
+//   unpublished (top bit clear), then the run's length words, the last first (the channel's
+//   bursts over shm since the forty-fifth session).
+// (The twenty-eighth session's version had marks that counted laps, and no clearing.)
 //
 //     gcc -O2 -pthread -o /tmp/bare-ring bench/tools/bare-ring.c
-//     /tmp/bare-ring [SLOTS [MESSAGES [RUN]]]   (defaults: 1024 slots, 30,000,000 messages, 1)
-//     /tmp/bare-ring 1024 30000000 512          (the channel's halves at 1,024 slots)
+//     /tmp/bare-ring [SLOTS [MESSAGES [RUN [PUBLISH]]]]  (defaults: 1024, 30,000,000, 1, 0)
+//     /tmp/bare-ring 1024 30000000 512 1                 (the channel's halves at 1,024 slots)
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -23,7 +27,7 @@
 #include <time.h>
 #define SLOT 72
 #define MARK 0x5ab17e0du
-static long N = 1024, M = 30000000, RUN = 1;
+static long N = 1024, M = 30000000, RUN = 1, PUBLISH = 0;
 static unsigned char *ring;
 static _Alignas(64) _Atomic uint64_t consumed;
 static _Alignas(64) volatile uint64_t sink;
@@ -43,7 +47,7 @@ static void *receiver(void *a) {
   uint64_t acc = 0;
   for (long i = 0; i < M; i++) {
     unsigned char *s = ring + (i % N) * SLOT;
-    while (load(s) == 0 || load(s + 68) != MARK)
+    while (!(load(s) & 1u << 31) || load(s + 68) != MARK)
       ;
     memcpy(buf, s + 4, 64);
     acc += buf[0];
@@ -77,6 +81,7 @@ int main(int c, char **v) {
   if (c > 1) N = atol(v[1]);
   if (c > 2) M = atol(v[2]);
   if (c > 3) RUN = atol(v[3]);
+  if (c > 4) PUBLISH = atol(v[4]);
   if (RUN < 1 || RUN > N) RUN = 1;
   ring = aligned_alloc(4096, ((N * SLOT + 4095) / 4096) * 4096);
   memset(ring, 0, N * SLOT);
@@ -101,6 +106,17 @@ int main(int c, char **v) {
       memcpy(s, &len, 4);
       memcpy(s + 4, msg, 64);
       atomic_store_explicit((_Atomic uint32_t *)(s + 68), MARK, memory_order_release);
+    } else if (PUBLISH) {
+      unsigned char *run = ring + at * SLOT;
+      uint32_t len = 64, mark = MARK;
+      for (long k = 0; k < r; k++) {
+        memcpy(run + k * SLOT, &len, 4);
+        memcpy(run + k * SLOT + 4, msg, 64);
+        memcpy(run + k * SLOT + 68, &mark, 4);
+      }
+      for (long k = r - 1; k >= 0; k--)
+        atomic_store_explicit((_Atomic uint32_t *)(run + k * SLOT), len | 1u << 31,
+                              memory_order_release);
     } else {
       for (long k = 0; k < r; k++)
         compose(staging + k * SLOT, msg);
@@ -111,5 +127,5 @@ int main(int c, char **v) {
   pthread_join(t, 0);
   clock_gettime(CLOCK_MONOTONIC, &b);
   double s = (b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9;
-  printf("N=%ld RUN=%ld %.1f M msg/s\n", N, RUN, M / s / 1e6);
+  printf("N=%ld RUN=%ld PUBLISH=%ld %.1f M msg/s\n", N, RUN, PUBLISH, M / s / 1e6);
 }

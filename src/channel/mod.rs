@@ -16,6 +16,12 @@
 //! - over verbs, where the NIC places data with no event, each WRITE carries immediate data
 //!   (channel, message count) that completes a receive the receiver posted in advance.
 //!
+//! Over shm, once the receiver's ring is mapped into the sender (after the first run), there
+//! is no staging and no WRITE: `send` stores each message and its mark straight into its slot,
+//! its length word without the bit that makes it a message (`LEN_SET`), and a burst is
+//! published by setting that bit on each length word, from the last message back to the first.
+//! The receiver reads the same slots either way.
+//!
 //! The receiver copies each message out, then tells the sender how many it has consumed by
 //! writing that count into a word of the sender's memory (with immediate data, so a sender
 //! waiting for room is woken rather than spinning). The sender never has more than `capacity`

@@ -220,10 +220,10 @@ impl TxState {
 impl TxState {
     /// Publishes the `count` messages from `posted` on, which the sender stored straight into
     /// the receiver's ring with their length words unpublished (`LEN_SET` clear; see
-    /// `Sender::try_place`): each length word gets `LEN_SET`, the run's last first. The receiver
-    /// looks at the run's first slot, so it finds the whole run in once it sees that one, and
-    /// takes it behind this pass rather than chasing it. A run never wraps (it ends at the
-    /// ring's end), so its slots are consecutive.
+    /// `Sender::try_place`): each length word gets `LEN_SET`, from the run's last message back
+    /// to its first. The receiver looks at the run's first slot, so it finds the whole run in
+    /// once it sees that one, and takes it behind this pass rather than chasing it. A run never
+    /// wraps (it ends at the ring's end), so its slots are consecutive.
     fn publish(&self, m: &MappedRemote, count: u64) {
         let first = self.run_at.get();
         for k in (first..first + count as usize).rev() {

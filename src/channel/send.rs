@@ -145,6 +145,9 @@ impl TxState {
                 }
                 self.publish(m, to - from);
             }
+            // (`wake_due` is set whenever a run is pending: the message before the run's first
+            // was published at once, which sets it, and it is cleared only here. A published
+            // run wakes the receiver all the same.)
             if self.wake_due.replace(false) || from != to {
                 m.wake_peer();
             }
@@ -215,9 +218,7 @@ impl TxState {
         }
         Ok(())
     }
-}
 
-impl TxState {
     /// Publishes the `count` messages from `posted` on, which the sender stored straight into
     /// the receiver's ring with their length words unpublished (`LEN_SET` clear; see
     /// `Sender::try_place`): each length word gets `LEN_SET`, from the run's last message back

@@ -599,10 +599,10 @@ fn recv_many_over_shm_takes_direct_stores_and_runs_in_order() {
     );
 }
 
-/// Over shm, bursts of messages of every length up to the slot's, sent once the receiver's
-/// ring is mapped (so stored straight into it, unpublished, then published as a run), each
-/// arrive whole and in order, through wraps of a small ring: a slot's length word is read only
-/// once its run is published, whatever the length.
+/// Over shm, bursts of messages of every length from 2 to 62 encoded bytes (the slot holds
+/// 64), sent once the receiver's ring is mapped (so stored straight into it, unpublished, then
+/// published as a run), each arrive whole and in order, through wraps of a small ring: a
+/// slot's length word is read only once its run is published, whatever the length.
 #[test]
 fn bursts_of_varied_lengths_over_shm_arrive_whole_and_in_order() {
     use std::time::Duration;

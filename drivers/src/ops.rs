@@ -40,6 +40,20 @@ fn unaligned(offset: usize, size: usize) -> ! {
     panic!("unaligned {size}-byte word at {offset}")
 }
 
+/// The little-endian 4-byte word at `p`, loaded with acquire ordering (what `Span` and
+/// `MappedRemote` read a watched word with).
+///
+/// # Safety
+/// `p` must be aligned to 4 and valid for reads of 4 bytes.
+#[inline(always)]
+unsafe fn load_u32_le_acquire(p: *const u8) -> u32 {
+    // SAFETY: aligned and readable (the caller's promise); AtomicU32 has u32's layout.
+    let w = unsafe {
+        (*(p as *const std::sync::atomic::AtomicU32)).load(std::sync::atomic::Ordering::Acquire)
+    };
+    u32::from_le(w)
+}
+
 /// Registered memory owned by barewire: zeroed, aligned as asked, freed only once no work
 /// request can reach it. Its bytes are read and written by copying (`read_at`, `write_at`),
 /// because the device or a peer may change them at any time the access rights allow.
@@ -316,12 +330,8 @@ impl Span<'_> {
         if (self.ptr as usize + offset) % 4 != 0 {
             unaligned(self.at + offset, 4);
         }
-        // SAFETY: an aligned word inside the span (checked); AtomicU32 has u32's layout.
-        let w = unsafe {
-            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
-                .load(std::sync::atomic::Ordering::Acquire)
-        };
-        u32::from_le(w)
+        // SAFETY: an aligned word inside the span (checked).
+        unsafe { load_u32_le_acquire(self.ptr.add(offset)) }
     }
 }
 
@@ -399,12 +409,8 @@ impl MappedRemote {
         if (self.ptr as usize + offset) % 4 != 0 {
             unaligned(offset, 4);
         }
-        // SAFETY: an aligned word inside the mapping (checked); AtomicU32 has u32's layout.
-        let w = unsafe {
-            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
-                .load(std::sync::atomic::Ordering::Acquire)
-        };
-        u32::from_le(w)
+        // SAFETY: an aligned word inside the mapping (checked).
+        unsafe { load_u32_le_acquire(self.ptr.add(offset)) }
     }
 
     /// Wakes the peer's core if it sleeps, so that it looks at what was stored: call it after a

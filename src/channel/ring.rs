@@ -103,9 +103,11 @@ impl RxState {
     /// Polled rings: what the slot at `at` holds. A transport that lets memory be watched
     /// places a WRITE's bytes in ascending order (the software provider in stream order, shm
     /// by an ordered copy), so a message's length word lands before the message and its mark
-    /// after. A consumed slot is zeroed, so a length that reads non-zero is this message's,
-    /// and a mark at the end it gives is its last bytes: the message has fully landed. A
-    /// length too large for the slot is the peer's fault, for `recv` to report.
+    /// after; a sender that stores straight into a mapped ring (shm) puts the message and its
+    /// mark in first and sets the length word's `LEN_SET` last. A consumed slot is zeroed, so
+    /// a length that reads as set is this message's, and with the mark at the end it gives
+    /// read too, the message has fully landed, whichever way it came. A length too large for
+    /// the slot is the peer's fault, for `recv` to report.
     ///
     /// The slot is checked once, and its length word loaded once: the receiver takes a
     /// landed message through the span this hands back.

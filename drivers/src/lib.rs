@@ -44,7 +44,7 @@ pub use api::{
     ListenerLimits, MemoryRegion, ProtectionDomain, QpState, QueuePair, RecvWr, RegionDescriptor,
     SendOp, SendWr, Sge, Sges, Stag, WcOpcode, WcStatus, Window, WorkCompletion,
 };
-pub use ops::{Buffer, Endpoint, MappedRemote, Op, Remote, Span};
+pub use ops::{Buffer, Endpoint, MappedRemote, MappedSpan, Op, Remote, Span};
 pub use transport::{
     select, Chosen, DriverConfig, DriverError, Overrides, Transport, TransportDefaults,
     DEFAULT_KEEPALIVE,

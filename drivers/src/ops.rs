@@ -376,6 +376,26 @@ impl MappedRemote {
         }
     }
 
+    /// The `len` bytes at `offset`, checked once for the accesses made through them (a
+    /// message's slot: its bytes, its mark and its length word). The span starts on a 4-byte
+    /// boundary, so a word at an offset that is a multiple of 4 needs no further alignment
+    /// check, and one at a constant offset none at run time. Panics if the range is outside
+    /// the region or its start is unaligned.
+    #[inline]
+    pub fn span(&self, offset: usize, len: usize) -> MappedSpan<'_> {
+        self.check(offset, len);
+        if (self.ptr as usize + offset) % 4 != 0 {
+            unaligned(offset, 4);
+        }
+        MappedSpan {
+            // SAFETY: `offset` is within the mapping (checked: `offset + len <= self.len`).
+            ptr: unsafe { self.ptr.add(offset) },
+            len,
+            at: offset,
+            _mapping: std::marker::PhantomData,
+        }
+    }
+
     /// Copies `data` to `offset`, visible in ascending address order after every earlier
     /// store. Panics if the range is outside the region.
     #[inline]
@@ -390,27 +410,14 @@ impl MappedRemote {
     /// store (release ordering). Panics if outside the region or unaligned.
     #[inline]
     pub fn store_u32_le(&self, offset: usize, v: u32) {
-        self.check(offset, 4);
-        if (self.ptr as usize + offset) % 4 != 0 {
-            unaligned(offset, 4);
-        }
-        // SAFETY: an aligned word inside the mapping (checked); AtomicU32 has u32's layout.
-        unsafe {
-            (*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU32))
-                .store(v.to_le(), std::sync::atomic::Ordering::Release)
-        }
+        self.span(offset, 4).store_u32_le(0, v)
     }
 
     /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering (a word
     /// this process stored there, read back). Panics if outside the region or unaligned.
     #[inline]
     pub fn load_u32_le(&self, offset: usize) -> u32 {
-        self.check(offset, 4);
-        if (self.ptr as usize + offset) % 4 != 0 {
-            unaligned(offset, 4);
-        }
-        // SAFETY: an aligned word inside the mapping (checked).
-        unsafe { load_u32_le_acquire(self.ptr.add(offset)) }
+        self.span(offset, 4).load_u32_le(0)
     }
 
     /// Wakes the peer's core if it sleeps, so that it looks at what was stored: call it after a
@@ -418,6 +425,72 @@ impl MappedRemote {
     /// stores without it.
     pub fn wake_peer(&self) {
         self.peer.wake_if_asleep()
+    }
+}
+
+/// A checked range of a [`MappedRemote`] ([`MappedRemote::span`]), starting on a 4-byte
+/// boundary, with the mapping's own accesses, each checked against the span. Offsets count
+/// from the span's start.
+#[derive(Clone, Copy)]
+pub struct MappedSpan<'a> {
+    /// Aligned to 4 (checked when the span was made).
+    ptr: *mut u8,
+    len: usize,
+    /// Where it starts in the region: an unaligned word's panic names the region's offset.
+    at: usize,
+    _mapping: std::marker::PhantomData<&'a MappedRemote>,
+}
+
+impl MappedSpan<'_> {
+    #[inline]
+    fn check(&self, offset: usize, len: usize) {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            overrun("mapped span", offset, len, self.len);
+        }
+    }
+
+    /// The word at `offset`, checked: inside the span and aligned (the span's start is, so
+    /// only `offset` is looked at, which a constant offset settles at compile time).
+    #[inline]
+    fn word(&self, offset: usize) -> *mut u8 {
+        self.check(offset, 4);
+        if offset % 4 != 0 {
+            unaligned(self.at + offset, 4);
+        }
+        // SAFETY: inside the span (checked), which is inside the mapping.
+        unsafe { self.ptr.add(offset) }
+    }
+
+    /// Copies `data` to `offset`, visible in ascending address order after every earlier
+    /// store (as [`MappedRemote::write`]). Panics if the range is outside the span.
+    #[inline]
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.check(offset, data.len());
+        // SAFETY: inside the span (checked), which is inside the mapping the `MappedRemote`
+        // this borrows keeps mapped; `data` is this process's own memory, never inside the
+        // peer's mapping.
+        unsafe { copy_ascending(data.as_ptr(), self.ptr.add(offset), data.len()) }
+    }
+
+    /// Stores `v` as 4 little-endian bytes at `offset` (aligned to 4), after every earlier
+    /// store (release ordering). Panics if outside the span or unaligned.
+    #[inline]
+    pub fn store_u32_le(&self, offset: usize, v: u32) {
+        let p = self.word(offset);
+        // SAFETY: an aligned word inside the mapping (`word`); AtomicU32 has u32's layout.
+        unsafe {
+            (*(p as *const std::sync::atomic::AtomicU32))
+                .store(v.to_le(), std::sync::atomic::Ordering::Release)
+        }
+    }
+
+    /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering (a word
+    /// this process stored there, read back). Panics if outside the span or unaligned.
+    #[inline]
+    pub fn load_u32_le(&self, offset: usize) -> u32 {
+        let p = self.word(offset);
+        // SAFETY: an aligned word inside the mapping (`word`).
+        unsafe { load_u32_le_acquire(p) }
     }
 }
 
@@ -1156,6 +1229,60 @@ mod tests {
         want[16..18].copy_from_slice(&[9, 9]);
         want[20..24].copy_from_slice(&7u32.to_le_bytes());
         assert_eq!(all, want);
+    }
+
+    /// A mapped span is checked against the mapping, and its start for alignment, when it is
+    /// made; each access through it against the span, and a word for its offset's alignment.
+    #[test]
+    fn a_mapped_span_refuses_every_access_outside_it() {
+        struct Awake;
+        impl crate::backend::MappedPeer for Awake {
+            fn wake_if_asleep(&self) {}
+        }
+        let mut memory = vec![0u32; 16];
+        let m = MappedRemote::new(memory.as_mut_ptr() as *mut u8, 64, Box::new(Awake));
+        assert_eq!(
+            panics(&|| {
+                m.span(60, 8);
+            }),
+            "8 bytes at 60 overrun a 64-byte mapped region"
+        );
+        assert_eq!(
+            panics(&|| {
+                m.span(18, 8);
+            }),
+            "unaligned 4-byte word at 18"
+        );
+        let s = m.span(16, 12);
+        s.write(0, &[9, 9]);
+        s.store_u32_le(8, 7);
+        assert_eq!(s.load_u32_le(8), 7);
+        assert_eq!(
+            panics(&|| s.store_u32_le(12, 0)),
+            "4 bytes at 12 overrun a 12-byte mapped span"
+        );
+        assert!(panics(&|| s.write(11, &[1, 1])).contains("overrun a 12-byte mapped span"));
+        // (An unaligned word is named by its offset in the region.)
+        assert_eq!(
+            panics(&|| {
+                s.load_u32_le(2);
+            }),
+            "unaligned 4-byte word at 18"
+        );
+        // The region's own word accesses go through one-word spans.
+        m.store_u32_le(60, 5);
+        assert_eq!(m.load_u32_le(60), 5);
+        assert_eq!(
+            panics(&|| m.store_u32_le(62, 0)),
+            "4 bytes at 62 overrun a 64-byte mapped region"
+        );
+        drop(m);
+        // Only what the accesses wrote, inside the span or the word, changed.
+        let mut want = vec![0u32; 16];
+        want[4] = u32::from_le_bytes([9, 9, 0, 0]);
+        want[6] = 7u32.to_le();
+        want[15] = 5u32.to_le();
+        assert_eq!(memory, want);
     }
 
     #[test]

@@ -455,12 +455,14 @@ impl<T, C: Codec<T>> Sender<T, C> {
             // written twice, and the receiver does not chase the sender through the lines it is
             // writing.
             let len = bytes.len();
-            m.write(at + PREFIX, bytes);
-            m.store_u32_le(at + extent(len) - MARK_LEN, MARK);
+            // One checked span for the slot's three stores.
+            let slot = m.span(at, st.slot);
+            slot.write(PREFIX, bytes);
+            slot.store_u32_le(extent(len) - MARK_LEN, MARK);
             st.seq.set(seq + 1);
             st.head.set(next);
             if st.posted.get() == seq && !st.wake_due.get() {
-                m.store_u32_le(at, len as u32 | LEN_SET);
+                slot.store_u32_le(0, len as u32 | LEN_SET);
                 st.posted.set(seq + 1);
                 st.run_at.set(next);
                 // The receiver sees it at once unless it sleeps; the flush poller looks at
@@ -469,7 +471,7 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 schedule(st);
                 return Ok(true);
             }
-            m.store_u32_le(at, len as u32);
+            slot.store_u32_le(0, len as u32);
             if wrapped || seq + 1 - st.posted.get() >= st.run_limit {
                 st.post_run().map_err(Box::new)?;
             } else {

@@ -226,10 +226,10 @@ impl TxState {
     /// once it sees that one, and takes it behind this pass rather than chasing it. A run never
     /// wraps (it ends at the ring's end), so its slots are consecutive.
     fn publish(&self, m: &MappedRemote, count: u64) {
-        let first = self.run_at.get();
-        for k in (first..first + count as usize).rev() {
+        let run = m.span(self.run_at.get() * self.slot, count as usize * self.slot);
+        for k in (0..count as usize).rev() {
             let at = k * self.slot;
-            m.store_u32_le(at, m.load_u32_le(at) | LEN_SET);
+            run.store_u32_le(at, run.load_u32_le(at) | LEN_SET);
         }
         self.posted.set(self.seq.get());
         self.run_at.set(self.head.get());

@@ -494,6 +494,37 @@ impl Core {
         *slot = pollers;
     }
 
+    /// An idle core's looks between two full passes: up to `MEMORY_LOOKS` times, polls the
+    /// pollers that watch memory (`Poller::watches_memory`). True once one found work (the
+    /// caller then runs its tasks and a full pass); false at once where no poller watches
+    /// memory, so a core with none goes on to its next full pass with no delay.
+    fn look_at_memory(&self) -> bool {
+        // Taken out while polled, as in `poll_user_pollers`.
+        let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
+        let mut did = false;
+        for _ in 0..crate::poller::MEMORY_LOOKS {
+            let mut watched = false;
+            for p in pollers.iter_mut() {
+                if p.watches_memory() {
+                    watched = true;
+                    did |= p.poll();
+                }
+            }
+            if !watched {
+                break;
+            }
+            bump(&self.stats.memory_looks);
+            if did {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut slot = self.pollers.borrow_mut();
+        pollers.append(&mut slot);
+        *slot = pollers;
+        did
+    }
+
     fn poll_user_pollers(&self) -> bool {
         // Taken out while polled, so a poller may register another one.
         let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
@@ -596,6 +627,12 @@ impl Core {
             skipped_sources = false;
             let did = self.poll_sources();
             if ran > 0 || did || main_waker.woken.load(Ordering::Acquire) {
+                idle_since = None;
+                continue;
+            }
+            // Idle. Memory that other CPUs store into is looked at a few more times before the
+            // next full pass (see `Poller::watches_memory`).
+            if self.look_at_memory() {
                 idle_since = None;
                 continue;
             }

@@ -55,7 +55,7 @@ pub use crate::core::spawn_local;
 pub use driver::{Reactor, ReactorKind, UringFlags};
 pub use error::Error;
 pub use op::poll_fd::{poll_readable, poll_writable};
-pub use poller::Poller;
+pub use poller::{Poller, MEMORY_LOOKS};
 pub use pool::map_anonymous;
 pub use runtime::{
     core_token, current_core, current_cpu, in_runtime, num_cores, reactor, register_poller,

@@ -8,7 +8,9 @@
 //! progress engine.
 //!
 //! When a pass finds nothing to do, the core spins for the configured idle time, calling `poll`
-//! and [`Poller::pure_poll`]. Then it asks every poller to [`Poller::try_enter_interrupt_mode`]:
+//! and [`Poller::pure_poll`]; between two such passes it polls, up to [`MEMORY_LOOKS`] times,
+//! just the pollers that say they [watch memory](Poller::watches_memory), and runs a full pass
+//! at once when one of them finds work. Then it asks every poller to [`Poller::try_enter_interrupt_mode`]:
 //! a poller arms whatever will wake the core (for a verbs CQ, `ibv_req_notify_cq` with the
 //! completion channel's fd watched by an io_uring `POLL_ADD`) and returns `true`, or returns
 //! `false` if work is already pending and sleeping would miss it. If every poller agreed the core
@@ -100,4 +102,25 @@ pub trait Poller {
 
     /// Leaves interrupt mode after the core woke up (or decided not to sleep).
     fn exit_interrupt_mode(&mut self) {}
+
+    /// Whether `poll` now looks only at memory another CPU stores into (a queue in shared
+    /// memory, a ring a peer process writes, a completion queue a device writes): a few loads,
+    /// no system call, nothing another source must have done first. While the core is idle it
+    /// polls such pollers several times between two full passes ([`MEMORY_LOOKS`]), so a store
+    /// from another process is seen within a look rather than within a whole pass over every
+    /// source. Asked on every idle pass, so it should be cheap. The default is `false`: a
+    /// source whose work arrives through the reactor (a socket the core itself reads) gains
+    /// nothing from being looked at more often.
+    fn watches_memory(&self) -> bool {
+        false
+    }
 }
+
+/// How many times an idle core looks at its memory-watching pollers
+/// ([`Poller::watches_memory`]) between two full passes. A full pass (tasks, the mesh,
+/// timers, the reactor's submit and reap, every poller) takes far longer than a look at a
+/// word of shared memory, and a store that lands just after the look waited, on average, half
+/// a pass to be seen. With 4 looks a pass the shm channel's ping-pong went from 0.14–0.18 µs
+/// one way to 0.12–0.14 (bench/RESULTS.md, forty-sixth session). The other sources are then
+/// seen that many looks later than they would be, and only where a poller watches memory.
+pub const MEMORY_LOOKS: u32 = 4;

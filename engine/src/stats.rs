@@ -9,6 +9,7 @@ pub(crate) struct Stats {
     pub(crate) tasks_spawned: Cell<u64>,
     pub(crate) tasks_polled: Cell<u64>,
     pub(crate) poller_passes: Cell<u64>,
+    pub(crate) memory_looks: Cell<u64>,
     pub(crate) sleeps: Cell<u64>,
     pub(crate) ops_submitted: Cell<u64>,
     pub(crate) ops_completed: Cell<u64>,
@@ -38,6 +39,9 @@ pub struct CoreStats {
     pub tasks_polled: u64,
     /// Passes over the pollers (reactor, timers, mesh, registered pollers).
     pub poller_passes: u64,
+    /// Looks at the memory-watching pollers between two passes while idle (see
+    /// [`Poller::watches_memory`](crate::Poller::watches_memory)); 0 where none watches memory.
+    pub memory_looks: u64,
     /// Times the core went to sleep in the reactor.
     pub sleeps: u64,
     /// I/O operations handed to the kernel (io_uring SQEs; epoll has none).
@@ -76,6 +80,7 @@ impl Stats {
             tasks_spawned: self.tasks_spawned.get(),
             tasks_polled: self.tasks_polled.get(),
             poller_passes: self.poller_passes.get(),
+            memory_looks: self.memory_looks.get(),
             sleeps: self.sleeps.get(),
             ops_submitted: self.ops_submitted.get(),
             ops_completed: self.ops_completed.get(),

@@ -208,3 +208,93 @@ fn each_yield_lets_every_poller_run() {
         );
     });
 }
+
+/// Says it watches memory (or not), and finds work on its `due`-th poll: it wakes the task
+/// waiting for that. Until then it keeps the core from sleeping, as a source about to have
+/// work would.
+struct Watch {
+    memory: bool,
+    polls: Rc<Cell<u64>>,
+    due: u64,
+    waiter: Rc<RefCell<Option<Waker>>>,
+}
+
+impl Poller for Watch {
+    fn poll(&mut self) -> bool {
+        let n = self.polls.get() + 1;
+        self.polls.set(n);
+        if n != self.due {
+            return false;
+        }
+        if let Some(w) = self.waiter.borrow_mut().take() {
+            w.wake();
+        }
+        true
+    }
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+    fn try_enter_interrupt_mode(&mut self) -> bool {
+        self.polls.get() >= self.due
+    }
+    fn watches_memory(&self) -> bool {
+        self.memory
+    }
+}
+
+/// Registers a `Watch` (watching memory or not) due on its 2,000th poll beside a
+/// `PassCounter`, and waits until it is due. The counts: that watch's polls, the counter's
+/// (one per full pass), and the core's `memory_looks`.
+fn idle_until_due(memory: bool) -> (u64, u64, u64) {
+    let rt = rt(1);
+    let (polls, passes) = rt.block_on(async move {
+        let polls = Rc::new(Cell::new(0));
+        let passes = Rc::new(Cell::new(0));
+        let waiter = Rc::new(RefCell::new(None));
+        register_poller(Box::new(Watch {
+            memory,
+            polls: polls.clone(),
+            due: 2_000,
+            waiter: waiter.clone(),
+        }));
+        register_poller(Box::new(PassCounter(passes.clone())));
+        std::future::poll_fn(|cx| {
+            if polls.get() >= 2_000 {
+                return Poll::Ready(());
+            }
+            *waiter.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await;
+        (polls.get(), passes.get())
+    });
+    (polls, passes, rt.stats()[0].memory_looks)
+}
+
+/// An idle core looks at the pollers that watch memory between its full passes, and only at
+/// them: every poll of the memory watch that was not in a pass was one of the core's counted
+/// looks, the poller that does not watch memory was polled once per pass and no more, and
+/// there were more looks than passes (up to `MEMORY_LOOKS` a pass).
+#[test]
+fn an_idle_core_looks_at_memory_between_passes() {
+    let (polls, passes, looks) = idle_until_due(true);
+    assert_eq!(polls, 2_000);
+    assert_eq!(
+        polls,
+        passes + looks,
+        "every poll of the watch was a pass or a look"
+    );
+    assert!(
+        looks > passes && looks <= passes * u64::from(barewire_engine::MEMORY_LOOKS) + 1,
+        "{looks} looks in {passes} passes"
+    );
+}
+
+/// Where no poller watches memory, an idle core makes no looks: its next full pass follows at
+/// once.
+#[test]
+fn a_core_watching_no_memory_makes_no_looks() {
+    let (polls, passes, looks) = idle_until_due(false);
+    assert_eq!((polls, looks), (2_000, 0));
+    assert_eq!(passes, polls, "the watch was polled once per pass");
+}

@@ -201,6 +201,7 @@ impl Endpoint {
             closed: Cell::new(false),
             waker: Waiters::default(),
             polled,
+            peer_stores: polled && inner.ops.qp().transport() == barewire_drivers::Transport::Shm,
             watch_at: Cell::new(0),
             watched: Cell::new(false),
         });

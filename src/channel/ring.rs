@@ -47,6 +47,10 @@ pub(crate) struct RxState {
     /// This side watches the ring's memory for arrivals (the sender writes plain WRITEs);
     /// otherwise each run's immediate counts them (`arrived`).
     pub(super) polled: bool,
+    /// The peer's CPU stores into this polled ring itself (shm), rather than this core's own
+    /// provider placing what came off a socket: worth looking at between passes (see
+    /// `RingWatcher::watches_memory`).
+    pub(super) peer_stores: bool,
     /// Where the waited-for message starts, while on the core's watch list.
     pub(super) watch_at: Cell<usize>,
     pub(super) watched: Cell<bool>,
@@ -145,8 +149,11 @@ pub(super) enum Look<'a> {
 }
 
 thread_local! {
-    /// This core's receivers of polled rings that wait for a message.
-    static WATCHED: RefCell<Vec<Weak<RxState>>> = const { RefCell::new(Vec::new()) };
+    /// This core's receivers of polled rings that wait for a message, each with whether its
+    /// peer stores into it (`RxState::peer_stores`).
+    static WATCHED: RefCell<Vec<(Weak<RxState>, bool)>> = const { RefCell::new(Vec::new()) };
+    /// How many of them the peer stores into.
+    static STORED_INTO: Cell<usize> = const { Cell::new(0) };
     static WATCHER: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -156,7 +163,10 @@ pub(super) fn watch(st: &Rc<RxState>, at: usize) {
     if st.watched.replace(true) {
         return;
     }
-    WATCHED.with(|w| w.borrow_mut().push(Rc::downgrade(st)));
+    if st.peer_stores {
+        STORED_INTO.with(|n| n.set(n.get() + 1));
+    }
+    WATCHED.with(|w| w.borrow_mut().push((Rc::downgrade(st), st.peer_stores)));
     let token = barewire_engine::core_token();
     if WATCHER.with(|t| t.replace(token)) != token {
         barewire_engine::register_poller(Box::new(RingWatcher));
@@ -168,20 +178,27 @@ pub(super) fn watch(st: &Rc<RxState>, at: usize) {
 /// (a ring exists only once a connection does), so a message is seen in the pass that placed
 /// it, as a NIC user polling memory would; before the core sleeps it looks once more, and the
 /// next arrival wakes the core through the provider's socket.
-struct RingWatcher;
+pub(super) struct RingWatcher;
 
 impl RingWatcher {
     pub(super) fn scan(&self) -> bool {
         WATCHED.with(|w| {
             let mut any = false;
-            w.borrow_mut().retain(|st| {
+            w.borrow_mut().retain(|(st, stored)| {
+                let off = || {
+                    if *stored {
+                        STORED_INTO.with(|n| n.set(n.get() - 1));
+                    }
+                    false
+                };
                 let Some(st) = st.upgrade() else {
-                    return false;
+                    return off();
                 };
                 let waiting = st.waker.any();
                 if waiting && !st.landed(st.watch_at.get()) {
                     return true;
                 }
+                off();
                 st.watched.set(false);
                 if waiting {
                     any = true;
@@ -203,12 +220,19 @@ impl barewire_engine::Poller for RingWatcher {
         WATCHED.with(|w| {
             w.borrow()
                 .iter()
-                .any(|st| st.upgrade().is_some_and(|st| st.landed(st.watch_at.get())))
+                .any(|(st, _)| st.upgrade().is_some_and(|st| st.landed(st.watch_at.get())))
         })
     }
 
     fn try_enter_interrupt_mode(&mut self) -> bool {
         !self.scan()
+    }
+
+    /// While a receiver waits on a ring its peer stores into (shm): a store from the other
+    /// process is then seen within one of the idle core's looks. A ring the core's own
+    /// provider fills (soft) gains nothing from them.
+    fn watches_memory(&self) -> bool {
+        STORED_INTO.with(|n| n.get() > 0)
     }
 }
 

@@ -456,6 +456,7 @@ fn with_polled_slot(f: impl FnOnce(&Rc<Buffer>, &RxState, usize)) {
                 closed: Cell::new(false),
                 waker: Waiters::default(),
                 polled: true,
+                peer_stores: false,
                 watch_at: Cell::new(0),
                 watched: Cell::new(false),
             };
@@ -981,5 +982,37 @@ fn a_run_the_receiver_refuses_fails_the_sender() {
             "{driver}: a send after the failure"
         );
         far.await.unwrap();
+    });
+}
+
+/// A receiver waiting on a watched ring has its idle core look at memory between passes (see
+/// `barewire_engine::Poller::watches_memory`) only where the peer stores into the ring
+/// itself (shm), and no longer once its message came: a ring the core's own provider fills
+/// (soft), or an announced one, gains nothing from the looks and delays every other source.
+#[test]
+fn a_waiting_receiver_asks_for_looks_at_memory_only_where_the_peer_stores() {
+    use super::ring::RingWatcher;
+    use barewire_engine::Poller;
+    on_each_ring_transport(4, 8, |driver, opts, ea, eb| async move {
+        let far = barewire_engine::spawn_local(async move {
+            let (tx, _rx) = ea.open_channel::<u64>(opts).await.unwrap();
+            tx
+        });
+        let (_tx, rx) = eb.open_channel::<u64>(opts).await.unwrap();
+        let tx = far.await.unwrap();
+        let waiting = barewire_engine::spawn_local(async move { rx.recv().await.unwrap() });
+        for _ in 0..4 {
+            barewire_engine::yield_now().await;
+        }
+        let stored_into = driver == "shm" && !opts.announce;
+        assert_eq!(
+            RingWatcher.watches_memory(),
+            stored_into,
+            "{driver}, announced: {}",
+            opts.announce
+        );
+        tx.send(&7).await.unwrap();
+        assert_eq!(waiting.await.unwrap(), 7);
+        assert!(!RingWatcher.watches_memory(), "{driver}: still looking");
     });
 }

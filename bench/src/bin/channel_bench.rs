@@ -565,7 +565,7 @@ fn main() {
         let raw = raw_write(cpus, driver);
         if channel_only {
             println!(
-                "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
+                "rep {rep}: channel p50 {lat:.3} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
                 raw.map_or("-".into(), |v| format!("{v:.2} us")),
                 rate / 1e6,
                 into / 1e6,
@@ -585,7 +585,7 @@ fn main() {
         let fed = run_tokio_framed(cpus, n, true);
         let ucx = ucx_am_bw(cpus, driver);
         println!(
-            "rep {rep}: channel p50 {lat:.2} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s (channel / tokio buffered {:.2}x with recv, {:.2}x with recv_into, {:.2}x with recv_many), ucx am_bw {}",
+            "rep {rep}: channel p50 {lat:.3} us, raw WRITE p50 {}, channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s, tokio framed {:.3} M msg/s, tokio framed fed {:.3} M msg/s, tokio buffered {:.3} M msg/s (channel / tokio buffered {:.2}x with recv, {:.2}x with recv_into, {:.2}x with recv_many), ucx am_bw {}",
             raw.map_or("-".into(), |v| format!("{v:.2} us")),
             rate / 1e6,
             into / 1e6,
@@ -644,7 +644,7 @@ fn main() {
     };
     if channel_only {
         println!(
-            "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
+            "medians: channel 64 B p50 {cl:.3} us vs {raw}; channel {:.3} M msg/s, with recv_into {:.3} M msg/s, with recv_many {:.3} M msg/s",
             cr / 1e6,
             ir / 1e6,
             mr / 1e6
@@ -660,7 +660,7 @@ fn main() {
         format!("UCX am_bw {:.3} = {:.2}x", ur / 1e6, cr / ur)
     };
     println!(
-        "medians: channel 64 B p50 {cl:.2} us vs {raw}; channel {:.3} M msg/s vs tokio buffered (64 KiB BufWriter) {:.3} = {:.2}x, vs tokio framed fed {:.3} = {:.2}x, vs {ucx}, vs tokio framed flushing every message {:.3} = {:.2}x",
+        "medians: channel 64 B p50 {cl:.3} us vs {raw}; channel {:.3} M msg/s vs tokio buffered (64 KiB BufWriter) {:.3} = {:.2}x, vs tokio framed fed {:.3} = {:.2}x, vs {ucx}, vs tokio framed flushing every message {:.3} = {:.2}x",
         cr / 1e6,
         tr / 1e6,
         cr / tr,

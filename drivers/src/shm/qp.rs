@@ -2043,6 +2043,11 @@ impl ShmPoller {
 }
 
 impl Poller for ShmPoller {
+    /// While this core has a queue pair: its rings are memory the peer process stores into.
+    fn watches_memory(&self) -> bool {
+        CORE.with(|c| !c.qps.borrow().is_empty())
+    }
+
     fn poll(&mut self) -> bool {
         let mut any = false;
         self.each(|q| {

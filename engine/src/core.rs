@@ -517,7 +517,9 @@ impl Core {
             if did {
                 break;
             }
-            std::hint::spin_loop();
+            // (No `spin_loop` between looks: a look is a few loads, and a pause that close to
+            // the last one is what a hypervisor's pause-loop filter reads as a vCPU spinning on
+            // a lock, and may take the CPU away for. The idle loop pauses after the looks.)
         }
         let mut slot = self.pollers.borrow_mut();
         pollers.append(&mut slot);

@@ -237,6 +237,8 @@ fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> Run {
                 .unwrap();
             let (tx, rx) = ep.open_channel::<[u8; 64]>(opts()).await.unwrap();
             let pings = pings();
+            let s0 = barewire::engine::stats();
+            let t0 = Instant::now();
             let mut lat = Vec::with_capacity(pings);
             for i in 0..pings {
                 let t = Instant::now();
@@ -245,6 +247,15 @@ fn run_barewire(cpus: [usize; 2], n: usize, driver: &str) -> Run {
                 lat.push(t.elapsed().as_nanos() as f64 / 2.0 / 1000.0);
             }
             let warm = pings / 10;
+            let s1 = barewire::engine::stats();
+            // Where the client's core spent the round trips (to stderr, beside the figures).
+            let per = |a: u64, b: u64| (b - a) as f64 / pings as f64;
+            eprintln!(
+                "client core per round trip: {:.2} passes, {:.2} looks at memory, {:.0} ns",
+                per(s0.poller_passes, s1.poller_passes),
+                per(s0.memory_looks, s1.memory_looks),
+                t0.elapsed().as_nanos() as f64 / pings as f64
+            );
             let p50 = median(&mut lat[warm..]);
             // The same sender each time; the server takes the first n with `recv`, the
             // second with `recv_into`, the third with `recv_many`.

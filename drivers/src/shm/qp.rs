@@ -1332,7 +1332,7 @@ fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
             *c.wake.borrow_mut() = Some(Rc::new(fd));
         }
         if !c.registered.replace(true) {
-            barewire_engine::register_poller(Box::new(ShmPoller { live: Vec::new() }));
+            barewire_engine::register_poller(Box::new(ShmPoller));
         }
         Ok(c.wake.borrow().clone().expect("made above"))
     })
@@ -2018,26 +2018,31 @@ impl QpInner {
 /// Delivers incoming records to posted receives and resumes send queues that waited for ring
 /// room, on every pass; before the core sleeps, marks each inbound ring "reader asleep" so a
 /// writer wakes the core through its eventfd.
-struct ShmPoller {
-    live: Vec<Rc<QpInner>>,
-}
+struct ShmPoller;
 
 impl ShmPoller {
-    /// Runs `f` on every live queue pair of this core, forgetting the ones that are gone or no
-    /// longer in RTS. They are taken out first (one upgrade each), so `f` may open or close
-    /// queue pairs.
+    /// Runs `f` on every live queue pair of this core, then forgets the ones that are gone or
+    /// no longer in RTS, if it met any. Each is upgraded by its index with no borrow of the
+    /// list held while `f` runs, so `f` may open or close queue pairs (an opened one is at the
+    /// end, and met in this same walk). This runs on every pass and every look at memory: the
+    /// walk touches no list but this core's own, and changes it only when one has gone.
     fn each(&mut self, mut f: impl FnMut(&Rc<QpInner>)) {
-        CORE.with(|c| {
-            c.qps.borrow_mut().retain(|w| match w.upgrade() {
-                Some(q) if q.state.get() == QpState::Rts => {
-                    self.live.push(q);
-                    true
-                }
-                _ => false,
+        let mut gone = false;
+        for i in 0.. {
+            let Some(q) = CORE.with(|c| c.qps.borrow().get(i).map(Weak::upgrade)) else {
+                break;
+            };
+            match q {
+                Some(q) if q.state.get() == QpState::Rts => f(&q),
+                _ => gone = true,
+            }
+        }
+        if gone {
+            CORE.with(|c| {
+                c.qps
+                    .borrow_mut()
+                    .retain(|w| w.upgrade().is_some_and(|q| q.state.get() == QpState::Rts))
             });
-        });
-        for q in self.live.drain(..) {
-            f(&q);
         }
     }
 }
@@ -2258,7 +2263,7 @@ mod tests {
             // SAFETY: `push` hands over the record's payload area of 8 bytes.
             let fill = |p| unsafe { std::ptr::write_bytes(p, 0x55, 8) };
             assert!(w.push(ring::SEND, ring::LAST, 8, 8, 0, fill));
-            let mut poller = ShmPoller { live: Vec::new() };
+            let mut poller = ShmPoller;
             assert!(!poller.try_enter_interrupt_mode(), "a record waits");
             assert!(!w.reader_asleep(), "the ring is left marked asleep");
             drop(a);
@@ -2291,7 +2296,7 @@ mod tests {
                 signaled,
                 fence: false,
             };
-            let mut poller = ShmPoller { live: Vec::new() };
+            let mut poller = ShmPoller;
             qp.post_send(send(false)).unwrap();
             poller.try_enter_interrupt_mode();
             assert!(

@@ -499,6 +499,11 @@ impl Core {
     /// caller then runs its tasks and a full pass); false at once where no poller watches
     /// memory, so a core with none goes on to its next full pass with no delay.
     fn look_at_memory(&self) -> bool {
+        // Asked first with the list in place: most cores (every one with no shm queue pair)
+        // have no poller that watches memory, and then go on with nothing moved.
+        if !self.pollers.borrow().iter().any(|p| p.watches_memory()) {
+            return false;
+        }
         // Taken out while polled, as in `poll_user_pollers`.
         let mut pollers = std::mem::take(&mut *self.pollers.borrow_mut());
         let mut did = false;

@@ -36,7 +36,8 @@ cargo +nightly miri test -p barewire-engine --test task_cache -- \
   --skip gives_back_cells_unused_for_the_keep_interval
 cargo +nightly miri test -p barewire-engine --test time -- \
   timeout_fires_and_drops_the_inner_future a_dropped_sleep_is_removed
-cargo +nightly miri test -p barewire-engine --test poller -- each_yield_lets_every_poller_run
+cargo +nightly miri test -p barewire-engine --test poller -- each_yield_lets_every_poller_run \
+  an_idle_core_looks_at_memory_between_passes a_core_watching_no_memory_makes_no_looks
 cargo +nightly miri test -p barewire-engine --lib -- net::addr::tests
 
 echo "== soft-rdma: the sans-I/O stream (placement, gather lists, Terminates) and the wire codec"

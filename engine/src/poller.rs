@@ -118,9 +118,14 @@ pub trait Poller {
 
 /// How many times an idle core looks at its memory-watching pollers
 /// ([`Poller::watches_memory`]) between two full passes. A full pass (tasks, the mesh,
-/// timers, the reactor's submit and reap, every poller) takes far longer than a look at a
-/// word of shared memory, and a store that lands just after the look waited, on average, half
-/// a pass to be seen. With 4 looks a pass the shm channel's ping-pong went from 0.14–0.18 µs
-/// one way to 0.12–0.14 (bench/RESULTS.md, forty-sixth session). The other sources are then
-/// seen that many looks later than they would be, and only where a poller watches memory.
+/// timers, the reactor's submit and reap, every poller: about 850 instructions on a core with
+/// one shm connection and a channel) takes several times as long as a look, and a store that
+/// lands just after a pass looked waited, on average, half a pass to be seen.
+///
+/// On the development host (2 vCPUs, whose cross-core latency changes phase every few
+/// minutes) the shm channel's 64-byte ping-pong took 0.105–0.110 µs one way with 4 looks
+/// against 0.14 without, 0.126–0.131 with 1, in the phase the host spends most of its time
+/// in; in one slower phase it took 0.34 against 0.30–0.32, and in another about the same
+/// (bench/RESULTS.md, forty-sixth session). The other sources are seen up to that many looks
+/// later than they would be, and only where a poller watches memory.
 pub const MEMORY_LOOKS: u32 = 4;

@@ -678,8 +678,9 @@ impl QueuePair {
     /// ```no_run
     /// # fn demo(qp: &barewire_drivers::QueuePair, ring: barewire_drivers::RegionDescriptor) {
     /// if let Some(m) = qp.map_remote(&ring) {
-    ///     m.write(0, b"hello");
-    ///     m.store_u32_le(8, 1); // seen after the five bytes before it
+    ///     let record = m.span(0, 12); // checked once, for both stores
+    ///     record.write(0, b"hello");
+    ///     record.store_u32_le(8, 1); // seen after the five bytes before it
     ///     m.wake_peer();
     /// }
     /// # }

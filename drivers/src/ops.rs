@@ -32,6 +32,15 @@ fn overrun(what: &str, offset: usize, len: usize, size: usize) -> ! {
     panic!("{len} bytes at {offset} overrun a {size}-byte {what}")
 }
 
+/// The bounds check of every buffer, mapping and span here: `len` bytes at `offset` must lie
+/// within the `size` bytes of the `what`, or it panics (see `overrun`).
+#[inline(always)]
+fn check_within(what: &str, offset: usize, len: usize, size: usize) {
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        overrun(what, offset, len, size);
+    }
+}
+
 /// The panic of an atomic word access at an address not aligned to the word (see `overrun`).
 #[cold]
 #[inline(never)]
@@ -40,8 +49,8 @@ fn unaligned(offset: usize, size: usize) -> ! {
     panic!("unaligned {size}-byte word at {offset}")
 }
 
-/// The little-endian 4-byte word at `p`, loaded with acquire ordering (what `Span` and
-/// `MappedRemote` read a watched word with).
+/// The little-endian 4-byte word at `p`, loaded with acquire ordering (what a `Span` of a
+/// buffer or of a mapping reads a watched word with).
 ///
 /// # Safety
 /// `p` must be aligned to 4 and valid for reads of 4 bytes.
@@ -181,9 +190,7 @@ impl Buffer {
 
     #[inline]
     fn check(&self, offset: usize, len: usize) {
-        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
-            overrun("buffer", offset, len, self.len());
-        }
+        check_within("buffer", offset, len, self.len());
     }
 
     /// Copies bytes out. Panics if the range is outside the buffer.
@@ -266,7 +273,7 @@ impl Buffer {
             ptr: unsafe { self.ptr.add(offset) },
             len,
             at: offset,
-            _buffer: std::marker::PhantomData,
+            _of: std::marker::PhantomData,
         }
     }
 
@@ -277,25 +284,33 @@ impl Buffer {
     }
 }
 
-/// A checked range of a [`Buffer`] ([`Buffer::span`]), with the buffer's own accesses, each
+/// A checked range of a [`Buffer`] ([`Buffer::span`]), or of a [`MappedRemote`]
+/// ([`MappedRemote::span`], a [`MappedSpan`]), with the accesses of what it covers, each
 /// checked against the span. Offsets count from the span's start.
-#[derive(Clone, Copy)]
-pub struct Span<'a> {
+pub struct Span<'a, Of = Buffer> {
     ptr: *mut u8,
     len: usize,
-    /// Where it starts in the buffer: an unaligned word's panic names the buffer's offset.
+    /// Where it starts in what it covers: an unaligned word's panic names that offset.
     at: usize,
-    _buffer: std::marker::PhantomData<&'a Buffer>,
+    _of: std::marker::PhantomData<&'a Of>,
+}
+
+// (By hand: derived, they would ask `Of` to be `Copy`, which a buffer is not.)
+impl<Of> Clone for Span<'_, Of> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<Of> Copy for Span<'_, Of> {}
+
+impl<Of> Span<'_, Of> {
+    #[inline]
+    fn check(&self, offset: usize, len: usize) {
+        check_within("span", offset, len, self.len);
+    }
 }
 
 impl Span<'_> {
-    #[inline]
-    fn check(&self, offset: usize, len: usize) {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            overrun("span", offset, len, self.len);
-        }
-    }
-
     /// Copies bytes out.
     #[inline]
     pub fn read(&self, offset: usize, out: &mut [u8]) {
@@ -337,9 +352,11 @@ impl Span<'_> {
 
 /// A peer's registered memory mapped into this process, for storing into it directly, with no
 /// work request: what shm offers ([`QueuePair::map_remote`](crate::QueuePair::map_remote))
-/// once the peer has granted the key. Stores become visible to the peer in program order and
-/// each [`write`](Self::write) in ascending address order, so a peer that watches the memory
-/// (as it would a Write's last word) sees a record's last word only after the rest of it.
+/// once the peer has granted the key. It is reached through checked spans
+/// ([`span`](Self::span)). Stores become visible to the peer in program order and each
+/// [`MappedSpan::write`](Span::write) in ascending address order, so a peer that watches the
+/// memory (as it would a Write's last word) sees a record's last word only after the rest of
+/// it.
 ///
 /// The mapping stays valid while this value lives, whatever the peer does: a region the peer
 /// deregisters afterwards (or a peer that dies) leaves pages nobody reads, never a fault. The
@@ -371,9 +388,7 @@ impl MappedRemote {
 
     #[inline]
     fn check(&self, offset: usize, len: usize) {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            overrun("mapped region", offset, len, self.len);
-        }
+        check_within("mapped region", offset, len, self.len);
     }
 
     /// The `len` bytes at `offset`, checked once for the accesses made through them (a
@@ -392,32 +407,8 @@ impl MappedRemote {
             ptr: unsafe { self.ptr.add(offset) },
             len,
             at: offset,
-            _mapping: std::marker::PhantomData,
+            _of: std::marker::PhantomData,
         }
-    }
-
-    /// Copies `data` to `offset`, visible in ascending address order after every earlier
-    /// store. Panics if the range is outside the region.
-    #[inline]
-    pub fn write(&self, offset: usize, data: &[u8]) {
-        self.check(offset, data.len());
-        // SAFETY: in bounds of the mapping (checked), which this value keeps mapped; `data` is
-        // this process's own memory, never inside the peer's mapping.
-        unsafe { copy_ascending(data.as_ptr(), self.ptr.add(offset), data.len()) }
-    }
-
-    /// Stores `v` as 4 little-endian bytes at `offset` (aligned to 4), after every earlier
-    /// store (release ordering). Panics if outside the region or unaligned.
-    #[inline]
-    pub fn store_u32_le(&self, offset: usize, v: u32) {
-        self.span(offset, 4).store_u32_le(0, v)
-    }
-
-    /// Reads the aligned little-endian 4-byte word at `offset` with acquire ordering (a word
-    /// this process stored there, read back). Panics if outside the region or unaligned.
-    #[inline]
-    pub fn load_u32_le(&self, offset: usize) -> u32 {
-        self.span(offset, 4).load_u32_le(0)
     }
 
     /// Wakes the peer's core if it sleeps, so that it looks at what was stored: call it after a
@@ -429,26 +420,11 @@ impl MappedRemote {
 }
 
 /// A checked range of a [`MappedRemote`] ([`MappedRemote::span`]), starting on a 4-byte
-/// boundary, with the mapping's own accesses, each checked against the span. Offsets count
-/// from the span's start.
-#[derive(Clone, Copy)]
-pub struct MappedSpan<'a> {
-    /// Aligned to 4 (checked when the span was made).
-    ptr: *mut u8,
-    len: usize,
-    /// Where it starts in the region: an unaligned word's panic names the region's offset.
-    at: usize,
-    _mapping: std::marker::PhantomData<&'a MappedRemote>,
-}
+/// boundary (checked when it was made), with the mapping's own accesses, each checked against
+/// the span. Offsets count from the span's start.
+pub type MappedSpan<'a> = Span<'a, MappedRemote>;
 
 impl MappedSpan<'_> {
-    #[inline]
-    fn check(&self, offset: usize, len: usize) {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            overrun("mapped span", offset, len, self.len);
-        }
-    }
-
     /// The word at `offset`, checked: inside the span and aligned (the span's start is, so
     /// only `offset` is looked at, which a constant offset settles at compile time).
     #[inline]
@@ -462,7 +438,7 @@ impl MappedSpan<'_> {
     }
 
     /// Copies `data` to `offset`, visible in ascending address order after every earlier
-    /// store (as [`MappedRemote::write`]). Panics if the range is outside the span.
+    /// store. Panics if the range is outside the span.
     #[inline]
     pub fn write(&self, offset: usize, data: &[u8]) {
         self.check(offset, data.len());
@@ -1259,9 +1235,9 @@ mod tests {
         assert_eq!(s.load_u32_le(8), 7);
         assert_eq!(
             panics(&|| s.store_u32_le(12, 0)),
-            "4 bytes at 12 overrun a 12-byte mapped span"
+            "4 bytes at 12 overrun a 12-byte span"
         );
-        assert!(panics(&|| s.write(11, &[1, 1])).contains("overrun a 12-byte mapped span"));
+        assert!(panics(&|| s.write(11, &[1, 1])).contains("overrun a 12-byte span"));
         // (An unaligned word is named by its offset in the region.)
         assert_eq!(
             panics(&|| {
@@ -1269,11 +1245,13 @@ mod tests {
             }),
             "unaligned 4-byte word at 18"
         );
-        // The region's own word accesses go through one-word spans.
-        m.store_u32_le(60, 5);
-        assert_eq!(m.load_u32_le(60), 5);
+        // A one-word span at the region's end.
+        m.span(60, 4).store_u32_le(0, 5);
+        assert_eq!(m.span(60, 4).load_u32_le(0), 5);
         assert_eq!(
-            panics(&|| m.store_u32_le(62, 0)),
+            panics(&|| {
+                m.span(62, 4);
+            }),
             "4 bytes at 62 overrun a 64-byte mapped region"
         );
         drop(m);

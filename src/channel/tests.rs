@@ -679,7 +679,7 @@ fn recv_refuses_a_length_word_larger_than_its_slot() {
             // Slot 2 (the third message's): a length one byte more than the slot holds.
             let slot = tx.st.slot;
             let bad = (slot - extent(0) + 1) as u32 | LEN_SET;
-            m.store_u32_le(2 * slot, bad);
+            m.span(2 * slot, 4).store_u32_le(0, bad);
             m.wake_peer();
             let answer = barewire_engine::time::timeout(Duration::from_secs(20), rx.recv()).await;
             assert!(matches!(answer, Ok(Ok(3))), "{answer:?}");

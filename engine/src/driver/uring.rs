@@ -319,6 +319,7 @@ impl Uring {
                     Err(e) => panic!("io_uring_enter failed: {e}"),
                 }
             }
+            // (Bound first: the queue's view borrows `ring`, and must end before it does.)
             let empty = ring.completion().is_empty();
             empty
         };

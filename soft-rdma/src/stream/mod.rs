@@ -519,7 +519,17 @@ impl Stream {
     /// Records the end of send-queue request `seq` and reports, in order, every completion no
     /// longer waiting for an earlier one.
     fn sq_complete(&mut self, seq: u64, wc: Option<WorkCompletion>) {
-        self.done.insert(seq, wc);
+        if seq != self.released_seq {
+            // Finished ahead of a request posted before it (a Write behind a Read): it waits.
+            self.done.insert(seq, wc);
+            return;
+        }
+        // The oldest request: reported now, without a trip through the map (the usual case,
+        // one request at a time), and then whatever had finished behind it.
+        self.released_seq += 1;
+        if let Some(wc) = wc {
+            self.report(Queue::Send, wc);
+        }
         while let Some(wc) = self.done.remove(&self.released_seq) {
             // Advanced first: a report that overruns the queue fails the rest, re-entering here.
             self.released_seq += 1;

@@ -675,6 +675,18 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         );
         r.pair(&uring, epoll);
     }
+    // The same latencies beside the floor of their own mechanism: a message over loopback TCP
+    // and back with nothing else in the loop, through an io_uring as the provider uses it
+    // (`floor::tcp_ping_pong`). What io_uring itself adds over the kernel's TCP round trip is
+    // in that floor; what barewire adds is the rest.
+    for (k, whole) in [(Ours::WriteLat, false), (Ours::ReadLat, true)] {
+        let ours = r.adjacent(k, &battery);
+        if ours.is_some() {
+            r.bar.set_message("the io_uring TCP floor");
+            let floor = ring_floor_figure(a.cpus, a.iters, whole);
+            r.pair(&ours, floor);
+        }
+    }
     let many = |r: &mut Runner, reactor| {
         let spec = Spec::new(
             Test::WriteBw,
@@ -764,6 +776,37 @@ fn shm_floor_figure(cpus: [usize; 2], iters: u64) -> Option<Figure> {
         command: format!(
             "a byte through shared memory and back between two threads on CPUs {},{}, {iters} \
              round trips (in barewire-perf; alone, at several gaps between looks: shm-floor)",
+            cpus[0], cpus[1]
+        ),
+        percentiles: Vec::new(),
+        tail: None,
+        crc_on: None,
+    })
+}
+
+/// The size of an 8-byte tagged Write's FPDU (MPA length, DDP and RDMAP control, STag,
+/// tagged offset, payload, CRC field): what the io_uring TCP floor moves each way.
+const FLOOR_FPDU: usize = 28;
+
+/// A [`FLOOR_FPDU`]-byte message over loopback TCP and back between two threads pinned to
+/// `cpus`, each moving it through an io_uring as the soft provider does on a polling core
+/// (`floor::tcp_ping_pong`, [`TcpWay::Ring`](super::floor::TcpWay)): half the round trip, or
+/// (`whole`) all of it, the floor under a request and its answer.
+fn ring_floor_figure(cpus: [usize; 2], iters: u64, whole: bool) -> Option<Figure> {
+    use super::floor::{tcp_ping_pong, TcpWay};
+    let f = tcp_ping_pong(TcpWay::Ring, cpus, iters as usize, FLOOR_FPDU)?;
+    let (value, what) = if whole {
+        (2.0 * f.p50, "28 B, p50 × 2, RTT")
+    } else {
+        (f.p50, "28 B, p50, RTT/2")
+    };
+    Some(Figure {
+        tool: "io_uring TCP floor (a SEND and RECV looks through the ring, nothing else)".into(),
+        what: what.into(),
+        value: value / 1000.0,
+        unit: Unit::Micros,
+        command: format!(
+            "a {FLOOR_FPDU}-byte message over loopback TCP and back between two threads on CPUs              {},{}, each with an io_uring set up as barewire's cores set theirs up, {iters} round              trips (in barewire-perf; by system calls and in two processes too: tcp-floor)",
             cpus[0], cpus[1]
         ),
         percentiles: Vec::new(),

@@ -9,9 +9,22 @@
 //! look at a line the other CPU is about to write pulls the line back; whether spacing the
 //! looks helps depends on the machine (on this project's host it helped in some stretches and
 //! not in others: bench/RESULTS.md, sixteenth session).
+//!
+//! The TCP floor ([`tcp_ping_pong`]): a small message from one thread to the other and back
+//! over a loopback TCP connection, each end moving it the way the soft provider can: by system
+//! calls (`send`, then `recv(MSG_DONTWAIT)` looks; sockperf's `--nonblocked` loop) or through an
+//! io_uring set up as barewire's cores set theirs up (one issuer, deferred task work, the ring
+//! entered by its registered index, the socket named by its slot in the registered file table),
+//! with one `RECV` look (`MSG_DONTWAIT`) per `io_uring_enter` and the answer a `SEND` in an
+//! `io_uring_enter` of its own, as a polling core moves it. The io_uring way is the floor under
+//! the soft provider's latency on its default reactor.
 
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
+
+use io_uring::{opcode, types, CompletionQueue, IoUring, SubmissionQueue, Submitter};
 
 use super::run::Cycles;
 
@@ -76,14 +89,252 @@ pub fn shm_ping_pong(cpus: [usize; 2], n: usize, gap: u32) -> Option<HalfRoundTr
         let mine = initiator.join().unwrap_or(false);
         responder.join().unwrap_or(false) && mine
     });
-    if !pinned || n == 0 {
+    if !pinned {
+        return None;
+    }
+    half_round_trip(&clock, ticks)
+}
+
+/// How both ends of a [`tcp_ping_pong`] move the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcpWay {
+    /// `send`, then `recv(MSG_DONTWAIT)` until the answer is in.
+    Syscalls,
+    /// A `SEND` in an `io_uring_enter` of its own, then `RECV` looks, one per enter.
+    Ring,
+    /// As `Ring`, with the `SEND` and the first look after it in one enter.
+    RingTogether,
+}
+
+impl TcpWay {
+    /// Every way, the system calls first.
+    pub const ALL: [TcpWay; 3] = [TcpWay::Syscalls, TcpWay::Ring, TcpWay::RingTogether];
+
+    /// What it does, in a few words.
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpWay::Syscalls => "syscalls: send, recv(MSG_DONTWAIT) looks",
+            TcpWay::Ring => "ring: SEND in its own enter, RECV looks",
+            TcpWay::RingTogether => "ring, SEND and the first look in one enter",
+        }
+    }
+}
+
+/// One end of the connection.
+enum End<'a> {
+    Sys(RawFd),
+    /// The ring, split once: its submitter remembers the ring's registered index.
+    Ring {
+        submitter: Submitter<'a>,
+        sq: SubmissionQueue<'a>,
+        cq: CompletionQueue<'a>,
+    },
+}
+
+/// A ring set up as barewire's cores set theirs up (see `engine/src/driver/uring.rs`).
+fn ring() -> Option<IoUring> {
+    IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .build(8)
+        .ok()
+}
+
+impl<'a> End<'a> {
+    /// This end of `fd`: on `ring` (entered by its registered index, the socket in its file
+    /// table), or by system calls without one. `None` if the ring refused a registration.
+    fn new(fd: RawFd, ring: Option<&'a mut IoUring>) -> Option<End<'a>> {
+        let Some(ring) = ring else {
+            return Some(End::Sys(fd));
+        };
+        let (mut submitter, sq, cq) = ring.split();
+        submitter.register_ring_fd().ok()?;
+        submitter.register_files(&[fd]).ok()?;
+        Some(End::Ring { submitter, sq, cq })
+    }
+
+    /// Sends `msg` whole; with `look`, a first look into it goes in the same enter, and what
+    /// it took comes back (0 if nothing had come).
+    fn send(&mut self, msg: &[u8], look: Option<&mut [u8]>) -> usize {
+        match self {
+            End::Sys(fd) => {
+                // SAFETY: `msg` is a live buffer of its length.
+                let n = unsafe { libc::send(*fd, msg.as_ptr().cast(), msg.len(), 0) };
+                assert_eq!(n, msg.len() as isize, "send");
+                0
+            }
+            End::Ring { submitter, sq, cq } => {
+                let e = opcode::Send::new(types::Fixed(0), msg.as_ptr(), msg.len() as u32)
+                    .flags(libc::MSG_DONTWAIT)
+                    .build()
+                    .user_data(1);
+                // SAFETY: `msg` outlives the enter below, which carries the send out
+                // (MSG_DONTWAIT, deferred task work: it completes within the call).
+                unsafe { sq.push(&e).expect("a free submission slot") };
+                if let Some(into) = look {
+                    // SAFETY: `into` outlives the same enter, as `msg` does.
+                    unsafe { sq.push(&recv_entry(into)).expect("a free submission slot") };
+                }
+                sq.sync();
+                submitter.submit().expect("io_uring_enter");
+                cq.sync();
+                let mut took = 0;
+                for c in &mut *cq {
+                    match (c.user_data(), c.result()) {
+                        (1, n) => assert_eq!(n, msg.len() as i32, "SEND"),
+                        (_, n) if n > 0 => took = n as usize,
+                        (_, e) => assert_eq!(e, -libc::EAGAIN, "RECV"),
+                    }
+                }
+                took
+            }
+        }
+    }
+
+    /// Looks until `buf` is full, starting `have` bytes in.
+    fn recv(&mut self, buf: &mut [u8], mut have: usize) {
+        while have < buf.len() {
+            let rest = &mut buf[have..];
+            // Bytes taken, or the negated errno (as the ring reports a failure).
+            let n = match self {
+                End::Sys(fd) => {
+                    // SAFETY: `rest` is a live, writable buffer of its length.
+                    let n = unsafe {
+                        libc::recv(
+                            *fd,
+                            rest.as_mut_ptr().cast(),
+                            rest.len(),
+                            libc::MSG_DONTWAIT,
+                        )
+                    };
+                    match n {
+                        -1 => -std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+                        n => n as i32,
+                    }
+                }
+                End::Ring { submitter, sq, cq } => {
+                    // SAFETY: `rest` outlives the enter that carries the receive out.
+                    unsafe { sq.push(&recv_entry(rest)).expect("a free submission slot") };
+                    sq.sync();
+                    submitter.submit().expect("io_uring_enter");
+                    cq.sync();
+                    cq.next().expect("completed in its submission").result()
+                }
+            };
+            match n {
+                n if n > 0 => have += n as usize,
+                0 => panic!("the peer closed the connection"),
+                n if n == -libc::EAGAIN => {}
+                e => panic!("receive failed: errno {}", -e),
+            }
+        }
+    }
+}
+
+/// A receive of up to `into.len()` bytes that fails at once when nothing waits.
+fn recv_entry(into: &mut [u8]) -> io_uring::squeue::Entry {
+    opcode::Recv::new(types::Fixed(0), into.as_mut_ptr(), into.len() as u32)
+        .flags(libc::MSG_DONTWAIT)
+        .build()
+        .user_data(2)
+}
+
+/// A connected pair of loopback TCP sockets, `TCP_NODELAY` on both.
+pub fn tcp_pair() -> std::io::Result<(TcpStream, TcpStream)> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let c = TcpStream::connect(l.local_addr()?)?;
+    let (s, _) = l.accept()?;
+    c.set_nodelay(true)?;
+    s.set_nodelay(true)?;
+    Ok((c, s))
+}
+
+/// One end of a ping-pong of `rounds` round trips of `size` bytes each way on the connected
+/// socket `fd`: the initiator sends first and returns each round trip in TSC ticks (see
+/// [`Cycles`]); the other end answers each message and returns nothing. `None` if `way`'s ring
+/// could not be set up.
+pub fn tcp_ping_pong_end(
+    way: TcpWay,
+    fd: RawFd,
+    size: usize,
+    rounds: usize,
+    initiator: bool,
+) -> Option<Vec<u64>> {
+    let mut ring = match way {
+        TcpWay::Syscalls => None,
+        _ => Some(ring()?),
+    };
+    let mut end = End::new(fd, ring.as_mut())?;
+    let msg = vec![0x5au8; size.max(1)];
+    let mut buf = vec![0u8; size.max(1)];
+    let mut ticks = Vec::with_capacity(if initiator { rounds } else { 0 });
+    let together = way == TcpWay::RingTogether;
+    let mut pending = 0;
+    let mut t = Cycles::now();
+    for _ in 0..rounds {
+        if initiator {
+            let have = end.send(&msg, together.then_some(&mut buf[..]));
+            end.recv(&mut buf, have);
+            let now = Cycles::now();
+            ticks.push(now.wrapping_sub(t));
+            t = now;
+        } else {
+            end.recv(&mut buf, pending);
+            pending = end.send(&msg, together.then_some(&mut buf[..]));
+        }
+    }
+    Some(ticks)
+}
+
+/// `n` round trips (after a warm-up of a tenth as many) of `size` bytes each way over a
+/// loopback TCP connection between two threads pinned to `cpus` (the initiator first), both
+/// ends moving the message `way`: half the round trip. `None` if a thread could not be pinned
+/// or a ring set up.
+pub fn tcp_ping_pong(
+    way: TcpWay,
+    cpus: [usize; 2],
+    n: usize,
+    size: usize,
+) -> Option<HalfRoundTrip> {
+    let warm = n / 10;
+    let (c, s) = tcp_pair().ok()?;
+    let clock = Cycles::calibrate();
+    let ticks = std::thread::scope(|sc| {
+        let answer = sc.spawn(|| {
+            // Answers even when unpinned or without a ring (then by system calls), so the
+            // initiator always finishes.
+            let pinned = pin(cpus[1]);
+            let fd = s.as_raw_fd();
+            let done = tcp_ping_pong_end(way, fd, size, warm + n, false).is_some()
+                || tcp_ping_pong_end(TcpWay::Syscalls, fd, size, warm + n, false).is_some();
+            pinned && done
+        });
+        // The initiator on a thread of its own too (see `shm_ping_pong`).
+        let ask = sc.spawn(|| {
+            let fd = c.as_raw_fd();
+            let pinned = pin(cpus[0]);
+            let t = tcp_ping_pong_end(way, fd, size, warm + n, true)
+                .or_else(|| tcp_ping_pong_end(TcpWay::Syscalls, fd, size, warm + n, true));
+            t.filter(|_| pinned)
+        });
+        let t = ask.join().ok().flatten();
+        let answered = answer.join().unwrap_or(false);
+        t.filter(|_| answered)
+    })?;
+    half_round_trip(&clock, ticks.get(warm..)?.to_vec())
+}
+
+/// The median and mean of round trips given in ticks, halved, in nanoseconds.
+fn half_round_trip(clock: &Cycles, mut ticks: Vec<u64>) -> Option<HalfRoundTrip> {
+    if ticks.is_empty() {
         return None;
     }
     let half = |t: u64| clock.ns(t) as f64 / 2.0;
-    let mean = ticks.iter().map(|&t| half(t)).sum::<f64>() / n as f64;
+    let mean = ticks.iter().map(|&t| half(t)).sum::<f64>() / ticks.len() as f64;
     ticks.sort_unstable();
     Some(HalfRoundTrip {
-        p50: half(ticks[n / 2]),
+        p50: half(ticks[ticks.len() / 2]),
         mean,
     })
 }
@@ -131,5 +382,27 @@ mod tests {
         assert!(shm_ping_pong([0, 1000], 10, 0).is_none());
         assert!(shm_ping_pong([1 << 20, last], 10, 0).is_none());
         assert!(turn_ns() > 0.0);
+    }
+
+    #[test]
+    fn a_tcp_ping_pong_moves_whole_messages_each_way_and_leaves_the_caller_unpinned() {
+        let cpus = || std::thread::available_parallelism().map_or(1, |n| n.get());
+        let before = cpus();
+        for way in TcpWay::ALL {
+            // 3 bytes each way: the answer's first look may take part of it (`RingTogether`),
+            // and the rest must still come whole.
+            let f = tcp_ping_pong(way, [0, before - 1], 200, 3).expect("pinned, with a ring");
+            assert!(f.p50 > 0.0 && f.mean >= f.p50 / 10.0, "{way:?}: {f:?}");
+        }
+        assert_eq!(cpus(), before);
+        assert!(tcp_ping_pong(TcpWay::Ring, [0, 1000], 10, 28).is_none());
+        // One end by itself: the initiator's round trips are counted, the answerer's are not.
+        let (c, s) = tcp_pair().unwrap();
+        let answer = std::thread::spawn(move || {
+            tcp_ping_pong_end(TcpWay::Ring, s.as_raw_fd(), 28, 50, false)
+        });
+        let t = tcp_ping_pong_end(TcpWay::Syscalls, c.as_raw_fd(), 28, 50, true).unwrap();
+        assert_eq!(t.len(), 50);
+        assert_eq!(answer.join().unwrap(), Some(Vec::new()));
     }
 }

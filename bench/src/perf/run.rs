@@ -301,12 +301,13 @@ fn post_recv(qp: &QueuePair, wr_id: u64, sges: Sges) -> Result<(), String> {
 /// a read costs a few nanoseconds; `clock_gettime` costs about 20 here, a large part of a
 /// shared-memory operation), the monotonic clock in nanoseconds elsewhere. Converted to time by
 /// a calibration against the monotonic clock.
-pub(crate) struct Cycles {
+pub struct Cycles {
     ns_per_tick: f64,
 }
 
 impl Cycles {
-    pub(crate) fn now() -> u64 {
+    /// The counter now.
+    pub fn now() -> u64 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: RDTSC has no preconditions and every x86-64 CPU has it.
         unsafe {
@@ -320,7 +321,7 @@ impl Cycles {
     }
 
     /// Measures the counter's rate against the monotonic clock over 20 ms.
-    pub(crate) fn calibrate() -> Cycles {
+    pub fn calibrate() -> Cycles {
         let (i0, c0) = (Instant::now(), Cycles::now());
         while i0.elapsed() < Duration::from_millis(20) {
             std::hint::spin_loop();
@@ -332,7 +333,8 @@ impl Cycles {
         }
     }
 
-    pub(crate) fn ns(&self, ticks: u64) -> u64 {
+    /// `ticks` of the counter in nanoseconds.
+    pub fn ns(&self, ticks: u64) -> u64 {
         (ticks as f64 * self.ns_per_tick) as u64
     }
 }

@@ -806,7 +806,9 @@ fn ring_floor_figure(cpus: [usize; 2], iters: u64, whole: bool) -> Option<Figure
         value: value / 1000.0,
         unit: Unit::Micros,
         command: format!(
-            "a {FLOOR_FPDU}-byte message over loopback TCP and back between two threads on CPUs              {},{}, each with an io_uring set up as barewire's cores set theirs up, {iters} round              trips (in barewire-perf; by system calls and in two processes too: tcp-floor)",
+            "a {FLOOR_FPDU}-byte message over loopback TCP and back between two threads on CPUs \
+             {},{}, each with an io_uring set up as barewire's cores set theirs up, {iters} round \
+             trips (in barewire-perf; by system calls and in two processes too: tcp-floor)",
             cpus[0], cpus[1]
         ),
         percentiles: Vec::new(),

@@ -20,7 +20,9 @@
 
 use std::os::fd::AsRawFd;
 
-use barewire_bench::perf::floor::{tcp_pair, tcp_ping_pong, tcp_ping_pong_end, TcpWay};
+use barewire_bench::perf::floor::{
+    half_round_trip, tcp_pair, tcp_ping_pong, tcp_ping_pong_end, TcpWay,
+};
 use barewire_bench::perf::run::Cycles;
 use barewire_bench::reps::median;
 use clap::Parser;
@@ -80,12 +82,9 @@ fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> (f64, 
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "the answering process failed ({status:#x})"
     );
-    let mut t = t.expect("an io_uring with deferred task work (Linux 6.1)");
-    let mut t = t.split_off(warm);
-    t.sort_unstable();
-    let half = |ticks: u64| clock.ns(ticks) as f64 / 2e3;
-    let mean = t.iter().map(|&x| half(x)).sum::<f64>() / t.len() as f64;
-    (half(t[t.len() / 2]), mean)
+    let t = t.expect("an io_uring with deferred task work (Linux 6.1)");
+    let f = half_round_trip(&clock, t[warm..].to_vec()).expect("round trips after the warm-up");
+    (f.p50 / 1e3, f.mean / 1e3)
 }
 
 fn main() {

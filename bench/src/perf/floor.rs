@@ -325,8 +325,9 @@ pub fn tcp_ping_pong(
     half_round_trip(&clock, ticks.get(warm..)?.to_vec())
 }
 
-/// The median and mean of round trips given in ticks, halved, in nanoseconds.
-fn half_round_trip(clock: &Cycles, mut ticks: Vec<u64>) -> Option<HalfRoundTrip> {
+/// The median and mean of round trips given in `clock`'s ticks, halved, in nanoseconds; `None`
+/// for no round trips.
+pub fn half_round_trip(clock: &Cycles, mut ticks: Vec<u64>) -> Option<HalfRoundTrip> {
     if ticks.is_empty() {
         return None;
     }

@@ -374,6 +374,81 @@ fn a_read_response_whose_region_was_deregistered_is_not_sent() {
     }
 }
 
+/// `tx_copy` also refuses to read a deregistered source, and stops the stream.
+#[test]
+fn a_small_read_response_whose_region_was_deregistered_is_not_copied() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let mut src = Guarded::new(&b, 100, Access::REMOTE_READ, 1);
+        let sink = Guarded::new(&a, 100, Access::LOCAL_WRITE, 0);
+        deliver_read(&mut a, &mut b, 7, &src, &sink);
+        assert!(b.stream.wants_tx(), "the response is queued");
+        src.mr.take(); // deregistered
+        let mut small = [0u8; 512];
+        assert_eq!(b.stream.tx_copy(&mut small), Some(0), "crc {crc}");
+        assert!(b.stream.rx_dead() && !b.stream.wants_tx(), "crc {crc}");
+    }
+}
+
+/// A send takes 5 bytes of what `from` has queued, and `tx_copy` the rest, into `to`.
+fn small_send_after_five_bytes(from: &mut Side, to: &mut Side, crc: bool) {
+    let whole = listed(&mut from.stream, 64);
+    assert!(whole.len() > 5);
+    from.stream.tx_advance(5);
+    to.stream.rx_feed(&whole[..5]);
+    let rest = listed(&mut from.stream, 64);
+    assert_eq!(rest, whole[5..], "crc {crc}");
+    let mut short = vec![0u8; rest.len() - 1];
+    assert_eq!(from.stream.tx_copy(&mut short), None, "crc {crc}");
+    let mut small = [0u8; 512];
+    let n = from.stream.tx_copy(&mut small).expect("fits");
+    assert_eq!(small[..n], rest[..], "crc {crc}");
+    from.stream.tx_advance(n);
+    assert_eq!(to.stream.rx_feed(&small[..n]), n, "crc {crc}");
+    assert!(!from.stream.wants_tx());
+}
+
+/// A small send copies exactly what the gather list names: every queued chunk, the front one
+/// from where the last send stopped, Read Response snapshots (with CRC) included; and nothing
+/// when it would not all fit.
+#[test]
+fn a_small_send_copies_what_the_gather_list_names() {
+    for crc in [false, true] {
+        let (mut a, mut b) = (side(1, crc, 4), side(2, crc, 4));
+        let words = Guarded::new(&a, 24, Access::LOCAL_WRITE, 3);
+        let dst = Guarded::new(&b, 24, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+        let src = Guarded::new(&b, 40, Access::REMOTE_READ, 9);
+        let sink = Guarded::new(&a, 40, Access::LOCAL_WRITE, 0);
+        // B queues a Read Response (a snapshot with CRC), then three Writes go from A.
+        deliver_read(&mut a, &mut b, 1, &src, &sink);
+        for k in 0..3u64 {
+            a.stream
+                .post_send(write_wr(10 + k, words.sge(8 * k as usize, 8), &dst, 8 * k))
+                .unwrap();
+        }
+        small_send_after_five_bytes(&mut b, &mut a, crc);
+        small_send_after_five_bytes(&mut a, &mut b, crc);
+        // A second response, copied before anything listed it (its snapshot taken there).
+        let sink2 = Guarded::new(&a, 40, Access::LOCAL_WRITE, 0);
+        deliver_read(&mut a, &mut b, 2, &src, &sink2);
+        let mut small = [0u8; 512];
+        let n = b.stream.tx_copy(&mut small).expect("fits");
+        b.stream.tx_advance(n);
+        assert_eq!(a.stream.rx_feed(&small[..n]), n, "crc {crc}");
+        assert_eq!(sink2.data(), &[9; 40], "crc {crc}");
+        assert_eq!(
+            (a.stream.last_terminate(), b.stream.last_terminate()),
+            (None, None)
+        );
+        assert_eq!(dst.data(), &[3; 24], "crc {crc}");
+        assert_eq!(sink.data(), &[9; 40], "crc {crc}");
+        assert!(dst.guards_intact() && sink.guards_intact());
+        let done: Vec<_> = drain(&a.scq).iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(done.len(), 5, "crc {crc}: {done:?}");
+        assert!(done.iter().all(|d| d.1 == WcStatus::Success), "{done:?}");
+    }
+}
+
 #[test]
 fn write_outside_the_region_is_terminated_and_nothing_outside_changes() {
     let (mut a, mut b) = (side(1, false, 4), side(2, false, 4));

@@ -476,41 +476,34 @@ fn arm_send(
     r: &Ring,
 ) -> bool {
     if ops.tx == TxOp::Idle && stream.wants_tx() {
-        let (mut count, mut taken) = if ops.iov.len() < SEND_IOV {
-            // One entry more than the list holds tells whether more chunks are queued.
-            gather::<{ SEND_IOV_FEW + 1 }>(stream, &mut ops.iov)
+        let (e, taken) = if let Some(taken) = stream.tx_copy(&mut ops.small[..]) {
+            // A small send (a latency-bound message, an acknowledgement, a Read Response's
+            // header): the stream copies it into one buffer, which goes as a plain SEND; the
+            // kernel takes it without reading a message header and importing a gather list.
+            let e = opcode::Send::new(fd, ops.small.as_ptr(), taken as u32)
+                .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
+                .build();
+            (e, taken)
         } else {
-            gather::<SEND_IOV>(stream, &mut ops.iov)
-        };
-        if count > ops.iov.len() {
-            // A burst of large messages: this queue pair keeps the long gather list.
-            ops.iov = empty_iov(SEND_IOV);
-            (count, taken) = gather::<SEND_IOV>(stream, &mut ops.iov);
-        }
-        if count > 0 {
-            let e = if taken <= SMALL_SEND {
-                // A small send (a latency-bound message, an acknowledgement, a Read Response's
-                // header): its few chunks copied into one buffer go as a plain SEND, which the
-                // kernel takes without reading a message header and importing a gather list.
-                let mut at = 0;
-                for v in &ops.iov[..count] {
-                    // SAFETY: `gather` just filled the entry from one of the stream's queued
-                    // chunks, which stay valid and unchanged until the send completes.
-                    let src =
-                        unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
-                    ops.small[at..at + src.len()].copy_from_slice(src);
-                    at += src.len();
-                }
-                opcode::Send::new(fd, ops.small.as_ptr(), taken as u32)
-                    .flags(libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
-                    .build()
+            let (mut count, mut taken) = if ops.iov.len() < SEND_IOV {
+                // One entry more than the list holds tells whether more chunks are queued.
+                gather::<{ SEND_IOV_FEW + 1 }>(stream, &mut ops.iov)
             } else {
-                ops.msg.msg_iov = ops.iov.as_mut_ptr();
-                ops.msg.msg_iovlen = count;
-                opcode::SendMsg::new(fd, &*ops.msg)
-                    .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
-                    .build()
+                gather::<SEND_IOV>(stream, &mut ops.iov)
             };
+            if count > ops.iov.len() {
+                // A burst of large messages: this queue pair keeps the long gather list.
+                ops.iov = empty_iov(SEND_IOV);
+                (count, taken) = gather::<SEND_IOV>(stream, &mut ops.iov);
+            }
+            ops.msg.msg_iov = ops.iov.as_mut_ptr();
+            ops.msg.msg_iovlen = count;
+            let e = opcode::SendMsg::new(fd, &*ops.msg)
+                .flags((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32)
+                .build();
+            (e, taken)
+        };
+        if taken > 0 {
             // SAFETY: the copy, or the gather list and the chunks it names (which the stream
             // just checked), live in `ops` (boxed) or the stream, and nothing changes them
             // before this send completes (`ops.tx` is `Sending` until then); with MSG_DONTWAIT
@@ -522,7 +515,7 @@ fn arm_send(
             stream.tx_take(taken);
             return true;
         }
-        // Zero slices: a Read Response's source is gone and the stream stopped; the poll
+        // Nothing taken: a Read Response's source is gone and the stream stopped; the poll
         // after this submission closes the connection.
     }
     false

@@ -39,7 +39,7 @@ use crate::wire::{
     fpdu_trailer_after, qn, split, AtomicOp, AtomicRequest, AtomicResponse, DdpHeader,
     DdpTaggedErrorCode, DdpUntaggedErrorCode, Framer, ImmediateData, Layer, RdmapErrorCode,
     RdmapErrorType, RdmapOpcode, ReadRequest, Reassembly, Segment, Step, TermCode, Terminate,
-    FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
+    WireError, FPDU_HEADER_LEN, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN,
 };
 
 pub use barewire_rdma_types::{RecvWr, SendOp, SendWr, Sge, Sges};
@@ -124,6 +124,25 @@ enum Chunk {
     },
     /// A snapshot taken, in a buffer from the thread's [`spare`] ones.
     Owned(Vec<u8>),
+}
+
+impl Chunk {
+    /// The chunk's bytes from `skip` on, once `Stream::prepare` has run over it (which
+    /// checked a Served source and took a Snapshot's copy).
+    fn prepared(&self, skip: usize) -> &[u8] {
+        match self {
+            Chunk::Inline { bytes, len, .. } => &bytes[skip..*len as usize],
+            // SAFETY: Raw chunks point into checked local regions that the verbs contract
+            // keeps alive and unchanged until the work request completes; Served ones were
+            // checked to be live in `prepare` just before, and nothing runs between there and
+            // the send that could deregister them.
+            Chunk::Raw(p, n) | Chunk::Served { src: p, len: n, .. } => unsafe {
+                std::slice::from_raw_parts(p.add(skip), n - skip)
+            },
+            Chunk::Owned(b) => &b[skip..],
+            Chunk::Snapshot { .. } => unreachable!("taken in prepare"),
+        }
+    }
 }
 
 /// Read Response snapshots reuse buffers kept per thread (a core's streams take turns with

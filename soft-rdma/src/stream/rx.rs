@@ -64,6 +64,11 @@ impl Stream {
             }
             Rx::Dead => return,
         };
+        self.on_step(step);
+    }
+
+    /// What the framer's step completed: a frame's headers, or the frame.
+    fn on_step(&mut self, step: Result<Step, WireError>) {
         match step {
             Ok(Step::More) => {}
             Ok(Step::Header) => self.on_header(),
@@ -84,6 +89,14 @@ impl Stream {
     pub fn rx_feed(&mut self, mut data: &[u8]) -> usize {
         let total = data.len();
         while !data.is_empty() {
+            if let Rx::Framing { .. } = self.rx {
+                // A frame's headers all here: one step rather than two through the scratch.
+                if let Some((n, step)) = self.framer.headers_from(data) {
+                    self.on_step(step);
+                    data = &data[n..];
+                    continue;
+                }
+            }
             let Some((p, want)) = self.rx_buffer() else {
                 return total - data.len();
             };

@@ -538,21 +538,85 @@ impl Stream {
         }
         for (i, c) in self.tx.iter().enumerate().take(n) {
             let skip = if i == 0 { self.tx_front_off } else { 0 };
-            let s: &'a [u8] = match c {
-                Chunk::Inline { bytes, len, .. } => &bytes[skip..*len as usize],
-                // SAFETY: Raw chunks point into checked local regions that the verbs contract
-                // keeps alive and unchanged until the work request completes; Served ones were
-                // checked to be live in `prepare` just now, and nothing runs between here and
-                // the send that could deregister them.
-                Chunk::Raw(p, n) | Chunk::Served { src: p, len: n, .. } => unsafe {
-                    std::slice::from_raw_parts(p.add(skip), n - skip)
-                },
-                Chunk::Owned(b) => &b[skip..],
-                Chunk::Snapshot { .. } => unreachable!("taken in prepare"),
-            };
-            out[i] = IoSlice::new(s);
+            out[i] = IoSlice::new(c.prepared(skip));
         }
         n
+    }
+
+    /// Copies every byte queued to send into `out` when they all fit there, and returns how
+    /// many: a small send (a latency-bound message, an acknowledgement) then goes out as one
+    /// buffer, with no gather list built and read back. `None` when more is queued than `out`
+    /// holds, or more snapshots than one send takes (see [`Stream::tx_iovecs`], which lists
+    /// them then). As with `tx_iovecs`, 0 with bytes queued means the stream has stopped (a
+    /// Read Response's source was deregistered); nothing is taken until the caller says so
+    /// (`tx_advance`, or `tx_take` and `tx_settle`).
+    ///
+    /// ```
+    /// use barewire_soft_rdma::stream::*;
+    /// use barewire_soft_rdma::verbs::*;
+    ///
+    /// let cfg = |qp, pd| StreamConfig { qp_num: qp, pd, crc: false, mulpdu: 1024, ird: 4, ord: 4, remote_completion: false };
+    /// let (da, db) = (Device::new(), Device::new());
+    /// let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
+    /// let (acq, bcq) = (CompletionQueue::new(8), CompletionQueue::new(8));
+    /// let mut a = Stream::new(da.clone(), cfg(1, pa.id()), acq.clone(), acq.clone());
+    /// let mut b = Stream::new(db.clone(), cfg(2, pb.id()), bcq.clone(), bcq.clone());
+    /// let mut src = 42u64.to_le_bytes();
+    /// let mut dst = [0u8; 8];
+    /// // SAFETY: both buffers outlive their regions.
+    /// let smr = unsafe { pa.register(src.as_mut_ptr(), 8, Access::LOCAL_WRITE) }.unwrap();
+    /// let dmr = unsafe { pb.register(dst.as_mut_ptr(), 8, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }.unwrap();
+    /// a.post_send(SendWr {
+    ///     wr_id: 1,
+    ///     op: SendOp::Write { remote_addr: dmr.addr() as u64, rkey: dmr.stag() },
+    ///     sges: [Sge { addr: smr.addr() as u64, len: 8, lkey: smr.stag() }].into(),
+    ///     signaled: false,
+    ///     fence: false,
+    /// }).unwrap();
+    ///
+    /// // An 8-byte Write is one 28-byte FPDU: more than 16 bytes, less than 512.
+    /// assert_eq!(a.tx_copy(&mut [0u8; 16]), None);
+    /// let mut small = [0u8; 512];
+    /// let n = a.tx_copy(&mut small).unwrap();
+    /// assert_eq!(n, 28);
+    /// a.tx_advance(n); // the socket took them all
+    /// assert_eq!(b.rx_feed(&small[..n]), n);
+    /// assert_eq!(u64::from_le_bytes(dst), 42);
+    /// ```
+    pub fn tx_copy(&mut self, out: &mut [u8]) -> Option<usize> {
+        let queued = self.tx_queued - self.tx_sent;
+        if queued > out.len() as u64 {
+            return None;
+        }
+        if self
+            .tx
+            .iter()
+            .any(|c| matches!(c, Chunk::Served { .. } | Chunk::Snapshot { .. }))
+        {
+            // Read Response payloads: their sources are checked again, and snapshots taken,
+            // no more of them than one send takes.
+            let snapshots = self
+                .tx
+                .iter()
+                .filter(|c| matches!(c, Chunk::Snapshot { .. } | Chunk::Owned(_)))
+                .count();
+            if snapshots > super::spare::KEEP {
+                return None;
+            }
+            if !self.prepare(self.tx.len()) {
+                self.source_gone();
+                return Some(0);
+            }
+        }
+        let (mut at, mut skip) = (0, self.tx_front_off);
+        for c in &self.tx {
+            let b = c.prepared(skip);
+            out[at..at + b.len()].copy_from_slice(b);
+            at += b.len();
+            skip = 0;
+        }
+        debug_assert_eq!(at as u64, queued, "tx_queued counts what the chunks hold");
+        Some(at)
     }
 
     /// An asynchronous send took the first `n` bytes of `tx_iovecs` (its completion reports

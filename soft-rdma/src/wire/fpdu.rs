@@ -368,6 +368,27 @@ impl Framer {
         }
     }
 
+    /// Between frames, takes the next frame's length field and DDP and RDMAP headers from the
+    /// front of `bytes` when they are all there: the one step [`Framer::scratch`] and
+    /// [`Framer::filled`] take in two (the control byte says how long the headers are), for a
+    /// caller that holds received bytes in a buffer. `None` mid-frame or when `bytes` holds
+    /// less (fill the scratch then); otherwise how many bytes it took and [`Step::Header`], or
+    /// the error `filled` gives for them and the bytes it had taken then (the framer is dead).
+    pub fn headers_from(&mut self, bytes: &[u8]) -> Option<(usize, Result<Step, WireError>)> {
+        const START: usize = FPDU_HEADER_LEN + 2;
+        if self.phase != (Phase::Start { have: 0 }) || bytes.len() < START {
+            return None;
+        }
+        let end = FPDU_HEADER_LEN + ddp_rdmap_header_len(bytes[FPDU_HEADER_LEN]);
+        let headers = bytes.get(..end)?;
+        self.hdr[..end].copy_from_slice(headers);
+        // The same checks, in the same order, as the bytes coming a few at a time.
+        if let Err(e) = self.filled(START) {
+            return Some((START, Err(e)));
+        }
+        Some((end, self.filled(end - START)))
+    }
+
     /// The caller put `bytes`, the next payload bytes of the frame, where they belong (at most
     /// [`Framer::payload_left`] of them).
     pub fn placed(&mut self, bytes: &[u8]) -> Result<Step, WireError> {
@@ -445,6 +466,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `headers_from` takes a frame's headers in one step exactly when they are all there,
+    /// leaves the framer as the scratch taking them a byte at a time leaves it, and refuses
+    /// what `filled` refuses.
+    #[test]
+    fn headers_in_one_step_are_the_headers_a_byte_at_a_time() {
+        for payload in [0, 1, 8, 33] {
+            for tagged in [false, true] {
+                for crc in [false, true] {
+                    let f = frame(&segment(tagged, payload), crc);
+                    let end = FPDU_HEADER_LEN + if tagged { 14 } else { 18 };
+                    for k in 0..f.len() {
+                        let mut one = Framer::new(crc, 1 << 16);
+                        let Some((n, step)) = one.headers_from(&f[..k]) else {
+                            assert!(k < end, "k {k}: the headers are all there");
+                            continue;
+                        };
+                        assert!(k >= end);
+                        assert_eq!((n, step.unwrap()), (end, Step::Header));
+                        let mut bytes = Framer::new(crc, 1 << 16);
+                        for b in &f[..end] {
+                            bytes.scratch().unwrap()[0] = *b;
+                            bytes.filled(1).unwrap();
+                        }
+                        assert_eq!(one.header(), bytes.header());
+                        assert_eq!(one.payload_left(), bytes.payload_left());
+                        // Mid-frame: not between frames any more.
+                        assert!(one.headers_from(&f[end..]).is_none());
+                        // The rest of the frame completes it, CRC included.
+                        let mut at = end;
+                        if payload > 0 {
+                            at += payload;
+                            assert_eq!(one.placed(&f[end..at]).unwrap(), Step::More);
+                        }
+                        let s = one.scratch().unwrap();
+                        let t = s.len();
+                        s.copy_from_slice(&f[at..at + t]);
+                        assert_eq!(one.filled(t).unwrap(), Step::Frame);
+                        assert_eq!(at + t, f.len());
+                    }
+                }
+            }
+        }
+        // Refused: a length shorter than the headers, and one longer than the maximum.
+        let mut u = segment(true, 0);
+        u.pop();
+        let short = frame(&u, false);
+        let (n, step) = Framer::new(false, 1 << 16).headers_from(&short).unwrap();
+        assert_eq!((n, step.unwrap_err().field), (4, "ULPDU_LENGTH"));
+        let long = frame(&segment(true, 40), false);
+        let mut f = Framer::new(false, 50);
+        let (n, step) = f.headers_from(&long).unwrap();
+        assert_eq!((n, step.unwrap_err().field), (4, "ULPDU_LENGTH"));
+        assert!(f.is_dead() && f.headers_from(&long).is_none());
     }
 
     #[test]

@@ -325,8 +325,16 @@ impl Side {
         }
     }
 
-    /// What `tx_iovecs` lists now, through at most `entries` gather entries.
+    /// What `tx_iovecs` lists now, through at most `entries` gather entries; for more than 32
+    /// entries, what `tx_copy` copies into a ring's 512-byte small-send buffer first, as the
+    /// ring does, when all that is queued fits there.
     fn listed(&mut self, entries: usize) -> Vec<u8> {
+        if entries > 32 {
+            let mut small = [0u8; 512];
+            if let Some(n) = self.stream.tx_copy(&mut small) {
+                return small[..n].to_vec();
+            }
+        }
         let mut iov = [IoSlice::new(&[]); 64];
         let n = self.stream.tx_iovecs(&mut iov[..entries.clamp(1, 64)]);
         iov[..n].iter().flat_map(|s| s.iter().copied()).collect()

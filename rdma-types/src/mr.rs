@@ -169,6 +169,10 @@ struct DeviceInner {
     /// compare for it instead of a table lookup. Any change to the tables forgets it first,
     /// so a key deregistered or invalidated since is never served from it.
     last_local: Cell<Option<LocalKey>>,
+    /// The key `check` found last, for the same reason and on the same terms: a peer's run
+    /// of Writes into one region pays a compare for it. Only a live key is remembered, so a
+    /// guessed one always goes to the table.
+    last_remote: Cell<Option<RemoteKey>>,
     next_pd: Cell<u32>,
     /// Fuzzing only: STags handed out in order from this one instead of at random.
     predictable: Cell<Option<u32>>,
@@ -184,11 +188,40 @@ struct LocalKey {
     writable: bool,
 }
 
+/// What `check` needs of a live key (a region's or a window's).
+#[derive(Clone, Copy)]
+struct RemoteKey {
+    stag: u32,
+    pd: u32,
+    qp: Option<u32>,
+    access: Access,
+    /// Its first byte's address, and the address after its last.
+    base: u64,
+    limit: u64,
+}
+
 impl DeviceInner {
-    /// The tables, to change: forgets the last local key first.
+    /// The tables, to change: forgets the last keys found first.
     fn tables_mut(&self) -> std::cell::RefMut<'_, Tables> {
         self.last_local.set(None);
+        self.last_remote.set(None);
         self.tables.borrow_mut()
+    }
+
+    /// The live key `stag`, remembered for the next call.
+    fn remote_key(&self, stag: u32) -> Result<RemoteKey, Violation> {
+        let t = self.tables.borrow();
+        let e = t.live.get(&stag).ok_or(Violation::InvalidStag)?;
+        let k = RemoteKey {
+            stag,
+            pd: e.pd,
+            qp: e.qp,
+            access: e.access,
+            base: e.addr as u64,
+            limit: e.addr as u64 + e.len as u64,
+        };
+        self.last_remote.set(Some(k));
+        Ok(k)
     }
 
     /// The live local key `lkey` (a region's, not a window's), remembered for the next call.
@@ -245,6 +278,7 @@ impl Device {
             inner: Rc::new(DeviceInner {
                 tables: RefCell::new(Tables::default()),
                 last_local: Cell::new(None),
+                last_remote: Cell::new(None),
                 next_pd: Cell::new(1),
                 predictable: Cell::new(None),
             }),
@@ -300,8 +334,10 @@ impl Device {
         len: u64,
         need: Access,
     ) -> Result<*mut u8, Violation> {
-        let t = self.inner.tables.borrow();
-        let e = t.live.get(&stag.0).ok_or(Violation::InvalidStag)?;
+        let e = match self.inner.last_remote.get() {
+            Some(k) if k.stag == stag.0 => k,
+            _ => self.inner.remote_key(stag.0)?,
+        };
         if e.pd != pd || e.qp.is_some_and(|q| q != qp) {
             return Err(Violation::NotAssociated);
         }
@@ -309,8 +345,7 @@ impl Device {
             return Err(Violation::AccessRights);
         }
         let end = to.checked_add(len).ok_or(Violation::ToWrap)?;
-        let (base, limit) = (e.addr as u64, e.addr as u64 + e.len as u64);
-        if to < base || end > limit {
+        if to < e.base || end > e.limit {
             return Err(Violation::BaseBounds);
         }
         Ok(to as usize as *mut u8)
@@ -828,6 +863,76 @@ mod tests {
             dev.check_local(mr.stag(), pd.id(), base, 8, true),
             Err(Violation::InvalidStag),
             "an invalidated key that passed a moment ago"
+        );
+    }
+
+    /// `check` remembers the key it found last, as `check_local` does: a key that passed a
+    /// moment ago fails at once when its region is deregistered or invalidated, when the
+    /// region is bound to queue pairs through windows only, or when a window's region goes;
+    /// its domain, queue pair, rights and bounds are checked on every call.
+    #[test]
+    fn a_remote_key_that_just_passed_fails_once_it_is_gone() {
+        let dev = Device::new();
+        let (pd, other) = (dev.alloc_pd(), dev.alloc_pd());
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mr = region(&pd, &mut buf, rw);
+        let s = mr.stag();
+        let w = Access::REMOTE_WRITE;
+        for _ in 0..2 {
+            assert!(dev.check(s, pd.id(), 3, base, 64, w).is_ok());
+            assert_eq!(
+                dev.check(s, other.id(), 3, base, 8, w),
+                Err(Violation::NotAssociated)
+            );
+            assert_eq!(
+                dev.check(s, pd.id(), 3, base, 8, Access::REMOTE_READ),
+                Err(Violation::AccessRights)
+            );
+            assert_eq!(
+                dev.check(s, pd.id(), 3, base + 1, 64, w),
+                Err(Violation::BaseBounds)
+            );
+        }
+        // Windows only: the region's own key stops serving any queue pair.
+        let win = mr.bind_window(7, &pd, w).unwrap();
+        assert!(dev.check(win.stag(), pd.id(), 7, base, 8, w).is_ok());
+        assert_eq!(
+            dev.check(win.stag(), pd.id(), 8, base, 8, w),
+            Err(Violation::NotAssociated)
+        );
+        assert!(dev.check(s, pd.id(), 3, base, 8, w).is_ok());
+        mr.remote_only_through_windows();
+        assert_eq!(
+            dev.check(s, pd.id(), 3, base, 8, w),
+            Err(Violation::NotAssociated),
+            "a region bound to windows only, its key having passed a moment ago"
+        );
+        assert!(dev.check(win.stag(), pd.id(), 7, base, 8, w).is_ok());
+        drop(mr);
+        assert_eq!(
+            dev.check(win.stag(), pd.id(), 7, base, 8, w),
+            Err(Violation::InvalidStag),
+            "a window whose region went, having passed a moment ago"
+        );
+        drop(win);
+        let mr = region(&pd, &mut buf, rw);
+        assert!(dev.check(mr.stag(), pd.id(), 3, base, 8, w).is_ok());
+        dev.invalidate(mr.stag(), pd.id()).unwrap();
+        assert_eq!(
+            dev.check(mr.stag(), pd.id(), 3, base, 8, w),
+            Err(Violation::InvalidStag),
+            "an invalidated key that passed a moment ago"
+        );
+        let mr = region(&pd, &mut buf, rw);
+        assert!(dev.check(mr.stag(), pd.id(), 3, base, 8, w).is_ok());
+        let s = mr.stag();
+        drop(mr);
+        assert_eq!(
+            dev.check(s, pd.id(), 3, base, 8, w),
+            Err(Violation::InvalidStag),
+            "a deregistered key that passed a moment ago"
         );
     }
 

@@ -135,9 +135,13 @@ pub struct RunArgs {
     pub sqpoll: Option<u64>,
     /// How long an idle core polls before it sleeps (`--idle-spin-us`, default 1000).
     pub idle_spin_us: u64,
-    /// Latency tests: an untimed pause before each iteration (`--gap-us`, default 0), so that
-    /// with a gap longer than `idle_spin_us` both sides sleep between messages and each one
-    /// times the wake-up of an idle peer.
+    /// Latency tests: an untimed pause before each iteration (`--gap-us`, default 0). With a
+    /// gap longer than `idle_spin_us` a core with nothing to do sleeps between messages, so
+    /// each message times the wake-up of an idle peer: both sides of `send_lat`, and the
+    /// responder of `read_lat` and `atomic_lat`, whose requester waits for its completion
+    /// after its own sleep. `write_lat`'s sides watch their buffers from a task, as perftest
+    /// spins on its buffer, so only the client's core sleeps (through the gap) and the server
+    /// keeps polling.
     pub gap_us: u64,
     /// Queue pairs (connections) a bandwidth test spreads its requests over (`--qps`), each
     /// with `tx_depth` in flight.
@@ -306,9 +310,10 @@ struct RunOpts {
     /// How long an idle core keeps polling before it sleeps, in microseconds.
     #[arg(long, value_name = "US", default_value_t = 1000)]
     idle_spin_us: u64,
-    /// Latency tests: pause this long (untimed) before each iteration; longer than
-    /// `--idle-spin-us`, both sides sleep between messages, so each times an idle peer's
-    /// wake-up.
+    /// Latency tests: pause this long (untimed) before each iteration. Longer than
+    /// `--idle-spin-us`, an idle core sleeps between messages, so each times an idle peer's
+    /// wake-up: both sides of send_lat, the responder of read_lat and atomic_lat. write_lat's
+    /// server watches its buffer from a task (as perftest spins) and never sleeps.
     #[arg(long, value_name = "US", default_value_t = 0)]
     gap_us: u64,
     /// Ask for MPA CRC32c (off by default, as Linux siw).

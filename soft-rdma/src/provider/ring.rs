@@ -524,7 +524,8 @@ fn arm_send(
 /// Fills `iov` with the chunks the stream has queued, through `N` slices: how many the stream
 /// offered (more than `iov` holds when `N` is larger: then `iov` holds none of them) and the
 /// bytes in those `iov` took. `N` is a constant so that the slices live on the stack, sized to
-/// the list: a latency-bound queue pair's send fills 65 of them, not 256.
+/// the list: a queue pair that never needed the long list fills 65 of them, not 256. (A send
+/// small enough to copy never comes here: `Stream::tx_copy` takes it whole.)
 fn gather<const N: usize>(stream: &mut Stream, iov: &mut [libc::iovec]) -> (usize, usize) {
     let mut slices = [std::io::IoSlice::new(&[]); N];
     let count = stream.tx_iovecs(&mut slices);

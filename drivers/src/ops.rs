@@ -476,30 +476,67 @@ impl MappedSpan<'_> {
 /// and non-temporal stores may become visible out of order), and a peer that watches its
 /// memory for the last word of a message relies on it.
 ///
-/// Each 16-byte store is followed by a release fence: on x86 (whose stores are seen in program
-/// order) that only keeps the compiler from reordering or merging them, and costs nothing; on
-/// weaker machines it orders them.
+/// Every store is of a naturally aligned piece (1, 2, 4, 8 or 16 bytes at an address that is a
+/// multiple of its size), so none is split across two cache lines, whose halves could land in
+/// either order; an aligned 8-byte message lands in one store, not eight. Each store is
+/// followed by a release fence: on x86 (whose
+/// stores are seen in program order) that only keeps the compiler from reordering or merging
+/// them, and costs nothing; on weaker machines it orders them.
 ///
 /// # Safety
 /// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.
 #[inline]
 pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
     use std::sync::atomic::{fence, Ordering};
-    let mut off = 0;
-    while off + 16 <= len {
-        // SAFETY: within both ranges (the caller's promise); unaligned access is allowed.
+    /// Copies one `T`-sized piece at `off` (aligned at `dst`) and fences.
+    ///
+    /// # Safety
+    /// As `copy_ascending`, for `off..off + size_of::<T>()`; `dst + off` aligned to `T`'s size.
+    #[inline(always)]
+    unsafe fn piece<T: Copy>(src: *const u8, dst: *mut u8, off: usize) -> usize {
+        // SAFETY: within both ranges (the caller's promise); the source may be unaligned,
+        // the destination is aligned to the piece's size.
         unsafe {
-            let v = std::ptr::read_unaligned(src.add(off) as *const u128);
-            std::ptr::write_unaligned(dst.add(off) as *mut u128, v);
+            let v = std::ptr::read_unaligned(src.add(off) as *const T);
+            std::ptr::write_unaligned(dst.add(off) as *mut T, v);
         }
         fence(Ordering::Release);
-        off += 16;
+        off + std::mem::size_of::<T>()
     }
-    while off < len {
-        // SAFETY: as above.
-        unsafe { *dst.add(off) = *src.add(off) };
-        fence(Ordering::Release);
-        off += 1;
+    let mut off = 0;
+    // SAFETY (every `piece` below): each copies bytes below `len` (checked by `left`), at a
+    // destination address aligned to its size (checked by `at`).
+    unsafe {
+        // Up to a 16-byte boundary of dst, each piece as large as the address allows...
+        while off < len && (dst as usize + off) % 16 != 0 {
+            let (at, left) = (dst as usize + off, len - off);
+            off = if at % 8 == 0 && left >= 8 {
+                piece::<u64>(src, dst, off)
+            } else if at % 4 == 0 && left >= 4 {
+                piece::<u32>(src, dst, off)
+            } else if at % 2 == 0 && left >= 2 {
+                piece::<u16>(src, dst, off)
+            } else {
+                piece::<u8>(src, dst, off)
+            };
+        }
+        // ...then aligned 16-byte pieces...
+        while len - off >= 16 {
+            off = piece::<u128>(src, dst, off);
+        }
+        // ...and the tail, from a 16-byte boundary: at most 8, 4, 2 and 1 bytes, in that order.
+        if len - off >= 8 {
+            off = piece::<u64>(src, dst, off);
+        }
+        if len - off >= 4 {
+            off = piece::<u32>(src, dst, off);
+        }
+        if len - off >= 2 {
+            off = piece::<u16>(src, dst, off);
+        }
+        if len - off >= 1 {
+            piece::<u8>(src, dst, off);
+        }
     }
 }
 
@@ -509,7 +546,7 @@ pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
 ///
 /// # Safety
 /// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
     // SAFETY: every read and write stays within the `len` bytes of its range (the caller's
     // promise); unaligned access is allowed.
@@ -1268,7 +1305,7 @@ mod tests {
         let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 1) as u8).collect();
         for from in 0..17 {
             for to in 0..17 {
-                for len in [0, 1, 15, 16, 17, 31, 32, 33, 64, 100, 255] {
+                for len in [0, 1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 255] {
                     let mut dst = vec![0u8; 300];
                     // SAFETY: both ranges lie within their vectors; distinct allocations.
                     unsafe { copy_ascending(src[from..].as_ptr(), dst[to..].as_mut_ptr(), len) };

@@ -504,8 +504,9 @@ pub(crate) unsafe fn copy_ascending(src: *const u8, dst: *mut u8, len: usize) {
         off + std::mem::size_of::<T>()
     }
     let mut off = 0;
-    // SAFETY (every `piece` below): each copies bytes below `len` (checked by `left`), at a
-    // destination address aligned to its size (checked by `at`).
+    // SAFETY: every `piece` below copies bytes below `len` (each is taken only when that many
+    // are left), at a destination address aligned to its size (the head checks the address;
+    // the body and tail start at a 16-byte boundary and go in decreasing sizes).
     unsafe {
         // Up to a 16-byte boundary of dst, each piece as large as the address allows...
         while off < len && (dst as usize + off) % 16 != 0 {

@@ -46,7 +46,7 @@ cargo +nightly miri test -p barewire-soft-rdma --lib --test stream -- \
   --skip random_scripts_keep_every_promise --skip corpus --skip stream::fuzz::tests \
   --skip every_length_matches_the_reference --skip any_bytes_cut_anywhere
 
-echo "== drivers: buffers (bounds, the ascending copy), the shm ring against a hostile writer and reader"
+echo "== drivers: buffers (bounds, the inline copies), the shm ring against a hostile writer and reader"
 # (An explicit soft or shm transport never asks libibverbs for its devices, so these run. The
 # shm_ring fuzz seeds also pass under Miri, `--test fuzz_corpus -- the_seeds_pass`, but take
 # about 13 minutes, so they are left out here.)

@@ -65,10 +65,18 @@ where
     (us(0.5), us(0.99))
 }
 
-/// The median (the upper one of an even count); NaN when empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN figures"));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+/// The median of `v` (sorting it): the middle figure, or the mean of the two middle ones of
+/// an even count; NaN when empty. Every benchmark here takes its medians from this one; it
+/// takes a vector by value or a slice to sort in place.
+pub fn median(mut v: impl AsMut<[f64]>) -> f64 {
+    let v = v.as_mut();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// `rows[a] / rows[b]` per rep, as "median (lowest-highest)"; "n/a" without reps of both.
@@ -95,11 +103,14 @@ pub fn report(rows: &[Row], comparisons: &[(&str, usize, usize, &str)]) {
     println!("|---|---|---|");
     for r in rows {
         let p99 = if r.reps.iter().any(|x| x.1 > 0.0) {
-            format!("{:.2} us", median(r.reps.iter().map(|x| x.1).collect()))
+            format!(
+                "{:.2} us",
+                median(r.reps.iter().map(|x| x.1).collect::<Vec<_>>())
+            )
         } else {
             "-".into()
         };
-        let v = median(r.reps.iter().map(|x| x.0).collect());
+        let v = median(r.reps.iter().map(|x| x.0).collect::<Vec<_>>());
         println!("| {} | {v:.2} {} | {p99} |", r.name, r.unit);
     }
     println!();
@@ -135,8 +146,9 @@ mod tests {
 
     #[test]
     fn medians_and_per_rep_ratios() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert!(median(vec![]).is_nan());
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
         let mut rows = Row::named(&[("a", "us"), ("b", "us")]);
         rows[0].reps = vec![(2.0, 0.0), (6.0, 0.0), (3.0, 0.0)];
         rows[1].reps = vec![(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)];

@@ -43,8 +43,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use barewire::{ChannelOptions, Node};
-use barewire_bench::perf::compare::median;
 use barewire_bench::perf::peers::parse_ucx;
+use barewire_bench::reps::median;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 /// The command line.

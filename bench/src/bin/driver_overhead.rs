@@ -12,7 +12,7 @@ use std::io::Write;
 use clap::Parser;
 use std::time::{Duration, Instant};
 
-use barewire_bench::perf::compare::median;
+use barewire_bench::reps::median;
 use barewire_engine::{yield_now, Runtime};
 use barewire_soft_rdma::provider as soft;
 use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};

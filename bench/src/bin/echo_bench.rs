@@ -20,6 +20,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::time::Duration;
 
 use barewire_bench::echo::{self, Config, Mode};
+use barewire_bench::reps::median;
 
 const RUNTIMES: [&str; 6] = [
     "barewire",
@@ -188,11 +189,6 @@ fn run(which: Runtime, mut cfg: Config) {
         "RESULT {which} rate={:.0} p50_ns={p50} p99_ns={p99}",
         report.rate()
     );
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 fn compare(opts: &Opts, reps: usize, runtimes: &[Runtime], args: &[String]) {

@@ -261,9 +261,9 @@ fn main() {
             o.iters, o.reps, o.cpu, o.threads
         );
         // The two own-ring ways ran back to back in each rep: their ratio is taken per rep.
-        let own_ratio = median(res[9].iter().zip(&res[8]).map(|(r, d)| r / d).collect());
+        let own_ratio = median(res[9].iter().zip(&res[8]).map(|(r, d)| r / d).collect::<Vec<_>>());
         // The registered-file look against the same look by descriptor, per rep.
-        let file_ratio = median(res[10].iter().zip(&res[3]).map(|(f, d)| f / d).collect());
+        let file_ratio = median(res[10].iter().zip(&res[3]).map(|(f, d)| f / d).collect::<Vec<_>>());
         let med: Vec<f64> = res.into_iter().map(median).collect();
         for (name, m) in names.iter().zip(&med) {
             println!("  {name:<48} {m:>8.0}");

@@ -9,8 +9,8 @@
 //! Each figure is half the round trip (RTT/2), p50 and mean, the median over the reps; reps of
 //! each gap alternate with the others'.
 
-use barewire_bench::perf::compare::median;
 use barewire_bench::perf::floor::{shm_ping_pong, turn_ns};
+use barewire_bench::reps::median;
 use clap::Parser;
 
 /// The command line.

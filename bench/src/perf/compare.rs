@@ -14,6 +14,7 @@ use hdrhistogram::Histogram;
 use super::cli::{AtomicOp, CompareArgs, RunArgs, Test};
 use super::peers::{self, Ours, Params, PeerRun};
 use super::run;
+use crate::reps::median;
 
 /// What a figure measures, and so which way a ratio is good.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,17 +92,6 @@ pub struct Comparison {
     pub failed: Vec<(String, String)>,
     /// barewire's 8 B WRITE latency distribution (nanoseconds), for the plot.
     pub write_lat: Option<Histogram<u64>>,
-}
-
-/// The median of a non-empty list.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Runs a server and a client of a peer tool, each pinned and bounded by `timeout`; returns the
@@ -885,12 +875,6 @@ mod tests {
         assert!(cpu1.abs() < 1e-9, "{cpu1}");
         assert_eq!(busy_fraction(before, after, 7), None, "no such CPU");
         assert_eq!(busy_fraction(before, before, 0), None, "no time passed");
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
     }
 
     #[test]

@@ -475,8 +475,8 @@ impl MappedSpan<'_> {
 /// Copies `len` bytes from `src` to `dst` inline, 16 bytes a store, in no promised order: a
 /// message published afterwards by a release store (a channel's slot, whose length word is
 /// stored last). Four stores for a 64-byte message wherever it lies, where
-/// [`copy_ascending`], which never splits a store across cache lines, needs five or six when
-/// the message straddles a line.
+/// [`copy_ascending`], whose stores are aligned pieces, needs five or six when the message
+/// does not start on a 16-byte boundary.
 ///
 /// # Safety
 /// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.

@@ -504,9 +504,9 @@ pub(crate) unsafe fn copy_chunks(src: *const u8, dst: *mut u8, len: usize) {
 /// Every store is of a naturally aligned piece (1, 2, 4, 8 or 16 bytes at an address that is a
 /// multiple of its size), so none is split across two cache lines, whose halves could land in
 /// either order; an aligned 8-byte message lands in one store, not eight. Each store is
-/// followed by a release fence: on x86 (whose
-/// stores are seen in program order) that only keeps the compiler from reordering or merging
-/// them, and costs nothing; on weaker machines it orders them.
+/// followed by a release fence: on x86 (whose stores are seen in program order) that only keeps
+/// the compiler from reordering or merging them, and costs nothing; on weaker machines it
+/// orders them.
 ///
 /// # Safety
 /// `src` must be readable and `dst` writable for `len` bytes; they may not overlap.

@@ -4,7 +4,8 @@
 # iterations, CPUs 0 and 1), then ucx_perftest runs ucp_put_lat, ucp_get and ucp_fadd (8 B,
 # 300,000 iterations) and shm-floor its bare store-and-spin. Prints one line per figure:
 # round, what, p50 (µs), mean (µs).
-# Usage: ROUNDS=6 bash 2026-12-06-s49-shm-ucx.sh BIN_A [BIN_B ...]
+# Usage, from the repository root (shm-floor is taken from target/release):
+#   ROUNDS=6 bash bench/results/2026-12-06-s49-shm-ucx.sh BIN_A [BIN_B ...]
 set -u
 ROUNDS=${ROUNDS:-6}
 N=300000

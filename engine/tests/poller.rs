@@ -13,7 +13,7 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use barewire_engine::time::timeout;
-use barewire_engine::{poll_readable, register_poller, spawn_local, Poller};
+use barewire_engine::{poll_readable, register_poller, spawn_local, Poller, WakeSource};
 use common::rt;
 
 /// The "device" side, written by another thread.
@@ -163,6 +163,114 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
         "every entered interrupt mode was left"
     );
     assert!(stats.sleeps > 0, "the core slept between bursts: {stats:?}");
+}
+
+/// The completion channel watched by a `WakeSource` instead of a task: the core sleeps between
+/// bursts and each burst wakes it, with the eventfd never read. So the registration lasts
+/// across sleeps and counts each write as an event (edge-triggered under epoll, a multishot
+/// poll under io_uring), rather than reporting a level once. Without the source, or with the
+/// source watching another eventfd, the first burst after a sleep waits for the timeout's
+/// timer, 10 s away.
+#[test]
+fn a_wake_source_wakes_a_sleeping_core_at_each_event_without_being_drained() {
+    const BURSTS: u64 = 40;
+    // SAFETY: plain eventfd creation; ownership passes to OwnedFd.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    assert!(efd >= 0);
+    // SAFETY: fresh fd.
+    let channel = unsafe { OwnedFd::from_raw_fd(efd) };
+    let cq = Arc::new(FakeCq {
+        produced: AtomicU64::new(0),
+        armed: AtomicBool::new(false),
+        channel,
+    });
+    let rt = rt(1);
+    common::expect_reactor(&rt);
+    let counts = Rc::new(Counts::default());
+    let device = {
+        let cq = cq.clone();
+        std::thread::spawn(move || {
+            let mut notified = 0;
+            for _ in 0..BURSTS {
+                // Long enough for the core to fall asleep.
+                std::thread::sleep(Duration::from_millis(5));
+                let armed = cq.armed.load(Ordering::SeqCst);
+                cq.complete_one();
+                notified += armed as u64;
+            }
+            notified
+        })
+    };
+    rt.block_on(async {
+        let seen = Rc::new(Cell::new(0));
+        let waiter = Rc::new(RefCell::new(None));
+        let wake = WakeSource::readable(cq.channel.as_raw_fd()).expect("registered");
+        /// The CQ poller, arming the wake source before each sleep.
+        struct Watched(CqPoller, WakeSource);
+        impl Poller for Watched {
+            fn poll(&mut self) -> bool {
+                self.0.poll()
+            }
+            fn pure_poll(&mut self) -> bool {
+                self.0.pure_poll()
+            }
+            fn try_enter_interrupt_mode(&mut self) -> bool {
+                self.1.arm().expect("the watch is armed");
+                self.0.try_enter_interrupt_mode()
+            }
+            fn exit_interrupt_mode(&mut self) {
+                self.0.exit_interrupt_mode()
+            }
+        }
+        register_poller(Box::new(Watched(
+            CqPoller {
+                cq: cq.clone(),
+                seen: seen.clone(),
+                waiter: waiter.clone(),
+                counts: counts.clone(),
+            },
+            wake,
+        )));
+        let done = std::future::poll_fn(|cx| {
+            if seen.get() >= BURSTS {
+                return Poll::Ready(());
+            }
+            *waiter.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        // The bursts take 0.2 s. A burst that found the core asleep and did not wake it waits
+        // for the next timer, which is this timeout's: then all are seen at once, 10 s in.
+        let t0 = std::time::Instant::now();
+        timeout(Duration::from_secs(10), done)
+            .await
+            .expect("every burst was seen");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a burst that came while the core slept did not wake it ({:?})",
+            t0.elapsed()
+        );
+    });
+    let notified = device.join().unwrap();
+    let stats = rt.stats()[0];
+    assert!(
+        stats.sleeps >= BURSTS / 2,
+        "the core slept between bursts: {stats:?}"
+    );
+    assert!(
+        notified >= BURSTS / 2,
+        "most bursts found the core asleep: {notified}"
+    );
+    let mut count = 0u64;
+    // SAFETY: 8-byte read from our eventfd into a u64.
+    let n = unsafe {
+        libc::read(
+            cq.channel.as_raw_fd(),
+            &mut count as *mut u64 as *mut libc::c_void,
+            8,
+        )
+    };
+    assert_eq!(n, 8);
+    assert_eq!(count, notified, "nothing read the eventfd before now");
 }
 
 /// Counts its passes; never has work of its own.

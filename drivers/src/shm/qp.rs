@@ -1310,9 +1310,14 @@ impl Hello {
 /// This core's wake-up eventfd, its waiter, and its queue pairs.
 struct CoreShm {
     core: Cell<u64>,
+    /// The wake-up eventfd, registered with the engine's reactor for the core's life: a peer's
+    /// poke ends the core's sleep. Made the first time the core goes to sleep. (Declared
+    /// before `wake`, so dropped before the eventfd closes.)
+    irq: RefCell<Option<barewire_engine::WakeSource>>,
     wake: RefCell<Option<Rc<OwnedFd>>>,
     qps: RefCell<Vec<Weak<QpInner>>>,
     registered: Cell<bool>,
+    /// Where `irq` cannot be made or armed: a task waiting on the eventfd for this sleep alone.
     waiter: RefCell<Option<JoinHandle<()>>>,
     /// The stall watch is on ([`watch_for_stalls`]).
     watching: Cell<bool>,
@@ -1330,6 +1335,7 @@ thread_local! {
             wake: RefCell::new(None),
             qps: RefCell::new(Vec::new()),
             registered: Cell::new(false),
+            irq: RefCell::new(None),
             waiter: RefCell::new(None),
             watching: Cell::new(false),
             watch_timer: Cell::new(false),
@@ -1346,6 +1352,7 @@ fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
         if c.core.replace(token) != token {
             c.qps.borrow_mut().clear();
             c.registered.set(false);
+            c.irq.take();
             *c.wake.borrow_mut() = None;
             c.waiter.borrow_mut().take();
             c.watching.set(false);
@@ -2157,6 +2164,17 @@ impl Poller for ShmPoller {
                 .as_ref()
                 .is_none_or(JoinHandle::is_finished);
             let wake = c.wake.borrow().clone();
+            if let Some(wake) = &wake {
+                // One registration for the core's life. The eventfd is never read: each poke
+                // signals it anew, read or not (see `WakeSource`).
+                let mut irq = c.irq.borrow_mut();
+                if irq.is_none() {
+                    *irq = barewire_engine::WakeSource::readable(wake.as_raw_fd()).ok();
+                }
+                if irq.as_ref().is_some_and(|w| w.arm().is_ok()) {
+                    return;
+                }
+            }
             if let (true, Some(wake)) = (idle, wake) {
                 *c.waiter.borrow_mut() = Some(spawn_local(async move {
                     let _ = poll_readable(wake.as_raw_fd()).await;

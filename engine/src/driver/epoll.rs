@@ -74,12 +74,22 @@ impl Epoll {
 
     /// Registers an fd for both directions; returns its token.
     pub(crate) fn register(&self, fd: RawFd) -> io::Result<usize> {
+        self.register_for(fd, Interest::READABLE | Interest::WRITABLE)
+    }
+
+    /// Registers an fd for readability alone, for as long as its owner keeps it: each new
+    /// event (the registration is edge-triggered) makes a sleeping core's wait return, and
+    /// wakes no task, as nothing polls its state. See `op::poll_fd::WakeSource`.
+    pub(crate) fn watch(&self, fd: RawFd) -> io::Result<usize> {
+        self.register_for(fd, Interest::READABLE)
+    }
+
+    fn register_for(&self, fd: RawFd, interest: Interest) -> io::Result<usize> {
         let key = self.ios.borrow_mut().insert(IoState::default());
-        let res = self.poll.registry().register(
-            &mut SourceFd(&fd),
-            Token(key),
-            Interest::READABLE | Interest::WRITABLE,
-        );
+        let res = self
+            .poll
+            .registry()
+            .register(&mut SourceFd(&fd), Token(key), interest);
         if let Err(e) = res {
             self.ios.borrow_mut().remove(key);
             return Err(e);

@@ -43,6 +43,20 @@ const IGNORE_TOKEN: u64 = u64::MAX - 1;
 pub(crate) const RAW_BIT: u64 = 1 << 62;
 /// Bits of a raw operation's token.
 pub(crate) const RAW_TOKEN_BITS: u32 = 48;
+/// user_data bit of a wake watch's multishot poll (see `Uring::watch`); the low bits are its
+/// slot in `watches`.
+const WATCH_BIT: u64 = 1 << 61;
+
+/// A foreign fd whose readiness wakes a sleeping core (`op::poll_fd::WakeSource`).
+struct Watch {
+    fd: RawFd,
+    /// Its multishot poll is in the kernel (or queued to go there).
+    armed: bool,
+    /// Its owner dropped it: the slot goes when the poll's last completion comes.
+    dropped: bool,
+    /// The poll ended with this error; it is not armed again.
+    failed: Option<i32>,
+}
 
 /// Which setup flags the kernel accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +80,7 @@ pub(crate) struct Uring {
     pub(crate) flags: UringFlags,
     ext_arg: bool,
     reaped: RefCell<Vec<(u64, i32, u32)>>,
+    watches: RefCell<Slab<Watch>>,
     /// Completions of raw operations, per raw queue, until their owner drains them.
     raw: RefCell<Vec<Vec<crate::uring::Completion>>>,
     /// Counts `io_uring_enter` calls made to submit (not to sleep).
@@ -142,6 +157,7 @@ impl Uring {
                         flags,
                         ext_arg,
                         reaped: RefCell::new(Vec::with_capacity(64)),
+                        watches: RefCell::new(Slab::new()),
                         raw: RefCell::new(Vec::new()),
                         enters: Cell::new(0),
                         fixed_free: RefCell::new(Vec::new()),
@@ -355,6 +371,11 @@ impl Uring {
             match user_data {
                 WAKE_TOKEN => self.wake_armed.set(false),
                 IGNORE_TOKEN => {}
+                watch if watch & (WATCH_BIT | RAW_BIT | 1 << 63) == WATCH_BIT => {
+                    // Its work is to have ended the wait; the owner's poller finds the rest.
+                    raw_count += 1;
+                    self.watch_completed((watch & !WATCH_BIT) as usize, res, flags);
+                }
                 raw if raw & (RAW_BIT | 1 << 63) == RAW_BIT => {
                     raw_count += 1;
                     let queue = ((raw & !RAW_BIT) >> RAW_TOKEN_BITS) as usize;
@@ -540,6 +561,84 @@ impl Uring {
     /// Queues an SQE whose completion is ignored (a cancel).
     pub(crate) fn push_ignored(&self, entry: squeue::Entry) {
         self.push(entry.user_data(IGNORE_TOKEN));
+    }
+
+    /// Starts a multishot poll for `fd`'s readability whose completions end the core's wait
+    /// and wake no task (see `op::poll_fd::WakeSource`). Returns its slot.
+    pub(crate) fn watch(&self, fd: RawFd) -> usize {
+        let key = self.watches.borrow_mut().insert(Watch {
+            fd,
+            armed: false,
+            dropped: false,
+            failed: None,
+        });
+        self.arm_watch(key)
+            .expect("a new watch has not failed, so it arms");
+        key
+    }
+
+    /// Makes sure the watch's poll is in the kernel (the kernel ends a multishot poll now and
+    /// then, for one when its completion queue overflows): the poll goes out with the next
+    /// submission, the park's included. An error where the kernel ended it with one.
+    pub(crate) fn arm_watch(&self, key: usize) -> io::Result<()> {
+        let fd = {
+            let mut watches = self.watches.borrow_mut();
+            let w = &mut watches[key];
+            if let Some(e) = w.failed {
+                return Err(io::Error::from_raw_os_error(e));
+            }
+            if w.armed {
+                return Ok(());
+            }
+            w.armed = true;
+            w.fd
+        };
+        self.push(
+            opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .multi(true)
+                .build()
+                .user_data(WATCH_BIT | key as u64),
+        );
+        Ok(())
+    }
+
+    /// The owner dropped the watch: cancel its poll, and free the slot once the kernel is done.
+    pub(crate) fn unwatch(&self, key: usize) {
+        let armed = {
+            let mut watches = self.watches.borrow_mut();
+            let Some(w) = watches.get_mut(key) else {
+                return;
+            };
+            if !w.armed {
+                watches.remove(key);
+                return;
+            }
+            w.dropped = true;
+            true
+        };
+        if armed {
+            self.push(
+                opcode::PollRemove::new(WATCH_BIT | key as u64)
+                    .build()
+                    .user_data(IGNORE_TOKEN),
+            );
+        }
+    }
+
+    fn watch_completed(&self, key: usize, res: i32, flags: u32) {
+        if io_uring::cqueue::more(flags) {
+            return; // still armed
+        }
+        let mut watches = self.watches.borrow_mut();
+        let Some(w) = watches.get_mut(key) else {
+            return;
+        };
+        w.armed = false;
+        if w.dropped {
+            watches.remove(key);
+        } else if res < 0 {
+            w.failed = Some(-res);
+        }
     }
 
     /// A new raw completion queue; its index.

@@ -1,7 +1,9 @@
 //! Readiness of a foreign fd: `IORING_OP_POLL_ADD`, or an epoll registration. This is how a
-//! verbs completion channel (or any fd another library owns) wakes a sleeping core.
+//! verbs completion channel (or any fd another library owns) wakes a sleeping core: once, by a
+//! task that awaits [`poll_readable`], or for as long as the source lives ([`WakeSource`]).
 
 use std::io;
+use std::marker::PhantomData;
 use std::os::fd::RawFd;
 
 use io_uring::{opcode, types};
@@ -66,4 +68,99 @@ pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
 /// Waits until `fd` is writable. See [`poll_readable`].
 pub async fn poll_writable(fd: RawFd) -> io::Result<()> {
     poll_fd(fd, Direction::Write).await
+}
+
+/// A foreign fd that wakes this core from its sleep whenever the fd becomes readable, for as
+/// long as the `WakeSource` lives: one registration with the core's reactor, where a task
+/// awaiting [`poll_readable`] registers and deregisters (two `epoll_ctl` calls under the epoll
+/// reactor) and is spawned anew each time the core goes to sleep.
+///
+/// It wakes the core and no task: a [`Poller`](crate::Poller) that owns the fd looks at it on
+/// the pass after the wake-up, as on every pass. Each readiness event the fd's kernel object
+/// signals (a write to an eventfd, a new event in an epoll set, bytes on a socket) ends a
+/// sleep, whether or not the fd was drained since the last: the registration is edge-triggered
+/// under epoll, and a multishot poll under io_uring. An event that comes while the core is
+/// awake at most shortens its next sleep to nothing.
+///
+/// Call [`arm`](Self::arm) on the way to each sleep (from
+/// [`Poller::try_enter_interrupt_mode`](crate::Poller::try_enter_interrupt_mode)): under
+/// io_uring the kernel may end a multishot poll (when the completion queue overflows, say),
+/// and `arm` puts it back. It fails if the kernel ended the poll with an error (a kernel before
+/// 5.13 has no multishot poll); the caller then waits some other way, such as a task that
+/// awaits [`poll_readable`].
+///
+/// The fd stays owned by the caller and must stay open while the `WakeSource` lives. A
+/// `WakeSource` belongs to the core that made it and is dropped there; one dropped after its
+/// core ended does nothing.
+///
+/// ```
+/// use barewire_engine::WakeSource;
+/// use std::os::fd::AsRawFd;
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+///     let wake = WakeSource::readable(a.as_raw_fd()).unwrap();
+///     wake.arm().unwrap();
+///     // A sleeping core now wakes when `b` writes to `a`.
+///     # drop(b);
+/// });
+/// ```
+pub struct WakeSource {
+    key: usize,
+    fd: RawFd,
+    /// The core it was registered with (`core_token`).
+    core: u64,
+    /// A core's registration: it stays on that core's thread.
+    _core_bound: PhantomData<*const ()>,
+}
+
+impl WakeSource {
+    /// Registers `fd` with the current core's reactor. Fails under epoll if the fd cannot be
+    /// registered (it is closed, or a kind epoll refuses, such as a regular file).
+    pub fn readable(fd: RawFd) -> io::Result<WakeSource> {
+        with_core(|c| {
+            let key = match &c.driver {
+                Driver::Epoll(e) => e.watch(fd)?,
+                Driver::Uring(u) => u.watch(fd),
+            };
+            Ok(WakeSource {
+                key,
+                fd,
+                core: c.token,
+                _core_bound: PhantomData,
+            })
+        })
+    }
+
+    /// Makes sure the registration will end the core's next sleep when the fd becomes readable
+    /// (see the type's docs). Call it on the way to each sleep, from the core that made it.
+    pub fn arm(&self) -> io::Result<()> {
+        with_core(|c| match &c.driver {
+            _ if c.token != self.core => Err(io::Error::other(
+                "a WakeSource is armed only on the core that made it",
+            )),
+            Driver::Epoll(_) => Ok(()),
+            Driver::Uring(u) => u.arm_watch(self.key),
+        })
+    }
+}
+
+impl Drop for WakeSource {
+    fn drop(&mut self) {
+        crate::core::try_with_core(|c| {
+            if c.token != self.core {
+                return; // its core ended, and took the registration with it
+            }
+            match &c.driver {
+                Driver::Epoll(e) => e.deregister(self.fd, self.key),
+                Driver::Uring(u) => u.unwatch(self.key),
+            }
+        });
+    }
+}
+
+impl std::fmt::Debug for WakeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WakeSource").field("fd", &self.fd).finish()
+    }
 }

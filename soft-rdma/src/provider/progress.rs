@@ -236,6 +236,10 @@ thread_local! {
 pub(super) struct Provider {
     /// The engine core this state belongs to (see `barewire_engine::core_token`).
     pub(super) core: Cell<u64>,
+    /// The epoll fd, registered with the engine's reactor for the core's life: a new event in
+    /// the set ends the core's sleep (the interrupt source). Made the first time the core goes
+    /// to sleep. (Declared before `epfd`, so dropped before the epoll fd closes.)
+    pub(super) irq: RefCell<Option<barewire_engine::WakeSource>>,
     pub(super) epfd: Cell<Option<OwnedFd>>,
     /// Weak: a queue pair lives as long as the application holds it; dropping the last handle
     /// closes its socket (the peer sees the connection end) and frees its slot here.
@@ -249,9 +253,8 @@ pub(super) struct Provider {
     pub(super) next_qp: Cell<u32>,
     pub(super) registered: Cell<bool>,
     pub(super) timer_armed: Cell<bool>,
-    /// A poll on the epoll fd is in flight through the engine's reactor (the interrupt source).
-    /// It is armed only when the core is about to sleep: while the core spins, the poller's own
-    /// `epoll_wait` sees every event and an armed poll would only cost a completion per message.
+    /// Where `irq` cannot be made or armed: a task's poll on the epoll fd is in flight through
+    /// the engine's reactor, for this sleep alone.
     pub(super) irq_armed: Cell<bool>,
     /// On an io_uring core: the ring's raw queue and provided buffers (see `ring.rs`); `None`
     /// on epoll cores, which use the epoll set above.
@@ -270,6 +273,7 @@ thread_local! {
             next_qp: Cell::new(1),
             registered: Cell::new(false),
             timer_armed: Cell::new(false),
+            irq: RefCell::new(None),
             irq_armed: Cell::new(false),
             ring: RefCell::new(None),
         }
@@ -308,6 +312,7 @@ impl Provider {
             self.free.take();
             self.active.take();
             self.late.take();
+            self.irq.take();
             self.epfd.set(None);
             self.registered.set(false);
             self.timer_armed.set(false);
@@ -389,6 +394,21 @@ impl Provider {
                 let i = qp.borrow();
                 !i.closed && f(&i)
             })
+    }
+
+    /// Before the core sleeps: registers the epoll fd with the engine's reactor if it is not
+    /// yet, so that the set's next event ends the sleep. A registration lasts the core's life
+    /// (one `epoll_ctl` in all, where a task awaiting `poll_readable` would register and
+    /// deregister at every sleep). The registration is edge-triggered, and every new event on
+    /// a socket in the set signals the epoll fd anew, drained or not, so events already served
+    /// (or left stale by direct receives, which `try_enter_interrupt_mode` drains first) do
+    /// not wake the core. False where it cannot be made or armed.
+    fn arm_irq(&self) -> bool {
+        let mut irq = self.irq.borrow_mut();
+        if irq.is_none() {
+            *irq = barewire_engine::WakeSource::readable(self.epfd()).ok();
+        }
+        irq.as_ref().is_some_and(|w| w.arm().is_ok())
     }
 
     /// Before the core sleeps: a queue pair that is owed bytes needs its stall timeout to run,
@@ -571,6 +591,9 @@ impl Poller for ProgressPoller {
             }
             if !p.stall_timer() {
                 return false; // run the new timer task before sleeping
+            }
+            if p.arm_irq() {
+                return true;
             }
             if !p.irq_armed.replace(true) {
                 // Wake the core when the epoll set has events. The epoll fd is readable while

@@ -43,6 +43,10 @@ pub(crate) struct Epoll {
     poll: mio::Poll,
     events: RefCell<Vec<libc::epoll_event>>,
     ios: RefCell<Slab<IoState>>,
+    /// Wakers held in `ios`: tasks waiting for an event. While there are none, a pass of the
+    /// core's loop asks the kernel nothing (`poll`): the events wait in the kernel's ready list
+    /// for the next wait that has a task to wake, or for the core's sleep, which they end.
+    waiting: Cell<usize>,
     wake_fd: RawFd,
     /// `epoll_pwait2` failed with `ENOSYS` or `EPERM`: wait with `epoll_wait` from now on.
     no_pwait2: Cell<bool>,
@@ -67,6 +71,7 @@ impl Epoll {
             poll,
             events: RefCell::new(vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS]),
             ios: RefCell::new(Slab::new()),
+            waiting: Cell::new(0),
             wake_fd,
             no_pwait2: Cell::new(false),
         })
@@ -100,6 +105,10 @@ impl Epoll {
     pub(crate) fn deregister(&self, fd: RawFd, key: usize) {
         let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
         let state = self.ios.borrow_mut().try_remove(key);
+        if let Some(s) = &state {
+            let held = s.read_waker.is_some() as usize + s.write_waker.is_some() as usize;
+            self.waiting.set(self.waiting.get() - held);
+        }
         drop(state);
     }
 
@@ -118,7 +127,11 @@ impl Epoll {
         }
         match slot {
             Some(w) if w.will_wake(cx.waker()) => {}
-            _ => *slot = Some(cx.waker().clone()),
+            Some(w) => w.clone_from(cx.waker()),
+            None => {
+                *slot = Some(cx.waker().clone());
+                self.waiting.set(self.waiting.get() + 1);
+            }
         }
         Poll::Pending
     }
@@ -133,7 +146,12 @@ impl Epoll {
         }
     }
 
+    /// A pass's look at the kernel's events: none while no task waits for one (see
+    /// `waiting`), which spares an idle or spinning core a system call per pass.
     pub(crate) fn poll(&self, stats: &Stats) -> bool {
+        if self.waiting.get() == 0 {
+            return false;
+        }
         self.wait(Some(Duration::ZERO), stats)
     }
 
@@ -177,6 +195,8 @@ impl Epoll {
             }
         }
         drop(events);
+        // Each waker taken above left its slot empty.
+        self.waiting.set(self.waiting.get() - wakers.len());
         stats
             .ops_completed
             .set(stats.ops_completed.get() + n as u64);
@@ -268,6 +288,59 @@ mod tests {
             let coarse = waited(&ep);
             assert!(coarse >= Duration::from_millis(1), "{coarse:?}");
         }
+        // SAFETY: our own eventfd, closed once.
+        unsafe { libc::close(wake) };
+    }
+
+    /// A pass asks the kernel for events only while a task waits for one, and the count of
+    /// waiting tasks follows the wakers: up when one is stored, down when an event takes it or
+    /// its fd is deregistered. (Counted wrongly, a pass would either ask for nothing while a
+    /// task waits, and the task would hang, or ask on every pass, as before.)
+    #[test]
+    fn a_pass_asks_for_events_only_while_a_task_waits() {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        struct Count(AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        // SAFETY: eventfd with valid flags; closed below.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(wake >= 0);
+        let ep = Epoll::new(wake).unwrap();
+        let stats = Stats::default();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let key = ep.register(a.as_raw_fd()).unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+
+        b.write_all(b"x").unwrap();
+        assert!(!ep.poll(&stats), "no task waits: the pass asks for nothing");
+        assert!(!ep.ios.borrow()[key].readable);
+
+        // Polled twice by the same task: one waiter.
+        assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_pending());
+        assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_pending());
+        assert_eq!(ep.waiting.get(), 1);
+        assert!(ep.poll(&stats), "a task waits: the pass takes the event");
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "and wakes the task");
+        assert_eq!(ep.waiting.get(), 0);
+        assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_ready());
+
+        // A waiter whose fd goes away is no longer counted.
+        ep.clear(key, Direction::Read);
+        assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_pending());
+        assert!(ep.poll_ready(key, Direction::Write, &mut cx).is_ready());
+        assert_eq!(ep.waiting.get(), 1);
+        ep.deregister(a.as_raw_fd(), key);
+        assert_eq!(ep.waiting.get(), 0);
+        assert!(!ep.poll(&stats));
         // SAFETY: our own eventfd, closed once.
         unsafe { libc::close(wake) };
     }

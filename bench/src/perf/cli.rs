@@ -285,7 +285,7 @@ struct RunOpts {
     /// Pin this side to CPU A (a --loopback server to B).
     #[arg(long = "cpu", value_name = "A[,B]", value_delimiter = ',', value_parser = crate::cpu_arg)]
     cpu: Option<Vec<usize>>,
-    /// soft, auto, verbs, ib, roce, roce2 or iwarp.
+    /// soft, shm, auto, verbs, ib, roce, roce2 or iwarp.
     #[arg(
         long,
         value_name = "NAME",

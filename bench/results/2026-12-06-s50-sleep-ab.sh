@@ -2,7 +2,7 @@
 # Alternated A/B of two barewire-perf builds (A=$A, B=$B): 8 B send_lat p50 with both cores
 # sleeping between messages (--idle-spin-us 0 --gap-us 200), soft and shm, under each reactor;
 # then spinning 8 B write_lat p50, the same four ways. Order inside a round flips every round.
-# SPIN=0 leaves the spinning part out. Run from the repository root.
+# SPIN=0 leaves the spinning part out; CPU= runs the sleeping part unpinned. Run from the repository root.
 A=${A:?the build before} B=${B:?the build after}
 for r in $(seq 1 ${ROUNDS:-6}); do
   echo "== round $r $(date -u +%T)"
@@ -13,7 +13,7 @@ for r in $(seq 1 ${ROUNDS:-6}); do
         bin=$A; [ $w = B ] && bin=$B
         echo -n "$w sleeping send_lat $drv $reactor: "
         BAREWIRE_REACTOR=$reactor $bin send_lat --loopback --driver $drv -s 8 -n 3000 \
-          --idle-spin-us 0 --gap-us 200 --cpu 0,1 2>&1 | grep "^ 8 " | awk '{print "p50", $5, "avg", $6}'
+          --idle-spin-us 0 --gap-us 200 ${CPU---cpu 0,1} 2>&1 | grep "^ 8 " | awk '{print "p50", $5, "avg", $6}'
       done
     done
   done

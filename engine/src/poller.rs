@@ -12,7 +12,8 @@
 //! just the pollers that say they [watch memory](Poller::watches_memory), and runs a full pass
 //! at once when one of them finds work. Then it asks every poller to [`Poller::try_enter_interrupt_mode`]:
 //! a poller arms whatever will wake the core (for a verbs CQ, `ibv_req_notify_cq` with the
-//! completion channel's fd watched by an io_uring `POLL_ADD`) and returns `true`, or returns
+//! completion channel's fd watched by an io_uring `POLL_ADD`; for an fd the poller owns, a
+//! [`WakeSource`](crate::WakeSource) registered once) and returns `true`, or returns
 //! `false` if work is already pending and sleeping would miss it. If every poller agreed the core
 //! sleeps in the reactor until an fd, a timer or a cross-core wake; then every poller that entered
 //! interrupt mode gets [`Poller::exit_interrupt_mode`], whether or not the core slept.

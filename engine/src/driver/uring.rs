@@ -795,6 +795,88 @@ mod tests {
         assert!(stats.ops_completed.get() > before, "the NOP completed");
     }
 
+    /// Polls and parks (bounded) until `done` holds.
+    fn until(u: &Uring, stats: &Stats, done: impl Fn(&Uring) -> bool) -> bool {
+        for _ in 0..100 {
+            u.poll(stats);
+            if done(u) {
+                return true;
+            }
+            u.park(Some(Duration::from_millis(10)));
+        }
+        done(u)
+    }
+
+    /// A watch's multishot poll stays armed across events (each write to the eventfd is a
+    /// completion with `F_MORE`, and none is a task's work); dropping it removes the poll and
+    /// frees its slot once the kernel's last completion comes; a poll the kernel ends with an
+    /// error is not armed again, and `arm_watch` says why.
+    #[test]
+    fn a_watch_stays_armed_across_events_and_goes_when_dropped_or_failed() {
+        let fd = wake_fd();
+        let stats = Stats::default();
+        let u = Uring::new(64, fd, None, 0).expect("an io_uring");
+        let target = wake_fd();
+        let key = u.watch(target);
+        let writes = |n: u64| {
+            for _ in 0..n {
+                let one = 1u64;
+                // SAFETY: 8-byte write to our own eventfd.
+                unsafe { libc::write(target, (&one as *const u64).cast(), 8) };
+            }
+        };
+        let completed = || stats.ops_completed.get();
+        for round in 1..=3 {
+            let before = completed();
+            writes(1);
+            assert!(
+                until(&u, &stats, |_| completed() > before),
+                "write {round} was seen"
+            );
+            assert!(
+                u.watches.borrow()[key].armed,
+                "still armed after event {round}"
+            );
+            assert!(u.arm_watch(key).is_ok());
+        }
+        assert!(
+            !u.poll(&stats),
+            "a watch's completions are nobody's work, and none is left"
+        );
+
+        u.unwatch(key);
+        assert!(
+            until(&u, &stats, |u| u.watches.borrow().is_empty()),
+            "the dropped watch's slot was freed"
+        );
+
+        // Ended by the kernel with an error: a cancel stands in for one here.
+        let key = u.watch(target);
+        u.push(
+            opcode::AsyncCancel::new(WATCH_BIT | key as u64)
+                .build()
+                .user_data(IGNORE_TOKEN),
+        );
+        assert!(
+            until(&u, &stats, |u| !u.watches.borrow()[key].armed),
+            "the cancelled poll ended"
+        );
+        let e = u
+            .arm_watch(key)
+            .expect_err("a failed watch is not armed again");
+        assert_eq!(e.raw_os_error(), Some(libc::ECANCELED));
+        u.unwatch(key);
+        assert!(
+            u.watches.borrow().is_empty(),
+            "a disarmed watch goes at once"
+        );
+        // SAFETY: closing the eventfds made above.
+        unsafe {
+            libc::close(target);
+            libc::close(fd);
+        }
+    }
+
     #[test]
     fn a_ring_is_entered_by_its_registered_index_and_gives_it_back() {
         let fd = wake_fd();

@@ -24,6 +24,19 @@ struct FakeCq {
 }
 
 impl FakeCq {
+    /// A queue with nothing produced, not armed, and a fresh eventfd for its channel.
+    fn new() -> Arc<FakeCq> {
+        // SAFETY: plain eventfd creation; ownership passes to OwnedFd.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        assert!(efd >= 0);
+        Arc::new(FakeCq {
+            produced: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            // SAFETY: fresh fd.
+            channel: unsafe { OwnedFd::from_raw_fd(efd) },
+        })
+    }
+
     fn complete_one(&self) {
         self.produced.fetch_add(1, Ordering::SeqCst);
         // A notification fires only when armed, and disarms, like a CQ event.
@@ -95,16 +108,7 @@ impl Poller for CqPoller {
 #[test]
 fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
     const N: u64 = 2000;
-    // SAFETY: plain eventfd creation; ownership passes to OwnedFd.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    assert!(efd >= 0);
-    // SAFETY: fresh fd.
-    let channel = unsafe { OwnedFd::from_raw_fd(efd) };
-    let cq = Arc::new(FakeCq {
-        produced: AtomicU64::new(0),
-        armed: AtomicBool::new(false),
-        channel,
-    });
+    let cq = FakeCq::new();
     let rt = rt(1);
     let counts = Rc::new(Counts::default());
     let device = {
@@ -174,16 +178,7 @@ fn a_registered_poller_delivers_completions_and_wakes_a_sleeping_core() {
 #[test]
 fn a_wake_source_wakes_a_sleeping_core_at_each_event_without_being_drained() {
     const BURSTS: u64 = 40;
-    // SAFETY: plain eventfd creation; ownership passes to OwnedFd.
-    let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    assert!(efd >= 0);
-    // SAFETY: fresh fd.
-    let channel = unsafe { OwnedFd::from_raw_fd(efd) };
-    let cq = Arc::new(FakeCq {
-        produced: AtomicU64::new(0),
-        armed: AtomicBool::new(false),
-        channel,
-    });
+    let cq = FakeCq::new();
     let rt = rt(1);
     common::expect_reactor(&rt);
     let counts = Rc::new(Counts::default());

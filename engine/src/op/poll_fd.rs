@@ -116,7 +116,12 @@ pub struct WakeSource {
 
 impl WakeSource {
     /// Registers `fd` with the current core's reactor. Fails under epoll if the fd cannot be
-    /// registered (it is closed, or a kind epoll refuses, such as a regular file).
+    /// registered: it is closed, of a kind epoll refuses (a regular file), or already in the
+    /// core's epoll set (another `WakeSource` on it, or a task awaiting [`poll_readable`] on it).
+    ///
+    /// # Panics
+    ///
+    /// Outside a barewire runtime, as [`poll_readable`] does.
     pub fn readable(fd: RawFd) -> io::Result<WakeSource> {
         with_core(|c| {
             let key = match &c.driver {
@@ -133,7 +138,8 @@ impl WakeSource {
     }
 
     /// Makes sure the registration will end the core's next sleep when the fd becomes readable
-    /// (see the type's docs). Call it on the way to each sleep, from the core that made it.
+    /// (see the type's docs). Call it on the way to each sleep, from the core that made it;
+    /// from another core it fails, and outside a runtime it panics.
     pub fn arm(&self) -> io::Result<()> {
         with_core(|c| match &c.driver {
             _ if c.token != self.core => Err(io::Error::other(

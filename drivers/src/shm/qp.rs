@@ -2167,11 +2167,7 @@ impl Poller for ShmPoller {
             if let Some(wake) = &wake {
                 // One registration for the core's life. The eventfd is never read: each poke
                 // signals it anew, read or not (see `WakeSource`).
-                let mut irq = c.irq.borrow_mut();
-                if irq.is_none() {
-                    *irq = barewire_engine::WakeSource::readable(wake.as_raw_fd()).ok();
-                }
-                if irq.as_ref().is_some_and(|w| w.arm().is_ok()) {
+                if barewire_engine::WakeSource::arm_in(&mut c.irq.borrow_mut(), wake.as_raw_fd()) {
                     return;
                 }
             }

@@ -137,6 +137,17 @@ impl WakeSource {
         })
     }
 
+    /// Arms the source kept in `slot`, making it for `fd` first where the slot is empty: the
+    /// usual call from [`Poller::try_enter_interrupt_mode`](crate::Poller::try_enter_interrupt_mode)
+    /// of a poller that keeps its source beside its other state. False where it cannot be made
+    /// or armed; the caller then waits some other way (a task that awaits [`poll_readable`]).
+    pub fn arm_in(slot: &mut Option<WakeSource>, fd: RawFd) -> bool {
+        if slot.is_none() {
+            *slot = WakeSource::readable(fd).ok();
+        }
+        slot.as_ref().is_some_and(|w| w.arm().is_ok())
+    }
+
     /// Makes sure the registration will end the core's next sleep when the fd becomes readable
     /// (see the type's docs). Call it on the way to each sleep, from the core that made it;
     /// from another core it fails, and outside a runtime it panics.

@@ -404,11 +404,7 @@ impl Provider {
     /// (or left stale by direct receives, which `try_enter_interrupt_mode` drains first) do
     /// not wake the core. False where it cannot be made or armed.
     fn arm_irq(&self) -> bool {
-        let mut irq = self.irq.borrow_mut();
-        if irq.is_none() {
-            *irq = barewire_engine::WakeSource::readable(self.epfd()).ok();
-        }
-        irq.as_ref().is_some_and(|w| w.arm().is_ok())
+        barewire_engine::WakeSource::arm_in(&mut self.irq.borrow_mut(), self.epfd())
     }
 
     /// Before the core sleeps: a queue pair that is owed bytes needs its stall timeout to run,

@@ -15,13 +15,13 @@
 //!
 //! The message is `--size` bytes, 28 by default: an 8-byte tagged Write's FPDU (MPA length, DDP
 //! and RDMAP control, STag, tagged offset, payload, CRC field). Each figure is half the round
-//! trip (RTT/2), p50 and mean, the median over the reps; reps of each way alternate with the
-//! others'.
+//! trip (RTT/2), p50, mean, p99 and p99.9 (the tail, to set beside barewire-perf's), each the
+//! median over the reps; reps of each way alternate with the others'.
 
 use std::os::fd::AsRawFd;
 
 use barewire_bench::perf::floor::{
-    half_round_trip, tcp_pair, tcp_ping_pong, tcp_ping_pong_end, TcpWay,
+    half_round_trip, tcp_pair, tcp_ping_pong, tcp_ping_pong_end, HalfRoundTrip, TcpWay,
 };
 use barewire_bench::perf::run::Cycles;
 use barewire_bench::reps::median;
@@ -55,7 +55,7 @@ struct Opts {
 }
 
 /// One run in two processes: RTT/2 in µs, (p50, mean), after the warm-up.
-fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> (f64, f64) {
+fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> HalfRoundTrip {
     let warm = iters / 10;
     let (c, s) = tcp_pair().expect("a loopback connection");
     let clock = Cycles::calibrate();
@@ -83,8 +83,7 @@ fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> (f64, 
         "the answering process failed ({status:#x})"
     );
     let t = t.expect("an io_uring with deferred task work (Linux 6.1)");
-    let f = half_round_trip(&clock, t[warm..].to_vec()).expect("round trips after the warm-up");
-    (f.p50 / 1e3, f.mean / 1e3)
+    half_round_trip(&clock, t[warm..].to_vec()).expect("round trips after the warm-up")
 }
 
 fn main() {
@@ -107,31 +106,39 @@ fn main() {
             "two processes"
         }
     );
-    let mut figs = vec![(vec![], vec![]); ways.len()];
+    // Per way: each rep's p50, mean, p99 and p99.9, in µs.
+    let mut figs = vec![[vec![], vec![], vec![], vec![]]; ways.len()];
     for rep in 0..o.reps.max(1) {
         for (w, &way) in ways.iter().enumerate() {
             let (n, size) = (o.iters.max(10), o.size.max(1));
-            let (p50, mean) = if o.threads {
-                let f = tcp_ping_pong(way, o.cpu, n, size).expect("pinned threads and a ring");
-                (f.p50 / 1e3, f.mean / 1e3)
+            let f = if o.threads {
+                tcp_ping_pong(way, o.cpu, n, size).expect("pinned threads and a ring")
             } else {
                 run_forked(way, o.cpu, n, size)
             };
+            let us = [f.p50, f.mean, f.p99, f.p999].map(|ns| ns / 1e3);
             println!(
-                "rep {rep}: {}: p50 {p50:.3} µs, mean {mean:.3} µs",
-                way.name()
+                "rep {rep}: {}: p50 {:.3} µs, mean {:.3} µs, p99 {:.3} µs, p99.9 {:.3} µs",
+                way.name(),
+                us[0],
+                us[1],
+                us[2],
+                us[3]
             );
-            figs[w].0.push(p50);
-            figs[w].1.push(mean);
+            for (fig, v) in figs[w].iter_mut().zip(us) {
+                fig.push(v);
+            }
         }
     }
-    let first = median(figs[0].0.clone());
-    println!("\n| way (RTT/2) | p50 | mean | p50 ÷ the first row's |\n|---|---|---|---|");
+    let first = median(figs[0][0].clone());
+    println!(
+        "\n| way (RTT/2, medians of reps) | p50 | mean | p99 | p99.9 | p50 ÷ the first row's |\n\
+         |---|---|---|---|---|---|"
+    );
     for (w, way) in ways.iter().enumerate() {
-        let p = median(figs[w].0.clone());
-        let m = median(figs[w].1.clone());
+        let [p, m, t99, t999] = figs[w].clone().map(median);
         println!(
-            "| {} | {p:.3} µs | {m:.3} µs | {:.2} |",
+            "| {} | {p:.3} µs | {m:.3} µs | {t99:.3} µs | {t999:.3} µs | {:.2} |",
             way.name(),
             p / first
         );

@@ -42,7 +42,8 @@ pub struct Figure {
     pub command: String,
     /// Latency percentiles the tool reported, (percentile, µs), for the plot.
     pub percentiles: Vec<(f64, f64)>,
-    /// barewire's latency tail, (p99, p99.9) in µs, medians over reps.
+    /// The latency tail, (p99, p99.9) in µs, medians over reps: barewire's, or a floor's that
+    /// barewire-perf measures itself.
     pub tail: Option<(f64, f64)>,
     /// barewire's same figure with MPA CRC32c negotiated on (the figure itself is CRC off).
     pub crc_on: Option<f64>,
@@ -769,7 +770,7 @@ fn shm_floor_figure(cpus: [usize; 2], iters: u64) -> Option<Figure> {
             cpus[0], cpus[1]
         ),
         percentiles: Vec::new(),
-        tail: None,
+        tail: Some((f.p99 / 1000.0, f.p999 / 1000.0)),
         crc_on: None,
     })
 }
@@ -785,15 +786,17 @@ const FLOOR_FPDU: usize = 28;
 fn ring_floor_figure(cpus: [usize; 2], iters: u64, whole: bool) -> Option<Figure> {
     use super::floor::{tcp_ping_pong, TcpWay};
     let f = tcp_ping_pong(TcpWay::Ring, cpus, iters as usize, FLOOR_FPDU)?;
-    let (value, what) = if whole {
-        (2.0 * f.p50, "28 B, p50 × 2, RTT")
+    // A half round trip's figures, or (`whole`) the round trip's: twice each.
+    let times = if whole { 2.0 } else { 1.0 };
+    let what = if whole {
+        "28 B, p50 × 2, RTT"
     } else {
-        (f.p50, "28 B, p50, RTT/2")
+        "28 B, p50, RTT/2"
     };
     Some(Figure {
         tool: "io_uring TCP floor (a SEND and RECV looks through the ring, nothing else)".into(),
         what: what.into(),
-        value: value / 1000.0,
+        value: times * f.p50 / 1000.0,
         unit: Unit::Micros,
         command: format!(
             "a {FLOOR_FPDU}-byte message over loopback TCP and back between two threads on CPUs \
@@ -802,7 +805,7 @@ fn ring_floor_figure(cpus: [usize; 2], iters: u64, whole: bool) -> Option<Figure
             cpus[0], cpus[1]
         ),
         percentiles: Vec::new(),
-        tail: None,
+        tail: Some((times * f.p99 / 1000.0, times * f.p999 / 1000.0)),
         crc_on: None,
     })
 }

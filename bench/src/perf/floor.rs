@@ -35,6 +35,10 @@ pub struct HalfRoundTrip {
     pub p50: f64,
     /// The mean.
     pub mean: f64,
+    /// The 99th percentile.
+    pub p99: f64,
+    /// The 99.9th percentile.
+    pub p999: f64,
 }
 
 /// Two lines a page apart.
@@ -325,8 +329,9 @@ pub fn tcp_ping_pong(
     half_round_trip(&clock, ticks.get(warm..)?.to_vec())
 }
 
-/// The median and mean of round trips given in `clock`'s ticks, halved, in nanoseconds; `None`
-/// for no round trips.
+/// The median, mean and tail of round trips given in `clock`'s ticks, halved, in nanoseconds;
+/// `None` for no round trips. A percentile is the round trip at that rank (nearest rank), as
+/// barewire-perf's histograms give theirs.
 pub fn half_round_trip(clock: &Cycles, mut ticks: Vec<u64>) -> Option<HalfRoundTrip> {
     if ticks.is_empty() {
         return None;
@@ -334,9 +339,13 @@ pub fn half_round_trip(clock: &Cycles, mut ticks: Vec<u64>) -> Option<HalfRoundT
     let half = |t: u64| clock.ns(t) as f64 / 2.0;
     let mean = ticks.iter().map(|&t| half(t)).sum::<f64>() / ticks.len() as f64;
     ticks.sort_unstable();
+    let at =
+        |q: f64| half(ticks[((ticks.len() as f64 * q).ceil() as usize).clamp(1, ticks.len()) - 1]);
     Some(HalfRoundTrip {
         p50: half(ticks[ticks.len() / 2]),
         mean,
+        p99: at(0.99),
+        p999: at(0.999),
     })
 }
 
@@ -383,6 +392,22 @@ mod tests {
         assert!(shm_ping_pong([0, 1000], 10, 0).is_none());
         assert!(shm_ping_pong([1 << 20, last], 10, 0).is_none());
         assert!(turn_ns() > 0.0);
+    }
+
+    #[test]
+    fn round_trips_are_halved_and_their_percentiles_taken_by_nearest_rank() {
+        let clock = Cycles::at_rate(1.0);
+        // 2,000 round trips of 2, 4, ..., 4,000 ns, shuffled: halves 1..=2,000.
+        let mut ticks: Vec<u64> = (1..=2000).map(|i| 2 * i).collect();
+        ticks.reverse();
+        ticks.swap(3, 1500);
+        let f = half_round_trip(&clock, ticks).unwrap();
+        assert_eq!((f.p50, f.p99, f.p999), (1001.0, 1980.0, 1998.0), "{f:?}");
+        assert_eq!(f.mean, 1000.5);
+        // One round trip is every percentile.
+        let f = half_round_trip(&clock, vec![10]).unwrap();
+        assert_eq!((f.p50, f.p99, f.p999, f.mean), (5.0, 5.0, 5.0, 5.0));
+        assert!(half_round_trip(&clock, Vec::new()).is_none());
     }
 
     #[test]

@@ -34,6 +34,18 @@ pub fn table(c: &Comparison) -> String {
             Unit::KPerSec => format!("{v:.1} k/s"),
         };
         let fmt = |f: &Figure| fmt_v(f.value, f.unit);
+        // A peer's tail, where barewire-perf measured the peer itself (the floors).
+        let peer_fig = match r.peer.tail {
+            Some((a, b)) if r.ours.tail.is_some() => {
+                format!(
+                    "{} (p99 / p99.9 {} / {} µs)",
+                    fmt(&r.peer),
+                    micros(a),
+                    micros(b)
+                )
+            }
+            _ => fmt(&r.peer),
+        };
         let _ = writeln!(
             s,
             "| {} ({}) | {} | {} | {} | {} ({}) | {} | **{:.2}**{} {} |",
@@ -48,7 +60,7 @@ pub fn table(c: &Comparison) -> String {
             r.ours.crc_on.map_or("–".into(), |v| fmt_v(v, r.ours.unit)),
             r.peer.tool,
             r.peer.what,
-            fmt(&r.peer),
+            peer_fig,
             r.ratio(),
             if r.ratios.len() > 1 {
                 let lo = r.ratios.iter().copied().fold(f64::INFINITY, f64::min);
@@ -126,7 +138,8 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
          a change of pace on this shared machine does not pair a fast run with a slow one. \
          barewire's figures are with MPA CRC32c off (as siw's default; the targets' setting), \
          its CRC-on runs beside them (the same command with `--crc`, once per rep), and its \
-         latency tails are the medians of each run's p99 and p99.9. \
+         latency tails are the medians of each run's p99 and p99.9; so are the tails given \
+         beside the floors that barewire-perf measures itself. \
          Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
         a.cpus[0],
         a.cpus[1],
@@ -194,16 +207,28 @@ mod tests {
             tail: None,
             crc_on: None,
         };
+        let ours = Figure {
+            tail: Some((5.5, 20.25)),
+            crc_on: Some(4.5),
+            ..f("barewire-perf write_lat", 4.0)
+        };
         let c = Comparison {
-            rows: vec![Row {
-                ours: Figure {
-                    tail: Some((5.5, 20.25)),
-                    crc_on: Some(4.5),
-                    ..f("barewire-perf write_lat", 4.0)
+            rows: vec![
+                Row {
+                    ours: ours.clone(),
+                    peer: f("fi_pingpong", 5.0),
+                    ratios: vec![],
                 },
-                peer: f("fi_pingpong", 5.0),
-                ratios: vec![],
-            }],
+                // A floor barewire-perf measures itself comes with its tail.
+                Row {
+                    ours,
+                    peer: Figure {
+                        tail: Some((4.75, 18.5)),
+                        ..f("floor", 3.2)
+                    },
+                    ratios: vec![],
+                },
+            ],
             missing: vec![Missing {
                 tool: "ucx_perftest",
                 package: "ucx-utils",
@@ -219,6 +244,10 @@ mod tests {
             "{t}"
         );
         assert!(
+            t.contains("| floor (p50) | 3.20 µs (p99 / p99.9 4.75 / 18.50 µs) | **1.25**"),
+            "{t}"
+        );
+        assert!(
             t.contains("MISSING peer: ucx_perftest is not installed (apt-get install ucx-utils)")
         );
         assert_eq!(
@@ -227,7 +256,7 @@ mod tests {
         );
         assert_eq!(
             commands(&c),
-            "    barewire-perf write_lat -x\n    fi_pingpong -x\n"
+            "    barewire-perf write_lat -x\n    fi_pingpong -x\n    floor -x\n"
         );
     }
 

@@ -333,6 +333,12 @@ impl Cycles {
         }
     }
 
+    /// A counter of `ns_per_tick` nanoseconds a tick, for tests that need known figures.
+    #[cfg(test)]
+    pub(crate) fn at_rate(ns_per_tick: f64) -> Cycles {
+        Cycles { ns_per_tick }
+    }
+
     /// `ticks` of the counter in nanoseconds.
     pub fn ns(&self, ticks: u64) -> u64 {
         (ticks as f64 * self.ns_per_tick) as u64

@@ -54,7 +54,7 @@ mod wake;
 pub use crate::core::spawn_local;
 pub use driver::{Reactor, ReactorKind, UringFlags};
 pub use error::Error;
-pub use op::poll_fd::{poll_readable, poll_writable, WakeSource};
+pub use op::poll_fd::{poll_readable, poll_readable_relaxed, poll_writable, WakeSource};
 pub use poller::{Poller, MEMORY_LOOKS};
 pub use pool::map_anonymous;
 pub use runtime::{

@@ -328,6 +328,47 @@ fn poll_readable_waits_for_a_foreign_fd() {
     });
 }
 
+/// A relaxed wait ends while the core never sleeps: a task yields on every pass for up to 5 s,
+/// so only a pass's own look at the kernel can see the write (under epoll, one every few
+/// passes; under io_uring, the poll in the ring). Were relaxed waits asked for only at a
+/// sleep, the waiter would end when the busy task does, 5 s in.
+#[test]
+fn a_relaxed_wait_ends_on_a_core_that_never_sleeps() {
+    use std::io::Write;
+    let rt = rt(1);
+    rt.block_on(async {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&a);
+        let waiter = spawn_local(async move { barewire_engine::poll_readable_relaxed(fd).await });
+        let busy_until = std::time::Instant::now() + Duration::from_secs(5);
+        let done = Rc::new(Cell::new(false));
+        let busy = {
+            let done = done.clone();
+            spawn_local(async move {
+                while !done.get() && std::time::Instant::now() < busy_until {
+                    barewire_engine::yield_now().await;
+                }
+            })
+        };
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            (&b).write_all(b"!").unwrap();
+            b
+        });
+        let t0 = std::time::Instant::now();
+        waiter.await.unwrap().unwrap();
+        let took = t0.elapsed();
+        done.set(true);
+        busy.await.unwrap();
+        let _b = writer.join().unwrap();
+        assert!(
+            took < Duration::from_secs(2),
+            "the relaxed wait ended {took:?} in, after the busy task"
+        );
+        drop(a);
+    });
+}
+
 #[test]
 fn connect_to_a_closed_port_is_an_error() {
     let rt = rt(1);

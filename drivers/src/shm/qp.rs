@@ -9,7 +9,7 @@ use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use barewire_engine::{poll_readable, spawn_local, JoinHandle, Poller};
+use barewire_engine::{poll_readable, poll_readable_relaxed, spawn_local, JoinHandle, Poller};
 use barewire_rdma_types::{
     Access, CompletionQueue, QpState, RecvWr, SendOp, SendWr, Sge, Stag, StagMap, WcOpcode,
     WcStatus, WorkCompletion,
@@ -1218,9 +1218,11 @@ async fn serve_control(qp: Weak<QpInner>, fd: RawFd) {
                     return;
                 }
             }
+            // A control message (a grant asked for, a hang-up) can wait some microseconds on a
+            // busy core: a relaxed wait spares an epoll core a system call per pass.
             Ok(None) => {
                 drop(q);
-                let _ = poll_readable(fd).await;
+                let _ = poll_readable_relaxed(fd).await;
             }
             // The peer hung up or the socket broke: the peer is gone. (A message too long or
             // with too many descriptors breaks the protocol, and ends the connection the same.)
@@ -1766,7 +1768,7 @@ impl crate::backend::ListenerOps for Listener {
                             Some(_) if backoff => {
                                 barewire_engine::time::sleep(Duration::from_millis(10)).await
                             }
-                            Some(fd) => drop(poll_readable(fd).await),
+                            Some(fd) => drop(poll_readable_relaxed(fd).await),
                         }
                     };
                     let shm = crate::backend::first(queue.recv(), more);

@@ -30,6 +30,9 @@ const WAKE_TOKEN: Token = Token(usize::MAX);
 
 #[derive(Default)]
 struct IoState {
+    /// Registered for relaxed waits (`register_relaxed`): its wakers count in `relaxed`, not
+    /// in `waiting`.
+    relaxed: bool,
     readable: bool,
     writable: bool,
     error: bool,
@@ -47,6 +50,11 @@ pub(crate) struct Epoll {
     /// core's loop asks the kernel nothing (`poll`): the events wait in the kernel's ready list
     /// for the next wait that has a task to wake, or for the core's sleep, which they end.
     waiting: Cell<usize>,
+    /// Wakers of relaxed waits (`register_relaxed`): while these are the only ones, a pass asks
+    /// the kernel once every `RELAXED_EVERY` passes.
+    relaxed: Cell<usize>,
+    /// Passes since the last one that asked for relaxed waits' sake.
+    relaxed_passes: Cell<u32>,
     wake_fd: RawFd,
     /// `epoll_pwait2` failed with `ENOSYS` or `EPERM`: wait with `epoll_wait` from now on.
     no_pwait2: Cell<bool>,
@@ -54,6 +62,12 @@ pub(crate) struct Epoll {
 
 /// Events taken per wait.
 const EVENTS: usize = 256;
+
+/// While only relaxed waits are pending, a busy core asks the kernel for events once every this
+/// many passes (a sleeping core's wait takes them at once). An idle pass of a spinning core is
+/// a few hundred nanoseconds, so this is some microseconds there; it grows with the tasks that
+/// a pass runs.
+pub(crate) const RELAXED_EVERY: u32 = 64;
 
 /// Which direction an operation waits for.
 #[derive(Clone, Copy, Debug)]
@@ -72,6 +86,8 @@ impl Epoll {
             events: RefCell::new(vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS]),
             ios: RefCell::new(Slab::new()),
             waiting: Cell::new(0),
+            relaxed: Cell::new(0),
+            relaxed_passes: Cell::new(0),
             wake_fd,
             no_pwait2: Cell::new(false),
         })
@@ -80,6 +96,31 @@ impl Epoll {
     /// Registers an fd for both directions; returns its token.
     pub(crate) fn register(&self, fd: RawFd) -> io::Result<usize> {
         self.register_for(fd, Interest::READABLE | Interest::WRITABLE)
+    }
+
+    /// Registers an fd for both directions, for waits that need not be seen on the pass after
+    /// the event: while the only tasks waiting are on such fds, a busy core asks the kernel
+    /// once every [`RELAXED_EVERY`] passes instead of on each (see `poll`). A sleeping core
+    /// wakes for them at once.
+    pub(crate) fn register_relaxed(&self, fd: RawFd) -> io::Result<usize> {
+        let key = self.register(fd)?;
+        self.ios.borrow_mut()[key].relaxed = true;
+        Ok(key)
+    }
+
+    /// Tasks waiting now: (ordinary waits, relaxed waits).
+    #[cfg(test)]
+    pub(crate) fn waiter_counts(&self) -> (usize, usize) {
+        (self.waiting.get(), self.relaxed.get())
+    }
+
+    /// The waiter count a waker of `s` belongs to.
+    fn count_of(&self, s: &IoState) -> &Cell<usize> {
+        if s.relaxed {
+            &self.relaxed
+        } else {
+            &self.waiting
+        }
     }
 
     /// Registers an fd for readability alone, for as long as its owner keeps it: each new
@@ -107,7 +148,8 @@ impl Epoll {
         let state = self.ios.borrow_mut().try_remove(key);
         if let Some(s) = &state {
             let held = s.read_waker.is_some() as usize + s.write_waker.is_some() as usize;
-            self.waiting.set(self.waiting.get() - held);
+            let count = self.count_of(s);
+            count.set(count.get() - held);
         }
         drop(state);
     }
@@ -118,6 +160,7 @@ impl Epoll {
         let Some(s) = ios.get_mut(key) else {
             return Poll::Ready(());
         };
+        let count = self.count_of(s);
         let (ready, slot) = match dir {
             Direction::Read => (s.readable || s.error, &mut s.read_waker),
             Direction::Write => (s.writable || s.error, &mut s.write_waker),
@@ -130,7 +173,7 @@ impl Epoll {
             Some(w) => w.clone_from(cx.waker()),
             None => {
                 *slot = Some(cx.waker().clone());
-                self.waiting.set(self.waiting.get() + 1);
+                count.set(count.get() + 1);
             }
         }
         Poll::Pending
@@ -147,10 +190,18 @@ impl Epoll {
     }
 
     /// A pass's look at the kernel's events: none while no task waits for one (see
-    /// `waiting`), which spares an idle or spinning core a system call per pass.
+    /// `waiting`), which spares an idle or spinning core a system call per pass; one every
+    /// [`RELAXED_EVERY`] passes while only relaxed waits are pending.
     pub(crate) fn poll(&self, stats: &Stats) -> bool {
         if self.waiting.get() == 0 {
-            return false;
+            if self.relaxed.get() == 0 {
+                return false;
+            }
+            let n = self.relaxed_passes.get() + 1;
+            if n < RELAXED_EVERY {
+                self.relaxed_passes.set(n);
+                return false;
+            }
         }
         self.wait(Some(Duration::ZERO), stats)
     }
@@ -166,7 +217,10 @@ impl Epoll {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return false,
             Err(e) => panic!("epoll_wait failed: {e}"),
         };
+        self.relaxed_passes.set(0);
         let mut wakers = Vec::new();
+        // Wakers taken from relaxed registrations (the rest are counted in `waiting`).
+        let mut relaxed = 0;
         for ev in &events[..n] {
             // (Copied out: the kernel's struct is packed on x86-64.)
             let (bits, token) = (ev.events as libc::c_int, ev.u64 as usize);
@@ -185,6 +239,7 @@ impl Epoll {
             if err {
                 s.error = true;
             }
+            let before = wakers.len();
             if bits & (libc::EPOLLIN | libc::EPOLLPRI) != 0 || hup || err {
                 s.readable = true;
                 wakers.extend(s.read_waker.take());
@@ -193,10 +248,15 @@ impl Epoll {
                 s.writable = true;
                 wakers.extend(s.write_waker.take());
             }
+            if s.relaxed {
+                relaxed += wakers.len() - before;
+            }
         }
         drop(events);
         // Each waker taken above left its slot empty.
-        self.waiting.set(self.waiting.get() - wakers.len());
+        self.waiting
+            .set(self.waiting.get() - (wakers.len() - relaxed));
+        self.relaxed.set(self.relaxed.get() - relaxed);
         stats
             .ops_completed
             .set(stats.ops_completed.get() + n as u64);
@@ -296,29 +356,60 @@ mod tests {
     /// waiting tasks follows the wakers: up when one is stored, down when an event takes it or
     /// its fd is deregistered. (Counted wrongly, a pass would either ask for nothing while a
     /// task waits, and the task would hang, or ask on every pass, as before.)
+    /// A reactor on an eventfd of its own (closed on drop), and a waker that counts its wakes.
+    struct Fixture {
+        ep: Epoll,
+        wake: RawFd,
+        count: std::sync::Arc<Count>,
+        waker: Waker,
+    }
+
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            // SAFETY: eventfd with valid flags; closed on drop.
+            let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+            assert!(wake >= 0);
+            let count = std::sync::Arc::new(Count(Default::default()));
+            Fixture {
+                ep: Epoll::new(wake).unwrap(),
+                wake,
+                waker: Waker::from(count.clone()),
+                count,
+            }
+        }
+
+        /// Wakes so far.
+        fn woken(&self) -> usize {
+            self.count.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            // SAFETY: our own eventfd, closed once.
+            unsafe { libc::close(self.wake) };
+        }
+    }
+
     #[test]
     fn a_pass_asks_for_events_only_while_a_task_waits() {
         use std::io::Write;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::Arc;
 
-        struct Count(AtomicUsize);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-        // SAFETY: eventfd with valid flags; closed below.
-        let wake = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        assert!(wake >= 0);
-        let ep = Epoll::new(wake).unwrap();
+        let f = Fixture::new();
+        let ep = &f.ep;
         let stats = Stats::default();
         let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         let key = ep.register(a.as_raw_fd()).unwrap();
-        let count = Arc::new(Count(AtomicUsize::new(0)));
-        let waker = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&waker);
+        let mut cx = Context::from_waker(&f.waker);
 
         b.write_all(b"x").unwrap();
         assert!(!ep.poll(&stats), "no task waits: the pass asks for nothing");
@@ -329,7 +420,7 @@ mod tests {
         assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_pending());
         assert_eq!(ep.waiting.get(), 1);
         assert!(ep.poll(&stats), "a task waits: the pass takes the event");
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "and wakes the task");
+        assert_eq!(f.woken(), 1, "and wakes the task");
         assert_eq!(ep.waiting.get(), 0);
         assert!(ep.poll_ready(key, Direction::Read, &mut cx).is_ready());
 
@@ -341,7 +432,80 @@ mod tests {
         ep.deregister(a.as_raw_fd(), key);
         assert_eq!(ep.waiting.get(), 0);
         assert!(!ep.poll(&stats));
-        // SAFETY: our own eventfd, closed once.
-        unsafe { libc::close(wake) };
+    }
+
+    /// While only relaxed waits are pending, a pass asks the kernel once every `RELAXED_EVERY`
+    /// passes, and that ask wakes the relaxed waiter; a waiter of the ordinary kind makes every
+    /// pass ask again; a sleep's wait takes a relaxed event at once; and the relaxed count
+    /// follows its wakers as `waiting` does. (Counted into `waiting`, a relaxed wait would make
+    /// every pass ask; never asked for, it would wait for the core's next sleep.)
+    #[test]
+    fn relaxed_waits_are_asked_for_once_every_few_passes_and_at_each_sleep() {
+        use std::io::Write;
+
+        let f = Fixture::new();
+        let ep = &f.ep;
+        let stats = Stats::default();
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (c, mut d) = std::os::unix::net::UnixStream::pair().unwrap();
+        let relaxed = ep.register_relaxed(a.as_raw_fd()).unwrap();
+        let eager = ep.register(c.as_raw_fd()).unwrap();
+        let mut cx = Context::from_waker(&f.waker);
+        let woken = || f.woken();
+
+        assert!(ep
+            .poll_ready(relaxed, Direction::Read, &mut cx)
+            .is_pending());
+        assert!(ep
+            .poll_ready(relaxed, Direction::Read, &mut cx)
+            .is_pending());
+        assert_eq!((ep.waiting.get(), ep.relaxed.get()), (0, 1));
+        b.write_all(b"x").unwrap();
+        for pass in 1..RELAXED_EVERY {
+            assert!(!ep.poll(&stats), "pass {pass} asked the kernel");
+        }
+        assert_eq!(woken(), 0);
+        assert!(ep.poll(&stats), "the {RELAXED_EVERY}th pass asks");
+        assert_eq!(woken(), 1, "and wakes the relaxed waiter");
+        assert_eq!(ep.relaxed.get(), 0);
+        assert!(!ep.poll(&stats), "no waiter left: no ask");
+
+        // With an ordinary waiter as well, every pass asks, and the relaxed one is woken by the
+        // first pass after its event.
+        ep.clear(relaxed, Direction::Read);
+        assert!(ep
+            .poll_ready(relaxed, Direction::Read, &mut cx)
+            .is_pending());
+        assert!(ep.poll_ready(eager, Direction::Read, &mut cx).is_pending());
+        assert_eq!((ep.waiting.get(), ep.relaxed.get()), (1, 1));
+        b.write_all(b"y").unwrap();
+        assert!(ep.poll(&stats));
+        assert_eq!(woken(), 2);
+        assert_eq!((ep.waiting.get(), ep.relaxed.get()), (1, 0));
+        d.write_all(b"z").unwrap();
+        assert!(ep.poll(&stats));
+        assert_eq!((woken(), ep.waiting.get()), (3, 0));
+
+        // A sleep takes a relaxed event at once.
+        ep.clear(relaxed, Direction::Read);
+        assert!(ep
+            .poll_ready(relaxed, Direction::Read, &mut cx)
+            .is_pending());
+        b.write_all(b"w").unwrap();
+        ep.park(Some(Duration::from_secs(5)), &stats);
+        assert_eq!((woken(), ep.relaxed.get()), (4, 0));
+
+        // A relaxed waiter whose fd goes away is no longer counted.
+        ep.clear(relaxed, Direction::Read);
+        assert!(ep
+            .poll_ready(relaxed, Direction::Read, &mut cx)
+            .is_pending());
+        assert_eq!(ep.relaxed.get(), 1);
+        ep.deregister(a.as_raw_fd(), relaxed);
+        assert_eq!(ep.relaxed.get(), 0);
+        for _ in 0..2 * RELAXED_EVERY {
+            assert!(!ep.poll(&stats));
+        }
+        ep.deregister(c.as_raw_fd(), eager);
     }
 }

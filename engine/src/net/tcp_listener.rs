@@ -36,11 +36,16 @@ impl TcpListener {
         // SAFETY: plain syscall on a listening socket we own; raises std's backlog of 128.
         unsafe { libc::listen(fd.as_raw_fd(), 1024) };
         Ok(TcpListener {
-            fd: SharedFd::new(fd),
+            fd: SharedFd::relaxed(fd),
         })
     }
 
     /// Accepts one connection.
+    ///
+    /// Under the epoll reactor a task waiting here does not make a busy core ask the kernel for
+    /// events on every pass: the listener is looked at once every few dozen passes (and at
+    /// once by a sleeping core), so a connection may be taken some microseconds after it
+    /// arrives. See [`poll_readable_relaxed`](crate::poll_readable_relaxed).
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let (fd, addr) = accept::accept(&self.fd).await?;
         Ok((TcpStream::from_owned(fd)?, addr))
@@ -129,4 +134,47 @@ pub fn accept_error_is_transient(e: &io::Error) -> bool {
                 | libc::EPERM
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::with_core;
+    use crate::driver::Driver;
+
+    /// Under epoll, a task waiting in `accept` is a relaxed waiter: it does not make a busy
+    /// core ask the kernel on every pass (`Epoll::poll`), and the connection is still taken.
+    /// A plain registration would count it in `waiting`.
+    #[test]
+    fn a_waiting_accept_is_a_relaxed_wait_under_epoll() {
+        let rt = crate::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .reactor(crate::Reactor::Epoll)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            let at = l.local_addr().unwrap();
+            let counts = || {
+                with_core(|c| match &c.driver {
+                    Driver::Epoll(e) => e.waiter_counts(),
+                    Driver::Uring(_) => unreachable!("an epoll runtime"),
+                })
+            };
+            let before = counts();
+            let accept = crate::spawn_local(async move { l.accept().await.map(|(_, a)| a) });
+            crate::yield_now().await;
+            let (waiting, relaxed) = counts();
+            assert_eq!((waiting, relaxed), (before.0, before.1 + 1));
+            let c = std::net::TcpStream::connect(at).unwrap();
+            let from = crate::time::timeout(std::time::Duration::from_secs(5), accept)
+                .await
+                .expect("the connection is taken")
+                .unwrap()
+                .unwrap();
+            assert_eq!(from, c.local_addr().unwrap());
+            assert_eq!(counts(), before);
+        });
+    }
 }

@@ -185,6 +185,8 @@ impl Drop for MultiOp {
 pub(crate) struct SharedFd {
     fd: OwnedFd,
     epoll_key: Cell<Option<usize>>,
+    /// Registered for relaxed waits under epoll (a listening socket: see `SharedFd::relaxed`).
+    relaxed: bool,
     fixed: Cell<Fixed>,
     /// The shared half of the core whose table holds the slot (set with it): operations on
     /// other cores use the descriptor, and a socket dropped on another thread (it is `Send`)
@@ -206,12 +208,25 @@ enum Fixed {
 
 impl SharedFd {
     pub(crate) fn new(fd: OwnedFd) -> Self {
+        SharedFd::with(fd, false)
+    }
+
+    fn with(fd: OwnedFd, relaxed: bool) -> Self {
         SharedFd {
             fd,
             epoll_key: Cell::new(None),
+            relaxed,
             fixed: Cell::new(Fixed::Untried),
             fixed_home: std::cell::OnceCell::new(),
         }
+    }
+
+    /// A socket whose waits under the epoll reactor are relaxed (see
+    /// [`poll_readable_relaxed`](crate::poll_readable_relaxed)): a task waiting on it does not
+    /// make a busy core ask the kernel for events on every pass. For listening sockets, whose
+    /// connections can be taken some microseconds late.
+    pub(crate) fn relaxed(fd: OwnedFd) -> Self {
+        SharedFd::with(fd, true)
     }
 
     pub(crate) fn raw(&self) -> RawFd {
@@ -283,6 +298,7 @@ impl SharedFd {
             return Ok(k);
         }
         let k = with_core(|c| match &c.driver {
+            Driver::Epoll(e) if self.relaxed => e.register_relaxed(self.raw()),
             Driver::Epoll(e) => e.register(self.raw()),
             Driver::Uring(_) => unreachable!("epoll registration on an io_uring core"),
         })?;

@@ -13,7 +13,7 @@ use crate::core::with_core;
 use crate::driver::epoll::Direction;
 use crate::driver::Driver;
 
-async fn poll_fd(fd: RawFd, dir: Direction) -> io::Result<()> {
+async fn poll_fd(fd: RawFd, dir: Direction, relaxed: bool) -> io::Result<()> {
     if is_uring() {
         let mask = match dir {
             Direction::Read => libc::POLLIN,
@@ -25,6 +25,7 @@ async fn poll_fd(fd: RawFd, dir: Direction) -> io::Result<()> {
     }
     // The fd belongs to someone else: register it for this wait only.
     let key = with_core(|c| match &c.driver {
+        Driver::Epoll(e) if relaxed => e.register_relaxed(fd),
         Driver::Epoll(e) => e.register(fd),
         Driver::Uring(_) => unreachable!(),
     })?;
@@ -62,12 +63,36 @@ async fn poll_fd(fd: RawFd, dir: Direction) -> io::Result<()> {
 /// });
 /// ```
 pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
-    poll_fd(fd, Direction::Read).await
+    poll_fd(fd, Direction::Read, false).await
+}
+
+/// Waits until `fd` is readable, where the wait need not end on the core's next pass: for a
+/// control-plane fd (a connection's setup or control socket, whose messages are rare and whose
+/// readers can wait some microseconds).
+///
+/// Under io_uring it is [`poll_readable`]: the poll sits in the ring and costs nothing per
+/// pass. Under the epoll reactor a pass asks the kernel for events only while a task waits for
+/// one, so a task in [`poll_readable`] costs a busy core an `epoll_wait` on every pass. A
+/// relaxed wait does not: while only relaxed waits are pending, a busy core asks once every 64
+/// passes (some microseconds on a spinning core with nothing else to do, longer when its
+/// tasks run long), and a sleeping core wakes for the fd at once, as for any other.
+///
+/// ```
+/// # let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+///     use std::io::Write;
+///     (&b).write_all(b"hello").unwrap();
+///     barewire_engine::poll_readable_relaxed(std::os::fd::AsRawFd::as_raw_fd(&a)).await.unwrap();
+/// });
+/// ```
+pub async fn poll_readable_relaxed(fd: RawFd) -> io::Result<()> {
+    poll_fd(fd, Direction::Read, true).await
 }
 
 /// Waits until `fd` is writable. See [`poll_readable`].
 pub async fn poll_writable(fd: RawFd) -> io::Result<()> {
-    poll_fd(fd, Direction::Write).await
+    poll_fd(fd, Direction::Write, false).await
 }
 
 /// A foreign fd that wakes this core from its sleep whenever the fd becomes readable, for as

@@ -42,8 +42,8 @@ pub struct Figure {
     pub command: String,
     /// Latency percentiles the tool reported, (percentile, µs), for the plot.
     pub percentiles: Vec<(f64, f64)>,
-    /// The latency tail, (p99, p99.9) in µs, medians over reps: barewire's, or a floor's that
-    /// barewire-perf measures itself.
+    /// The latency tail, (p99, p99.9) in µs, medians over reps: barewire's, or that of a peer
+    /// barewire-perf measures itself (the floors, and barewire on the epoll fallback).
     pub tail: Option<(f64, f64)>,
     /// barewire's same figure with MPA CRC32c negotiated on (the figure itself is CRC off).
     pub crc_on: Option<f64>,

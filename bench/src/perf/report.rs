@@ -34,7 +34,8 @@ pub fn table(c: &Comparison) -> String {
             Unit::KPerSec => format!("{v:.1} k/s"),
         };
         let fmt = |f: &Figure| fmt_v(f.value, f.unit);
-        // A peer's tail, where barewire-perf measured the peer itself (the floors).
+        // A peer's tail, where barewire-perf measured the peer itself (the floors, and barewire
+        // on the epoll fallback).
         let peer_fig = match r.peer.tail {
             Some((a, b)) if r.ours.tail.is_some() => {
                 format!(
@@ -139,7 +140,7 @@ pub fn write_report(path: &Path, a: &CompareArgs, c: &Comparison) -> Result<(), 
          barewire's figures are with MPA CRC32c off (as siw's default; the targets' setting), \
          its CRC-on runs beside them (the same command with `--crc`, once per rep), and its \
          latency tails are the medians of each run's p99 and p99.9; so are the tails given \
-         beside the floors that barewire-perf measures itself. \
+         beside the peers that barewire-perf measures itself (the floors, the epoll fallback). \
          Regenerate with:\n\n    cargo run --release -p barewire-bench --bin barewire-perf -- report --reps {} -n {} -D {}{}\n",
         a.cpus[0],
         a.cpus[1],

@@ -30,7 +30,7 @@ const WAKE_TOKEN: Token = Token(usize::MAX);
 
 #[derive(Default)]
 struct IoState {
-    /// Registered for relaxed waits (`register_relaxed`): its wakers count in `relaxed`, not
+    /// Registered for relaxed waits (`register_waits`): its wakers count in `relaxed`, not
     /// in `waiting`.
     relaxed: bool,
     readable: bool,
@@ -50,7 +50,7 @@ pub(crate) struct Epoll {
     /// core's loop asks the kernel nothing (`poll`): the events wait in the kernel's ready list
     /// for the next wait that has a task to wake, or for the core's sleep, which they end.
     waiting: Cell<usize>,
-    /// Wakers of relaxed waits (`register_relaxed`): while these are the only ones, a pass asks
+    /// Wakers of relaxed waits (`register_waits`): while these are the only ones, a pass asks
     /// the kernel once every `RELAXED_EVERY` passes.
     relaxed: Cell<usize>,
     /// Passes since the last one that asked for relaxed waits' sake.
@@ -98,13 +98,13 @@ impl Epoll {
         self.register_for(fd, Interest::READABLE | Interest::WRITABLE)
     }
 
-    /// Registers an fd for both directions, for waits that need not be seen on the pass after
-    /// the event: while the only tasks waiting are on such fds, a busy core asks the kernel
-    /// once every [`RELAXED_EVERY`] passes instead of on each (see `poll`). A sleeping core
-    /// wakes for them at once.
-    pub(crate) fn register_relaxed(&self, fd: RawFd) -> io::Result<usize> {
+    /// Registers an fd for both directions, for ordinary waits or (`relaxed`) for waits that
+    /// need not be seen on the pass after the event: while the only tasks waiting are on
+    /// relaxed fds, a busy core asks the kernel once every [`RELAXED_EVERY`] passes instead of
+    /// on each (see `poll`). A sleeping core wakes for them at once.
+    pub(crate) fn register_waits(&self, fd: RawFd, relaxed: bool) -> io::Result<usize> {
         let key = self.register(fd)?;
-        self.ios.borrow_mut()[key].relaxed = true;
+        self.ios.borrow_mut()[key].relaxed = relaxed;
         Ok(key)
     }
 
@@ -448,7 +448,7 @@ mod tests {
         let stats = Stats::default();
         let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         let (c, mut d) = std::os::unix::net::UnixStream::pair().unwrap();
-        let relaxed = ep.register_relaxed(a.as_raw_fd()).unwrap();
+        let relaxed = ep.register_waits(a.as_raw_fd(), true).unwrap();
         let eager = ep.register(c.as_raw_fd()).unwrap();
         let mut cx = Context::from_waker(&f.waker);
         let woken = || f.woken();

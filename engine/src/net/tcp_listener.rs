@@ -51,7 +51,8 @@ impl TcpListener {
         Ok((TcpStream::from_owned(fd)?, addr))
     }
 
-    /// A stream of connections: on io_uring one multishot accept serves them all.
+    /// A stream of connections: on io_uring one multishot accept serves them all. Its waits
+    /// under epoll are relaxed, as [`accept`](Self::accept)'s are.
     pub fn incoming(&self) -> Incoming<'_> {
         Incoming {
             listener: self,

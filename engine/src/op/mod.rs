@@ -298,8 +298,7 @@ impl SharedFd {
             return Ok(k);
         }
         let k = with_core(|c| match &c.driver {
-            Driver::Epoll(e) if self.relaxed => e.register_relaxed(self.raw()),
-            Driver::Epoll(e) => e.register(self.raw()),
+            Driver::Epoll(e) => e.register_waits(self.raw(), self.relaxed),
             Driver::Uring(_) => unreachable!("epoll registration on an io_uring core"),
         })?;
         self.epoll_key.set(Some(k));

@@ -25,8 +25,7 @@ async fn poll_fd(fd: RawFd, dir: Direction, relaxed: bool) -> io::Result<()> {
     }
     // The fd belongs to someone else: register it for this wait only.
     let key = with_core(|c| match &c.driver {
-        Driver::Epoll(e) if relaxed => e.register_relaxed(fd),
-        Driver::Epoll(e) => e.register(fd),
+        Driver::Epoll(e) => e.register_waits(fd, relaxed),
         Driver::Uring(_) => unreachable!(),
     })?;
     struct Dereg(RawFd, usize);

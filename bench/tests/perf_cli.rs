@@ -215,3 +215,60 @@ fn progress_goes_to_a_terminal_only() {
         "no progress on a terminal: {seen}"
     );
 }
+
+/// `--trace` writes each side's engine timeline (a build with the `trace` feature), and a build
+/// without it says which build it needs instead of running untraced.
+#[test]
+fn trace_writes_both_sides_timelines_or_names_the_build_it_needs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let prefix = std::env::temp_dir().join(format!("barewire-perf-trace-{}", std::process::id()));
+    let prefix = prefix.to_str().unwrap();
+    let (ok, out, err) = perf(&[
+        "write_lat",
+        "--loopback",
+        "-s",
+        "8",
+        "-n",
+        "300",
+        "--trace",
+        prefix,
+    ]);
+    if !barewire_engine::trace::ENABLED {
+        assert!(!ok, "ran untraced:\n{out}");
+        assert!(
+            err.contains("--trace needs a build with the trace feature"),
+            "{err}"
+        );
+        return;
+    }
+    assert!(ok, "{out}\n{err}");
+    for side in ["client", "server"] {
+        let path = format!("{prefix}.{side}");
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let _ = std::fs::remove_file(&path);
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert!(
+            words[0] >= 100_000_000 && words[1] == 0,
+            "{side}: no clock rate first"
+        );
+        let count = |kind: u64| {
+            words[3..]
+                .iter()
+                .step_by(2)
+                .filter(|w| *w >> 48 == kind)
+                .count()
+        };
+        let (enter, entered) = (count(1), count(2));
+        assert!(
+            enter > 0 && enter == entered,
+            "{side}: {enter} enters, {entered} returns"
+        );
+        // Each side posts, places and sees one message per iteration (and the warm-up's).
+        for (kind, what) in [(6, "posts"), (5, "placements"), (0x101, "bytes seen")] {
+            assert!(count(kind) >= 300, "{side}: {} {what}", count(kind));
+        }
+    }
+}

@@ -48,6 +48,7 @@ mod stats;
 pub mod sync;
 mod task;
 pub mod time;
+pub mod trace;
 pub mod uring;
 mod wake;
 

@@ -156,6 +156,9 @@ pub struct RunArgs {
     pub atomic: AtomicOp,
     /// Write an HDR percentile plot of the latency distribution here.
     pub plot: Option<PathBuf>,
+    /// Write this side's timeline (`barewire_engine::trace`) to `<prefix>.client` or
+    /// `<prefix>.server` after the run; needs a build with the `trace` feature.
+    pub trace: Option<PathBuf>,
     /// Print `READY <port>` once listening (used by `--loopback`).
     pub announce: bool,
     /// Print no rows (the caller reads the returned outcome).
@@ -328,6 +331,11 @@ struct RunOpts {
     /// HDR percentile plot (PNG) of a latency test.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
+    /// Write each side's timeline of engine steps (io_uring enters, reaps, bytes placed,
+    /// posts, the latency loop seeing its byte) to PREFIX.client and PREFIX.server, for
+    /// bench/tools/hop-trace.py. Needs a build with `--features trace`.
+    #[arg(long, value_name = "PREFIX")]
+    trace: Option<PathBuf>,
     /// Print READY <port> once listening (what --loopback's server does).
     #[arg(long, hide = true)]
     announce: bool,
@@ -462,6 +470,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             AtomicName::CmpSwap => AtomicOp::CmpSwap,
         },
         plot: o.plot,
+        trace: o.trace,
         announce: o.announce,
         quiet: false,
     };

@@ -274,6 +274,7 @@ impl Runner<'_> {
             crc: false,
             atomic,
             plot: None,
+            trace: None,
             announce: false,
             quiet: true,
         };

@@ -62,6 +62,11 @@ pub fn warmup(iters: u64) -> u64 {
 /// Runs what `args` asks: a server, a client, or both (`--loopback`). The client prints its
 /// rows as they are measured (a table or JSON lines) and returns them.
 pub fn run(args: &RunArgs) -> Result<Outcome, String> {
+    if args.trace.is_some() && !barewire_engine::trace::ENABLED {
+        return Err("--trace needs a build with the trace feature \
+             (cargo build --release -p barewire-bench --features trace)"
+            .into());
+    }
     if args.loopback {
         // Say why the driver cannot be used here, before starting a server that would fail.
         drop(open_device(&args.driver)?);
@@ -347,10 +352,14 @@ impl Cycles {
 
 /// Waits until the byte at `addr` is `v`: looks at it in a spin of `looks` looks, as perftest
 /// polls its buffer, and yields to the engine between spins (see [`spin_looks`]).
+/// The latency loops' trace kind: `wait_byte` saw the byte it waited for (the argument).
+pub const SAW_BYTE: barewire_engine::trace::Kind = barewire_engine::trace::Kind::user(1);
+
 async fn wait_byte(buf: &Buffer, addr: u64, v: u8, looks: u32) {
     loop {
         for _ in 0..looks {
             if buf.byte(addr) == v {
+                barewire_engine::trace::event(SAW_BYTE, u64::from(v));
                 return;
             }
         }
@@ -375,6 +384,12 @@ fn spin_looks(t: Transport) -> u32 {
 }
 
 fn server(args: &RunArgs) -> Result<(), String> {
+    let out = server_core(args);
+    write_trace(args, "server")?;
+    out
+}
+
+fn server_core(args: &RunArgs) -> Result<(), String> {
     let cpu = args.cpus.as_ref().map(|c| *c.last().unwrap());
     runtime(cpu, args)?.block_on(async {
         let dev = open_device(&args.driver)?;
@@ -507,7 +522,26 @@ async fn serve(
     Ok(())
 }
 
+/// `--trace`: writes the timeline of the thread that ran this side's core to
+/// `<prefix>.<role>`.
+fn write_trace(args: &RunArgs, role: &str) -> Result<(), String> {
+    let Some(prefix) = &args.trace else {
+        return Ok(());
+    };
+    let mut path = prefix.clone().into_os_string();
+    path.push(format!(".{role}"));
+    barewire_engine::trace::write(std::path::Path::new(&path))
+        .map(drop)
+        .map_err(|e| format!("--trace: {}: {e}", path.to_string_lossy()))
+}
+
 fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
+    let out = client_core(args, addr);
+    write_trace(args, "client")?;
+    out
+}
+
+fn client_core(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
     let cpu = args.cpus.as_ref().map(|c| c[0]);
     runtime(cpu, args)?.block_on(async {
         let dev = open_device(&args.driver)?;
@@ -907,6 +941,9 @@ fn loopback(args: &RunArgs) -> Result<Outcome, String> {
     }
     if args.crc {
         cmd.arg("--crc");
+    }
+    if let Some(prefix) = &args.trace {
+        cmd.arg("--trace").arg(prefix);
     }
     if let Some(cpus) = &args.cpus {
         cmd.args(["--cpu", &cpus.last().unwrap().to_string()]);

@@ -33,6 +33,7 @@ use slab::Slab;
 
 use super::lifecycle::{Lifecycle, OpState, OrphanFn};
 use crate::stats::Stats;
+use crate::trace;
 
 /// user_data of the always-armed read on the core's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -365,6 +366,7 @@ impl Uring {
             }
         }
         let n = reaped.len();
+        trace::event(trace::Kind::REAPED, n as u64);
         let mut raw_count = 0;
         let mut finished: Vec<OpState> = Vec::new();
         for (user_data, res, flags) in reaped.drain(..) {
@@ -477,10 +479,20 @@ impl Uring {
         args: Option<&types::SubmitArgs<'_, '_>>,
     ) -> io::Result<usize> {
         let Some(index) = self.enter_index else {
-            return match args {
+            if trace::ENABLED {
+                // (A view of the queue loads and stores its indices: only when tracing.)
+                let pending = ring.submission().len() as u64;
+                trace::event(trace::Kind::ENTER, pending << 1 | u64::from(want > 0));
+            }
+            let r = match args {
                 None => ring.submit_and_wait(want as usize),
                 Some(a) => ring.submitter().submit_with_args(want as usize, a),
             };
+            let result = r
+                .as_ref()
+                .map_or_else(|e| -i64::from(e.raw_os_error().unwrap_or(0)), |&n| n as i64);
+            trace::event(trace::Kind::ENTERED, result as u64);
+            return r;
         };
         let sq = ring.submission();
         let to_submit = sq.len() as u32;
@@ -500,6 +512,10 @@ impl Uring {
             }
             None => (std::ptr::null(), std::mem::size_of::<libc::sigset_t>()),
         };
+        trace::event(
+            trace::Kind::ENTER,
+            u64::from(to_submit) << 1 | u64::from(flags & IORING_ENTER_GETEVENTS != 0),
+        );
         // SAFETY: `index` names this ring among this thread's registered rings (a core's ring
         // is registered and entered only by the core's own thread); the submission queue's
         // tail was published when its entries were pushed; `arg` is null or points at a live
@@ -516,6 +532,7 @@ impl Uring {
                 size,
             )
         };
+        trace::event(trace::Kind::ENTERED, r as u64);
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {

@@ -804,6 +804,7 @@ impl QueuePair {
 
     /// Posts a send work request; transmission starts at once.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        barewire_engine::trace::event(barewire_engine::trace::Kind::POSTED, wr.wr_id);
         let mut i = self.inner.borrow_mut();
         i.stream.post_send(wr)?;
         if i.ring.is_some() {

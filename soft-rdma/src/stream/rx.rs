@@ -2,6 +2,7 @@
 //! and RDMAP messages are carried out (Read Responses, atomics, Terminates, completions).
 
 use super::*;
+use barewire_engine::trace;
 
 impl Stream {
     /// Where the next received bytes must be written, and how many are wanted at most.
@@ -86,7 +87,16 @@ impl Stream {
     /// Convenience for buffered input (tests, or a reactor that already read the bytes): copies
     /// `data` through `rx_buffer`/`rx_advance`. Returns how many bytes were consumed (all, unless
     /// the stream died).
-    pub fn rx_feed(&mut self, mut data: &[u8]) -> usize {
+    pub fn rx_feed(&mut self, data: &[u8]) -> usize {
+        trace::event(trace::Kind::RECEIVED, data.len() as u64);
+        let placed = self.rx_feed_all(data);
+        trace::event(trace::Kind::PLACED, placed as u64);
+        placed
+    }
+
+    // (Always inlined: without the `trace` feature `rx_feed` is this body, as before.)
+    #[inline(always)]
+    fn rx_feed_all(&mut self, mut data: &[u8]) -> usize {
         let total = data.len();
         while !data.is_empty() {
             if let Rx::Framing { .. } = self.rx {

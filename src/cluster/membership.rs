@@ -194,7 +194,9 @@ impl Membership {
     /// [`local_addr`](Self::local_addr)) and announces it to `seeds`.
     pub fn start(me: Member, seeds: &[SocketAddr], opts: MembershipOptions) -> Result<Membership> {
         opts.check()?;
-        let sock = UdpSocket::bind(me.addr)
+        // Gossip is control traffic: its receive waits relaxed (no system call per pass on a
+        // busy epoll core; some microseconds late at worst, against probes of milliseconds).
+        let sock = UdpSocket::bind_relaxed(me.addr)
             .map_err(|e| Error::Invalid(format!("membership: binding {}: {e}", me.addr)))?;
         let local = sock
             .local_addr()

@@ -114,6 +114,26 @@ impl Epoll {
         (self.waiting.get(), self.relaxed.get())
     }
 
+    /// [`waiter_counts`](Self::waiter_counts) of the current core, which runs this reactor.
+    #[cfg(test)]
+    pub(crate) fn waiters_here() -> (usize, usize) {
+        crate::core::with_core(|c| match &c.driver {
+            super::Driver::Epoll(e) => e.waiter_counts(),
+            super::Driver::Uring(_) => unreachable!("an epoll runtime"),
+        })
+    }
+
+    /// A one-core runtime on this reactor, for tests of its waits.
+    #[cfg(test)]
+    pub(crate) fn test_runtime() -> crate::Runtime {
+        crate::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .reactor(crate::Reactor::Epoll)
+            .build()
+            .unwrap()
+    }
+
     /// The waiter count a waker of `s` belongs to.
     fn count_of(&self, s: &IoState) -> &Cell<usize> {
         if s.relaxed {

@@ -140,29 +140,17 @@ pub fn accept_error_is_transient(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::with_core;
-    use crate::driver::Driver;
+    use crate::driver::epoll::Epoll;
 
     /// Under epoll, a task waiting in `accept` is a relaxed waiter: it does not make a busy
     /// core ask the kernel on every pass (`Epoll::poll`), and the connection is still taken.
     /// A plain registration would count it in `waiting`.
     #[test]
     fn a_waiting_accept_is_a_relaxed_wait_under_epoll() {
-        let rt = crate::Runtime::builder()
-            .cores(1)
-            .pin(false)
-            .reactor(crate::Reactor::Epoll)
-            .build()
-            .unwrap();
-        rt.block_on(async {
+        Epoll::test_runtime().block_on(async {
             let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
             let at = l.local_addr().unwrap();
-            let counts = || {
-                with_core(|c| match &c.driver {
-                    Driver::Epoll(e) => e.waiter_counts(),
-                    Driver::Uring(_) => unreachable!("an epoll runtime"),
-                })
-            };
+            let counts = Epoll::waiters_here;
             let before = counts();
             let accept = crate::spawn_local(async move { l.accept().await.map(|(_, a)| a) });
             crate::yield_now().await;

@@ -2,7 +2,8 @@
 //!
 //! Built with the `trace` feature, each [`event`] stores the time stamp counter (on x86_64;
 //! elsewhere a monotonic clock in nanoseconds), a [`Kind`] and an argument in a log of this
-//! thread's own (16 bytes an event, up to [`CAPACITY`] events, then counted as dropped).
+//! thread's own (24 bytes an event, up to [`CAPACITY`] events, then counted as dropped; its
+//! pages are written when it is first used, so recording takes no page faults).
 //! Without the feature every call compiles to nothing, so the engine and the providers call it
 //! on their hot paths: around each `io_uring_enter` (the epoll reactor's waits are not marked),
 //! at each reap, where the software provider places received bytes (either reactor) and where
@@ -163,8 +164,7 @@ mod imp {
         LOG.with(|log| {
             let mut log = log.borrow_mut();
             if log.capacity() == 0 {
-                // Reserved once, so no event pays for the log's growth.
-                log.reserve_exact(CAPACITY);
+                reserve(&mut log);
             }
             if log.len() < CAPACITY {
                 log.push(Event {
@@ -176,6 +176,26 @@ mod imp {
                 DROPPED.with(|d| d.set(d.get() + 1));
             }
         });
+    }
+
+    /// Reserves the whole log at once and writes every page of it, so no later event pays for
+    /// the log's growth or takes a page fault on first touch (one every 256 events otherwise;
+    /// about 2 µs each on this host, enough to make a round trip look slow: bench/RESULTS.md,
+    /// fifty-second session).
+    #[cold]
+    fn reserve(log: &mut Vec<Event>) {
+        log.reserve_exact(CAPACITY);
+        let blank = Event {
+            at: 0,
+            kind: Kind(0),
+            arg: 0,
+        };
+        let per_page = 4096 / std::mem::size_of::<Event>();
+        for slot in log.spare_capacity_mut().iter_mut().step_by(per_page) {
+            // SAFETY: a slot of the buffer just reserved, written (never read: `len` stays 0)
+            // so that its page is faulted in now; volatile, so the store is not elided.
+            unsafe { std::ptr::write_volatile(slot.as_mut_ptr(), blank) };
+        }
     }
 
     pub(super) fn take() -> Vec<Event> {
@@ -251,6 +271,30 @@ mod tests {
                 CAPACITY as u64 - 1,
                 "the first ones are kept"
             );
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    #[cfg(feature = "trace")]
+    fn recording_takes_no_page_faults_once_the_log_is_reserved() {
+        std::thread::spawn(|| {
+            let faults = || {
+                // SAFETY: getrusage fills the zeroed struct it is given.
+                let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+                assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+                u.ru_minflt
+            };
+            event(Kind::user(0), 0); // reserves the log and writes its pages
+            let before = faults();
+            // 2.4 MB of events: about 590 pages, each a fault if first touched now.
+            for i in 0..100_000 {
+                event(Kind::user(1), i);
+            }
+            let during = faults() - before;
+            assert!(during < 50, "{during} page faults while recording");
+            take();
         })
         .join()
         .unwrap();

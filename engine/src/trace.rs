@@ -10,7 +10,7 @@
 //! a send is posted to it. An application adds its own kinds ([`Kind::user`]) to see its
 //! handler in the same timeline.
 //!
-//! [`write`] saves the log (a first record gives the clock's rate). `barewire-perf --trace
+//! [`write()`] saves the log (a first record gives the clock's rate). `barewire-perf --trace
 //! <prefix>` writes both of its processes' logs, and `bench/tools/hop-trace.py` cuts them into
 //! the parts of each round trip (bench/RESULTS.md, fifty-second session).
 //!
@@ -281,9 +281,11 @@ mod tests {
     fn recording_takes_no_page_faults_once_the_log_is_reserved() {
         std::thread::spawn(|| {
             let faults = || {
-                // SAFETY: getrusage fills the zeroed struct it is given.
+                // SAFETY: rusage is plain integers, for which all zeroes is a value.
                 let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-                assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) }, 0);
+                // SAFETY: getrusage writes only the struct it is given.
+                let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+                assert_eq!(r, 0);
                 u.ru_minflt
             };
             event(Kind::user(0), 0); // reserves the log and writes its pages

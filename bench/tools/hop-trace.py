@@ -15,6 +15,7 @@ reads /tmp/t.client and /tmp/t.server (the format is in engine/src/trace.rs) and
   message: the socket backlog race (bench/RESULTS.md, fifty-second session).
 Plain Python, no packages.
 """
+import bisect
 import statistics
 import struct
 import sys
@@ -45,26 +46,16 @@ class Side:
     def after(self, kind, t, pred=None):
         """Index of the first event of `kind` at or after clock `t` (optionally matching)."""
         idx = self.by.get(kind, [])
-        j = self._bis(idx, t)
+        j = bisect.bisect_left(idx, t, key=self.at.__getitem__)
         while j < len(idx) and pred is not None and not pred(idx[j]):
             j += 1
         return idx[j] if j < len(idx) else None
 
     def before(self, kind, t):
+        """Index of the last event of `kind` at or before clock `t`."""
         idx = self.by.get(kind, [])
-        j = self._bis(idx, t, right=True) - 1
+        j = bisect.bisect_right(idx, t, key=self.at.__getitem__) - 1
         return idx[j] if j >= 0 else None
-
-    def _bis(self, idx, t, right=False):
-        lo, hi = 0, len(idx)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            v = self.at[idx[mid]]
-            if v < t or (right and v == t):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
 
 
 def median(v):

@@ -179,7 +179,7 @@ mod imp {
     }
 
     /// Reserves the whole log at once and writes every page of it, so no later event pays for
-    /// the log's growth or takes a page fault on first touch (one every 256 events otherwise;
+    /// the log's growth or takes a page fault on first touch (one every 170 events otherwise;
     /// about 2 µs each on this host, enough to make a round trip look slow: bench/RESULTS.md,
     /// fifty-second session).
     #[cold]

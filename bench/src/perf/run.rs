@@ -350,11 +350,11 @@ impl Cycles {
     }
 }
 
-/// Waits until the byte at `addr` is `v`: looks at it in a spin of `looks` looks, as perftest
-/// polls its buffer, and yields to the engine between spins (see [`spin_looks`]).
 /// The latency loops' trace kind: `wait_byte` saw the byte it waited for (the argument).
 pub const SAW_BYTE: barewire_engine::trace::Kind = barewire_engine::trace::Kind::user(1);
 
+/// Waits until the byte at `addr` is `v`: looks at it in a spin of `looks` looks, as perftest
+/// polls its buffer, and yields to the engine between spins (see [`spin_looks`]).
 async fn wait_byte(buf: &Buffer, addr: u64, v: u8, looks: u32) {
     loop {
         for _ in 0..looks {

@@ -185,7 +185,8 @@ impl Drop for MultiOp {
 pub(crate) struct SharedFd {
     fd: OwnedFd,
     epoll_key: Cell<Option<usize>>,
-    /// Registered for relaxed waits under epoll (a listening socket: see `SharedFd::relaxed`).
+    /// Registered for relaxed waits under epoll (a listener, a control socket: see
+    /// `SharedFd::relaxed`).
     relaxed: bool,
     fixed: Cell<Fixed>,
     /// The shared half of the core whose table holds the slot (set with it): operations on
@@ -223,8 +224,8 @@ impl SharedFd {
 
     /// A socket whose waits under the epoll reactor are relaxed (see
     /// [`poll_readable_relaxed`](crate::poll_readable_relaxed)): a task waiting on it does not
-    /// make a busy core ask the kernel for events on every pass. For listening sockets, whose
-    /// connections can be taken some microseconds late.
+    /// make a busy core ask the kernel for events on every pass. For listening sockets and
+    /// control traffic (`UdpSocket::bind_relaxed`), which can be taken some microseconds late.
     pub(crate) fn relaxed(fd: OwnedFd) -> Self {
         SharedFd::with(fd, true)
     }

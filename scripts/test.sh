@@ -25,9 +25,9 @@ BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire-soft-rdma --
 # and miss their deadlines (tests/actor_remote.rs did in CI).
 BAREWIRE_REACTOR=io_uring BAREWIRE_SQPOLL=on cargo test -p barewire --test typed_api
 
-echo "== the engine's timeline (--features trace): its log, and barewire-perf --trace writing both sides'"
+echo "== the engine's timeline (--features trace): its log, and barewire-perf's and tcp-floor's --trace writing both sides'"
 cargo test -p barewire-engine --features trace --lib trace
-cargo test -p barewire-bench --features trace --test perf_cli trace
+cargo test -p barewire-bench --features trace --test perf_cli --test bench_cli trace
 
 echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak.rs)"
 cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"

@@ -5,6 +5,8 @@
 
 use std::process::Command;
 
+mod common;
+
 fn run(bin: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(bin)
         .args(args)
@@ -220,4 +222,47 @@ fn soak_worker_arguments_are_checked() {
         &["worker", "0", "1", "0", "not-an-address", "127.0.0.1:1"],
     );
     assert!(!ok && e.contains("<LISTEN>"), "{e}");
+}
+
+/// `tcp-floor --trace` writes both ends' timelines with the steps barewire-perf's `--trace`
+/// marks (a build with the `trace` feature), so `bench/tools/hop-trace.py` can cut the floor's
+/// round trips as it cuts barewire's; a build without it says which build it needs, and the
+/// threads mode (one process) is refused.
+#[test]
+fn tcp_floor_trace_writes_both_ends_timelines_or_names_the_build_it_needs() {
+    let bin = env!("CARGO_BIN_EXE_tcp-floor");
+    let prefix = std::env::temp_dir().join(format!("tcp-floor-trace-{}", std::process::id()));
+    let prefix = prefix.to_str().unwrap();
+    let args = [
+        "-n", "300", "--reps", "1", "--ways", "ring", "--trace", prefix,
+    ];
+    let (ok, out) = run(bin, &args);
+    if !barewire_engine::trace::ENABLED {
+        assert!(!ok, "ran untraced:\n{out}");
+        assert!(
+            out.contains("--trace needs a build with the trace feature"),
+            "{out}"
+        );
+        return;
+    }
+    assert!(ok, "{out}");
+    // 300 round trips and a warm-up of 30: per end, a send each (an enter, its return), the
+    // answer's bytes taken; the initiator sees each answer whole.
+    for (end, saw) in [("client", 330), ("server", 0)] {
+        let path = format!("{prefix}.{end}");
+        let n = common::timeline_counts(&path, &[6, 1, 2, 4, 0x101]);
+        let _ = std::fs::remove_file(&path);
+        let [posted, enter, entered, received, seen] = n[..] else {
+            unreachable!()
+        };
+        assert_eq!(posted, 330, "{end}: sends");
+        assert!(
+            enter >= posted && enter == entered,
+            "{end}: {enter} enters, {entered} returns"
+        );
+        assert!(received >= 330, "{end}: {received} receives");
+        assert_eq!(seen, saw, "{end}: answers seen whole");
+    }
+    let (ok, out) = run(bin, &["--threads", "--trace", prefix]);
+    assert!(!ok && out.contains("run without --threads"), "{out}");
 }

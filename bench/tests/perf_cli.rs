@@ -8,6 +8,8 @@ use std::sync::Mutex;
 
 use barewire_bench::perf::table::{parse_row, BwRow, LatRow, Record, BW_HEADER, LAT_HEADER};
 
+mod common;
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn perf(args: &[&str]) -> (bool, String, String) {
@@ -244,31 +246,17 @@ fn trace_writes_both_sides_timelines_or_names_the_build_it_needs() {
     assert!(ok, "{out}\n{err}");
     for side in ["client", "server"] {
         let path = format!("{prefix}.{side}");
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let n = common::timeline_counts(&path, &[1, 2, 6, 5, 0x101]);
         let _ = std::fs::remove_file(&path);
-        let words: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
         assert!(
-            words[0] >= 100_000_000 && words[1] == 0,
-            "{side}: no clock rate first"
-        );
-        let count = |kind: u64| {
-            words[3..]
-                .iter()
-                .step_by(2)
-                .filter(|w| *w >> 48 == kind)
-                .count()
-        };
-        let (enter, entered) = (count(1), count(2));
-        assert!(
-            enter > 0 && enter == entered,
-            "{side}: {enter} enters, {entered} returns"
+            n[0] > 0 && n[0] == n[1],
+            "{side}: {} enters, {} returns",
+            n[0],
+            n[1]
         );
         // Each side posts, places and sees one message per iteration (and the warm-up's).
-        for (kind, what) in [(6, "posts"), (5, "placements"), (0x101, "bytes seen")] {
-            assert!(count(kind) >= 300, "{side}: {} {what}", count(kind));
+        for (count, what) in n[2..].iter().zip(["posts", "placements", "bytes seen"]) {
+            assert!(*count >= 300, "{side}: {count} {what}");
         }
     }
 }

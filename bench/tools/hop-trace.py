@@ -12,7 +12,16 @@ reads /tmp/t.client and /tmp/t.server (the format is in engine/src/trace.rs) and
 - each side's steps from the return of the enter that brought the bytes to the enter of the
   answer's send;
 - looks (enters of one entry that are not a send) that ran over 1.2 us and found nothing, per
-  message: the socket backlog race (bench/RESULTS.md, fifty-second session).
+  message (bench/RESULTS.md, fifty-second session), and, since a CPU in a slow state makes
+  ordinary looks that long too (fifty-third session), looks that were in the kernel when the
+  peer's send returned and found nothing, the next look taking the bytes: the socket backlog
+  race, or a look that checked just before the segment came;
+- each side's send enters split in two: within 0.6 us of their p10, and slower; the share of
+  slow ones, and the user-space path before each kind (from the return of the enter that
+  brought the bytes to the send's enter). On this project's host both move together: the
+  whole CPU runs slower at times (bench/RESULTS.md, fifty-third session).
+
+A run of `tcp-floor --trace PREFIX` (the bare floor, same build feature) reads the same way.
 Plain Python, no packages.
 """
 import bisect
@@ -140,6 +149,53 @@ def blocked_looks(side, over_ns=1200):
     return found, nothing
 
 
+def raced_looks(rx, tx):
+    """Of `tx`'s sends, how many `rx` missed with a look that was in the kernel when the send's
+    enter returned (the segment had been delivered by then) and found nothing, the next look
+    taking the bytes: the backlog race's signature, whatever the CPU's speed. (A look over a
+    fixed 1.2 us also counts ordinary looks of a CPU in a slow state.)"""
+    sends = raced = 0
+    for p in tx.by.get(POSTED, []):
+        send = tx.after(ENTER, tx.at[p])
+        if send is None or send + 1 >= len(tx.kind):
+            continue
+        ret = tx.at[send + 1]
+        look = rx.before(ENTER, ret)
+        got = rx.after(RECEIVED, ret)
+        if look is None or got is None or look + 1 >= len(rx.kind):
+            continue
+        sends += 1
+        # In the kernel at `ret`, back with nothing, and the bytes taken by the very next look.
+        if rx.at[look + 1] > ret and rx.kind[look + 1] == ENTERED:
+            nxt = rx.after(ENTER, rx.at[look + 1])
+            if nxt is not None and nxt < got and rx.before(ENTER, rx.at[got]) == nxt:
+                raced += 1
+    return sends, raced
+
+
+def send_modes(side, slower_ns=600):
+    """Send enters within `slower_ns` of their p10 and slower ones: (p10, share slower,
+    median user path before a fast one, before a slow one)."""
+    rows = []
+    for p in side.by.get(POSTED, []):
+        send = side.after(ENTER, side.at[p])
+        if send is None or send + 1 >= len(side.kind):
+            continue
+        bytes_in = side.before(RECEIVED, side.at[p])
+        look_end = side.before(ENTERED, side.at[bytes_in]) if bytes_in is not None else None
+        if look_end is None:
+            continue
+        rows.append(((side.at[send + 1] - side.at[send]) * side.ns,
+                     (side.at[send] - side.at[look_end]) * side.ns))
+    if not rows:
+        return None
+    enters = sorted(d for d, _ in rows)
+    p10 = enters[len(enters) // 10]
+    slow = [u for d, u in rows if d > p10 + slower_ns]
+    fast = [u for d, u in rows if d <= p10 + slower_ns]
+    return p10, len(slow) / len(rows), median(fast), median(slow)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
@@ -166,6 +222,16 @@ def main():
         if found:
             print(f"{label}: looks over 1.2 us that found nothing: {nothing} "
                   f"({nothing / found:.1%} of {found} messages)")
+        sends, raced = raced_looks(side, s if side is c else c)
+        if sends:
+            print(f"{label}: looks in the kernel as the peer's send returned that found nothing, "
+                  f"the next look taking the bytes: {raced / sends:.1%} of {sends} messages")
+        m = send_modes(side)
+        if m:
+            p10, share, fast, slow = m
+            print(f"{label}: send enters: p10 {p10:.0f} ns, {share:.1%} over p10 + 0.6 us; "
+                  f"bytes' enter return -> send's enter {fast:.0f} ns before the others, "
+                  f"{slow:.0f} before those")
 
 
 if __name__ == "__main__":

@@ -13,17 +13,23 @@
 //! run in two processes. `--threads` runs both ends as two threads of this process instead, as
 //! the report does.
 //!
+//! `--trace PREFIX` (in a build with `--features trace`, two processes only) writes each end's
+//! timeline to `PREFIX.client` and `PREFIX.server`, for `bench/tools/hop-trace.py`: the same
+//! steps barewire-perf's `--trace` marks, so the floor's round trips can be cut into the same
+//! parts. With several ways or reps, each run overwrites the last run's files.
+//!
 //! The message is `--size` bytes, 28 by default: an 8-byte tagged Write's FPDU (MPA length, DDP
 //! and RDMAP control, STag, tagged offset, payload, CRC field). Each figure is half the round
 //! trip (RTT/2), p50, mean, p99 and p99.9 (the tail, to set beside barewire-perf's), each the
 //! median over the reps; reps of each way alternate with the others'.
 
 use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 
 use barewire_bench::perf::floor::{
     half_round_trip, tcp_pair, tcp_ping_pong, tcp_ping_pong_end, HalfRoundTrip, TcpWay,
 };
-use barewire_bench::perf::run::Cycles;
+use barewire_bench::perf::run::{write_timeline, Cycles, TRACE_NEEDS_FEATURE};
 use barewire_bench::reps::median;
 use clap::Parser;
 
@@ -52,10 +58,31 @@ struct Opts {
     /// Both ends as threads of this process, not two processes.
     #[arg(long)]
     threads: bool,
+    /// Write each end's timeline to PREFIX.client and PREFIX.server (two processes; needs a
+    /// build with `--features trace`).
+    #[arg(long, value_name = "PREFIX")]
+    trace: Option<PathBuf>,
+}
+
+/// Writes this end's timeline where `--trace` asked, and says so if it cannot.
+fn write_trace(trace: Option<&Path>, role: &str) -> bool {
+    match trace.map(|prefix| write_timeline(prefix, role)) {
+        Some(Err(e)) => {
+            eprintln!("tcp-floor: {e}");
+            false
+        }
+        _ => true,
+    }
 }
 
 /// One run in two processes: RTT/2 in µs, (p50, mean), after the warm-up.
-fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> HalfRoundTrip {
+fn run_forked(
+    way: TcpWay,
+    cpu: [usize; 2],
+    iters: usize,
+    size: usize,
+    trace: Option<&Path>,
+) -> HalfRoundTrip {
     let warm = iters / 10;
     let (c, s) = tcp_pair().expect("a loopback connection");
     let clock = Cycles::calibrate();
@@ -68,13 +95,15 @@ fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> HalfRo
         // (The parent is pinned after its first run, and a child starts with its mask.)
         barewire_bench::unpin();
         barewire_bench::pin(cpu[1]);
-        let ok = tcp_ping_pong_end(way, s.as_raw_fd(), size, warm + iters, false).is_some();
+        let ok = tcp_ping_pong_end(way, s.as_raw_fd(), size, warm + iters, false).is_some()
+            && write_trace(trace, "server");
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     drop(s);
     barewire_bench::pin(cpu[0]);
     let t = tcp_ping_pong_end(way, c.as_raw_fd(), size, warm + iters, true);
+    let traced = write_trace(trace, "client");
     let mut status = 0;
     // SAFETY: waits for our own child.
     unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -82,12 +111,21 @@ fn run_forked(way: TcpWay, cpu: [usize; 2], iters: usize, size: usize) -> HalfRo
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "the answering process failed ({status:#x})"
     );
+    assert!(traced, "--trace: the initiator's timeline was not written");
     let t = t.expect("an io_uring with deferred task work (Linux 6.1)");
     half_round_trip(&clock, t[warm..].to_vec()).expect("round trips after the warm-up")
 }
 
 fn main() {
     let o = Opts::parse();
+    if o.trace.is_some() && !barewire_engine::trace::ENABLED {
+        eprintln!("tcp-floor: {TRACE_NEEDS_FEATURE}");
+        std::process::exit(2);
+    }
+    if o.trace.is_some() && o.threads {
+        eprintln!("tcp-floor: --trace writes each process's timeline; run without --threads");
+        std::process::exit(2);
+    }
     let ways = if o.ways.is_empty() {
         TcpWay::ALL.to_vec()
     } else {
@@ -114,7 +152,7 @@ fn main() {
             let f = if o.threads {
                 tcp_ping_pong(way, o.cpu, n, size).expect("pinned threads and a ring")
             } else {
-                run_forked(way, o.cpu, n, size)
+                run_forked(way, o.cpu, n, size, o.trace.as_deref())
             };
             let us = [f.p50, f.mean, f.p99, f.p999].map(|ns| ns / 1e3);
             println!(

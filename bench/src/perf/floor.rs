@@ -26,7 +26,9 @@ use std::time::Instant;
 
 use io_uring::{opcode, types, CompletionQueue, IoUring, SubmissionQueue, Submitter};
 
-use super::run::Cycles;
+use barewire_engine::trace::{self, Kind};
+
+use super::run::{Cycles, SAW_BYTE};
 
 /// One round trip's figures, half the round trip, in nanoseconds.
 #[derive(Debug, Clone, Copy)]
@@ -163,12 +165,16 @@ impl<'a> End<'a> {
     fn send(&mut self, msg: &[u8], look: Option<&mut [u8]>) -> usize {
         match self {
             End::Sys(fd) => {
+                trace::event(Kind::POSTED, 0);
+                trace::event(Kind::ENTER, 1 << 1);
                 // SAFETY: `msg` is a live buffer of its length.
                 let n = unsafe { libc::send(*fd, msg.as_ptr().cast(), msg.len(), 0) };
+                trace::event(Kind::ENTERED, n as u64);
                 assert_eq!(n, msg.len() as isize, "send");
                 0
             }
             End::Ring { submitter, sq, cq } => {
+                trace::event(Kind::POSTED, 0);
                 let e = opcode::Send::new(types::Fixed(0), msg.as_ptr(), msg.len() as u32)
                     .flags(libc::MSG_DONTWAIT)
                     .build()
@@ -176,18 +182,26 @@ impl<'a> End<'a> {
                 // SAFETY: `msg` outlives the enter below, which carries the send out
                 // (MSG_DONTWAIT, deferred task work: it completes within the call).
                 unsafe { sq.push(&e).expect("a free submission slot") };
-                if let Some(into) = look {
+                let entries = if let Some(into) = look {
                     // SAFETY: `into` outlives the same enter, as `msg` does.
                     unsafe { sq.push(&recv_entry(into)).expect("a free submission slot") };
-                }
+                    2
+                } else {
+                    1
+                };
                 sq.sync();
-                submitter.submit().expect("io_uring_enter");
+                trace::event(Kind::ENTER, entries << 1);
+                let n = submitter.submit().expect("io_uring_enter");
+                trace::event(Kind::ENTERED, n as u64);
                 cq.sync();
                 let mut took = 0;
                 for c in &mut *cq {
                     match (c.user_data(), c.result()) {
                         (1, n) => assert_eq!(n, msg.len() as i32, "SEND"),
-                        (_, n) if n > 0 => took = n as usize,
+                        (_, n) if n > 0 => {
+                            trace::event(Kind::RECEIVED, n as u64);
+                            took = n as usize;
+                        }
                         (_, e) => assert_eq!(e, -libc::EAGAIN, "RECV"),
                     }
                 }
@@ -203,6 +217,7 @@ impl<'a> End<'a> {
             // Bytes taken, or the negated errno (as the ring reports a failure).
             let n = match self {
                 End::Sys(fd) => {
+                    trace::event(Kind::ENTER, 1 << 1);
                     // SAFETY: `rest` is a live, writable buffer of its length.
                     let n = unsafe {
                         libc::recv(
@@ -212,6 +227,7 @@ impl<'a> End<'a> {
                             libc::MSG_DONTWAIT,
                         )
                     };
+                    trace::event(Kind::ENTERED, n as u64);
                     match n {
                         -1 => -std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
                         n => n as i32,
@@ -221,13 +237,18 @@ impl<'a> End<'a> {
                     // SAFETY: `rest` outlives the enter that carries the receive out.
                     unsafe { sq.push(&recv_entry(rest)).expect("a free submission slot") };
                     sq.sync();
-                    submitter.submit().expect("io_uring_enter");
+                    trace::event(Kind::ENTER, 1 << 1);
+                    let entered = submitter.submit().expect("io_uring_enter");
+                    trace::event(Kind::ENTERED, entered as u64);
                     cq.sync();
                     cq.next().expect("completed in its submission").result()
                 }
             };
             match n {
-                n if n > 0 => have += n as usize,
+                n if n > 0 => {
+                    trace::event(Kind::RECEIVED, n as u64);
+                    have += n as usize;
+                }
                 0 => panic!("the peer closed the connection"),
                 n if n == -libc::EAGAIN => {}
                 e => panic!("receive failed: errno {}", -e),
@@ -258,6 +279,13 @@ pub fn tcp_pair() -> std::io::Result<(TcpStream, TcpStream)> {
 /// socket `fd`: the initiator sends first and returns each round trip in TSC ticks (see
 /// [`Cycles`]); the other end answers each message and returns nothing. `None` if `way`'s ring
 /// could not be set up.
+///
+/// In a build with the engine's `trace` feature, each end marks its steps in its thread's
+/// timeline as barewire's cores mark theirs ([`barewire_engine::trace`]): the send
+/// ([`Kind::POSTED`]), each `io_uring_enter` or, by system calls, each `send` and `recv`
+/// ([`Kind::ENTER`] with one entry or two, [`Kind::ENTERED`]), bytes taken
+/// ([`Kind::RECEIVED`]), and at the initiator the whole answer ([`SAW_BYTE`]), so that
+/// `bench/tools/hop-trace.py` reads a run of `tcp-floor --trace` as it reads barewire-perf's.
 pub fn tcp_ping_pong_end(
     way: TcpWay,
     fd: RawFd,
@@ -280,6 +308,7 @@ pub fn tcp_ping_pong_end(
         if initiator {
             let have = end.send(&msg, together.then_some(&mut buf[..]));
             end.recv(&mut buf, have);
+            trace::event(SAW_BYTE, 0);
             let now = Cycles::now();
             ticks.push(now.wrapping_sub(t));
             t = now;

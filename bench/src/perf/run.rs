@@ -63,9 +63,7 @@ pub fn warmup(iters: u64) -> u64 {
 /// rows as they are measured (a table or JSON lines) and returns them.
 pub fn run(args: &RunArgs) -> Result<Outcome, String> {
     if args.trace.is_some() && !barewire_engine::trace::ENABLED {
-        return Err("--trace needs a build with the trace feature \
-             (cargo build --release -p barewire-bench --features trace)"
-            .into());
+        return Err(TRACE_NEEDS_FEATURE.into());
     }
     if args.loopback {
         // Say why the driver cannot be used here, before starting a server that would fail.
@@ -525,15 +523,25 @@ async fn serve(
 /// `--trace`: writes the timeline of the thread that ran this side's core to
 /// `<prefix>.<role>`.
 fn write_trace(args: &RunArgs, role: &str) -> Result<(), String> {
-    let Some(prefix) = &args.trace else {
-        return Ok(());
-    };
-    let mut path = prefix.clone().into_os_string();
+    match &args.trace {
+        Some(prefix) => write_timeline(prefix, role),
+        None => Ok(()),
+    }
+}
+
+/// Writes this thread's timeline ([`barewire_engine::trace::write`]) to `<prefix>.<role>`
+/// (`client` or `server`, the names `bench/tools/hop-trace.py` reads).
+pub fn write_timeline(prefix: &std::path::Path, role: &str) -> Result<(), String> {
+    let mut path = prefix.as_os_str().to_owned();
     path.push(format!(".{role}"));
     barewire_engine::trace::write(std::path::Path::new(&path))
         .map(drop)
         .map_err(|e| format!("--trace: {}: {e}", path.to_string_lossy()))
 }
+
+/// The error for `--trace` in a build without the timeline.
+pub const TRACE_NEEDS_FEATURE: &str = "--trace needs a build with the trace feature \
+     (cargo build --release -p barewire-bench --features trace)";
 
 fn client(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
     let out = client_core(args, addr);

@@ -6,6 +6,11 @@
 //!   it (`crc32c_append`, folding with carry-less multiplies from 512 bytes where the CPU can),
 //!   the `crc32c` crate's own code beside it, and copying the buffer: what the soft provider pays
 //!   per byte when CRC is negotiated on.
+//! - `stream_hop/write_8`: one 8-byte RDMA Write through two sans-I/O streams, as `write_lat`
+//!   moves it minus the sockets and the engine: posted on one (unsignaled), its bytes copied out
+//!   as one small send and counted sent, then fed to the other, which checks the key and places
+//!   the 8 bytes. The user-space part of a soft hop that the stream owns (bench/RESULTS.md,
+//!   fifty-second session: `post_send` → enter and `rx_feed`).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
@@ -76,5 +81,66 @@ fn crc_vs_memcpy(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fpdu_roundtrip, crc_vs_memcpy);
+fn stream_hop(c: &mut Criterion) {
+    use barewire_soft_rdma::stream::{SendOp, SendWr, Sge, Stream, StreamConfig};
+    use barewire_soft_rdma::verbs::{Access, CompletionQueue, Device};
+    let mut g = c.benchmark_group("stream_hop");
+    let cfg = |qp_num, pd| StreamConfig {
+        qp_num,
+        pd,
+        crc: false,
+        mulpdu: 1024,
+        ird: 4,
+        ord: 4,
+        remote_completion: false,
+    };
+    let (da, db) = (Device::new(), Device::new());
+    let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
+    let (acq, bcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+    let mut a = Stream::new(da.clone(), cfg(1, pa.id()), acq.clone(), acq.clone());
+    let mut b = Stream::new(db.clone(), cfg(2, pb.id()), bcq.clone(), bcq.clone());
+    let mut src = 42u64.to_le_bytes();
+    let mut dst = [0u8; 8];
+    // SAFETY: both buffers outlive their regions (the regions drop at the end of this function,
+    // before the buffers).
+    let smr = unsafe { pa.register(src.as_mut_ptr(), 8, Access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: as above.
+    let dmr = unsafe {
+        pb.register(
+            dst.as_mut_ptr(),
+            8,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    let mut small = [0u8; 512];
+    g.bench_function("write_8", |bench| {
+        bench.iter(|| {
+            a.post_send(SendWr {
+                wr_id: 1,
+                op: SendOp::Write {
+                    remote_addr: dmr.addr() as u64,
+                    rkey: dmr.stag(),
+                },
+                sges: [Sge {
+                    addr: smr.addr() as u64,
+                    len: 8,
+                    lkey: smr.stag(),
+                }]
+                .into(),
+                signaled: false,
+                fence: false,
+            })
+            .unwrap();
+            let n = a.tx_copy(&mut small).unwrap();
+            a.tx_advance(n);
+            black_box(b.rx_feed(black_box(&small[..n])));
+        })
+    });
+    g.finish();
+    drop((smr, dmr));
+    assert_eq!(u64::from_le_bytes(dst), 42, "the Writes placed their bytes");
+}
+
+criterion_group!(benches, fpdu_roundtrip, crc_vs_memcpy, stream_hop);
 criterion_main!(benches);

@@ -93,6 +93,9 @@ pub struct Comparison {
     pub failed: Vec<(String, String)>,
     /// barewire's 8 B WRITE latency distribution (nanoseconds), for the plot.
     pub write_lat: Option<Histogram<u64>>,
+    /// Per rep, the client's CPU and the server's probed just before it ([`super::host`]):
+    /// the share of samples that ran in the host's slow state (`None`: not probed).
+    pub host: Vec<[Option<f64>; 2]>,
 }
 
 /// Runs a server and a client of a peer tool, each pinned and bounded by `timeout`; returns the
@@ -442,7 +445,9 @@ pub fn compare(a: &CompareArgs) -> Comparison {
     }
     let reps: Vec<Comparison> = (0..a.reps.max(1))
         .map(|_| {
-            let c = compare_once(&once, &bar);
+            let probed = a.cpus.map(super::host::probe);
+            let mut c = compare_once(&once, &bar);
+            c.host.push(probed);
             bar.inc(1);
             c
         })
@@ -519,6 +524,7 @@ fn merge(reps: Vec<Comparison>) -> Comparison {
             }
         }
         out.failed.extend(c.failed);
+        out.host.extend(c.host);
         if out.write_lat.is_none() {
             out.write_lat = c.write_lat;
         }
@@ -904,11 +910,18 @@ mod tests {
                 peer: f("fi_pingpong", peer, None),
                 ratios: vec![ours / peer],
             });
+            // Its CPUs' probe: slow in proportion to the figures, for the test.
+            c.host.push([Some(ours / 10.0), None]);
             c
         };
         // The second rep ran while the machine was slow: both figures moved together.
         let m = merge(vec![rep(4.0, 5.0), rep(8.0, 10.0), rep(4.2, 5.0)]);
         assert_eq!(m.rows.len(), 1);
+        // Each rep's probe stays with it, in order.
+        assert_eq!(
+            m.host,
+            [4.0, 8.0, 4.2].map(|v| [Some(v / 10.0), None]).to_vec()
+        );
         let r = &m.rows[0];
         assert_eq!(r.ours.value, 4.2);
         assert_eq!(r.peer.value, 5.0);

@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod compare;
 pub mod floor;
+pub mod host;
 pub mod peers;
 pub mod plot;
 pub mod report;

@@ -87,6 +87,21 @@ pub fn table(c: &Comparison) -> String {
     for (cmd, why) in &c.failed {
         let _ = writeln!(s, "\nFAILED: `{cmd}`: {why}");
     }
+    if !c.host.is_empty() {
+        let share = |v: Option<f64>| v.map_or("–".into(), |v| format!("{:.1}%", v * 100.0));
+        let reps: Vec<String> = (c.host.iter().enumerate())
+            .map(|(i, [a, b])| format!("rep {} {} / {}", i + 1, share(*a), share(*b)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nThe host's CPUs just before each rep, client's / server's: the share of {} \
+             samples of one fixed piece of work that took over {}× the fast state's time \
+             (`barewire_bench::perf::host`; a rep whose CPUs ran slow reads slow): {}.",
+            super::host::SAMPLES,
+            super::host::SLOW_OVER,
+            reps.join(", ")
+        );
+    }
     s
 }
 
@@ -236,6 +251,7 @@ mod tests {
             }],
             failed: vec![],
             write_lat: None,
+            host: vec![[Some(0.004), Some(0.5)], [None, Some(0.0)]],
         };
         let t = table(&c);
         assert!(
@@ -251,6 +267,12 @@ mod tests {
         assert!(
             t.contains("MISSING peer: ucx_perftest is not installed (apt-get install ucx-utils)")
         );
+        // Each rep's probe of the two CPUs, in order; a CPU not probed is a dash.
+        assert!(
+            t.contains("200000 samples") && t.contains(": rep 1 0.4% / 50.0%, rep 2 – / 0.0%."),
+            "{t}"
+        );
+        assert!(!table(&Comparison::default()).contains("just before each rep"));
         assert_eq!(
             (micros(0.0156), micros(4.0)),
             ("0.016".into(), "4.00".into())

@@ -149,38 +149,40 @@ def blocked_looks(side, over_ns=1200):
     return found, nothing
 
 
+def sends(side):
+    """Each send of `side`: the index of its enter (the first enter after its post)."""
+    for p in side.by.get(POSTED, []):
+        send = side.after(ENTER, side.at[p])
+        if send is not None and send + 1 < len(side.kind):
+            yield p, send
+
+
 def raced_looks(rx, tx):
     """Of `tx`'s sends, how many `rx` missed with a look that was in the kernel when the send's
     enter returned (the segment had been delivered by then) and found nothing, the next look
     taking the bytes: the backlog race's signature, whatever the CPU's speed. (A look over a
     fixed 1.2 us also counts ordinary looks of a CPU in a slow state.)"""
-    sends = raced = 0
-    for p in tx.by.get(POSTED, []):
-        send = tx.after(ENTER, tx.at[p])
-        if send is None or send + 1 >= len(tx.kind):
-            continue
+    count = raced = 0
+    for _, send in sends(tx):
         ret = tx.at[send + 1]
         look = rx.before(ENTER, ret)
         got = rx.after(RECEIVED, ret)
         if look is None or got is None or look + 1 >= len(rx.kind):
             continue
-        sends += 1
+        count += 1
         # In the kernel at `ret`, back with nothing, and the bytes taken by the very next look.
         if rx.at[look + 1] > ret and rx.kind[look + 1] == ENTERED:
             nxt = rx.after(ENTER, rx.at[look + 1])
             if nxt is not None and nxt < got and rx.before(ENTER, rx.at[got]) == nxt:
                 raced += 1
-    return sends, raced
+    return count, raced
 
 
 def send_modes(side, slower_ns=600):
     """Send enters within `slower_ns` of their p10 and slower ones: (p10, share slower,
     median user path before a fast one, before a slow one)."""
     rows = []
-    for p in side.by.get(POSTED, []):
-        send = side.after(ENTER, side.at[p])
-        if send is None or send + 1 >= len(side.kind):
-            continue
+    for p, send in sends(side):
         bytes_in = side.before(RECEIVED, side.at[p])
         look_end = side.before(ENTERED, side.at[bytes_in]) if bytes_in is not None else None
         if look_end is None:
@@ -222,10 +224,10 @@ def main():
         if found:
             print(f"{label}: looks over 1.2 us that found nothing: {nothing} "
                   f"({nothing / found:.1%} of {found} messages)")
-        sends, raced = raced_looks(side, s if side is c else c)
-        if sends:
+        count, raced = raced_looks(side, s if side is c else c)
+        if count:
             print(f"{label}: looks in the kernel as the peer's send returned that found nothing, "
-                  f"the next look taking the bytes: {raced / sends:.1%} of {sends} messages")
+                  f"the next look taking the bytes: {raced / count:.1%} of {count} messages")
         m = send_modes(side)
         if m:
             p10, share, fast, slow = m

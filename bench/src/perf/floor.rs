@@ -190,9 +190,7 @@ impl<'a> End<'a> {
                     1
                 };
                 sq.sync();
-                trace::event(Kind::ENTER, entries << 1);
-                let n = submitter.submit().expect("io_uring_enter");
-                trace::event(Kind::ENTERED, n as u64);
+                enter(submitter, entries);
                 cq.sync();
                 let mut took = 0;
                 for c in &mut *cq {
@@ -237,9 +235,7 @@ impl<'a> End<'a> {
                     // SAFETY: `rest` outlives the enter that carries the receive out.
                     unsafe { sq.push(&recv_entry(rest)).expect("a free submission slot") };
                     sq.sync();
-                    trace::event(Kind::ENTER, 1 << 1);
-                    let entered = submitter.submit().expect("io_uring_enter");
-                    trace::event(Kind::ENTERED, entered as u64);
+                    enter(submitter, 1);
                     cq.sync();
                     cq.next().expect("completed in its submission").result()
                 }
@@ -255,6 +251,13 @@ impl<'a> End<'a> {
             }
         }
     }
+}
+
+/// Submits the `entries` queued, marked in the timeline as barewire's cores mark an enter.
+fn enter(submitter: &Submitter<'_>, entries: u64) {
+    trace::event(Kind::ENTER, entries << 1);
+    let n = submitter.submit().expect("io_uring_enter");
+    trace::event(Kind::ENTERED, n as u64);
 }
 
 /// A receive of up to `into.len()` bytes that fails at once when nothing waits.

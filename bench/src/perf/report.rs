@@ -89,7 +89,10 @@ pub fn table(c: &Comparison) -> String {
     }
     if !c.host.is_empty() {
         let share = |v: Option<f64>| v.map_or("–".into(), |v| format!("{:.1}%", v * 100.0));
-        let reps: Vec<String> = (c.host.iter().enumerate())
+        let reps: Vec<String> = c
+            .host
+            .iter()
+            .enumerate()
             .map(|(i, [a, b])| format!("rep {} {} / {}", i + 1, share(*a), share(*b)))
             .collect();
         let _ = writeln!(

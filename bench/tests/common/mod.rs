@@ -1,8 +1,8 @@
 //! What the bench binaries' tests share.
 
-/// A timeline written by `barewire_engine::trace::write` (`--trace`): its clock rate, and how
-/// many events of `kind` it holds, for each kind asked. Panics (failing the test) if the file
-/// is missing or its first record is not the clock rate.
+/// A timeline written by `barewire_engine::trace::write` (`--trace`): how many events of each
+/// kind asked it holds, in the order asked. Panics (failing the test) if the file is missing or
+/// its first record is not the clock rate.
 pub fn timeline_counts(path: &str, kinds: &[u64]) -> Vec<usize> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let words: Vec<u64> = bytes

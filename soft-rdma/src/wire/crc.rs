@@ -2,13 +2,17 @@
 //!
 //! [`crc32c_append`] has the `crc32c` crate's meaning (a finished CRC in, a finished CRC out, so
 //! pieces can be checksummed one after another), and is that crate's code for short pieces and
-//! on CPUs without 512-bit carry-less multiplies. From [`FOLD_FROM`] bytes on, where the CPU has
-//! AVX-512F and VPCLMULQDQ, it folds sixteen 16-byte blocks at a time with carry-less
-//! multiplies instead: 2.0–2.4× the crate's speed from 2 KiB on, about 56 GB/s against 25 at
-//! 64 KiB, on this project's AMD EPYC (three interleaved `crc32` instruction streams, the
-//! crate's way, top out at 8 bytes a cycle). Both ends of a soft queue pair checksum every byte
-//! they move with CRC on (the default), so this is on the path of every large WRITE, READ and
-//! channel burst.
+//! on CPUs without vector carry-less multiplies. From [`FOLD_FROM`] bytes on, where the CPU has
+//! VPCLMULQDQ, it folds blocks of 16 bytes with carry-less multiplies instead, several at a
+//! time (three interleaved `crc32` instruction streams, the crate's way, top out at 8 bytes a
+//! cycle):
+//! - with AVX-512F, sixteen blocks a round in four 512-bit registers: 2.0–2.4× the crate's speed
+//!   from 2 KiB on, about 56 GB/s against 25 at 64 KiB, on an AMD EPYC with AVX-512 (Zen 4);
+//! - with AVX2 alone (AMD Zen 3, Intel's cores without AVX-512), eight blocks a round in four
+//!   256-bit registers (see `bench/RESULTS.md` for its speed against the crate's).
+//!
+//! Both ends of a soft queue pair checksum every byte they move with CRC on (the default), so
+//! this is on the path of every large WRITE, READ and channel burst.
 //!
 //! How the fold works. With the message's bits read as a polynomial over GF(2), first bit the
 //! highest power (the reflected order that CRC32c and MPA use), the CRC is the remainder of
@@ -55,14 +59,23 @@ const FOLD_LANES: (u64, u64) = (
     fold_constant(128 * LANES as u32 - 1),
 );
 const FOLD_ONE: (u64, u64) = (fold_constant(63 + 128), fold_constant(128 - 1));
-/// Bytes the wide path takes per round: sixteen blocks, four to a 512-bit register.
+/// Bytes the 512-bit path takes per round: sixteen blocks, four to a register.
 const WIDE: usize = 256;
-/// The constants that move a block sixteen blocks on, as the wide path loads them.
+/// Bytes the 256-bit path takes per round: eight blocks, two to a register; the lanes that
+/// [`x86::finish`] carries on with.
+const HALF: usize = LANES * BLOCK;
+/// The constants that move a block sixteen blocks on, as the 512-bit path loads them.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 static FOLD_WIDE: [u64; 2] = [fold_constant(63 + 128 * 16), fold_constant(128 * 16 - 1)];
+/// The constants that move a block eight blocks on ([`FOLD_LANES`]), as the 256-bit path loads
+/// them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+static FOLD_HALF: [u64; 2] = [FOLD_LANES.0, FOLD_LANES.1];
 
-/// From this length on the folding path is the faster (1.2–2× the crate's at 512 bytes, even at
-/// 256), measured with `cargo bench -p barewire-bench --bench codec -- crc32c`.
+/// From this length on the folding paths are the faster (at 512 bytes the 512-bit one 1.2–2× the
+/// crate's, even at 256, and the 256-bit one about 1.4× on a Zen 3), measured with
+/// `cargo bench -p barewire-bench --bench codec -- crc32c` and, paired, with
+/// `bench/results/2026-12-06-s54-crc-ab.rs`.
 pub const FOLD_FROM: usize = 512;
 
 /// The CRC32c of `crc`'s message followed by `data` (`crc` is 0 for an empty message).
@@ -75,49 +88,82 @@ pub const FOLD_FROM: usize = 512;
 #[inline]
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= FOLD_FROM && x86::available() {
-        // SAFETY: `available` checked that this CPU has every feature `wide` needs.
-        return unsafe { x86::wide(crc, data) };
+    if data.len() >= FOLD_FROM {
+        let paths = x86::available();
+        if paths.zmm {
+            // SAFETY: `available` checked that this CPU has every feature `wide` needs.
+            return unsafe { x86::wide(crc, data) };
+        }
+        if paths.ymm {
+            // SAFETY: `available` checked that this CPU has every feature `half` needs.
+            return unsafe { x86::half(crc, data) };
+        }
     }
     crc32c::crc32c_append(crc, data)
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{BLOCK, FOLD_LANES, FOLD_ONE, FOLD_WIDE, LANES, WIDE};
+    use super::{BLOCK, FOLD_HALF, FOLD_LANES, FOLD_ONE, FOLD_WIDE, HALF, LANES, WIDE};
     use std::arch::global_asm;
     use std::arch::x86_64::*;
     use std::sync::atomic::{AtomicU8, Ordering};
 
-    /// Whether this CPU can run [`wide`]: AVX-512F (with the system saving its registers),
-    /// PCLMULQDQ and SSE4.2, which std detects, and VPCLMULQDQ (CPUID leaf 7, ECX bit 10; std's
-    /// name for it is newer than this workspace's minimum Rust); asked once.
+    /// Which folding paths this CPU can run.
+    #[derive(Clone, Copy, Debug)]
+    pub(super) struct Paths {
+        /// [`wide`]: AVX-512F (with the system saving its registers) and VPCLMULQDQ.
+        pub(super) zmm: bool,
+        /// [`half`]: AVX2 (likewise) and VPCLMULQDQ.
+        pub(super) ymm: bool,
+    }
+
+    /// The folding paths this CPU can run. Both need PCLMULQDQ and SSE4.2 as well, which std
+    /// detects with the rest, and VPCLMULQDQ (CPUID leaf 7, ECX bit 10; std's name for it is
+    /// newer than this workspace's minimum Rust). Asked once.
     #[inline]
-    pub(super) fn available() -> bool {
+    pub(super) fn available() -> Paths {
         static HAS: AtomicU8 = AtomicU8::new(UNKNOWN);
-        match HAS.load(Ordering::Relaxed) {
+        let bits = match HAS.load(Ordering::Relaxed) {
             UNKNOWN => {
-                let has = probe();
-                HAS.store(has as u8, Ordering::Relaxed);
-                has
+                let bits = probe();
+                HAS.store(bits, Ordering::Relaxed);
+                bits
             }
-            known => known == 1,
+            known => known,
+        };
+        Paths {
+            zmm: bits & ZMM != 0,
+            ymm: bits & YMM != 0,
         }
     }
 
-    const UNKNOWN: u8 = 2;
+    const UNKNOWN: u8 = 0xff;
+    const ZMM: u8 = 1;
+    const YMM: u8 = 2;
 
     #[cold]
-    fn probe() -> bool {
-        let common = is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("pclmulqdq")
-            && is_x86_feature_detected!("sse4.2");
+    fn probe() -> u8 {
+        let common = is_x86_feature_detected!("pclmulqdq") && is_x86_feature_detected!("sse4.2");
         // SAFETY: CPUID exists on every x86-64 CPU; leaf 7 is read only where leaf 0 says the
         // CPU has it. (The block is needed before Rust 1.94, where the intrinsic became safe.)
         #[allow(unused_unsafe)]
-        let leaf7 =
+        let vpclmulqdq =
             common && unsafe { __cpuid(0).eax >= 7 && (__cpuid_count(7, 0).ecx >> 10) & 1 == 1 };
-        leaf7
+        if !vpclmulqdq {
+            return 0;
+        }
+        let zmm = if is_x86_feature_detected!("avx512f") {
+            ZMM
+        } else {
+            0
+        };
+        let ymm = if is_x86_feature_detected!("avx2") {
+            YMM
+        } else {
+            0
+        };
+        zmm | ymm
     }
 
     /// `$x` moved on by the distance the constants `$k` stand for, added to `$next` (a macro,
@@ -193,6 +239,72 @@ mod x86 {
         );
     }
 
+    // The 256-bit loop, in the same way: eight blocks a round, two to each of four registers,
+    // each moved on eight blocks; the XOR that AVX-512 does in one step takes two here.
+    // Arguments as for the 512-bit loop, with rounds of 128 bytes and 128 folded bytes.
+    global_asm!(
+        ".text",
+        ".p2align 4",
+        ".globl barewire_crc32c_fold_ymm",
+        ".hidden barewire_crc32c_fold_ymm",
+        ".type barewire_crc32c_fold_ymm,@function",
+        "barewire_crc32c_fold_ymm:",
+        "vmovdqu ymm0, [rsi]",
+        "vmovdqu ymm1, [rsi + 32]",
+        "vmovdqu ymm2, [rsi + 64]",
+        "vmovdqu ymm3, [rsi + 96]",
+        // The register into the message's first four bytes (vmovd clears the rest of ymm4).
+        "vmovd xmm4, edi",
+        "vpxor ymm0, ymm0, ymm4",
+        "vbroadcasti128 ymm5, [rcx]",
+        "add rsi, 128",
+        "sub rdx, 1",
+        "jz 3f",
+        "2:",
+        "vpclmulqdq ymm6, ymm0, ymm5, 0x00",
+        "vpclmulqdq ymm0, ymm0, ymm5, 0x11",
+        "vpclmulqdq ymm7, ymm1, ymm5, 0x00",
+        "vpclmulqdq ymm1, ymm1, ymm5, 0x11",
+        "vpclmulqdq ymm8, ymm2, ymm5, 0x00",
+        "vpclmulqdq ymm2, ymm2, ymm5, 0x11",
+        "vpclmulqdq ymm9, ymm3, ymm5, 0x00",
+        "vpclmulqdq ymm3, ymm3, ymm5, 0x11",
+        "vpxor ymm0, ymm0, ymm6",
+        "vpxor ymm1, ymm1, ymm7",
+        "vpxor ymm2, ymm2, ymm8",
+        "vpxor ymm3, ymm3, ymm9",
+        "vpxor ymm0, ymm0, [rsi]",
+        "vpxor ymm1, ymm1, [rsi + 32]",
+        "vpxor ymm2, ymm2, [rsi + 64]",
+        "vpxor ymm3, ymm3, [rsi + 96]",
+        "add rsi, 128",
+        "sub rdx, 1",
+        "jnz 2b",
+        "3:",
+        "vmovdqu [r8], ymm0",
+        "vmovdqu [r8 + 32], ymm1",
+        "vmovdqu [r8 + 64], ymm2",
+        "vmovdqu [r8 + 96], ymm3",
+        "vzeroupper",
+        "ret",
+        ".size barewire_crc32c_fold_ymm, . - barewire_crc32c_fold_ymm",
+    );
+
+    extern "sysv64" {
+        /// See the assembly above.
+        fn barewire_crc32c_fold_ymm(
+            register: u32,
+            data: *const u8,
+            rounds: usize,
+            constants: *const u64,
+            folded: *mut u8,
+        );
+    }
+
+    /// One of the assembly loops above: the starting register, the data, the rounds, the
+    /// constants, where the folded bytes go.
+    type Loop = unsafe extern "sysv64" fn(u32, *const u8, usize, *const u64, *mut u8);
+
     /// [`super::crc32c_append`] for `data` of at least [`WIDE`] bytes.
     ///
     /// Sixteen blocks at a time go through four-block `VPCLMULQDQ` multiplies on four 512-bit
@@ -200,35 +312,63 @@ mod x86 {
     /// so far; `finish` takes it from there.
     ///
     /// # Safety
-    /// The CPU must have what [`available`] checks.
-    #[target_feature(enable = "pclmulqdq,sse2,sse4.2")]
+    /// The CPU must have what [`available`] checks for `zmm`.
     pub(super) unsafe fn wide(crc: u32, data: &[u8]) -> u32 {
-        let rounds = data.len() / WIDE;
+        // SAFETY: the loop is the 512-bit one, its constants those for its rounds; the caller
+        // checked the CPU has its instructions.
+        unsafe { fold::<WIDE>(barewire_crc32c_fold_zmm, &FOLD_WIDE, crc, data) }
+    }
+
+    /// [`super::crc32c_append`] for `data` of at least [`HALF`] bytes, through
+    /// `barewire_crc32c_fold_ymm` (eight blocks a round on four 256-bit registers), which leaves
+    /// 128 bytes for `finish`.
+    ///
+    /// # Safety
+    /// The CPU must have what [`available`] checks for `ymm`.
+    pub(super) unsafe fn half(crc: u32, data: &[u8]) -> u32 {
+        // SAFETY: as in `wide`, for the 256-bit loop.
+        unsafe { fold::<HALF>(barewire_crc32c_fold_ymm, &FOLD_HALF, crc, data) }
+    }
+
+    /// Runs `lp`, which takes `ROUND` bytes a round and leaves `ROUND` folded bytes, over all of
+    /// `data`'s whole rounds, then `finish` over the folded bytes and the rest.
+    ///
+    /// # Safety
+    /// `lp` must be the loop for rounds of `ROUND` bytes and `constants` its constants; the CPU
+    /// must have its instructions, and PCLMULQDQ and SSE4.2.
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.2")]
+    unsafe fn fold<const ROUND: usize>(
+        lp: Loop,
+        constants: &[u64; 2],
+        crc: u32,
+        data: &[u8],
+    ) -> u32 {
+        let rounds = data.len() / ROUND;
         assert!(rounds >= 1);
-        let mut folded = [0u8; WIDE];
-        // SAFETY: the function reads `rounds * WIDE` bytes from the start of `data` (`rounds` is
-        // at least 1 and `data` that long), and the 16 bytes of `FOLD_WIDE`; it writes the `WIDE`
-        // bytes of `folded`. Its instructions are AVX-512F and VPCLMULQDQ ones, which the caller
-        // checked the CPU has.
+        let mut folded = [0u8; ROUND];
+        // SAFETY: the loop reads `rounds * ROUND` bytes from the start of `data` (`rounds` is
+        // at least 1 and `data` that long), and the 16 bytes of `constants`; it writes the
+        // `ROUND` bytes of `folded`. The caller checked the CPU has its instructions.
         unsafe {
-            barewire_crc32c_fold_zmm(
+            lp(
                 !crc,
                 data.as_ptr(),
                 rounds,
-                FOLD_WIDE.as_ptr(),
+                constants.as_ptr(),
                 folded.as_mut_ptr(),
             );
-            finish(&folded, &data[rounds * WIDE..])
+            finish(&folded, &data[rounds * ROUND..])
         }
     }
 
     /// The CRC32c of a message whose first part `folded` stands for (with the starting register
-    /// already in it) and whose rest is `rest`.
+    /// already in it; [`HALF`] or [`WIDE`] bytes) and whose rest is `rest`.
     ///
     /// # Safety
     /// The CPU must have PCLMULQDQ and SSE4.2.
     #[target_feature(enable = "pclmulqdq,sse2,sse4.2")]
-    unsafe fn finish(folded: &[u8; WIDE], rest: &[u8]) -> u32 {
+    unsafe fn finish(folded: &[u8], rest: &[u8]) -> u32 {
+        assert!(folded.len() == HALF || folded.len() == WIDE);
         let blocks = rest.len() / BLOCK;
         let at = |bytes: &[u8], block: usize| {
             assert!((block + 1) * BLOCK <= bytes.len());
@@ -241,8 +381,13 @@ mod x86 {
             let far = _mm_set_epi64x(FOLD_LANES.1 as i64, FOLD_LANES.0 as i64);
             let mut lane = [_mm_setzero_si128(); LANES];
             for (i, l) in lane.iter_mut().enumerate() {
-                let first = _mm_loadu_si128(at(folded, i));
-                *l = step!(first, far, _mm_loadu_si128(at(folded, i + LANES)));
+                *l = _mm_loadu_si128(at(folded, i));
+            }
+            if folded.len() == WIDE {
+                // The 512-bit path's: its first eight blocks move on onto its last eight.
+                for (i, l) in lane.iter_mut().enumerate() {
+                    *l = step!(*l, far, _mm_loadu_si128(at(folded, i + LANES)));
+                }
             }
             let mut next = 0;
             while next + LANES <= blocks {
@@ -351,20 +496,27 @@ mod tests {
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_folding_path_itself_matches_where_the_cpu_has_it() {
-        if !x86::available() {
-            eprintln!("no VPCLMULQDQ here: only the crate's path is checked");
-            return;
-        }
+    fn the_folding_paths_themselves_match_where_the_cpu_has_them() {
+        let paths = x86::available();
         let data = bytes(3000, 3);
-        for len in WIDE..data.len() {
-            // SAFETY: `available` said this CPU runs `wide`.
-            let got = unsafe { x86::wide(0x1234_5678, &data[..len]) };
-            assert_eq!(
-                got,
-                crc32c::crc32c_append(0x1234_5678, &data[..len]),
-                "{len}"
-            );
+        let start = 0x1234_5678;
+        if paths.zmm {
+            for len in WIDE..data.len() {
+                // SAFETY: `available` said this CPU runs `wide`.
+                let got = unsafe { x86::wide(start, &data[..len]) };
+                assert_eq!(got, crc32c::crc32c_append(start, &data[..len]), "zmm {len}");
+            }
+        } else {
+            eprintln!("no AVX-512F and VPCLMULQDQ here: the 512-bit path is not checked");
+        }
+        if paths.ymm {
+            for len in HALF..data.len() {
+                // SAFETY: `available` said this CPU runs `half`.
+                let got = unsafe { x86::half(start, &data[..len]) };
+                assert_eq!(got, crc32c::crc32c_append(start, &data[..len]), "ymm {len}");
+            }
+        } else {
+            eprintln!("no AVX2 and VPCLMULQDQ here: the 256-bit path is not checked");
         }
     }
 }

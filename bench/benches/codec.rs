@@ -5,7 +5,9 @@
 //! - `crc32c_vs_memcpy/{256,512,2048,4096,65536}`: CRC32c over a buffer as the provider computes
 //!   it (`crc32c_append`, folding with carry-less multiplies from 512 bytes where the CPU can),
 //!   the `crc32c` crate's own code beside it, and copying the buffer: what the soft provider pays
-//!   per byte when CRC is negotiated on.
+//!   per byte when CRC is negotiated on. The copy's two buffers start on page boundaries: where
+//!   the destination lies 1 to 63 bytes after the source modulo 4 KiB, as two heap vectors may,
+//!   glibc's `memcpy` crawls on some CPUs (bench/RESULTS.md, fifty-fourth session).
 //! - `stream_hop/write_8`: one 8-byte RDMA Write through two sans-I/O streams, as `write_lat`
 //!   moves it minus the sockets and the engine: posted on one (unsignaled), its bytes copied out
 //!   as one small send and counted sent, then fed to the other, which checks the key and places
@@ -59,11 +61,18 @@ fn fpdu_roundtrip(c: &mut Criterion) {
     g.finish();
 }
 
+/// `v` from its first page boundary on.
+fn page_aligned(v: &mut [u8]) -> &mut [u8] {
+    let skip = v.as_ptr().align_offset(4096);
+    &mut v[skip..]
+}
+
 fn crc_vs_memcpy(c: &mut Criterion) {
     let mut g = c.benchmark_group("crc32c_vs_memcpy");
     for size in [256usize, 512, 2048, 4096, 65536] {
-        let src = vec![0x5au8; size];
-        let mut dst = vec![0u8; size];
+        let (mut src_pages, mut dst_pages) = (vec![0x5au8; size + 4096], vec![0u8; size + 4096]);
+        let src = &page_aligned(&mut src_pages)[..size];
+        let dst = &mut page_aligned(&mut dst_pages)[..size];
         g.throughput(Throughput::Bytes(size as u64));
         g.bench_with_input(BenchmarkId::new("crc32c", size), &src, |b, src| {
             b.iter(|| black_box(crc32c_append(0, black_box(src))))

@@ -51,6 +51,29 @@ fn every_test_runs_in_loopback_mode_and_prints_well_formed_rows() {
         ("write_bw", vec!["-s", "4096", "-n", "3000"]),
         ("read_bw", vec!["-s", "4096", "-n", "3000"]),
         ("send_bw", vec!["-s", "4096", "-n", "3000", "-t", "32"]),
+        // `--remote-offset`, its largest value, on both drivers (the server's buffer holds the
+        // largest message twice over, so any offset fits).
+        (
+            "write_bw",
+            vec!["-s", "64", "-n", "3000", "--remote-offset", "4095"],
+        ),
+        (
+            "read_bw",
+            vec!["-s", "64", "-n", "3000", "--remote-offset", "4095"],
+        ),
+        (
+            "write_bw",
+            vec![
+                "-s",
+                "4096",
+                "-n",
+                "3000",
+                "--remote-offset",
+                "16",
+                "--driver",
+                "shm",
+            ],
+        ),
     ] {
         let mut args = vec![test, "--loopback"];
         args.extend(extra.iter().copied());
@@ -59,12 +82,9 @@ fn every_test_runs_in_loopback_mode_and_prints_well_formed_rows() {
         let bw = test.ends_with("_bw");
         let r = rows(&out, bw);
         assert_eq!(r.len(), 1, "{args:?}:\n{out}");
-        let size = if test == "atomic_lat" {
-            8.0
-        } else if bw {
-            4096.0
-        } else {
-            64.0
+        let size = match extra.iter().position(|&a| a == "-s") {
+            Some(i) => extra[i + 1].parse().unwrap(),
+            None => 8.0, // atomic_lat
         };
         assert_eq!(r[0][0], size, "{args:?}");
         if bw {

@@ -146,6 +146,12 @@ pub struct RunArgs {
     /// Queue pairs (connections) a bandwidth test spreads its requests over (`--qps`), each
     /// with `tx_depth` in flight.
     pub qps: u16,
+    /// Bandwidth tests: bytes past the start of the server's page-aligned receive area that each
+    /// WRITE lands at or each READ reads from (`--remote-offset`, 0–4095). The client's own
+    /// buffer stays page-aligned, so this sets where the two ranges lie relative to each other
+    /// modulo 4 KiB, which some CPUs' string copies are sensitive to (bench/RESULTS.md,
+    /// fifty-fourth session).
+    pub remote_offset: u16,
     /// JSON lines instead of perftest's table.
     pub json: bool,
     /// Run the server as a child process and the client here.
@@ -271,6 +277,11 @@ struct RunOpts {
     #[arg(long = "qps", value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     qps: u16,
+    /// Bandwidth tests: WRITE to (or READ from) the server's buffer this many bytes past its
+    /// page-aligned start, while the client's stays aligned.
+    #[arg(long = "remote-offset", value_name = "BYTES", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=4095))]
+    remote_offset: u16,
     /// Run each bandwidth size for SECS seconds instead of -n.
     #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = seconds)]
     duration: Option<f64>,
@@ -454,6 +465,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         cpus: o.cpu,
         driver: o.driver,
         qps: o.qps,
+        remote_offset: o.remote_offset,
         reactor: match o.reactor {
             ReactorName::Auto => Reactor::Auto,
             ReactorName::IoUring => Reactor::IoUring,
@@ -480,6 +492,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     if r.qps > 1 && !matches!(r.test, Test::WriteBw | Test::ReadBw) {
         return Err(format!(
             "--qps is for write_bw and read_bw; {} runs on one queue pair",
+            r.test
+        ));
+    }
+    if r.remote_offset > 0 && !matches!(r.test, Test::WriteBw | Test::ReadBw) {
+        return Err(format!(
+            "--remote-offset is for write_bw and read_bw; {} uses fixed places",
             r.test
         ));
     }
@@ -577,6 +595,14 @@ mod tests {
         );
         assert_eq!(run("read_bw --reactor io_uring").reactor, Reactor::IoUring);
         assert_eq!(run("write_bw").qps, 1);
+        assert_eq!(run("read_bw --remote-offset 4080").remote_offset, 4080);
+        assert_eq!(run("write_bw").remote_offset, 0);
+        let e = p("write_lat --remote-offset 16").unwrap_err();
+        assert!(
+            e.contains("--remote-offset is for write_bw and read_bw"),
+            "{e}"
+        );
+        assert!(p("write_bw --remote-offset 4096").is_err());
         let e = p("write_lat --qps 4").unwrap_err();
         assert!(e.contains("--qps is for write_bw and read_bw"), "{e}");
         let e = p("write_bw --qps 0").unwrap_err();

@@ -272,6 +272,7 @@ impl Runner<'_> {
             idle_spin_us: 1000,
             gap_us: 0,
             qps: v.qps,
+            remote_offset: 0,
             json: true,
             loopback: true,
             crc: false,

@@ -830,7 +830,7 @@ impl Client<'_> {
         let mut turn = 0usize;
         let target = a.iters.div_ceil(batch) * batch;
         let deadline = a.duration.map(Duration::from_secs_f64);
-        let remote_recv = self.remote.addr + CTRL as u64;
+        let remote_recv = self.remote.addr + CTRL as u64 + u64::from(a.remote_offset);
         let rkey = self.remote.rkey;
         let (mut posted, mut done) = (0u64, 0u64);
         let mut marks: Vec<(Instant, u64)> = Vec::with_capacity(1024);

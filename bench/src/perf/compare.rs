@@ -188,6 +188,8 @@ struct Variant {
     driver: &'static str,
     /// It has a CRC-on run too (the `crc_on` column): the soft provider's tests.
     crc_too: bool,
+    /// `--remote-offset`.
+    remote_offset: u16,
 }
 
 impl Variant {
@@ -196,6 +198,7 @@ impl Variant {
         qps: 1,
         driver: "soft",
         crc_too: true,
+        remote_offset: 0,
     };
 
     fn on(reactor: super::cli::Reactor, qps: u16) -> Variant {
@@ -204,6 +207,7 @@ impl Variant {
             qps,
             driver: "soft",
             crc_too: false,
+            remote_offset: 0,
         }
     }
 
@@ -213,6 +217,7 @@ impl Variant {
         qps: 1,
         driver: "shm",
         crc_too: false,
+        remote_offset: 0,
     };
 
     /// What the tool's name says about it.
@@ -226,6 +231,9 @@ impl Variant {
         }
         if self.reactor != super::cli::Reactor::Auto {
             s += &format!(" --reactor {}", super::cli::reactor_name(self.reactor));
+        }
+        if self.remote_offset > 0 {
+            s += &format!(" --remote-offset {}", self.remote_offset);
         }
         s
     }
@@ -272,7 +280,7 @@ impl Runner<'_> {
             idle_spin_us: 1000,
             gap_us: 0,
             qps: v.qps,
-            remote_offset: 0,
+            remote_offset: v.remote_offset,
             json: true,
             loopback: true,
             crc: false,
@@ -706,6 +714,18 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         let copy = memcpy_figure(a.cpus[0], a.secs);
         r.pair(&w, Some(copy));
     }
+    // A 64 KiB shm WRITE landing 16 bytes past its source's offset modulo 4 KiB, beside the
+    // same WRITE at offset 0: where some CPUs' string copy crawls (`drivers::ops::copy_bulk`).
+    let shm_64k = |remote_offset| {
+        let v = Variant {
+            remote_offset,
+            ..Variant::SHM
+        };
+        Spec::new(Test::WriteBw, 64 << 10, "64 KiB average", bw, v)
+    };
+    let skewed = r.ours_on(shm_64k(16), false);
+    let aligned = r.ours_on(shm_64k(0), false);
+    r.pair(&skewed, aligned);
     let w = r.adjacent(Ours::ShmWriteLat, &battery);
     if w.is_some() {
         r.bar.set_message("the shared-memory floor");

@@ -608,7 +608,7 @@ pub(crate) const BULK_FROM: usize = 1024;
 /// True when `dst` lies 1 to 63 bytes after `src` modulo 4 KiB. There a forward copy's loads
 /// look to the CPU as if they read what its recent stores wrote (the two share their low 12
 /// address bits), and glibc's `memcpy` (2.36) on AMD Zen 3, whose `rep movsb` handles such
-/// copies from a few KiB on, ran at 1.3–2.5 GiB/s where it makes 25–40 GiB/s otherwise
+/// copies from 2–4 KiB on, ran at 1.3–2.5 GiB/s where it makes 25–40 GiB/s otherwise
 /// (`bench/RESULTS.md`, fifty-fourth session). 1 to 31 bytes on is the crawl; 32 to 63 runs
 /// at about half speed.
 #[inline(always)]

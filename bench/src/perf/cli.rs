@@ -148,9 +148,9 @@ pub struct RunArgs {
     pub qps: u16,
     /// Bandwidth tests: bytes past the start of the server's page-aligned receive area that each
     /// WRITE lands at or each READ reads from (`--remote-offset`, 0–4095). The client's own
-    /// buffer stays page-aligned, so this sets where the two ranges lie relative to each other
-    /// modulo 4 KiB, which some CPUs' string copies are sensitive to (bench/RESULTS.md,
-    /// fifty-fourth session).
+    /// areas stay where they are (page-aligned for sizes that are multiples of 4 KiB), so this
+    /// sets where the two ranges lie relative to each other modulo 4 KiB, which some CPUs'
+    /// string copies are sensitive to (bench/RESULTS.md, fifty-fourth session).
     pub remote_offset: u16,
     /// JSON lines instead of perftest's table.
     pub json: bool,
@@ -278,7 +278,7 @@ struct RunOpts {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     qps: u16,
     /// Bandwidth tests: WRITE to (or READ from) the server's buffer this many bytes past its
-    /// page-aligned start, while the client's stays aligned.
+    /// page-aligned start; the client's areas do not move.
     #[arg(long = "remote-offset", value_name = "BYTES", default_value_t = 0,
           value_parser = clap::value_parser!(u16).range(0..=4095))]
     remote_offset: u16,

@@ -11,8 +11,9 @@
 //! - with AVX2 alone (AMD Zen 3, Intel's cores without AVX-512), eight blocks a round in four
 //!   256-bit registers: 1.3–1.6× the crate's speed from 512 bytes to 64 KiB on an AMD EPYC of
 //!   the Zen 3 generation, about 19 GB/s against 13 at 64 KiB (`bench/RESULTS.md`, fifty-fourth
-//!   session). There a 256-bit carry-less multiply issues every other cycle, so it too tops out
-//!   near 8 bytes a cycle; what it saves is the crate's joining of its three streams.
+//!   session). Its speed there, near 8 bytes a cycle, is what one 256-bit carry-less multiply
+//!   every other cycle allows, the crate's ceiling too; what it saves is the crate's joining of
+//!   its three streams.
 //!
 //! Both ends of a soft queue pair checksum every byte they move with CRC on (the default), so
 //! this is on the path of every large WRITE, READ and channel burst.

@@ -1644,6 +1644,9 @@ fn is_local(addr: SocketAddr) -> bool {
     ip.is_loopback() || ip.is_unspecified() || std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
+/// Ports [`Listener::name_a_port`] tries for a listener on port 0.
+const NAME_TRIES: usize = 8;
+
 /// Accepts shm queue pairs on a TCP port's abstract name. The TCP port itself is held, so the
 /// number is this listener's in the namespace, and `port 0` picks a free one.
 ///
@@ -1841,43 +1844,22 @@ impl Listener {
                 private.len()
             )));
         }
-        let (port_of, bound) = if auto {
-            let l = barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
-                .map_err(|e| DriverError::Connect(e.to_string()))?;
-            let bound = l.local_addr().map_err(|e| connect_error(e.to_string()))?;
-            (Port::Soft(Box::new(l)), bound)
-        } else {
-            let tcp = std::net::TcpListener::bind(addr)
-                .map_err(|e| connect_error(format!("reserving its TCP port: {e}")))?;
-            let bound = tcp.local_addr().map_err(|e| connect_error(e.to_string()))?;
-            (Port::Reserved(tcp), bound)
-        };
-        let port = bound.port();
-        let name = sock::name(bound);
-        let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
-        let mut fd = Some(fd);
-        if let Err(e) = sock::listen(fd.as_ref().expect("made above"), &name) {
-            let me = sock::uid();
-            match sock::holder_uid(&name) {
-                Some(uid) if uid != me && matches!(port_of, Port::Soft(_)) => {
-                    eprintln!(
-                        "barewire shm: the shm name {name} is held by a process of user {uid}; \
-                         this listener serves peers on this host through the software provider"
-                    );
-                    fd = None;
-                }
-                Some(uid) if uid != me => {
-                    return Err(connect_error(format!(
-                        "listening on the shm name {name}: a process of user {uid} holds it"
-                    )))
-                }
-                _ => {
-                    return Err(connect_error(format!(
-                        "listening on the shm name {name}: {e} (another shm listener has it)"
-                    )))
-                }
+        let reserve = |addr: SocketAddr| -> Result<(Port, SocketAddr), DriverError> {
+            if auto {
+                let l =
+                    barewire_soft_rdma::provider::Listener::bind(addr, crate::soft::options(opts))
+                        .map_err(|e| DriverError::Connect(e.to_string()))?;
+                let bound = l.local_addr().map_err(|e| connect_error(e.to_string()))?;
+                Ok((Port::Soft(Box::new(l)), bound))
+            } else {
+                let tcp = std::net::TcpListener::bind(addr)
+                    .map_err(|e| connect_error(format!("reserving its TCP port: {e}")))?;
+                let bound = tcp.local_addr().map_err(|e| connect_error(e.to_string()))?;
+                Ok((Port::Reserved(tcp), bound))
             }
-        }
+        };
+        let (port_of, bound, fd) = Self::name_a_port(addr, reserve)?;
+        let port = bound.port();
         let (heard_tx, heard) = barewire_engine::sync::mpsc::unbounded();
         Ok(Listener {
             fd,
@@ -1905,6 +1887,54 @@ impl Listener {
             private: private.to_vec(),
             timeout,
         })
+    }
+
+    /// Reserves a TCP port for `addr` (`reserve`) and binds the shm name of the port it got.
+    ///
+    /// A port the kernel picked (`addr`'s port is 0) whose name a process of this user still
+    /// holds, or that no process listens on, is set aside and another is picked, up to
+    /// [`NAME_TRIES`] times: a listener of this user that is closing gives its port back before
+    /// its name (a process's descriptors close in order, and a name an io_uring request still
+    /// refers to lives until the request is cancelled), so the next port 0 can be that one.
+    /// A port the caller named is not changed: its name's holder is an error.
+    fn name_a_port(
+        addr: SocketAddr,
+        mut reserve: impl FnMut(SocketAddr) -> Result<(Port, SocketAddr), DriverError>,
+    ) -> Result<(Port, SocketAddr, Option<OwnedFd>), DriverError> {
+        // Ports given up on stay reserved until the end, so that the kernel picks others.
+        let mut given_up = Vec::new();
+        loop {
+            let (port_of, bound) = reserve(addr)?;
+            let name = sock::name(bound);
+            let fd = sock::seqpacket().map_err(|e| connect_error(format!("socket: {e}")))?;
+            let Err(e) = sock::listen(&fd, &name) else {
+                return Ok((port_of, bound, Some(fd)));
+            };
+            let me = sock::uid();
+            match sock::holder_uid(&name) {
+                Some(uid) if uid != me && matches!(port_of, Port::Soft(_)) => {
+                    eprintln!(
+                        "barewire shm: the shm name {name} is held by a process of user {uid}; \
+                         this listener serves peers on this host through the software provider"
+                    );
+                    return Ok((port_of, bound, None));
+                }
+                Some(uid) if uid != me => {
+                    return Err(connect_error(format!(
+                        "listening on the shm name {name}: a process of user {uid} holds it"
+                    )))
+                }
+                _ if addr.port() == 0 && given_up.len() + 1 < NAME_TRIES => {
+                    given_up.push(port_of);
+                    continue;
+                }
+                _ => {
+                    return Err(connect_error(format!(
+                        "listening on the shm name {name}: {e} (another shm listener has it)"
+                    )))
+                }
+            }
+        }
     }
 
     /// Starts hearing a new local connection, in a task of its own, under the listener's caps.
@@ -2207,6 +2237,43 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
         // SAFETY: the descriptors pipe just made, each owned once.
         unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
+    }
+
+    /// A port the kernel picks for a listener on port 0 whose shm name this user's process
+    /// still holds (a listener closing) is set aside for another; a port the caller named is
+    /// not, and says why.
+    #[test]
+    fn a_picked_port_whose_name_is_still_held_gives_way_to_another() {
+        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
+        let reserve_at = |addr: SocketAddr| -> Result<(Port, SocketAddr), DriverError> {
+            let tcp =
+                std::net::TcpListener::bind(addr).map_err(|e| connect_error(e.to_string()))?;
+            let bound = tcp.local_addr().unwrap();
+            Ok((Port::Reserved(tcp), bound))
+        };
+        // A free port whose name is held here, as by a listener whose port went first.
+        let taken = reserve_at(any(0)).unwrap().1.port();
+        let squatter = sock::seqpacket().unwrap();
+        sock::listen(&squatter, &sock::name(any(taken))).unwrap();
+        // The kernel "picks" that port first, then whatever it picks.
+        let mut picks = 0;
+        let (_port, bound, fd) = Listener::name_a_port(any(0), |addr| {
+            picks += 1;
+            reserve_at(if picks == 1 { any(taken) } else { addr })
+        })
+        .unwrap();
+        assert_eq!(picks, 2);
+        assert_ne!(bound.port(), taken);
+        assert!(fd.is_some());
+        // The squatter still has its name.
+        assert!(sock::listen(&sock::seqpacket().unwrap(), &sock::name(any(taken))).is_err());
+        // Asked for by number, the port is not changed: an error that names the holder.
+        let e = Listener::name_a_port(any(taken), reserve_at)
+            .err()
+            .expect("a named port whose name is held")
+            .to_string();
+        assert!(e.contains("another shm listener has it"), "{e}");
+        drop(squatter);
     }
 
     #[test]

@@ -603,7 +603,7 @@ pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
 
 /// From this many bytes on, [`copy_bulk`] avoids `memcpy` where the two ranges are
 /// [`aliased`]. Below it `memcpy`'s own vector loops run, at least as fast as the blocks.
-pub(crate) const BULK_FROM: usize = 1024;
+const BULK_FROM: usize = 1024;
 
 /// True when `dst` lies 1 to 63 bytes after `src` modulo 4 KiB. There a forward copy's loads
 /// look to the CPU as if they read what its recent stores wrote (the two share their low 12
@@ -612,7 +612,7 @@ pub(crate) const BULK_FROM: usize = 1024;
 /// (`bench/RESULTS.md`, fifty-fourth session). 1 to 31 bytes on is the crawl; 32 to 63 runs
 /// at about half speed.
 #[inline(always)]
-pub(crate) fn aliased(src: *const u8, dst: *const u8) -> bool {
+fn aliased(src: *const u8, dst: *const u8) -> bool {
     let d = (dst as usize).wrapping_sub(src as usize) & 4095;
     (1..64).contains(&d)
 }

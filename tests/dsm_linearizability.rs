@@ -249,11 +249,12 @@ fn linearizable(calls: &[&Call]) -> Result<(), String> {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Fault {
     None,
-    /// SIGKILL the last member once its clients are running.
+    /// SIGKILL the last member while it holds a lock.
     Kill,
-    /// SIGSTOP the last member for this long, then SIGCONT.
+    /// Three times: the last member stops while it holds a lock, and is sent SIGCONT after this
+    /// long.
     Stop(Duration),
-    /// Cut the last member's link (it runs in its own network namespace).
+    /// Cut the last member's link (it runs in its own network namespace) while it holds a lock.
     Cut,
 }
 
@@ -262,8 +263,6 @@ struct Run {
     fault: Fault,
     ops: u64,
     hold_us: u64,
-    /// The last member's `hold_us` (a holder that is nearly always inside an update).
-    victim_hold_us: u64,
     /// Keys homed on the last member are left alone by everyone.
     isolate_victim_home: bool,
     pace_us: u64,
@@ -277,7 +276,6 @@ impl Default for Run {
             fault: Fault::None,
             ops: 850,
             hold_us: 0,
-            victim_hold_us: 0,
             isolate_victim_home: false,
             pace_us: 0,
             lease_ms: 20,
@@ -285,18 +283,16 @@ impl Default for Run {
     }
 }
 
+/// Times the victim of `Fault::Stop` is stopped.
+const STOPS: u64 = 3;
+
 fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) -> Member {
-    let hold = if rank == MEMBERS - 1 {
-        run.victim_hold_us
-    } else {
-        run.hold_us
-    };
     let mut args: Vec<String> = [
         ("--rank", rank.to_string()),
         ("--out", out.to_string_lossy().into_owned()),
         ("--bind", bind.to_string()),
         ("--ops", run.ops.to_string()),
-        ("--hold-us", hold.to_string()),
+        ("--hold-us", run.hold_us.to_string()),
         ("--pace-us", run.pace_us.to_string()),
         ("--lease-ms", run.lease_ms.to_string()),
         ("--seed", std::process::id().to_string()),
@@ -311,6 +307,16 @@ fn spawn(rank: usize, run: &Run, out: &Path, bind: &str, netns: Option<&str>) ->
         // Nobody touches the faulty member's own keys: its locks are all on the survivors'
         // keys, which the survivors keep working on.
         args.extend(["--skip-home".into(), (MEMBERS - 1).to_string()]);
+    }
+    // The victim stops itself from inside its wide updates, where it holds a lock (a signal
+    // sent from here could land between two calls, where it holds none).
+    let stops = match run.fault {
+        Fault::Kill | Fault::Cut => 1,
+        Fault::Stop(_) => STOPS,
+        Fault::None => 0,
+    };
+    if rank == MEMBERS - 1 && stops > 0 {
+        args.extend(["--stop-in-updates".into(), stops.to_string()]);
     }
     Member::spawn(env!("CARGO_BIN_EXE_barewire-dsm-node"), &args, netns)
 }
@@ -379,40 +385,30 @@ fn workload(run: &Run) -> Outcome {
     for m in &members {
         m.expect("STARTED", Duration::from_secs(20));
     }
-    // Faults land mid-run: once the victim has begun its operations (it may be slow to, on
-    // a loaded machine, and a fault before its first call tests nothing).
-    if run.fault != Fault::None {
-        started_calls(&outs[victim], 16, Duration::from_secs(20));
-    }
-    std::thread::sleep(Duration::from_millis(20));
     let mut alive = [true; MEMBERS];
     match run.fault {
         Fault::None => {}
         Fault::Kill => {
-            // Into the middle of a wide update (the victim holds its lock for
-            // `victim_hold_us`): a kill between two calls would leave nothing to test.
-            assert!(
-                update_in_flight(&outs[victim], Duration::from_secs(20)),
-                "{}: no wide update in flight within 20 s",
-                outs[victim].display()
-            );
+            // Killed inside a wide update, holding its lock: a kill between two calls would
+            // leave nothing to test. (It stops itself there, after its 16th call, mid-run.)
+            members[victim].expect_stopped(Duration::from_secs(20));
             members[victim].signal(libc::SIGKILL);
             alive[victim] = false;
         }
         Fault::Stop(d) => {
-            for _ in 0..3 {
-                // Into a wide update, as the kill: a stop between two calls fences nothing.
-                // (Late in the run the victim may have none left: it is stopped anyway.)
-                update_in_flight(&outs[victim], Duration::from_secs(2));
-                members[victim].signal(libc::SIGSTOP);
+            for _ in 0..STOPS {
+                members[victim].expect_stopped(Duration::from_secs(20));
                 std::thread::sleep(d);
                 members[victim].signal(libc::SIGCONT);
-                std::thread::sleep(Duration::from_millis(100));
             }
         }
         Fault::Cut => {
+            // Cut while it holds a lock (stopped inside a wide update), then let it go on to
+            // a commit that cannot arrive.
+            members[victim].expect_stopped(Duration::from_secs(20));
             let veth = &netns.as_ref().unwrap().0.veth;
             assert!(Netns::ip(&["link", "set", veth, "down"]), "link down");
+            members[victim].signal(libc::SIGCONT);
         }
     }
     let mut breaks = vec![0; MEMBERS];
@@ -438,56 +434,6 @@ fn workload(run: &Run) -> Outcome {
         calls,
         breaks,
         fenced,
-    }
-}
-
-/// Waits until the history at `path` holds at least `n` invocations.
-fn started_calls(path: &std::path::Path, n: usize, within: Duration) {
-    let t0 = std::time::Instant::now();
-    loop {
-        let invoked = std::fs::read_to_string(path)
-            .map(|h| h.lines().filter(|l| l.starts_with("I ")).count())
-            .unwrap_or(0);
-        if invoked >= n {
-            return;
-        }
-        assert!(
-            t0.elapsed() < within,
-            "{}: {invoked} calls after {within:?}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Waits until the history at `path` shows a wide update in flight; false if none did within
-/// `within`.
-fn update_in_flight(path: &std::path::Path, within: Duration) -> bool {
-    let t0 = std::time::Instant::now();
-    loop {
-        let h = std::fs::read_to_string(path).unwrap_or_default();
-        // Lines: "I thread kind key op x y ns", "R thread ns ...", "X thread ns".
-        let mut open: std::collections::HashMap<&str, bool> = Default::default();
-        // Only whole lines (the victim may be writing the last one).
-        for l in h.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
-            let f: Vec<&str> = l.trim_end().split(' ').collect();
-            match f.as_slice() {
-                ["I", thread, kind, _, op, ..] => {
-                    open.insert(thread, *kind == "w" && *op == "U");
-                }
-                [_, thread, ..] => {
-                    open.remove(thread);
-                }
-                _ => {}
-            }
-        }
-        if open.values().any(|&update| update) {
-            return true;
-        }
-        if t0.elapsed() >= within {
-            return false;
-        }
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 
@@ -526,34 +472,27 @@ fn histories_of_three_processes_are_linearizable() {
     ignore = "unoptimized, the checker takes minutes: scripts/test.sh runs these in release"
 )]
 fn a_lock_holder_killed_mid_update_leaves_the_history_linearizable() {
-    // The victim is killed inside a wide update (3 ms under the lock) on one of the survivors'
-    // keys (its own are left alone; see `update_in_flight`), so its lock is left held. The
-    // survivors need not meet that lock before the run ends: up to five runs, every one
-    // checked, until one had them break the killed holder's lease.
-    for attempt in 1..=5 {
-        let out = workload(&Run {
-            fault: Fault::Kill,
-            isolate_victim_home: true,
-            hold_us: 100,
-            victim_hold_us: 3000,
-            pace_us: 400,
-            ops: 1500,
-            ..Run::default()
-        });
-        let calls = &out.calls;
-        assert!(in_flight(calls) >= 1, "the kill left no call in flight");
-        let n = check(calls).unwrap();
-        let broken: u64 = out.breaks[..MEMBERS - 1].iter().sum();
-        eprintln!(
-            "run {attempt}: {n} calls ({} in flight) with a member killed: linearizable; leases \
-             of the killed holder broken by the survivors: {broken}",
-            in_flight(calls),
-        );
-        if broken >= 1 {
-            return;
-        }
-    }
-    panic!("in five runs the survivors never met the killed holder's lock");
+    // The victim is killed inside a wide update on one of the survivors' keys (its own are
+    // left alone), early in the run, so its lock is left held while the survivors have most of
+    // their calls to go: they meet it, and must break its lease to go on.
+    let out = workload(&Run {
+        fault: Fault::Kill,
+        isolate_victim_home: true,
+        hold_us: 100,
+        pace_us: 400,
+        ops: 1500,
+        ..Run::default()
+    });
+    let calls = &out.calls;
+    assert!(in_flight(calls) >= 1, "the kill left no call in flight");
+    let broken: u64 = out.breaks[..MEMBERS - 1].iter().sum();
+    assert!(broken >= 1, "nobody broke the killed holder's lease");
+    let n = check(calls).unwrap();
+    eprintln!(
+        "{n} calls ({} in flight) with a member killed: linearizable; leases of the killed \
+         holder broken by the survivors: {broken}",
+        in_flight(calls),
+    );
 }
 
 #[test]
@@ -562,15 +501,13 @@ fn a_lock_holder_killed_mid_update_leaves_the_history_linearizable() {
     ignore = "unoptimized, the checker takes minutes: scripts/test.sh runs these in release"
 )]
 fn a_holder_stopped_past_its_lease_is_fenced_and_the_history_linearizable() {
-    // The stopped member is nearly always inside an update (3 ms of "computation" under the
-    // lock), and is stopped three times for 150 ms, several 20 ms leases each time. Its own
-    // keys are left alone, so the others keep running (rather than waiting on its memory) and
-    // meet its locks.
+    // The member is stopped three times inside a wide update, holding its lock, for 150 ms:
+    // several 20 ms leases each time. Its own keys are left alone, so the others keep running
+    // (rather than waiting on its memory) and meet its locks.
     let out = workload(&Run {
         fault: Fault::Stop(Duration::from_millis(150)),
         isolate_victim_home: true,
         hold_us: 100,
-        victim_hold_us: 3000,
         pace_us: 400,
         ops: 1500,
         ..Run::default()
@@ -612,7 +549,6 @@ fn a_member_cut_off_by_its_link_leaves_the_history_linearizable() {
     let calls = workload(&Run {
         fault: Fault::Cut,
         hold_us: 100,
-        victim_hold_us: 3000,
         pace_us: 400,
         ops: 1500,
         ..Run::default()

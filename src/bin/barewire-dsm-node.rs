@@ -6,6 +6,7 @@
 //! ```text
 //! barewire-dsm-node --rank R --out FILE [--bind IP] [--clients 4] [--ops 850] [--keys 6]
 //!                   [--lease-ms 20] [--hold-us 0 (per wide update, lock held)] [--pace-us 0] [--seed S] [--broken VARIANT]
+//!                   [--stop-in-updates N]
 //! ```
 //!
 //! It listens on IP (127.0.0.1) port 0 and prints `READY <port>`; then it reads one line
@@ -24,6 +25,11 @@
 //! An operation with no R or X line never finished, or its outcome is unknown
 //! (`Error::Indeterminate`); the client then continues under a new thread number. `w` keys are
 //! wide objects (64 bytes), `u` keys `u64` words.
+//!
+//! `--stop-in-updates N` is a fault for the lease tests: once the clients have invoked 16 calls,
+//! each of the next N wide updates prints `HOLDING <key>` and stops the whole process with
+//! SIGSTOP from inside its update, where it holds the key's lock. Whoever watches the process
+//! sends SIGCONT when it likes; the update then goes on to its commit.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -70,6 +76,33 @@ struct Args {
     broken: Option<Broken>,
     /// Leave alone the keys homed on this rank.
     skip_home: Option<usize>,
+    /// Wide updates that stop the process while they hold their lock.
+    stop_in_updates: u64,
+}
+
+/// The `--stop-in-updates` fault: how many calls before it is armed, and how many stops are left.
+struct SelfStop {
+    calls_before: std::cell::Cell<u64>,
+    left: std::cell::Cell<u64>,
+}
+
+impl SelfStop {
+    /// Counts one invoked call.
+    fn invoked(&self) {
+        self.calls_before
+            .set(self.calls_before.get().saturating_sub(1));
+    }
+
+    /// From inside a wide update on `key`: stops the process if a stop is due.
+    fn maybe_stop(&self, key: u64) {
+        if self.calls_before.get() > 0 || self.left.get() == 0 {
+            return;
+        }
+        self.left.set(self.left.get() - 1);
+        say(&format!("HOLDING {key}"));
+        // SAFETY: raise only sends a signal to this process; SIGSTOP stops it until SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+    }
 }
 
 fn parse() -> std::result::Result<Args, String> {
@@ -86,6 +119,7 @@ fn parse() -> std::result::Result<Args, String> {
         seed: 1,
         broken: None,
         skip_home: None,
+        stop_in_updates: 0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -104,6 +138,7 @@ fn parse() -> std::result::Result<Args, String> {
             "--pace-us" => a.pace = Duration::from_micros(num()?),
             "--seed" => a.seed = num()?,
             "--skip-home" => a.skip_home = Some(num()? as usize),
+            "--stop-in-updates" => a.stop_in_updates = num()?,
             "--broken" => a.broken = Some(v.parse().map_err(|e: Error| e.to_string())?),
             _ => return Err(format!("unknown flag {flag}")),
         }
@@ -186,18 +221,23 @@ async fn run(a: Args) -> Result<()> {
         .map_err(|e| Error::Invalid(format!("{}: {e}", a.out)))?;
     let log = Rc::new(Log(RefCell::new(file)));
     let dead = Rc::new(RefCell::new(HashSet::new()));
+    let stop = Rc::new(SelfStop {
+        calls_before: 16.into(),
+        left: a.stop_in_updates.into(),
+    });
     let a = Rc::new(a);
     let mut clients = Vec::new();
     for c in 0..a.clients {
-        let (a, log, dead, wide, word) = (
+        let (a, log, dead, stop, wide, word) = (
             a.clone(),
             log.clone(),
             dead.clone(),
+            stop.clone(),
             wide.clone(),
             word.clone(),
         );
         clients.push(spawn_local(async move {
-            client(&a, c, &log, &dead, &wide, &word).await;
+            client(&a, c, &log, &dead, &stop, &wide, &word).await;
         }));
     }
     for c in clients {
@@ -219,6 +259,7 @@ async fn client(
     c: usize,
     log: &Log,
     dead: &RefCell<HashSet<usize>>,
+    stop: &SelfStop,
     wide: &SharedArray<Wide>,
     word: &SharedArray<u64>,
 ) {
@@ -255,6 +296,7 @@ async fn client(
             "I {thread} {kind} {key} {op} {x} {y} {}\n",
             now_ns()
         ));
+        stop.invoked();
         let hold = a.hold;
         let spin = move || {
             let t = std::time::Instant::now();
@@ -271,6 +313,7 @@ async fn client(
                 'W' => wide.put(key, wide_of(x)).await.map(|_| "OK".into()),
                 _ => wide
                     .update(key, |v| {
+                        stop.maybe_stop(key);
                         spin();
                         wide_of(v[0].wrapping_add(1))
                     })

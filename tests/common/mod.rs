@@ -246,6 +246,29 @@ impl Member {
         let _ = writeln!(self.stdin, "{line}");
     }
 
+    /// Waits until it has said `HOLDING` and stopped itself (a member run with
+    /// `--stop-in-updates`), so that it is stopped holding a lock.
+    pub fn expect_stopped(&self, within: Duration) {
+        let t0 = std::time::Instant::now();
+        self.expect("HOLDING", within);
+        let stat = format!("/proc/{}/stat", self.child.id());
+        loop {
+            // The state is the first field after the command's closing parenthesis.
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            let state = s
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            if state == Some('T') {
+                return;
+            }
+            assert!(
+                t0.elapsed() < within,
+                "it said HOLDING but was not stopped within {within:?} (state {state:?})"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(self.child.id() as i32, sig) };

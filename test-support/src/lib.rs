@@ -241,6 +241,82 @@ pub fn shm_listener_address(port: u16) -> (libc::sockaddr_un, libc::socklen_t) {
     (a, len as libc::socklen_t)
 }
 
+/// A process of user `nobody` (65534) that holds the shm name of 127.0.0.1:`port`, as any
+/// local user can (abstract names have no owner), until dropped. `None` where this test cannot
+/// change users (not root).
+pub struct Squatter {
+    pid: libc::pid_t,
+}
+
+pub fn squat(port: u16) -> Option<Squatter> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    // Everything the child needs is made before the fork: it only makes system calls.
+    let (a, len) = shm_listener_address(port);
+    let mut ready = [0; 2];
+    // SAFETY: a pipe into a local array; checked.
+    assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only async-signal-safe system calls on memory made above, and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above.
+        unsafe {
+            // Raw system calls: glibc's setuid would signal threads the child does not have.
+            if libc::syscall(libc::SYS_setgid, 65534) != 0
+                || libc::syscall(libc::SYS_setuid, 65534) != 0
+            {
+                libc::_exit(1);
+            }
+            let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+            if fd < 0
+                || libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) != 0
+                || libc::listen(fd, 16) != 0
+            {
+                libc::_exit(2);
+            }
+            libc::write(ready[1], b"1".as_ptr().cast(), 1);
+            // Until the test kills it.
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    // SAFETY: the descriptors the pipe made; each end is owned once. The write end is closed
+    // here, so a child that exits before writing reads as end of file.
+    let (ready_r, ready_w) = unsafe {
+        (
+            OwnedFd::from_raw_fd(ready[0]),
+            OwnedFd::from_raw_fd(ready[1]),
+        )
+    };
+    drop(ready_w);
+    let mut b = 0u8;
+    // SAFETY: reading one byte into a local.
+    let n = unsafe {
+        libc::read(
+            std::os::fd::AsRawFd::as_raw_fd(&ready_r),
+            (&mut b as *mut u8).cast(),
+            1,
+        )
+    };
+    assert_eq!(n, 1, "the squatting child failed to bind the name");
+    Some(Squatter { pid })
+}
+
+impl Drop for Squatter {
+    fn drop(&mut self) {
+        // SAFETY: our own child, killed and reaped once.
+        unsafe {
+            libc::kill(self.pid, libc::SIGKILL);
+            libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

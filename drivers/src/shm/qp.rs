@@ -1891,12 +1891,14 @@ impl Listener {
 
     /// Reserves a TCP port for `addr` (`reserve`) and binds the shm name of the port it got.
     ///
-    /// A port the kernel picked (`addr`'s port is 0) whose name a process of this user still
-    /// holds, or that no process listens on, is set aside and another is picked, up to
-    /// [`NAME_TRIES`] times: a listener of this user that is closing gives its port back before
-    /// its name (a process's descriptors close in order, and a name an io_uring request still
-    /// refers to lives until the request is cancelled), so the next port 0 can be that one.
-    /// A port the caller named is not changed: its name's holder is an error.
+    /// A port the kernel picked (`addr`'s port is 0) whose name is taken is set aside and
+    /// another is picked, up to [`NAME_TRIES`] times: a listener of this user that is closing
+    /// gives its port back before its name (a process's descriptors close in order, and a name
+    /// an io_uring request still refers to lives until the request is cancelled), so the next
+    /// port 0 can be that one; and any local user can hold any name. A port the caller named is
+    /// not changed. Where the name stays taken, another user's name sends an `auto` listener
+    /// (`Port::Soft`) to serve local peers through the software provider; otherwise the
+    /// holder is an error.
     fn name_a_port(
         addr: SocketAddr,
         mut reserve: impl FnMut(SocketAddr) -> Result<(Port, SocketAddr), DriverError>,
@@ -1910,6 +1912,10 @@ impl Listener {
             let Err(e) = sock::listen(&fd, &name) else {
                 return Ok((port_of, bound, Some(fd)));
             };
+            if addr.port() == 0 && given_up.len() + 1 < NAME_TRIES {
+                given_up.push(port_of);
+                continue;
+            }
             let me = sock::uid();
             match sock::holder_uid(&name) {
                 Some(uid) if uid != me && matches!(port_of, Port::Soft(_)) => {
@@ -1923,10 +1929,6 @@ impl Listener {
                     return Err(connect_error(format!(
                         "listening on the shm name {name}: a process of user {uid} holds it"
                     )))
-                }
-                _ if addr.port() == 0 && given_up.len() + 1 < NAME_TRIES => {
-                    given_up.push(port_of);
-                    continue;
                 }
                 _ => {
                     return Err(connect_error(format!(
@@ -2273,6 +2275,39 @@ mod tests {
             .expect("a named port whose name is held")
             .to_string();
         assert!(e.contains("another shm listener has it"), "{e}");
+        drop(squatter);
+    }
+
+    /// As above, with the name held by another user's process (any local user can take any
+    /// abstract name): a picked port gives way, a named one says whose it is.
+    #[test]
+    fn a_picked_port_whose_name_another_user_holds_gives_way_to_another() {
+        let lo = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        let reserve_at = |addr: SocketAddr| -> Result<(Port, SocketAddr), DriverError> {
+            let tcp =
+                std::net::TcpListener::bind(addr).map_err(|e| connect_error(e.to_string()))?;
+            let bound = tcp.local_addr().unwrap();
+            Ok((Port::Reserved(tcp), bound))
+        };
+        let taken = reserve_at(lo(0)).unwrap().1.port();
+        let Some(squatter) = barewire_test_support::squat(taken) else {
+            eprintln!("SKIP: changing users needs root");
+            return;
+        };
+        let mut picks = 0;
+        let (_port, bound, fd) = Listener::name_a_port(lo(0), |addr| {
+            picks += 1;
+            reserve_at(if picks == 1 { lo(taken) } else { addr })
+        })
+        .unwrap();
+        assert_eq!(picks, 2);
+        assert_ne!(bound.port(), taken);
+        assert!(fd.is_some());
+        let e = Listener::name_a_port(lo(taken), reserve_at)
+            .err()
+            .expect("a named port whose name another user holds")
+            .to_string();
+        assert!(e.contains("a process of user 65534 holds it"), "{e}");
         drop(squatter);
     }
 

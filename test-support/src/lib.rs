@@ -265,6 +265,14 @@ pub fn squat(port: u16) -> Option<Squatter> {
     if pid == 0 {
         // SAFETY: as above.
         unsafe {
+            // The child has a copy of every descriptor the test process had at the fork,
+            // other tests' sockets among them (tests run on threads): it keeps only the pipe's
+            // write end (as descriptor 3), so that it holds no port another test binds again.
+            if libc::dup2(ready[1], 3) != 3
+                || libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0
+            {
+                libc::_exit(3);
+            }
             // Raw system calls: glibc's setuid would signal threads the child does not have.
             if libc::syscall(libc::SYS_setgid, 65534) != 0
                 || libc::syscall(libc::SYS_setuid, 65534) != 0
@@ -278,7 +286,7 @@ pub fn squat(port: u16) -> Option<Squatter> {
             {
                 libc::_exit(2);
             }
-            libc::write(ready[1], b"1".as_ptr().cast(), 1);
+            libc::write(3, b"1".as_ptr().cast(), 1);
             // Until the test kills it.
             loop {
                 libc::pause();

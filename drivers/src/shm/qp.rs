@@ -2241,73 +2241,66 @@ mod tests {
         unsafe { (OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])) }
     }
 
+    /// A TCP port of `ip`'s, reserved as a plain shm listener reserves one; the listener stays
+    /// open for the whole test (a port given back could be taken meanwhile).
+    fn a_port_of(ip: impl Into<std::net::IpAddr>) -> (std::net::TcpListener, SocketAddr) {
+        let tcp = std::net::TcpListener::bind(SocketAddr::new(ip.into(), 0)).unwrap();
+        let bound = tcp.local_addr().unwrap();
+        (tcp, bound)
+    }
+
+    /// With the shm name of `held`'s port taken: a listener on port 0, whose first pick the
+    /// kernel "makes" that port, names another; one on that port itself fails with an error
+    /// that contains `says`.
+    fn a_held_name(held: &(std::net::TcpListener, SocketAddr), says: &str) {
+        let (tcp, at) = held;
+        let again = || Ok((Port::Reserved(tcp.try_clone().unwrap()), *at));
+        let mut picks = 0;
+        let (_port, bound, fd) = Listener::name_a_port(SocketAddr::new(at.ip(), 0), |addr| {
+            picks += 1;
+            if picks == 1 {
+                return again();
+            }
+            let (tcp, bound) = a_port_of(addr.ip());
+            Ok((Port::Reserved(tcp), bound))
+        })
+        .unwrap();
+        assert_eq!(picks, 2);
+        assert_ne!(bound.port(), at.port());
+        assert!(fd.is_some());
+        // Asked for by number, the port is not changed: an error that names the holder.
+        let e = Listener::name_a_port(*at, |_| again())
+            .err()
+            .expect("a named port whose name is held")
+            .to_string();
+        assert!(e.contains(says), "{e}");
+    }
+
     /// A port the kernel picks for a listener on port 0 whose shm name this user's process
     /// still holds (a listener closing) is set aside for another; a port the caller named is
     /// not, and says why.
     #[test]
     fn a_picked_port_whose_name_is_still_held_gives_way_to_another() {
-        let any = |port| SocketAddr::from(([0, 0, 0, 0], port));
-        let reserve_at = |addr: SocketAddr| -> Result<(Port, SocketAddr), DriverError> {
-            let tcp =
-                std::net::TcpListener::bind(addr).map_err(|e| connect_error(e.to_string()))?;
-            let bound = tcp.local_addr().unwrap();
-            Ok((Port::Reserved(tcp), bound))
-        };
-        // A free port whose name is held here, as by a listener whose port went first.
-        let taken = reserve_at(any(0)).unwrap().1.port();
+        // A port whose name is held here, as by a listener whose port went first.
+        let held = a_port_of([0, 0, 0, 0]);
         let squatter = sock::seqpacket().unwrap();
-        sock::listen(&squatter, &sock::name(any(taken))).unwrap();
-        // The kernel "picks" that port first, then whatever it picks.
-        let mut picks = 0;
-        let (_port, bound, fd) = Listener::name_a_port(any(0), |addr| {
-            picks += 1;
-            reserve_at(if picks == 1 { any(taken) } else { addr })
-        })
-        .unwrap();
-        assert_eq!(picks, 2);
-        assert_ne!(bound.port(), taken);
-        assert!(fd.is_some());
+        sock::listen(&squatter, &sock::name(held.1)).unwrap();
+        a_held_name(&held, "another shm listener has it");
         // The squatter still has its name.
-        assert!(sock::listen(&sock::seqpacket().unwrap(), &sock::name(any(taken))).is_err());
-        // Asked for by number, the port is not changed: an error that names the holder.
-        let e = Listener::name_a_port(any(taken), reserve_at)
-            .err()
-            .expect("a named port whose name is held")
-            .to_string();
-        assert!(e.contains("another shm listener has it"), "{e}");
+        assert!(sock::listen(&sock::seqpacket().unwrap(), &sock::name(held.1)).is_err());
         drop(squatter);
     }
 
     /// As above, with the name held by another user's process (any local user can take any
-    /// abstract name): a picked port gives way, a named one says whose it is.
+    /// abstract name).
     #[test]
     fn a_picked_port_whose_name_another_user_holds_gives_way_to_another() {
-        let lo = |port| SocketAddr::from(([127, 0, 0, 1], port));
-        let reserve_at = |addr: SocketAddr| -> Result<(Port, SocketAddr), DriverError> {
-            let tcp =
-                std::net::TcpListener::bind(addr).map_err(|e| connect_error(e.to_string()))?;
-            let bound = tcp.local_addr().unwrap();
-            Ok((Port::Reserved(tcp), bound))
-        };
-        let taken = reserve_at(lo(0)).unwrap().1.port();
-        let Some(squatter) = barewire_test_support::squat(taken) else {
+        let held = a_port_of([127, 0, 0, 1]);
+        let Some(squatter) = barewire_test_support::squat(held.1.port()) else {
             eprintln!("SKIP: changing users needs root");
             return;
         };
-        let mut picks = 0;
-        let (_port, bound, fd) = Listener::name_a_port(lo(0), |addr| {
-            picks += 1;
-            reserve_at(if picks == 1 { lo(taken) } else { addr })
-        })
-        .unwrap();
-        assert_eq!(picks, 2);
-        assert_ne!(bound.port(), taken);
-        assert!(fd.is_some());
-        let e = Listener::name_a_port(lo(taken), reserve_at)
-            .err()
-            .expect("a named port whose name another user holds")
-            .to_string();
-        assert!(e.contains("a process of user 65534 holds it"), "{e}");
+        a_held_name(&held, "a process of user 65534 holds it");
         drop(squatter);
     }
 

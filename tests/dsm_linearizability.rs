@@ -10,7 +10,10 @@
 //! histories that are linearizable.
 //!
 //! The same runs with faults: a process SIGKILLed while its clients hold locks, one SIGSTOPped
-//! for several leases and resumed, and one whose network-namespace link is cut. Operations
+//! for several leases and resumed, and one whose network-namespace link is cut. The faulty
+//! process first stops itself inside a wide update, holding its lock (`barewire-dsm-node
+//! --stop-in-updates`), and the fault lands there: a signal sent at a moment of the test's
+//! choosing could find it between two calls, holding nothing. Operations
 //! whose outcome is unknown (a killed process's last ones, `Indeterminate` ones) stay in flight
 //! in the history: the checker may place them anywhere after their invocation, or nowhere.
 //!

@@ -248,6 +248,8 @@ pub struct Squatter {
     pid: libc::pid_t,
 }
 
+/// Forks a [`Squatter`] on `port`'s shm name and waits until it holds it; `None` unless this
+/// process runs as root.
 pub fn squat(port: u16) -> Option<Squatter> {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: geteuid has no preconditions.

@@ -131,6 +131,60 @@ fn all_sizes_run_from_2_bytes_to_8_mib_and_json_is_one_object_per_size() {
     assert!(rows[0].row.min <= rows[0].row.typical && rows[0].row.typical <= rows[0].row.max);
 }
 
+/// `--floor-slices` over shm: the measured iterations split evenly between WRITE slices (the
+/// latency row) and bare-store slices, paired into a summary; over soft, which maps nothing, a
+/// clear refusal.
+#[test]
+fn floor_slices_set_writes_beside_bare_stores_over_shm_and_are_refused_over_soft() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "write_lat",
+        "--loopback",
+        "-s",
+        "64",
+        "-n",
+        "4000",
+        "--driver",
+        "shm",
+        "--floor-slices",
+        "500",
+        "--json",
+    ];
+    let (ok, out, err) = perf(&args);
+    assert!(ok, "{out}\n{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    let row: Record<LatRow> =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(
+        (row.test.as_str(), row.row.iters),
+        ("write_lat", 2000),
+        "{out}"
+    );
+    let s: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(s["test"], "write_lat_floor_slices", "{out}");
+    assert_eq!(s["slice"], 500);
+    assert_eq!(s["write"]["iterations"], 2000, "{out}");
+    assert_eq!(s["store"]["iterations"], 2000, "{out}");
+    assert_eq!(s["write"]["t_typical_us"], row.row.typical, "{out}");
+    let pairs = s["fast"]["pairs"].as_u64().unwrap() + s["slow"]["pairs"].as_u64().unwrap_or(0);
+    assert_eq!(pairs, 4, "{out}");
+    assert!(s["ratio"].as_f64().unwrap() > 0.0, "{out}");
+    let (ok, out, err) = perf(&[
+        "write_lat",
+        "--loopback",
+        "-n",
+        "100",
+        "--floor-slices",
+        "10",
+    ]);
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("--floor-slices needs a backend that maps the peer's memory"),
+        "{err}"
+    );
+}
+
 #[test]
 fn plot_writes_a_real_png() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -152,6 +152,10 @@ pub struct RunArgs {
     /// sets where the two ranges lie relative to each other modulo 4 KiB, which some CPUs'
     /// string copies are sensitive to (bench/RESULTS.md, fifty-fourth session).
     pub remote_offset: u16,
+    /// `write_lat` over a backend that maps the peer's memory (shm): alternate slices of this
+    /// many iterations between the WRITE and a bare store into the peer's mapped buffer, and
+    /// set them side by side pair by pair (`--floor-slices`, 0: off; see `perf::slices`).
+    pub floor_slices: u16,
     /// JSON lines instead of perftest's table.
     pub json: bool,
     /// Run the server as a child process and the client here.
@@ -282,6 +286,12 @@ struct RunOpts {
     #[arg(long = "remote-offset", value_name = "BYTES", default_value_t = 0,
           value_parser = clap::value_parser!(u16).range(0..=4095))]
     remote_offset: u16,
+    /// write_lat over shm: alternate slices of N iterations between the WRITE and a bare
+    /// store into the peer's mapped buffer, and print WRITE ÷ store pair by pair (both
+    /// measured by the same two processes on the same pages, a fraction of a millisecond
+    /// apart).
+    #[arg(long = "floor-slices", value_name = "N", default_value_t = 0)]
+    floor_slices: u16,
     /// Run each bandwidth size for SECS seconds instead of -n.
     #[arg(short = 'D', long = "duration", value_name = "SECS", value_parser = seconds)]
     duration: Option<f64>,
@@ -466,6 +476,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         driver: o.driver,
         qps: o.qps,
         remote_offset: o.remote_offset,
+        floor_slices: o.floor_slices,
         reactor: match o.reactor {
             ReactorName::Auto => Reactor::Auto,
             ReactorName::IoUring => Reactor::IoUring,
@@ -499,6 +510,18 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
         return Err(format!(
             "--remote-offset is for write_bw and read_bw; {} uses fixed places",
             r.test
+        ));
+    }
+    if r.floor_slices > 0 && r.test != Test::WriteLat {
+        return Err(format!(
+            "--floor-slices is for write_lat (a store is the floor under a WRITE); {} has none",
+            r.test
+        ));
+    }
+    if r.floor_slices > 0 && r.iters < 2 * u64::from(r.floor_slices) {
+        return Err(format!(
+            "--floor-slices {}: -n {} iterations make not one WRITE slice and one store slice",
+            r.floor_slices, r.iters
         ));
     }
     if r.duration.is_some() && !r.test.is_bw() {
@@ -597,6 +620,12 @@ mod tests {
         assert_eq!(run("write_bw").qps, 1);
         assert_eq!(run("read_bw --remote-offset 4080").remote_offset, 4080);
         assert_eq!(run("write_bw").remote_offset, 0);
+        assert_eq!(run("write_lat --floor-slices 500").floor_slices, 500);
+        assert_eq!(run("write_lat").floor_slices, 0);
+        let e = p("read_lat --floor-slices 500").unwrap_err();
+        assert!(e.contains("--floor-slices is for write_lat"), "{e}");
+        let e = p("write_lat --floor-slices 600 -n 1000").unwrap_err();
+        assert!(e.contains("not one WRITE slice and one store slice"), "{e}");
         let e = p("write_lat --remote-offset 16").unwrap_err();
         assert!(
             e.contains("--remote-offset is for write_bw and read_bw"),

@@ -14,6 +14,7 @@ use hdrhistogram::Histogram;
 use super::cli::{AtomicOp, CompareArgs, RunArgs, Test};
 use super::peers::{self, Ours, Params, PeerRun};
 use super::run;
+use super::table::LatRow;
 use crate::reps::median;
 
 /// What a figure measures, and so which way a ratio is good.
@@ -258,41 +259,14 @@ impl Runner<'_> {
         let Spec {
             test,
             size,
-            atomic,
             what,
             pick,
             v,
+            ..
         } = spec;
         self.bar
             .set_message(format!("barewire {test} {size} B ({what}){}", v.suffix()));
-        let mut args = RunArgs {
-            test,
-            server: None,
-            port: 0,
-            sizes: vec![size],
-            iters: self.a.iters,
-            tx_depth: 128,
-            duration: test.is_bw().then_some(self.a.secs),
-            cpus: Some(self.a.cpus.to_vec()),
-            driver: v.driver.into(),
-            reactor: v.reactor,
-            sqpoll: None,
-            idle_spin_us: 1000,
-            gap_us: 0,
-            qps: v.qps,
-            remote_offset: v.remote_offset,
-            json: true,
-            loopback: true,
-            crc: false,
-            atomic,
-            plot: None,
-            trace: None,
-            announce: false,
-            quiet: true,
-        };
-        if test.is_bw() {
-            args.iters = 1;
-        }
+        let mut args = self.args(&spec);
         let (mut vals, mut p99s, mut p999s, mut crc_vals) = (vec![], vec![], vec![], vec![]);
         let crcs: &[bool] = match (v.crc_too, crc_only) {
             (true, true) => &[true],
@@ -334,24 +308,135 @@ impl Runner<'_> {
             } else {
                 Unit::Micros
             },
-            command: format!(
-                "barewire-perf {test} --loopback -s {size} {} --cpu {},{}",
-                if test.is_bw() {
-                    format!("-D {}", self.a.secs)
-                } else {
-                    format!("-n {}", self.a.iters)
-                },
-                self.a.cpus[0],
-                self.a.cpus[1]
-            ) + if atomic == AtomicOp::CmpSwap && test == Test::AtomicLat {
-                " -A CMP_AND_SWAP"
-            } else {
-                ""
-            } + &v.flags(),
+            command: self.command(&spec),
             percentiles: Vec::new(),
             tail: (!p99s.is_empty()).then(|| (median(&mut p99s), median(&mut p999s))),
             crc_on: (!crc_vals.is_empty()).then(|| median(&mut crc_vals)),
         })
+    }
+
+    /// The shm 8 B WRITE beside a bare store into the peer's mapping, made by the same two
+    /// processes in the slices between its own (`write_lat --floor-slices`, with
+    /// [`floor_slice`] iterations a slice): each rep's ratio is the median over its slice pairs, each pair in
+    /// one mode of the host's line trip (see `perf::slices`).
+    fn sliced(&mut self) -> Option<Row> {
+        let spec = spec(Ours::ShmWriteLat);
+        self.bar
+            .set_message("barewire write_lat --driver shm, slices with bare stores");
+        let slice = floor_slice(self.a.iters);
+        let args = RunArgs {
+            floor_slices: slice,
+            ..self.args(&spec)
+        };
+        let command = format!("{} --floor-slices {slice}", self.command(&spec));
+        let mut rows = Vec::new();
+        for _ in 0..self.a.reps {
+            match run::run(&args).map(|mut o| o.slices.pop()) {
+                Ok(Some(s)) => rows.push(s),
+                Ok(None) => self
+                    .cmp
+                    .failed
+                    .push((command.clone(), "no slice pairs".into())),
+                Err(e) => self.cmp.failed.push((command.clone(), e)),
+            }
+        }
+        let fig = |tool: String, what: &str, rows: Vec<&LatRow>, command: String| {
+            let col =
+                |get: fn(&LatRow) -> f64| median(rows.iter().map(|r| get(r)).collect::<Vec<_>>());
+            Figure {
+                tool,
+                what: what.into(),
+                value: col(|r| r.typical),
+                unit: Unit::Micros,
+                command,
+                percentiles: Vec::new(),
+                tail: Some((col(|r| r.p99), col(|r| r.p999))),
+                crc_on: None,
+            }
+        };
+        (!rows.is_empty()).then(|| Row {
+            ours: fig(
+                format!("barewire-perf write_lat --driver shm --floor-slices {slice}"),
+                "p50 of its WRITE slices, RTT/2",
+                rows.iter().map(|s| &s.write).collect(),
+                command.clone(),
+            ),
+            peer: fig(
+                "a bare store into the peer's mapped buffer, in the slices between (same \
+                 processes, pages and wait)"
+                    .into(),
+                "p50, RTT/2",
+                rows.iter().map(|s| &s.store).collect(),
+                format!("{command} (its store slices)"),
+            ),
+            ratios: rows.iter().map(|s| s.ratio).collect(),
+        })
+    }
+
+    /// The run behind `spec` (CRC off).
+    fn args(&self, spec: &Spec) -> RunArgs {
+        let Spec {
+            test,
+            size,
+            atomic,
+            v,
+            ..
+        } = *spec;
+        let mut args = RunArgs {
+            test,
+            server: None,
+            port: 0,
+            sizes: vec![size],
+            iters: self.a.iters,
+            tx_depth: 128,
+            duration: test.is_bw().then_some(self.a.secs),
+            cpus: Some(self.a.cpus.to_vec()),
+            driver: v.driver.into(),
+            reactor: v.reactor,
+            sqpoll: None,
+            idle_spin_us: 1000,
+            gap_us: 0,
+            qps: v.qps,
+            remote_offset: v.remote_offset,
+            floor_slices: 0,
+            json: true,
+            loopback: true,
+            crc: false,
+            atomic,
+            plot: None,
+            trace: None,
+            announce: false,
+            quiet: true,
+        };
+        if test.is_bw() {
+            args.iters = 1;
+        }
+        args
+    }
+
+    /// `spec`'s command line, as the table lists it.
+    fn command(&self, spec: &Spec) -> String {
+        let Spec {
+            test,
+            size,
+            atomic,
+            v,
+            ..
+        } = *spec;
+        format!(
+            "barewire-perf {test} --loopback -s {size} {} --cpu {},{}",
+            if test.is_bw() {
+                format!("-D {}", self.a.secs)
+            } else {
+                format!("-n {}", self.a.iters)
+            },
+            self.a.cpus[0],
+            self.a.cpus[1]
+        ) + if atomic == AtomicOp::CmpSwap && test == Test::AtomicLat {
+            " -A CMP_AND_SWAP"
+        } else {
+            ""
+        } + &v.flags()
     }
 
     /// A peer's figure: the median over reps of what its parser reads from the client's
@@ -732,6 +817,11 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         let floor = shm_floor_figure(a.cpus, a.iters);
         r.pair(&w, floor);
     }
+    // The same WRITE beside a bare store made by the same two processes into the same pages,
+    // slice about slice: both of a pair ran in one mode of the host's line trip.
+    if let Some(row) = r.sliced() {
+        r.cmp.rows.push(row);
+    }
     let params = Params {
         iters: a.iters,
         secs: a.secs.ceil() as u64,
@@ -754,6 +844,13 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         }
     }
     r.cmp
+}
+
+/// Iterations per slice in the sliced shm row for a run of `iters`: ten pairs, of at most
+/// 1,000 iterations a slice (a pair then takes about a millisecond, far less than the host's
+/// modes last).
+fn floor_slice(iters: u64) -> u16 {
+    (iters / 20).clamp(1, 1000) as u16
 }
 
 /// `memcpy` of one 1 MiB buffer into another on one pinned CPU for `secs`, as `write_bw`

@@ -13,6 +13,7 @@ pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod slices;
 pub mod table;
 
 use cli::Command;

@@ -13,6 +13,7 @@
 //!   24..32  "server ready" flag (written by the server once its receives are posted)
 //!   32..40  the local atomic result
 //!   40..48  the value the server writes as the ready flag
+//!   48..56  where `--floor-slices` reads 8 bytes of the peer's buffer, for its grant
 //! ```
 
 use std::cell::Cell;
@@ -39,6 +40,7 @@ const CREDIT_SRC: usize = 16;
 const READY: usize = 24;
 const ATOMIC_RESULT: usize = 32;
 const READY_SRC: usize = 40;
+const FLOOR_SCRATCH: usize = 48;
 /// Receives the server keeps posted for `send_bw`; the client never has more unanswered sends.
 const RX_DEPTH: u64 = 512;
 /// The server returns credits every this many receives.
@@ -52,6 +54,9 @@ pub struct Outcome {
     pub lat: Vec<(LatRow, Histogram<u64>)>,
     /// Bandwidth rows, one per size.
     pub bw: Vec<BwRow>,
+    /// `--floor-slices`: each size's WRITE and bare-store slices, paired (`lat` then holds
+    /// the WRITE iterations alone).
+    pub slices: Vec<super::slices::Summary>,
 }
 
 /// Uncounted warm-up iterations before each latency size (both sides of a ping-pong agree).
@@ -169,6 +174,57 @@ impl Buffer {
         // SAFETY: addr lies in our send area.
         unsafe { std::ptr::write_volatile(addr as *mut u8, v) }
     }
+    /// The first `len` bytes of the send area, which only this side writes.
+    fn send_bytes(&self, len: usize) -> &[u8] {
+        assert!(
+            len <= self.max,
+            "{len} bytes in a send area of {}",
+            self.max
+        );
+        // SAFETY: the send area holds `max` bytes of the registered buffer, which lives as
+        // long as `self`; only this task writes it (`set_byte`), never while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.send_area() as *const u8, len) }
+    }
+}
+
+/// `--floor-slices`: the peer's buffer mapped into this process, for the bare stores (`None`
+/// when slices are off). A key is granted to a queue pair on its first use, so this first
+/// reads 8 bytes of the peer's buffer (into [`FLOOR_SCRATCH`]) and waits for the grant.
+async fn floor_map(
+    qp: &QueuePair,
+    buf: &Buffer,
+    remote: &RegionDescriptor,
+    slices: u16,
+) -> Result<Option<barewire_drivers::MappedRemote>, String> {
+    if slices == 0 {
+        return Ok(None);
+    }
+    if qp.transport() != Transport::Shm {
+        return Err(format!(
+            "--floor-slices needs a backend that maps the peer's memory (--driver shm); \
+             this queue pair runs over {:?}",
+            qp.transport()
+        ));
+    }
+    let read = SendOp::Read {
+        remote_addr: remote.addr,
+        rkey: remote.rkey,
+    };
+    post_send(qp, wr(0, read, buf.sge(buf.at(FLOOR_SCRATCH), 8), false))?;
+    let t0 = Instant::now();
+    loop {
+        if let Some(m) = qp.map_remote(remote) {
+            return Ok(Some(m));
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            return Err(
+                "--floor-slices: the peer granted no writable mapping of its buffer \
+                        within 5 s"
+                    .into(),
+            );
+        }
+        yield_now().await;
+    }
 }
 
 /// The run as the client describes it to the server.
@@ -182,6 +238,8 @@ struct Plan {
     duration_ms: u32,
     /// Queue pairs (connections) the client opens (`--qps`).
     qps: u16,
+    /// `--floor-slices` (0: off): both sides alternate WRITE and bare-store slices.
+    floor_slices: u16,
 }
 
 impl Plan {
@@ -194,6 +252,7 @@ impl Plan {
             tx_depth: a.tx_depth,
             duration_ms: a.duration.map_or(0, |d| (d * 1000.0) as u32),
             qps: a.qps,
+            floor_slices: a.floor_slices,
         }
     }
 
@@ -215,6 +274,7 @@ impl Plan {
         b.extend_from_slice(&self.tx_depth.to_be_bytes());
         b.extend_from_slice(&self.duration_ms.to_be_bytes());
         b.extend_from_slice(&self.qps.to_be_bytes());
+        b.extend_from_slice(&self.floor_slices.to_be_bytes());
         b.extend_from_slice(&desc.to_bytes());
         b
     }
@@ -224,7 +284,7 @@ impl Plan {
         let rest = b.strip_prefix(MAGIC).ok_or_else(bad)?;
         let (&[test, atomic, n], rest) = rest.split_first_chunk::<3>().ok_or_else(bad)?;
         let n = n as usize;
-        if rest.len() != n * 4 + 18 + RegionDescriptor::LEN {
+        if rest.len() != n * 4 + 20 + RegionDescriptor::LEN {
             return Err(bad());
         }
         let u32_at = |o: usize| u32::from_be_bytes(rest[o..o + 4].try_into().unwrap());
@@ -249,11 +309,12 @@ impl Plan {
             tx_depth: u32_at(o + 8),
             duration_ms: u32_at(o + 12),
             qps: u16::from_be_bytes([rest[o + 16], rest[o + 17]]),
+            floor_slices: u16::from_be_bytes([rest[o + 18], rest[o + 19]]),
         };
         if plan.qps == 0 {
             return Err(bad());
         }
-        let desc = RegionDescriptor::from_bytes(&rest[o + 18..]).ok_or_else(bad)?;
+        let desc = RegionDescriptor::from_bytes(&rest[o + 20..]).ok_or_else(bad)?;
         Ok((plan, desc))
     }
 }
@@ -471,18 +532,30 @@ async fn serve(
         remote_addr: remote.addr + off,
         rkey: remote.rkey,
     };
+    // (After the ready flag, so that on a transport that cannot map, the client says so.)
+    let mapped = floor_map(qp, buf, remote, plan.floor_slices).await?;
     let mut counter = 0u64;
     match plan.test {
         Test::WriteLat => {
             let looks = spin_looks(qp.transport());
             for &size in &plan.sizes {
-                for _ in 0..warmup(plan.iters) + plan.iters {
+                let warm = warmup(plan.iters);
+                // `--floor-slices`: the client's receive area, for the bare stores.
+                let store = mapped.as_ref().map(|m| m.span(CTRL, size));
+                for i in 0..warm + plan.iters {
                     counter += 1;
                     let v = (counter % 255 + 1) as u8;
                     wait_byte(buf, buf.recv_area() + size as u64 - 1, v, looks).await;
                     buf.set_byte(buf.send_area() + size as u64 - 1, v);
-                    let op = to_client(CTRL as u64);
-                    post_send(qp, wr(0, op, buf.sge(buf.send_area(), size), false))?;
+                    match &store {
+                        Some(span) if super::slices::stored(i, warm, plan.floor_slices) => {
+                            span.write(0, buf.send_bytes(size))
+                        }
+                        _ => {
+                            let op = to_client(CTRL as u64);
+                            post_send(qp, wr(0, op, buf.sge(buf.send_area(), size), false))?;
+                        }
+                    }
                 }
             }
         }
@@ -618,10 +691,14 @@ fn client_core(args: &RunArgs, addr: SocketAddr) -> Result<Outcome, String> {
                 show(row.json(args.test.name()), row.line());
                 out.bw.push(row);
             } else {
-                let h = c.latency(size).await?;
+                let (h, sliced) = c.latency(size).await?;
                 let row = LatRow::from_histogram(size, &h);
                 show(row.json(args.test.name()), row.line());
                 out.lat.push((row, h));
+                if let Some(s) = sliced {
+                    show(s.json(), s.line());
+                    out.slices.push(s);
+                }
             }
             let _ = std::io::stdout().flush();
         }
@@ -694,7 +771,12 @@ impl Drop for Progress {
 }
 
 impl Client<'_> {
-    async fn latency(&self, size: usize) -> Result<Histogram<u64>, String> {
+    /// One size's latency: the histogram of its iterations' times (nanoseconds), and with
+    /// `--floor-slices` the slices' summary (the histogram then holds the WRITE's alone).
+    async fn latency(
+        &self,
+        size: usize,
+    ) -> Result<(Histogram<u64>, Option<super::slices::Summary>), String> {
         let a = self.args;
         let (buf, qp) = (self.buf, self.qp);
         let warm = warmup(a.iters);
@@ -741,13 +823,29 @@ impl Client<'_> {
                 let (src, last) = (buf.send_area(), buf.send_area() + size as u64 - 1);
                 let polled = buf.recv_area() + size as u64 - 1;
                 let looks = spin_looks(qp.transport());
-                timed!(|i| {
-                    self.counter.set(self.counter.get() + 1);
-                    let v = (self.counter.get() % 255 + 1) as u8;
-                    buf.set_byte(last, v);
-                    post_send(qp, wr(i, op, buf.sge(src, size), false))?;
-                    wait_byte(buf, polled, v, looks).await;
-                })
+                let mapped = floor_map(qp, buf, &self.remote, a.floor_slices).await?;
+                match mapped.as_ref().map(|m| m.span(CTRL, size)) {
+                    None => timed!(|i| {
+                        self.counter.set(self.counter.get() + 1);
+                        let v = (self.counter.get() % 255 + 1) as u8;
+                        buf.set_byte(last, v);
+                        post_send(qp, wr(i, op, buf.sge(src, size), false))?;
+                        wait_byte(buf, polled, v, looks).await;
+                    }),
+                    // The same, with every other slice a bare store into the server's mapped
+                    // receive area instead of the WRITE (the server answers in kind).
+                    Some(span) => timed!(|i| {
+                        self.counter.set(self.counter.get() + 1);
+                        let v = (self.counter.get() % 255 + 1) as u8;
+                        buf.set_byte(last, v);
+                        if super::slices::stored(i, warm, a.floor_slices) {
+                            span.write(0, buf.send_bytes(size));
+                        } else {
+                            post_send(qp, wr(i, op, buf.sge(src, size), false))?;
+                        }
+                        wait_byte(buf, polled, v, looks).await;
+                    }),
+                }
             }
             Test::SendLat => {
                 let op = SendOp::Send {
@@ -811,13 +909,33 @@ impl Client<'_> {
             }
             _ => unreachable!("bandwidth test in the latency loop"),
         }
+        let ns: Vec<u64> = ticks
+            .into_iter()
+            .map(|v| {
+                let ns = clock.ns(v);
+                if a.test.is_ping_pong() {
+                    ns / 2
+                } else {
+                    ns
+                }
+            })
+            .collect();
         let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
-        for v in ticks {
-            let ns = clock.ns(v);
-            let ns = if a.test.is_ping_pong() { ns / 2 } else { ns };
-            h.record(ns.max(1)).map_err(|e| e.to_string())?;
+        for (j, &v) in ns.iter().enumerate() {
+            // With slices, the histogram is the WRITE's alone.
+            if a.floor_slices > 0 && super::slices::stored(j as u64, 0, a.floor_slices) {
+                continue;
+            }
+            h.record(v.max(1)).map_err(|e| e.to_string())?;
         }
-        Ok(h)
+        let sliced = match a.floor_slices {
+            0 => None,
+            n => Some(
+                super::slices::Summary::of(&ns, n, size)
+                    .ok_or("--floor-slices: fewer iterations (-n) than two slices")?,
+            ),
+        };
+        Ok((h, sliced))
     }
 
     async fn bandwidth(&self, size: usize) -> Result<BwRow, String> {
@@ -1013,6 +1131,7 @@ mod tests {
             tx_depth: 64,
             duration_ms: 2500,
             qps: 64,
+            floor_slices: 1000,
         };
         let desc = RegionDescriptor {
             rkey: barewire_drivers::Stag(0xdead_beef),

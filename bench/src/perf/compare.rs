@@ -191,7 +191,17 @@ struct Variant {
     crc_too: bool,
     /// `--remote-offset`.
     remote_offset: u16,
+    /// Both cores asleep between messages: `--idle-spin-us 0 --gap-us` [`SLEEP_GAP_US`], at
+    /// most [`SLEEPING_ITERS`] iterations (each takes the gap).
+    sleeping: bool,
 }
+
+/// The untimed pause before each message of a sleeping row, µs: far longer than an idle core
+/// polls (none, there) and than a round trip, so every message finds both cores asleep.
+const SLEEP_GAP_US: u64 = 200;
+
+/// Iterations of a sleeping row at most: about half a second of gaps.
+const SLEEPING_ITERS: u64 = 2000;
 
 impl Variant {
     const DEFAULT: Variant = Variant {
@@ -200,6 +210,7 @@ impl Variant {
         driver: "soft",
         crc_too: true,
         remote_offset: 0,
+        sleeping: false,
     };
 
     fn on(reactor: super::cli::Reactor, qps: u16) -> Variant {
@@ -209,6 +220,7 @@ impl Variant {
             driver: "soft",
             crc_too: false,
             remote_offset: 0,
+            sleeping: false,
         }
     }
 
@@ -219,6 +231,7 @@ impl Variant {
         driver: "shm",
         crc_too: false,
         remote_offset: 0,
+        sleeping: false,
     };
 
     /// What the tool's name says about it.
@@ -235,6 +248,9 @@ impl Variant {
         }
         if self.remote_offset > 0 {
             s += &format!(" --remote-offset {}", self.remote_offset);
+        }
+        if self.sleeping {
+            s += &format!(" --idle-spin-us 0 --gap-us {SLEEP_GAP_US}");
         }
         s
     }
@@ -394,8 +410,8 @@ impl Runner<'_> {
             driver: v.driver.into(),
             reactor: v.reactor,
             sqpoll: None,
-            idle_spin_us: 1000,
-            gap_us: 0,
+            idle_spin_us: if v.sleeping { 0 } else { 1000 },
+            gap_us: if v.sleeping { SLEEP_GAP_US } else { 0 },
             qps: v.qps,
             remote_offset: v.remote_offset,
             floor_slices: 0,
@@ -410,6 +426,9 @@ impl Runner<'_> {
         };
         if test.is_bw() {
             args.iters = 1;
+        }
+        if v.sleeping {
+            args.iters = args.iters.min(SLEEPING_ITERS);
         }
         args
     }
@@ -428,7 +447,7 @@ impl Runner<'_> {
             if test.is_bw() {
                 format!("-D {}", self.a.secs)
             } else {
-                format!("-n {}", self.a.iters)
+                format!("-n {}", self.args(spec).iters)
             },
             self.a.cpus[0],
             self.a.cpus[1]
@@ -767,6 +786,19 @@ fn compare_once(a: &CompareArgs, bar: &indicatif::ProgressBar) -> Comparison {
         );
         r.pair(&uring, epoll);
     }
+    // The same with both cores asleep between messages: each Send times the wake-up of an idle
+    // core on each side, through the ring and through epoll.
+    let sleeping = |r: &mut Runner, reactor| {
+        let v = Variant {
+            sleeping: true,
+            ..Variant::on(reactor, 1)
+        };
+        let what = "p50, RTT/2, both cores asleep between messages";
+        r.ours_on(Spec::new(Test::SendLat, 8, what, p50, v), false)
+    };
+    let uring = sleeping(&mut r, Reactor::Auto);
+    let epoll = sleeping(&mut r, Reactor::Epoll);
+    r.pair(&uring, epoll);
     // The same latencies beside the floor of their own mechanism: a message over loopback TCP
     // and back with nothing else in the loop, through an io_uring as the provider uses it
     // (`floor::tcp_ping_pong`). What io_uring itself adds over the kernel's TCP round trip is

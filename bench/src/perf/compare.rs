@@ -333,8 +333,8 @@ impl Runner<'_> {
 
     /// The shm 8 B WRITE beside a bare store into the peer's mapping, made by the same two
     /// processes in the slices between its own (`write_lat --floor-slices`, with
-    /// [`floor_slice`] iterations a slice): each rep's ratio is the median over its slice pairs, each pair in
-    /// one mode of the host's line trip (see `perf::slices`).
+    /// [`floor_slice`] iterations a slice): each rep's ratio is the median over its slice
+    /// pairs, each pair in one mode of the host's line trip (see `perf::slices`).
     fn sliced(&mut self) -> Option<Row> {
         let spec = spec(Ours::ShmWriteLat);
         self.bar
@@ -347,12 +347,10 @@ impl Runner<'_> {
         let command = format!("{} --floor-slices {slice}", self.command(&spec));
         let mut rows = Vec::new();
         for _ in 0..self.a.reps {
-            match run::run(&args).map(|mut o| o.slices.pop()) {
-                Ok(Some(s)) => rows.push(s),
-                Ok(None) => self
-                    .cmp
-                    .failed
-                    .push((command.clone(), "no slice pairs".into())),
+            let summary = run::run(&args)
+                .and_then(|mut o| o.slices.pop().ok_or_else(|| "no slice pairs".to_string()));
+            match summary {
+                Ok(s) => rows.push(s),
                 Err(e) => self.cmp.failed.push((command.clone(), e)),
             }
         }
@@ -435,15 +433,10 @@ impl Runner<'_> {
 
     /// `spec`'s command line, as the table lists it.
     fn command(&self, spec: &Spec) -> String {
-        let Spec {
-            test,
-            size,
-            atomic,
-            v,
-            ..
-        } = *spec;
+        let test = spec.test;
         format!(
-            "barewire-perf {test} --loopback -s {size} {} --cpu {},{}",
+            "barewire-perf {test} --loopback -s {} {} --cpu {},{}",
+            spec.size,
             if test.is_bw() {
                 format!("-D {}", self.a.secs)
             } else {
@@ -451,11 +444,11 @@ impl Runner<'_> {
             },
             self.a.cpus[0],
             self.a.cpus[1]
-        ) + if atomic == AtomicOp::CmpSwap && test == Test::AtomicLat {
+        ) + if spec.atomic == AtomicOp::CmpSwap && test == Test::AtomicLat {
             " -A CMP_AND_SWAP"
         } else {
             ""
-        } + &v.flags()
+        } + &spec.v.flags()
     }
 
     /// A peer's figure: the median over reps of what its parser reads from the client's

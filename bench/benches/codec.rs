@@ -7,7 +7,10 @@
 //!   the `crc32c` crate's own code beside it, and copying the buffer: what the soft provider pays
 //!   per byte when CRC is negotiated on. The copy's two buffers start on page boundaries: where
 //!   the destination lies 1 to 63 bytes after the source modulo 4 KiB, as two heap vectors may,
-//!   glibc's `memcpy` crawls on some CPUs (bench/RESULTS.md, fifty-fourth session).
+//!   glibc's `memcpy` crawls on some CPUs (bench/RESULTS.md, fifty-fourth session). Then the
+//!   provider's two copies with CRC (a received payload into its region, a Read Response's
+//!   snapshot): `memcpy_then_crc32c`, the copy and then the CRC of the copy, as they were made
+//!   before the fifty-seventh session, and `crc32c_copy`, both in one pass, as they are now.
 //! - `stream_hop/write_8`: one 8-byte RDMA Write through two sans-I/O streams, as `write_lat`
 //!   moves it minus the sockets and the engine: posted on one (unsignaled), its bytes copied out
 //!   as one small send and counted sent, then fed to the other, which checks the key and places
@@ -85,6 +88,22 @@ fn crc_vs_memcpy(c: &mut Criterion) {
                 dst.copy_from_slice(black_box(src));
                 black_box(&dst);
             })
+        });
+        g.bench_with_input(
+            BenchmarkId::new("memcpy_then_crc32c", size),
+            &src,
+            |b, src| {
+                b.iter(|| {
+                    dst.copy_from_slice(black_box(src));
+                    black_box(crc32c_append(0, black_box(dst)))
+                })
+            },
+        );
+        let mut out = vec![std::mem::MaybeUninit::new(0u8); size + 4096];
+        let skip = out.as_ptr().align_offset(4096);
+        let out = &mut out[skip..skip + size];
+        g.bench_with_input(BenchmarkId::new("crc32c_copy", size), &src, |b, src| {
+            b.iter(|| black_box(crc32c_copy(0, black_box(src), &mut *out)))
         });
     }
     g.finish();

@@ -166,8 +166,9 @@ mod spare {
         static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// A copy of `bytes`, in a kept buffer where there is one.
-    pub(super) fn copy_of(bytes: &[u8]) -> Vec<u8> {
+    /// A copy of `bytes`, in a kept buffer where there is one, and the CRC32c of `crc`'s
+    /// message followed by them, taken in the same pass ([`crate::wire::crc32c_copy`]).
+    pub(super) fn snapshot(crc: u32, bytes: &[u8]) -> (Vec<u8>, u32) {
         let mut buf = SPARE
             .try_with(|s| s.borrow_mut().pop())
             .ok()
@@ -182,8 +183,11 @@ mod spare {
             buf = Vec::with_capacity(bytes.len().max(LARGEST));
         }
         buf.clear();
-        buf.extend_from_slice(bytes);
-        buf
+        let crc =
+            crate::wire::crc32c_copy(crc, bytes, &mut buf.spare_capacity_mut()[..bytes.len()]);
+        // SAFETY: `crc32c_copy` initialized the first `bytes.len()` bytes, within capacity.
+        unsafe { buf.set_len(bytes.len()) };
+        (buf, crc)
     }
 
     /// `buf` is sent: keep it for the next snapshot, or free it.
@@ -212,7 +216,12 @@ mod spare {
         #[test]
         fn at_most_keep_buffers_of_at_most_largest_are_kept() {
             let bufs: Vec<_> = (0..KEEP + 3)
-                .map(|i| copy_of(&vec![i as u8; 1000]))
+                .map(|i| {
+                    let bytes = vec![i as u8; 1000];
+                    let (copy, crc) = snapshot(7, &bytes);
+                    assert_eq!(crc, crate::wire::crc32c_append(7, &bytes));
+                    copy
+                })
                 .collect();
             assert!(bufs
                 .iter()
@@ -221,7 +230,7 @@ mod spare {
             bufs.into_iter().for_each(give_back);
             assert_eq!(kept(), KEEP);
             // A kept buffer is handed out again, holding only the new bytes.
-            let again = copy_of(b"abc");
+            let (again, _) = snapshot(0, b"abc");
             assert_eq!(again, b"abc");
             assert!(again.capacity() >= 1000, "a kept buffer");
             assert_eq!(kept(), KEEP - 1);

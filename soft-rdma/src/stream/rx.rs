@@ -23,30 +23,10 @@ impl Stream {
         }
         let step = match &mut self.rx {
             Rx::Framing { .. } => self.framer.filled(n),
-            Rx::Payload { .. } => {
-                let Some((p, left)) = self.extents.pop_front() else {
-                    return;
-                };
-                let n = n.min(left);
-                if n < left {
-                    self.extents.push_front((p.wrapping_add(n), left - n));
-                }
-                let step = if self.framer.crc() {
-                    // SAFETY: the I/O layer just wrote these n bytes at p, inside a checked
-                    // extent; reading them back for the CRC is within bounds.
-                    self.framer
-                        .placed(unsafe { std::slice::from_raw_parts(p, n) })
-                } else {
-                    self.framer.placed_len(n)
-                };
-                if self.extents.is_empty() {
-                    self.rx = match std::mem::replace(&mut self.rx, Rx::Dead) {
-                        Rx::Payload { then } => Rx::Framing { then: Some(then) },
-                        other => other,
-                    };
-                }
-                step
-            }
+            Rx::Payload { .. } => match self.payload_in(n, None) {
+                Some(step) => step,
+                None => return,
+            },
             Rx::Body { opcode, have, need } => {
                 let (opcode, have, need) = (*opcode, *have, *need);
                 let end = (have + n).min(need);
@@ -66,6 +46,37 @@ impl Stream {
             Rx::Dead => return,
         };
         self.on_step(step);
+    }
+
+    /// `n` payload bytes for the front extent: written there already by the I/O layer
+    /// (`from` is `None`), or copied there now from `from` (at least `n` bytes), in the same
+    /// pass as their CRC. `None` if no extent is left.
+    fn payload_in(&mut self, n: usize, from: Option<&[u8]>) -> Option<Result<Step, WireError>> {
+        let (p, left) = self.extents.pop_front()?;
+        let n = n.min(left);
+        if n < left {
+            self.extents.push_front((p.wrapping_add(n), left - n));
+        }
+        let step = match from {
+            // SAFETY: the n bytes at p lie inside an extent checked as writable for this
+            // placement; `from` is the caller's buffer, never a region, so they do not overlap.
+            Some(src) => self.framer.placed_copy(&src[..n], unsafe {
+                std::slice::from_raw_parts_mut(p.cast::<std::mem::MaybeUninit<u8>>(), n)
+            }),
+            // SAFETY: the I/O layer just wrote these n bytes at p, inside a checked extent;
+            // reading them back for the CRC is within bounds.
+            None if self.framer.crc() => self
+                .framer
+                .placed(unsafe { std::slice::from_raw_parts(p, n) }),
+            None => self.framer.placed_len(n),
+        };
+        if self.extents.is_empty() {
+            self.rx = match std::mem::replace(&mut self.rx, Rx::Dead) {
+                Rx::Payload { then } => Rx::Framing { then: Some(then) },
+                other => other,
+            };
+        }
+        Some(step)
     }
 
     /// What the framer's step completed: a frame's headers, or the frame.
@@ -111,9 +122,16 @@ impl Stream {
                 return total - data.len();
             };
             let n = want.min(data.len());
-            // SAFETY: rx_buffer returned a writable destination of at least `want` bytes.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, n) };
-            self.rx_advance(n);
+            if matches!(self.rx, Rx::Payload { .. }) {
+                // Into the region, with the CRC taken as the bytes are copied.
+                if let Some(step) = self.payload_in(n, Some(data)) {
+                    self.on_step(step);
+                }
+            } else {
+                // SAFETY: rx_buffer returned a writable destination of at least `want` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, n) };
+                self.rx_advance(n);
+            }
             data = &data[n..];
         }
         total

@@ -476,9 +476,9 @@ impl Stream {
                     }
                     // SAFETY: just checked: len bytes at src lie in a live region granting
                     // remote reads.
-                    let copy =
-                        super::spare::copy_of(unsafe { std::slice::from_raw_parts(src, len) });
-                    let crc = crate::wire::crc32c_append(head_crc, &copy);
+                    let (copy, crc) = super::spare::snapshot(head_crc, unsafe {
+                        std::slice::from_raw_parts(src, len)
+                    });
                     let mut tail = [0u8; 8];
                     let n = fpdu_trailer_after(crc, ulpdu_len, true, &mut tail);
                     if let Some(Chunk::Inline {

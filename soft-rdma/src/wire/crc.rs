@@ -106,6 +106,49 @@ pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, data)
 }
 
+/// Copies `src` into `dst` (of the same length) and returns [`crc32c_append`]`(crc, src)`,
+/// reading `src` once for both.
+///
+/// The soft provider's two copies with CRC on go through here: a received payload moved from
+/// the buffer the kernel filled into its region, and a Read Response's snapshot of its
+/// source. Where the CPU has AVX2 and VPCLMULQDQ but not AVX-512 (the 256-bit path of
+/// [`crc32c_append`]), from 512 bytes on, the folding loop stores each 128 bytes it
+/// loads, and the copy costs next to nothing: from 2 KiB on it runs as fast as the CRC alone,
+/// 1.1–1.5× a copy followed by the CRC at 2–64 KiB on a Zen 3 (`cargo bench -p barewire-bench
+/// --bench codec -- crc32c_vs_memcpy`; `bench/RESULTS.md`, fifty-seventh session). Elsewhere
+/// it is that copy and that CRC, one after the other. The CRC is of the bytes read from `src`,
+/// which are the bytes written.
+///
+/// # Panics
+/// If `dst` and `src` differ in length.
+///
+/// ```
+/// use std::mem::MaybeUninit;
+/// use barewire_soft_rdma::wire::{crc32c_append, crc32c_copy};
+/// let src = vec![7u8; 3000];
+/// let mut dst = vec![MaybeUninit::<u8>::uninit(); 3000];
+/// let crc = crc32c_copy(0, &src, &mut dst);
+/// assert_eq!(crc, crc32c_append(0, &src));
+/// // SAFETY: `crc32c_copy` wrote every byte of `dst`.
+/// assert!(dst.iter().all(|b| unsafe { b.assume_init() } == 7));
+/// ```
+pub fn crc32c_copy(crc: u32, src: &[u8], dst: &mut [std::mem::MaybeUninit<u8>]) -> u32 {
+    assert_eq!(src.len(), dst.len(), "crc32c_copy: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= FOLD_FROM {
+        let paths = x86::available();
+        if paths.ymm && !paths.zmm {
+            // SAFETY: `available` checked that this CPU has every feature `half_copy` needs;
+            // `dst` is writable and as long as `src`.
+            return unsafe { x86::half_copy(crc, src, dst.as_mut_ptr().cast()) };
+        }
+    }
+    // SAFETY: `dst` is as long as `src` (asserted), and a slice the caller holds mutably, so
+    // the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) };
+    crc32c_append(crc, src)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{BLOCK, FOLD_HALF, FOLD_LANES, FOLD_ONE, FOLD_WIDE, HALF, LANES, WIDE};
@@ -243,55 +286,77 @@ mod x86 {
         );
     }
 
-    // The 256-bit loop, in the same way: eight blocks a round, two to each of four registers,
-    // each moved on eight blocks; the XOR that AVX-512 does in one step takes two here.
-    // Arguments as for the 512-bit loop, with rounds of 128 bytes and 128 folded bytes.
-    global_asm!(
-        ".text",
-        ".p2align 4",
-        ".globl barewire_crc32c_fold_ymm",
-        ".hidden barewire_crc32c_fold_ymm",
-        ".type barewire_crc32c_fold_ymm,@function",
-        "barewire_crc32c_fold_ymm:",
-        "vmovdqu ymm0, [rsi]",
-        "vmovdqu ymm1, [rsi + 32]",
-        "vmovdqu ymm2, [rsi + 64]",
-        "vmovdqu ymm3, [rsi + 96]",
-        // The register into the message's first four bytes (vmovd clears the rest of ymm4).
-        "vmovd xmm4, edi",
-        "vpxor ymm0, ymm0, ymm4",
-        "vbroadcasti128 ymm5, [rcx]",
-        "add rsi, 128",
-        "sub rdx, 1",
-        "jz 3f",
-        "2:",
-        "vpclmulqdq ymm6, ymm0, ymm5, 0x00",
-        "vpclmulqdq ymm0, ymm0, ymm5, 0x11",
-        "vpclmulqdq ymm7, ymm1, ymm5, 0x00",
-        "vpclmulqdq ymm1, ymm1, ymm5, 0x11",
-        "vpclmulqdq ymm8, ymm2, ymm5, 0x00",
-        "vpclmulqdq ymm2, ymm2, ymm5, 0x11",
-        "vpclmulqdq ymm9, ymm3, ymm5, 0x00",
-        "vpclmulqdq ymm3, ymm3, ymm5, 0x11",
-        "vpxor ymm0, ymm0, ymm6",
-        "vpxor ymm1, ymm1, ymm7",
-        "vpxor ymm2, ymm2, ymm8",
-        "vpxor ymm3, ymm3, ymm9",
-        "vpxor ymm0, ymm0, [rsi]",
-        "vpxor ymm1, ymm1, [rsi + 32]",
-        "vpxor ymm2, ymm2, [rsi + 64]",
-        "vpxor ymm3, ymm3, [rsi + 96]",
-        "add rsi, 128",
-        "sub rdx, 1",
-        "jnz 2b",
-        "3:",
-        "vmovdqu [r8], ymm0",
-        "vmovdqu [r8 + 32], ymm1",
-        "vmovdqu [r8 + 64], ymm2",
-        "vmovdqu [r8 + 96], ymm3",
-        "vzeroupper",
-        "ret",
-        ".size barewire_crc32c_fold_ymm, . - barewire_crc32c_fold_ymm",
+    // The 256-bit loops, as a macro since there are two: eight blocks a round, two to each of
+    // four registers, each moved on eight blocks; the XOR that AVX-512 does in one step takes
+    // two here. Arguments as for the 512-bit loop, with rounds of 128 bytes and 128 folded
+    // bytes. The macro's arguments: the symbol; what follows the first loads (`$first`);
+    // what each round does first (`$load`); the four operands each round XORs in, the next 128
+    // bytes (`$next`); what moves on with `rsi` after each round (`$advance`).
+    macro_rules! fold_ymm {
+        ($name:literal, [$($first:literal),*], [$($load:literal),*],
+         [$n0:literal, $n1:literal, $n2:literal, $n3:literal], [$($advance:literal),*]) => {
+            global_asm!(
+                ".text",
+                ".p2align 4",
+                concat!(".globl ", $name),
+                concat!(".hidden ", $name),
+                concat!(".type ", $name, ",@function"),
+                concat!($name, ":"),
+                "vmovdqu ymm0, [rsi]",
+                "vmovdqu ymm1, [rsi + 32]",
+                "vmovdqu ymm2, [rsi + 64]",
+                "vmovdqu ymm3, [rsi + 96]",
+                $($first,)*
+                // The register into the message's first four bytes (vmovd clears the rest of
+                // ymm4).
+                "vmovd xmm4, edi",
+                "vpxor ymm0, ymm0, ymm4",
+                "vbroadcasti128 ymm5, [rcx]",
+                "add rsi, 128",
+                $($advance,)*
+                "sub rdx, 1",
+                "jz 3f",
+                "2:",
+                $($load,)*
+                "vpclmulqdq ymm6, ymm0, ymm5, 0x00",
+                "vpclmulqdq ymm0, ymm0, ymm5, 0x11",
+                "vpclmulqdq ymm7, ymm1, ymm5, 0x00",
+                "vpclmulqdq ymm1, ymm1, ymm5, 0x11",
+                "vpclmulqdq ymm8, ymm2, ymm5, 0x00",
+                "vpclmulqdq ymm2, ymm2, ymm5, 0x11",
+                "vpclmulqdq ymm9, ymm3, ymm5, 0x00",
+                "vpclmulqdq ymm3, ymm3, ymm5, 0x11",
+                "vpxor ymm0, ymm0, ymm6",
+                "vpxor ymm1, ymm1, ymm7",
+                "vpxor ymm2, ymm2, ymm8",
+                "vpxor ymm3, ymm3, ymm9",
+                concat!("vpxor ymm0, ymm0, ", $n0),
+                concat!("vpxor ymm1, ymm1, ", $n1),
+                concat!("vpxor ymm2, ymm2, ", $n2),
+                concat!("vpxor ymm3, ymm3, ", $n3),
+                "add rsi, 128",
+                $($advance,)*
+                "sub rdx, 1",
+                "jnz 2b",
+                "3:",
+                "vmovdqu [r8], ymm0",
+                "vmovdqu [r8 + 32], ymm1",
+                "vmovdqu [r8 + 64], ymm2",
+                "vmovdqu [r8 + 96], ymm3",
+                "vzeroupper",
+                "ret",
+                concat!(".size ", $name, ", . - ", $name),
+            );
+        };
+    }
+
+    // The CRC alone: each round XORs in the next 128 bytes straight from memory.
+    fold_ymm!(
+        "barewire_crc32c_fold_ymm",
+        [],
+        [],
+        ["[rsi]", "[rsi + 32]", "[rsi + 64]", "[rsi + 96]"],
+        []
     );
 
     extern "sysv64" {
@@ -302,6 +367,43 @@ mod x86 {
             rounds: usize,
             constants: *const u64,
             folded: *mut u8,
+        );
+    }
+
+    // The CRC and a copy: every 32 bytes loaded are stored at the same offset from a sixth
+    // argument, `r9` (the first 128 before the starting register goes into them). Each round
+    // loads into registers of its own (ymm10-ymm13), stores them, and XORs them in.
+    fold_ymm!(
+        "barewire_crc32c_copy_fold_ymm",
+        [
+            "vmovdqu [r9], ymm0",
+            "vmovdqu [r9 + 32], ymm1",
+            "vmovdqu [r9 + 64], ymm2",
+            "vmovdqu [r9 + 96], ymm3"
+        ],
+        [
+            "vmovdqu ymm10, [rsi]",
+            "vmovdqu ymm11, [rsi + 32]",
+            "vmovdqu ymm12, [rsi + 64]",
+            "vmovdqu ymm13, [rsi + 96]",
+            "vmovdqu [r9], ymm10",
+            "vmovdqu [r9 + 32], ymm11",
+            "vmovdqu [r9 + 64], ymm12",
+            "vmovdqu [r9 + 96], ymm13"
+        ],
+        ["ymm10", "ymm11", "ymm12", "ymm13"],
+        ["add r9, 128"]
+    );
+
+    extern "sysv64" {
+        /// See the assembly above.
+        fn barewire_crc32c_copy_fold_ymm(
+            register: u32,
+            data: *const u8,
+            rounds: usize,
+            constants: *const u64,
+            folded: *mut u8,
+            copy: *mut u8,
         );
     }
 
@@ -332,6 +434,37 @@ mod x86 {
     pub(super) unsafe fn half(crc: u32, data: &[u8]) -> u32 {
         // SAFETY: as in `wide`, for the 256-bit loop.
         unsafe { fold::<HALF>(barewire_crc32c_fold_ymm, &FOLD_HALF, crc, data) }
+    }
+
+    /// [`half`] that also copies `data` to `copy` in the same pass
+    /// (`barewire_crc32c_copy_fold_ymm`, then the rest after its last whole round).
+    ///
+    /// # Safety
+    /// The CPU must have what [`available`] checks for `ymm`; `copy` must be valid for writes
+    /// of `data.len()` bytes and overlap no byte of `data`.
+    pub(super) unsafe fn half_copy(crc: u32, data: &[u8], copy: *mut u8) -> u32 {
+        let rounds = data.len() / HALF;
+        assert!(rounds >= 1);
+        let whole = rounds * HALF;
+        let mut folded = [0u8; HALF];
+        // SAFETY: the loop reads `whole` bytes of `data` and the 16 bytes of `FOLD_HALF`, and
+        // writes the `HALF` bytes of `folded` and `whole` bytes at `copy`, which the caller
+        // vouches for (`whole` is at most `data.len()`); then the rest of `data` goes to the
+        // rest of `copy`. The CPU has the loop's instructions and `finish`'s (the caller
+        // checked).
+        unsafe {
+            barewire_crc32c_copy_fold_ymm(
+                !crc,
+                data.as_ptr(),
+                rounds,
+                FOLD_HALF.as_ptr(),
+                folded.as_mut_ptr(),
+                copy,
+            );
+            let rest = &data[whole..];
+            std::ptr::copy_nonoverlapping(rest.as_ptr(), copy.add(whole), rest.len());
+            finish(&folded, rest)
+        }
     }
 
     /// Runs `lp`, which takes `ROUND` bytes a round and leaves `ROUND` folded bytes, over all of
@@ -466,6 +599,55 @@ mod tests {
         }
     }
 
+    /// What `crc32c_copy` writes, with `GUARD` bytes of 0xA5 on either side that must stay:
+    /// the copy, and its CRC.
+    fn copied(start: u32, src: &[u8], at: usize) -> (Vec<u8>, u32) {
+        use std::mem::MaybeUninit;
+        const GUARD: usize = 64;
+        let mut out = vec![MaybeUninit::new(0xA5u8); at + src.len() + GUARD];
+        let crc = crc32c_copy(start, src, &mut out[at..at + src.len()]);
+        // SAFETY: every byte was initialized above, and `crc32c_copy` wrote only initialized
+        // bytes.
+        let out: Vec<u8> = out
+            .into_iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect();
+        assert!(
+            out[..at]
+                .iter()
+                .chain(&out[at + src.len()..])
+                .all(|&b| b == 0xA5),
+            "{} bytes at {at}: a byte outside the copy changed",
+            src.len()
+        );
+        (out[at..at + src.len()].to_vec(), crc)
+    }
+
+    /// A copy with its CRC holds exactly the source's bytes, writes nothing beside them, and
+    /// gives the reference CRC, at every length around the blocks and rounds, from three starts,
+    /// at odd offsets on both sides.
+    #[test]
+    fn a_copy_holds_the_bytes_and_their_crc() {
+        let data = bytes(70_000, 5);
+        for start in [0u32, 0xDEAD_BEEF, u32::MAX] {
+            for len in (0..=2200).chain([4095, 4096, 4097, 16_384, 65_535, 65_536]) {
+                for (from, at) in [(0, 0), (1, 3), (17, 64)] {
+                    let src = &data[from..from + len];
+                    let (copy, crc) = copied(start, src, at);
+                    assert!(
+                        copy == src,
+                        "length {len} from {from} to {at}: the copy differs"
+                    );
+                    assert_eq!(
+                        crc,
+                        crc32c::crc32c_append(start, src),
+                        "length {len}, start {start:#x}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn pieces_at_any_offset_and_split_match() {
         let data = bytes(70_000, 11);
@@ -521,6 +703,27 @@ mod tests {
                 let want = crc32c::crc32c_append(start, &data[..len]);
                 assert_eq!(got, want, "{needs}: {len} bytes");
             }
+        }
+        if !paths.ymm {
+            return;
+        }
+        // The copying 256-bit loop, called directly (`crc32c_copy` takes it only without
+        // AVX-512), into a buffer with guard bytes after the copy.
+        for len in HALF..data.len() {
+            let mut out = vec![0xA5u8; len + 32];
+            // SAFETY: `available` said this CPU runs the path; `out` holds `len` bytes and
+            // overlaps nothing of `data`.
+            let got = unsafe { x86::half_copy(start, &data[..len], out.as_mut_ptr()) };
+            assert_eq!(
+                got,
+                crc32c::crc32c_append(start, &data[..len]),
+                "copying: {len}"
+            );
+            assert!(out[..len] == data[..len], "copying: {len} bytes differ");
+            assert!(
+                out[len..].iter().all(|&b| b == 0xA5),
+                "copying: {len} overran"
+            );
         }
     }
 }

@@ -38,7 +38,7 @@ mod mpa;
 mod rdmap;
 mod segment;
 
-pub use crc::crc32c_append;
+pub use crc::{crc32c_append, crc32c_copy};
 pub use ddp::{DdpHeader, RdmapOpcode, Segment, TAGGED_HEADER_LEN, UNTAGGED_HEADER_LEN};
 pub use error::{
     DdpTaggedErrorCode, DdpUntaggedErrorCode, Layer, MpaErrorCode, RdmapErrorCode, RdmapErrorType,

@@ -36,6 +36,7 @@ mod error;
 pub mod fs;
 #[doc(hidden)]
 pub mod fuzz;
+mod memcopy;
 mod mesh;
 pub mod net;
 mod op;
@@ -55,6 +56,7 @@ mod wake;
 pub use crate::core::spawn_local;
 pub use driver::{Reactor, ReactorKind, UringFlags};
 pub use error::Error;
+pub use memcopy::copy_bulk;
 pub use op::poll_fd::{poll_readable, poll_readable_relaxed, poll_writable, WakeSource};
 pub use poller::{Poller, MEMORY_LOOKS};
 pub use pool::map_anonymous;

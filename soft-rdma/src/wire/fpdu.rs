@@ -402,7 +402,8 @@ impl Framer {
 
     /// Copies `src`, the next payload bytes of the frame (at most [`Framer::payload_left`] of
     /// them), to `dst`, where they belong, and counts them as [`Framer::placed`] would: with
-    /// CRC on, the copy and the CRC are one pass over `src` ([`crc32c_copy`]).
+    /// CRC on, the copy and the CRC are one pass over `src` ([`crc32c_copy`]); without it, the
+    /// copy is [`barewire_engine::copy_bulk`].
     ///
     /// # Panics
     /// If `dst` and `src` differ in length.
@@ -421,7 +422,7 @@ impl Framer {
                 // SAFETY: `dst` is as long as `src` and mutably borrowed, so they do not
                 // overlap.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len())
+                    barewire_engine::copy_bulk(src.as_ptr(), dst.as_mut_ptr().cast(), src.len())
                 };
                 self.placed(src)
             }

@@ -95,9 +95,11 @@ impl Stream {
         }
     }
 
-    /// Convenience for buffered input (tests, or a reactor that already read the bytes): copies
-    /// `data` through `rx_buffer`/`rx_advance`. Returns how many bytes were consumed (all, unless
-    /// the stream died).
+    /// For input already read into a buffer of the caller's (the io_uring path's provided and
+    /// look buffers, the epoll path's staging buffer, tests): copies `data` where `rx_buffer` points and counts it as
+    /// `rx_advance` would, a payload's bytes with their CRC taken in the same pass
+    /// ([`crate::wire::crc32c_copy`]). Returns how many bytes were consumed (all, unless the
+    /// stream died).
     pub fn rx_feed(&mut self, data: &[u8]) -> usize {
         trace::event(trace::Kind::RECEIVED, data.len() as u64);
         let placed = self.rx_feed_all(data);

@@ -16,7 +16,9 @@
 //!   its three streams.
 //!
 //! Both ends of a soft queue pair checksum every byte they move with CRC on (the default), so
-//! this is on the path of every large WRITE, READ and channel burst.
+//! this is on the path of every large WRITE, READ and channel burst. Where the provider copies
+//! those bytes itself (a received payload out of the buffer the kernel filled, a Read
+//! Response's snapshot), [`crc32c_copy`] copies and checksums them in one pass.
 //!
 //! How the fold works. With the message's bits read as a polynomial over GF(2), first bit the
 //! highest power (the reflected order that CRC32c and MPA use), the CRC is the remainder of
@@ -291,7 +293,7 @@ mod x86 {
     // two here. Arguments as for the 512-bit loop, with rounds of 128 bytes and 128 folded
     // bytes. The macro's arguments: the symbol; what follows the first loads (`$first`);
     // what each round does first (`$load`); the four operands each round XORs in, the next 128
-    // bytes (`$next`); what moves on with `rsi` after each round (`$advance`).
+    // bytes (`$n0`-`$n3`); what moves on with `rsi` after each round (`$advance`).
     macro_rules! fold_ymm {
         ($name:literal, [$($first:literal),*], [$($load:literal),*],
          [$n0:literal, $n1:literal, $n2:literal, $n3:literal], [$($advance:literal),*]) => {

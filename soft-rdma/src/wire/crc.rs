@@ -409,10 +409,6 @@ mod x86 {
         );
     }
 
-    /// One of the assembly loops above: the starting register, the data, the rounds, the
-    /// constants, where the folded bytes go.
-    type Loop = unsafe extern "sysv64" fn(u32, *const u8, usize, *const u64, *mut u8);
-
     /// [`super::crc32c_append`] for `data` of at least [`WIDE`] bytes.
     ///
     /// Sixteen blocks at a time go through four-block `VPCLMULQDQ` multiplies on four 512-bit
@@ -422,9 +418,20 @@ mod x86 {
     /// # Safety
     /// The CPU must have what [`available`] checks for `zmm`.
     pub(super) unsafe fn wide(crc: u32, data: &[u8]) -> u32 {
-        // SAFETY: the loop is the 512-bit one, its constants those for its rounds; the caller
-        // checked the CPU has its instructions.
-        unsafe { fold::<WIDE>(barewire_crc32c_fold_zmm, &FOLD_WIDE, crc, data) }
+        // SAFETY: the caller checked the CPU has the loop's instructions, and `fold`'s.
+        unsafe {
+            fold::<WIDE>(crc, data, |register, rounds, folded| {
+                // SAFETY: the 512-bit loop with its constants reads `rounds` rounds of `data`
+                // and writes the `WIDE` bytes at `folded`, as `fold` allows.
+                barewire_crc32c_fold_zmm(
+                    register,
+                    data.as_ptr(),
+                    rounds,
+                    FOLD_WIDE.as_ptr(),
+                    folded,
+                )
+            })
+        }
     }
 
     /// [`super::crc32c_append`] for `data` of at least [`HALF`] bytes, through
@@ -434,8 +441,20 @@ mod x86 {
     /// # Safety
     /// The CPU must have what [`available`] checks for `ymm`.
     pub(super) unsafe fn half(crc: u32, data: &[u8]) -> u32 {
-        // SAFETY: as in `wide`, for the 256-bit loop.
-        unsafe { fold::<HALF>(barewire_crc32c_fold_ymm, &FOLD_HALF, crc, data) }
+        // SAFETY: the caller checked the CPU has the loop's instructions, and `fold`'s.
+        unsafe {
+            fold::<HALF>(crc, data, |register, rounds, folded| {
+                // SAFETY: the 256-bit loop with its constants reads `rounds` rounds of `data`
+                // and writes the `HALF` bytes at `folded`, as `fold` allows.
+                barewire_crc32c_fold_ymm(
+                    register,
+                    data.as_ptr(),
+                    rounds,
+                    FOLD_HALF.as_ptr(),
+                    folded,
+                )
+            })
+        }
     }
 
     /// [`half`] that also copies `data` to `copy` in the same pass
@@ -445,59 +464,47 @@ mod x86 {
     /// The CPU must have what [`available`] checks for `ymm`; `copy` must be valid for writes
     /// of `data.len()` bytes and overlap no byte of `data`.
     pub(super) unsafe fn half_copy(crc: u32, data: &[u8], copy: *mut u8) -> u32 {
-        let rounds = data.len() / HALF;
-        assert!(rounds >= 1);
-        let whole = rounds * HALF;
-        let mut folded = [0u8; HALF];
-        // SAFETY: the loop reads `whole` bytes of `data` and the 16 bytes of `FOLD_HALF`, and
-        // writes the `HALF` bytes of `folded` and `whole` bytes at `copy`, which the caller
-        // vouches for (`whole` is at most `data.len()`); then the rest of `data` goes to the
-        // rest of `copy`. The CPU has the loop's instructions and `finish`'s (the caller
-        // checked).
+        // SAFETY: the caller checked the CPU has the loop's instructions, and `fold`'s.
         unsafe {
-            barewire_crc32c_copy_fold_ymm(
-                !crc,
-                data.as_ptr(),
-                rounds,
-                FOLD_HALF.as_ptr(),
-                folded.as_mut_ptr(),
-                copy,
-            );
-            let rest = &data[whole..];
-            std::ptr::copy_nonoverlapping(rest.as_ptr(), copy.add(whole), rest.len());
-            finish(&folded, rest)
+            fold::<HALF>(crc, data, |register, rounds, folded| {
+                let whole = rounds * HALF;
+                // SAFETY: the copying loop reads `whole` bytes of `data` (at most all of it),
+                // and writes the `HALF` bytes at `folded` and `whole` bytes at `copy`, which
+                // the caller vouches for; then the rest of `data` goes to the rest of `copy`.
+                barewire_crc32c_copy_fold_ymm(
+                    register,
+                    data.as_ptr(),
+                    rounds,
+                    FOLD_HALF.as_ptr(),
+                    folded,
+                    copy,
+                );
+                let rest = &data[whole..];
+                std::ptr::copy_nonoverlapping(rest.as_ptr(), copy.add(whole), rest.len());
+            })
         }
     }
 
-    /// Runs `lp`, which takes `ROUND` bytes a round and leaves `ROUND` folded bytes, over all of
-    /// `data`'s whole rounds, then `finish` over the folded bytes and the rest.
+    /// Runs `lp` over all of `data`'s whole rounds of `ROUND` bytes (it gets the starting
+    /// register, the count of rounds, and where the `ROUND` folded bytes go), then `finish`
+    /// over the folded bytes and the rest.
     ///
     /// # Safety
-    /// `lp` must be the loop for rounds of `ROUND` bytes and `constants` its constants; the CPU
-    /// must have its instructions, and PCLMULQDQ and SSE4.2.
+    /// `lp` may read at most the given rounds of `data` and write at most `ROUND` bytes where
+    /// the folded bytes go, and must leave there what stands for those rounds; the CPU must
+    /// have PCLMULQDQ and SSE4.2.
     #[target_feature(enable = "pclmulqdq,sse2,sse4.2")]
     unsafe fn fold<const ROUND: usize>(
-        lp: Loop,
-        constants: &[u64; 2],
         crc: u32,
         data: &[u8],
+        lp: impl FnOnce(u32, usize, *mut u8),
     ) -> u32 {
         let rounds = data.len() / ROUND;
         assert!(rounds >= 1);
         let mut folded = [0u8; ROUND];
-        // SAFETY: the loop reads `rounds * ROUND` bytes from the start of `data` (`rounds` is
-        // at least 1 and `data` that long), and the 16 bytes of `constants`; it writes the
-        // `ROUND` bytes of `folded`. The caller checked the CPU has its instructions.
-        unsafe {
-            lp(
-                !crc,
-                data.as_ptr(),
-                rounds,
-                constants.as_ptr(),
-                folded.as_mut_ptr(),
-            );
-            finish(&folded, &data[rounds * ROUND..])
-        }
+        lp(!crc, rounds, folded.as_mut_ptr());
+        // SAFETY: the caller checked the CPU has `finish`'s instructions.
+        unsafe { finish(&folded, &data[rounds * ROUND..]) }
     }
 
     /// The CRC32c of a message whose first part `folded` stands for (with the starting register

@@ -24,10 +24,10 @@ struct Side {
 }
 
 fn side(qp: u32, crc: bool, ord: u16) -> Side {
-    side_with(qp, crc, ord, false)
+    side_with(qp, crc, ord, false, 1024)
 }
 
-fn side_with(qp: u32, crc: bool, ord: u16, remote_completion: bool) -> Side {
+fn side_with(qp: u32, crc: bool, ord: u16, remote_completion: bool, mulpdu: usize) -> Side {
     let dev = Device::new();
     let pd = dev.alloc_pd();
     let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
@@ -35,7 +35,7 @@ fn side_with(qp: u32, crc: bool, ord: u16, remote_completion: bool) -> Side {
         qp_num: qp,
         pd: pd.id(),
         crc,
-        mulpdu: 1024,
+        mulpdu,
         ird: 4,
         ord,
         remote_completion,
@@ -296,6 +296,54 @@ fn deliver_read(a: &mut Side, b: &mut Side, wr_id: u64, src: &Guarded, sink: &Gu
         .unwrap();
     let mut round = 0;
     assert!(transfer(a, b, 100, &mut round), "the Read Request");
+}
+
+/// With CRC, a Read Response leaves as snapshots of its segments, and one send takes snapshots
+/// worth up to 1 MiB, as a send without CRC takes up to 1 MiB of responses from the region: at
+/// the default MULPDU (16 KiB) a 2 MiB READ goes in two or three gather lists, not in pieces of
+/// eight segments (128 KiB, which made each byte cost the kernel's TCP more). Every byte lands,
+/// under a CRC that matches.
+#[test]
+fn a_send_takes_up_to_a_mebibyte_of_read_response_snapshots() {
+    const MIB: usize = 1 << 20;
+    let (mut a, mut b) = (
+        side_with(1, true, 4, false, 16 << 10),
+        side_with(2, true, 4, false, 16 << 10),
+    );
+    let src = Guarded::new(&b, 2 * MIB, Access::REMOTE_READ, 0);
+    // SAFETY: our own registered buffer, written before the Read is served.
+    unsafe { std::slice::from_raw_parts_mut(src.addr() as *mut u8, 2 * MIB) }
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i % 251) as u8);
+    let sink = Guarded::new(&a, 2 * MIB, Access::LOCAL_WRITE, 0);
+    deliver_read(&mut a, &mut b, 7, &src, &sink);
+    let mut sends = Vec::new();
+    loop {
+        let mut iov = [std::io::IoSlice::new(&[]); 512];
+        let n = b.stream.tx_iovecs(&mut iov);
+        let bytes: Vec<u8> = iov[..n].iter().flat_map(|s| s.iter().copied()).collect();
+        if bytes.is_empty() {
+            break;
+        }
+        b.stream.tx_advance(bytes.len());
+        assert_eq!(a.stream.rx_feed(&bytes), bytes.len());
+        sends.push(bytes.len());
+    }
+    // 1 MiB of snapshots is 64 segments: at most 1 MiB of payload, with 64 FPDUs' framing
+    // (length field, headers, pad and CRC: under 64 bytes each).
+    assert!(
+        sends[0] > MIB - (16 << 10) && sends[0] <= MIB + 64 * 64,
+        "the first send took {} bytes: {sends:?}",
+        sends[0]
+    );
+    assert!(sends.len() <= 3, "{sends:?}");
+    assert_eq!(a.stream.last_terminate(), None);
+    assert_eq!(sink.data(), src.data(), "the bytes read");
+    assert!(sink.guards_intact());
+    let done = drain(&a.scq);
+    assert_eq!(done.len(), 1);
+    assert_eq!((done[0].wr_id, done[0].status), (7, WcStatus::Success));
 }
 
 /// The responder's memory may change between a Read Request's arrival and its response's
@@ -990,8 +1038,8 @@ fn send_queue_completions_come_in_posting_order() {
     // because a Write finished early waits for the Read posted before it.
     for remote_completion in [true, false] {
         let (mut a, mut b) = (
-            side_with(1, false, 4, remote_completion),
-            side_with(2, false, 4, remote_completion),
+            side_with(1, false, 4, remote_completion, 1024),
+            side_with(2, false, 4, remote_completion, 1024),
         );
         let remote = Guarded::new(
             &b,

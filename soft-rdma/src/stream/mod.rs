@@ -148,39 +148,51 @@ impl Chunk {
 /// Read Response snapshots reuse buffers kept per thread (a core's streams take turns with
 /// them). A fresh allocation for every snapshot met memory the allocator had just given back to
 /// the system, so each one faulted its pages in again: 2.5-4 page faults per 64 KiB READ served
-/// with CRC, and half the bandwidth of a run whose allocator kept its memory. At most
-/// [`spare::KEEP`] buffers of 64 KiB are kept (1 MiB per core whatever its queue pairs do), and
-/// one send takes at most that many snapshots ([`Stream::tx_iovecs`]), so in a steady stream of
-/// responses every snapshot finds a kept buffer.
+/// with CRC, and half the bandwidth of a run whose allocator kept its memory.
+///
+/// The buffers are counted in bytes: a thread keeps at most [`spare::BUDGET`] (1 MiB, whatever
+/// its queue pairs do), and one send takes snapshots worth at most that much
+/// ([`spare::charge`], [`Stream::tx_iovecs`]), so in a steady stream of responses every
+/// snapshot finds a kept buffer. Counting buffers instead (eight a send) capped a send at eight
+/// segments, 128 KiB at the default MULPDU of 16 KiB, where the same READs without CRC went out
+/// 256 KiB-1 MiB at a time; the kernel's TCP costs more per byte in small sends
+/// (`bench/RESULTS.md`, fifty-eighth session).
 mod spare {
     use std::cell::RefCell;
 
-    /// Buffers kept per thread.
-    pub(super) const KEEP: usize = 8;
-    /// The largest buffer kept.
-    pub(super) const LARGEST: usize = 128 << 10;
-    /// The largest segment: a ULPDU is at most 65,535 bytes.
-    const SEGMENT: usize = 64 << 10;
+    /// Bytes of buffers kept per thread, and of snapshots one send takes.
+    pub(super) const BUDGET: usize = 1 << 20;
+    /// The smallest buffer: a segment at the default MULPDU fits, so that in a stream of
+    /// full segments and short last ones every kept buffer serves any of them.
+    const SMALLEST: usize = 16 << 10;
+    /// The largest buffer kept (a ULPDU is at most 65,535 bytes).
+    const LARGEST: usize = 128 << 10;
 
     thread_local! {
-        static SPARE: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+        /// The kept buffers, and the sum of their capacities.
+        static SPARE: RefCell<(Vec<Vec<u8>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    }
+
+    /// What a snapshot of `len` bytes counts against [`BUDGET`]: the capacity it gets.
+    pub(super) fn charge(len: usize) -> usize {
+        len.max(SMALLEST)
     }
 
     /// A copy of `bytes`, in a kept buffer where there is one, and the CRC32c of `crc`'s
     /// message followed by them, taken in the same pass ([`crate::wire::crc32c_copy`]).
     pub(super) fn snapshot(crc: u32, bytes: &[u8]) -> (Vec<u8>, u32) {
         let mut buf = SPARE
-            .try_with(|s| s.borrow_mut().pop())
+            .try_with(|s| {
+                let (kept, sum) = &mut *s.borrow_mut();
+                let b = kept.pop()?;
+                *sum -= b.capacity();
+                Some(b)
+            })
             .ok()
             .flatten()
             .unwrap_or_default();
         if buf.capacity() < bytes.len() {
-            // Room for any segment, so that a kept buffer is never grown (and the smaller one
-            // freed) when the segments' sizes differ.
-            buf = Vec::with_capacity(bytes.len().max(SEGMENT));
-        }
-        if buf.capacity() < bytes.len() {
-            buf = Vec::with_capacity(bytes.len().max(LARGEST));
+            buf = Vec::with_capacity(charge(bytes.len()));
         }
         buf.clear();
         let crc =
@@ -192,21 +204,27 @@ mod spare {
 
     /// `buf` is sent: keep it for the next snapshot, or free it.
     pub(super) fn give_back(buf: Vec<u8>) {
-        if buf.capacity() > LARGEST {
+        let cap = buf.capacity();
+        if cap > LARGEST {
             return;
         }
         let _ = SPARE.try_with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < KEEP {
-                s.push(buf);
+            let (kept, sum) = &mut *s.borrow_mut();
+            if *sum + cap <= BUDGET {
+                *sum += cap;
+                kept.push(buf);
             }
         });
     }
 
-    /// Buffers kept on this thread now.
+    /// Buffers kept on this thread now, and their bytes.
     #[cfg(test)]
-    pub(super) fn kept() -> usize {
-        SPARE.with(|s| s.borrow().len())
+    pub(super) fn kept() -> (usize, usize) {
+        SPARE.with(|s| {
+            let (kept, sum) = &*s.borrow();
+            assert_eq!(*sum, kept.iter().map(Vec::capacity).sum::<usize>());
+            (kept.len(), *sum)
+        })
     }
 
     #[cfg(test)]
@@ -214,12 +232,14 @@ mod spare {
         use super::*;
 
         #[test]
-        fn at_most_keep_buffers_of_at_most_largest_are_kept() {
-            let bufs: Vec<_> = (0..KEEP + 3)
+        fn buffers_are_kept_up_to_the_budget_in_bytes() {
+            let fit = BUDGET / SMALLEST;
+            let bufs: Vec<_> = (0..fit + 3)
                 .map(|i| {
                     let bytes = vec![i as u8; 1000];
                     let (copy, crc) = snapshot(7, &bytes);
                     assert_eq!(crc, crate::wire::crc32c_append(7, &bytes));
+                    assert_eq!(copy.capacity(), charge(1000), "charged what it holds");
                     copy
                 })
                 .collect();
@@ -228,15 +248,38 @@ mod spare {
                 .enumerate()
                 .all(|(i, b)| b == &vec![i as u8; 1000]));
             bufs.into_iter().for_each(give_back);
-            assert_eq!(kept(), KEEP);
+            assert_eq!(
+                kept(),
+                (fit, BUDGET),
+                "the three over the budget were freed"
+            );
             // A kept buffer is handed out again, holding only the new bytes.
             let (again, _) = snapshot(0, b"abc");
             assert_eq!(again, b"abc");
-            assert!(again.capacity() >= 1000, "a kept buffer");
-            assert_eq!(kept(), KEEP - 1);
+            assert_eq!(again.capacity(), SMALLEST, "a kept buffer");
+            assert_eq!(kept(), (fit - 1, BUDGET - SMALLEST));
             give_back(vec![0; LARGEST + 1]);
+            assert_eq!(
+                kept(),
+                (fit - 1, BUDGET - SMALLEST),
+                "the oversized one was freed"
+            );
+            // A segment larger than the kept buffer on top gets a buffer of its own size.
+            let big = vec![5u8; 40_000];
+            let (copy, crc) = snapshot(0, &big);
+            assert_eq!(
+                (copy.as_slice(), crc),
+                (&big[..], crate::wire::crc32c_append(0, &big))
+            );
+            assert_eq!(copy.capacity(), 40_000);
+            give_back(copy);
+            assert_eq!(
+                kept(),
+                (fit - 2, BUDGET - 2 * SMALLEST),
+                "it is over the budget"
+            );
             give_back(again);
-            assert_eq!(kept(), KEEP, "the oversized one was freed");
+            assert_eq!(kept(), (fit - 1, BUDGET - SMALLEST));
         }
     }
 }
@@ -248,6 +291,16 @@ impl Chunk {
             Chunk::Raw(_, n) => *n,
             Chunk::Snapshot { len, .. } | Chunk::Served { len, .. } => *len,
             Chunk::Owned(b) => b.len(),
+        }
+    }
+
+    /// What the chunk counts against the bytes of snapshots one send may take
+    /// ([`spare::BUDGET`]): a snapshot's buffer, taken or still to take; nothing for the rest.
+    fn snapshot_charge(&self) -> usize {
+        match self {
+            Chunk::Snapshot { len, .. } => spare::charge(*len),
+            Chunk::Owned(b) => b.capacity(),
+            _ => 0,
         }
     }
 

@@ -521,15 +521,15 @@ impl Stream {
     /// deregistered: then the stream has stopped (see [`Stream::rx_dead`]) and the connection
     /// should be closed.
     pub fn tx_iovecs<'a>(&'a mut self, out: &mut [IoSlice<'a>]) -> usize {
-        // At most `spare::KEEP` snapshots per send, so that they all go back to be kept.
+        // Snapshots worth at most `spare::BUDGET` per send, so that they all go back to be kept.
         let mut snapshots = 0;
         let n = self
             .tx
             .iter()
             .take(out.len())
             .take_while(|c| {
-                snapshots += matches!(c, Chunk::Snapshot { .. } | Chunk::Owned(_)) as usize;
-                snapshots <= super::spare::KEEP
+                snapshots += c.snapshot_charge();
+                snapshots <= super::spare::BUDGET
             })
             .count();
         if !self.prepare(n) {
@@ -595,12 +595,8 @@ impl Stream {
         {
             // Read Response payloads: their sources are checked again, and snapshots taken,
             // no more of them than one send takes.
-            let snapshots = self
-                .tx
-                .iter()
-                .filter(|c| matches!(c, Chunk::Snapshot { .. } | Chunk::Owned(_)))
-                .count();
-            if snapshots > super::spare::KEEP {
+            let snapshots: usize = self.tx.iter().map(Chunk::snapshot_charge).sum();
+            if snapshots > super::spare::BUDGET {
                 return None;
             }
             if !self.prepare(self.tx.len()) {

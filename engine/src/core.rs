@@ -137,6 +137,14 @@ pub(crate) struct Core {
     /// into `deferred`.
     main: RefCell<Option<Waker>>,
     main_deferred: Cell<bool>,
+    /// Hooks to run when the task (or main future) being polled returns (see
+    /// [`crate::at_yield`]), the vector they are swapped with while they run, and whether any
+    /// is waiting: one flag test per poll when none is.
+    at_yield: RefCell<Vec<fn()>>,
+    at_yield_spare: RefCell<Vec<fn()>>,
+    at_yield_armed: Cell<bool>,
+    /// Polls of tasks and of the main future so far (see [`crate::poll_count`]).
+    pub(crate) polls: Cell<u64>,
 }
 
 thread_local! {
@@ -305,11 +313,36 @@ impl Core {
             deferred_spare: RefCell::new(Vec::new()),
             main: RefCell::new(None),
             main_deferred: Cell::new(false),
+            at_yield: RefCell::new(Vec::new()),
+            at_yield_spare: RefCell::new(Vec::new()),
+            at_yield_armed: Cell::new(false),
+            polls: Cell::new(0),
         }
     }
 
     pub(crate) fn index(&self) -> usize {
         self.shared.index
+    }
+
+    /// Queues `hook` for the end of the current poll (see [`crate::at_yield`]).
+    pub(crate) fn at_yield(&self, hook: fn()) {
+        self.at_yield.borrow_mut().push(hook);
+        self.at_yield_armed.set(true);
+    }
+
+    /// Runs the hooks queued during the poll that just returned. A hook that queues another
+    /// (a post from inside one) runs it at the next check, after the next poll.
+    #[inline]
+    fn run_at_yield(&self) {
+        if !self.at_yield_armed.replace(false) {
+            return;
+        }
+        let mut hooks = std::mem::take(&mut *self.at_yield_spare.borrow_mut());
+        std::mem::swap(&mut hooks, &mut *self.at_yield.borrow_mut());
+        for hook in hooks.drain(..) {
+            hook();
+        }
+        *self.at_yield_spare.borrow_mut() = hooks;
     }
 
     fn enter(&self) -> EnterGuard {
@@ -399,6 +432,8 @@ impl Core {
             } else {
                 task.poll()
             };
+            self.polls.set(self.polls.get() + 1);
+            self.run_at_yield();
             if done {
                 task.complete();
                 drop(self.unlink(task.as_ptr()));
@@ -616,7 +651,10 @@ impl Core {
         loop {
             if let Some(fut) = main.as_mut() {
                 if main_waker.woken.swap(false, Ordering::AcqRel) {
-                    if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    let polled = fut.as_mut().poll(&mut cx);
+                    self.polls.set(self.polls.get() + 1);
+                    self.run_at_yield();
+                    if let Poll::Ready(v) = polled {
                         self.mesh.flush();
                         return Some(v);
                     }
@@ -635,6 +673,8 @@ impl Core {
             }
             skipped_sources = false;
             let did = self.poll_sources();
+            // Hooks a completion source queued (outside any task's poll).
+            self.run_at_yield();
             if ran > 0 || did || main_waker.woken.load(Ordering::Acquire) {
                 idle_since = None;
                 continue;

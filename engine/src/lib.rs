@@ -61,8 +61,8 @@ pub use op::poll_fd::{poll_readable, poll_readable_relaxed, poll_writable, WakeS
 pub use poller::{Poller, MEMORY_LOOKS};
 pub use pool::map_anonymous;
 pub use runtime::{
-    core_token, current_core, current_cpu, in_runtime, num_cores, reactor, register_poller,
-    spawn_on, stats, yield_now, Builder, Runtime, DEFAULT_FIXED_FILES,
+    at_yield, core_token, current_core, current_cpu, in_runtime, num_cores, poll_count, reactor,
+    register_poller, spawn_on, stats, yield_now, Builder, Runtime, DEFAULT_FIXED_FILES,
 };
 pub use stats::CoreStats;
 pub use task::{task_overhead_bytes, JoinError, JoinHandle};

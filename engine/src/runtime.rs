@@ -695,6 +695,58 @@ pub fn in_runtime() -> bool {
     crate::core::try_with_core(|_| ()).is_some()
 }
 
+/// Runs `hook` once on this core as soon as the task (or the main future) being polled
+/// returns from its poll, whether it finished or is waiting; called outside any task's poll
+/// (from a [`Poller`](crate::Poller)), at the end of the current pass over the completion
+/// sources. False, and nothing queued, outside a barewire runtime.
+///
+/// It lets a library batch what one poll asks for: the software RDMA provider sends the first
+/// work request a task posts at once, and those the task posts after it, before yielding, in
+/// one system call when it yields. Each call queues `hook` again, so a caller that needs it
+/// once per poll keeps its own flag.
+///
+/// ```
+/// use std::cell::Cell;
+/// thread_local! { static BATCH: Cell<u32> = const { Cell::new(0) }; }
+/// fn flush() {
+///     println!("{} requests at once", BATCH.with(|b| b.replace(0)));
+/// }
+///
+/// let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     for _ in 0..3 {
+///         if BATCH.with(|b| b.replace(b.get() + 1)) == 0 {
+///             assert!(barewire_engine::at_yield(flush));
+///         }
+///     }
+///     assert_eq!(BATCH.with(|b| b.get()), 3, "not yet: this poll has not returned");
+///     barewire_engine::yield_now().await;
+///     assert_eq!(BATCH.with(|b| b.get()), 0, "flushed when the poll returned");
+/// });
+/// assert!(!barewire_engine::at_yield(flush));
+/// ```
+pub fn at_yield(hook: fn()) -> bool {
+    crate::core::try_with_core(|c| c.at_yield(hook)).is_some()
+}
+
+/// How many polls of tasks and of the main future this core has finished: two calls that
+/// return the same number ran in the same poll (or between the same two, in a
+/// [`Poller`](crate::Poller)). With [`at_yield`], it lets a library tell the first request of
+/// a poll from the ones after it.
+///
+/// ```
+/// let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let first = barewire_engine::poll_count();
+///     assert_eq!(barewire_engine::poll_count(), first, "the same poll");
+///     barewire_engine::yield_now().await;
+///     assert!(barewire_engine::poll_count() > first);
+/// });
+/// ```
+pub fn poll_count() -> u64 {
+    with_core(|c| c.polls.get())
+}
+
 /// An id of the current core that is unique over the process's life, for libraries that keep
 /// per-core state in thread-locals: a new runtime on the same thread gets a new token.
 pub fn core_token() -> u64 {

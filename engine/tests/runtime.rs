@@ -564,3 +564,48 @@ fn an_idle_core_other_than_the_first_sleeps() {
         "core 1 made {passes} passes in 100 ms of idleness: it spun instead of sleeping"
     );
 }
+
+thread_local! {
+    static YIELD_LOG: RefCell<Vec<&'static str>> = const { RefCell::new(Vec::new()) };
+}
+
+fn log(what: &'static str) {
+    YIELD_LOG.with(|l| l.borrow_mut().push(what));
+}
+
+/// `at_yield` hooks run when the poll that queued them returns: after a spawned task's poll and
+/// before the next task's, once per call, and a hook queued by a hook runs after the next poll.
+#[test]
+fn at_yield_hooks_run_when_the_poll_returns() {
+    let rt = rt(1);
+    common::expect_reactor(&rt);
+    rt.block_on(async {
+        let a = spawn_local(async {
+            log("a polled");
+            assert!(barewire_engine::at_yield(|| log("hook")));
+            assert!(barewire_engine::at_yield(|| {
+                log("hook again");
+                barewire_engine::at_yield(|| log("hook from a hook"));
+            }));
+            log("a still polling");
+        });
+        let b = spawn_local(async { log("b polled") });
+        a.await.unwrap();
+        b.await.unwrap();
+        yield_now().await;
+    });
+    let seen = YIELD_LOG.with(|l| l.take());
+    assert_eq!(
+        seen,
+        [
+            "a polled",
+            "a still polling",
+            "hook",
+            "hook again",
+            "b polled",
+            "hook from a hook"
+        ]
+    );
+    assert!(!barewire_engine::at_yield(|| log("outside")));
+    assert!(YIELD_LOG.with(|l| l.borrow().is_empty()));
+}

@@ -564,6 +564,48 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
     });
 }
 
+/// Sixteen 16 KiB WRITEs posted in one poll of a task, as a bandwidth loop posts its batch: on
+/// an io_uring core with few queue pairs the first goes at once, in a submission of its own,
+/// and the fifteen after it wait for the task to yield and go together (they were one
+/// `io_uring_enter` and one `SENDMSG` each); every byte lands and every WRITE completes. Under
+/// epoll the provider makes no ring calls.
+#[test]
+fn writes_posted_in_one_poll_go_out_together_when_the_task_yields() {
+    const N: usize = 16;
+    const LEN: usize = 16 << 10;
+    rt().block_on(async {
+        let (a, b) = (end(), end());
+        let (qa, _qb) = pair(&a, &b, true).await;
+        let mut src: Vec<u8> = (0..N * LEN).map(|i| (i % 253) as u8).collect();
+        let mut dst = vec![0u8; N * LEN];
+        let smr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
+        let dmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        let ring = matches!(
+            barewire_engine::reactor(),
+            barewire_engine::ReactorKind::IoUring(_)
+        );
+        let before = barewire_engine::stats().submit_calls;
+        for n in 0..N {
+            let at = n * LEN;
+            qa.post_send(wr(
+                n as u64,
+                write_to(&dmr, at as u64),
+                sge(&smr, at, LEN),
+                true,
+            ))
+            .unwrap();
+        }
+        let posting = barewire_engine::stats().submit_calls - before;
+        assert_eq!(posting, u64::from(ring), "ring calls while the task posted");
+        for _ in 0..N {
+            let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
+            assert_eq!(wc.status, WcStatus::Success);
+        }
+        drop((smr, dmr));
+        assert!(dst == src, "every WRITE's bytes landed where it named");
+    });
+}
+
 /// `n` connected pairs between `a` and `b`.
 async fn pairs(a: &End, b: &End, n: usize, crc: bool) -> Vec<(QueuePair, QueuePair)> {
     let mut v = Vec::with_capacity(n);

@@ -802,14 +802,18 @@ impl QueuePair {
         self.inner.borrow().stream.last_terminate()
     }
 
-    /// Posts a send work request; transmission starts at once.
+    /// Posts a send work request. On a core with few queue pairs, transmission starts at once
+    /// for a task's first post in a poll; the posts it makes after that before yielding (a
+    /// burst) start when it yields, all in one system call. On a core with many, every post
+    /// goes with the core's next submission, which comes as soon as the task yields.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         barewire_engine::trace::event(barewire_engine::trace::Kind::POSTED, wr.wr_id);
         let mut i = self.inner.borrow_mut();
         i.stream.post_send(wr)?;
         if i.ring.is_some() {
-            // Out now on a core with few queue pairs, else with the core's next submission,
-            // which comes as soon as this task yields.
+            // Out now on a core with few queue pairs (the poll's first post; the rest of a
+            // burst when the task yields), else with the core's next submission, which comes
+            // as soon as this task yields.
             if !ring::post_now(&mut i) {
                 ring::queue(&mut i);
             }

@@ -97,6 +97,11 @@ const MAX_LOOKS: u8 = 4;
 /// behind in the sense of `RingOps::bulk`, however full its buffers came back.
 const LONG_WRITE: u64 = 128 * 1024;
 
+/// A post in a burst (see `post_now`) that leaves this many bytes queued on its queue pair
+/// goes at once all the same: a send that large gains nothing from waiting for more, and a
+/// stream of 1 MiB WRITEs keeps sending each as it is posted.
+const BURST_FULL: u64 = 1 << 20;
+
 /// Bytes one queue pair may receive directly per pass (its sends are bounded by the socket).
 const BUDGET: usize = 1 << 20;
 
@@ -111,6 +116,14 @@ pub(super) struct Ring {
     polling: RefCell<Vec<usize>>,
     /// Completions reaped by an immediate send (see `post_now`) for the next `poll`.
     backlog: RefCell<Vec<Completion>>,
+    /// The engine's poll count at the last post (`post_now`): a post in the same poll as
+    /// another waits for the task to yield (`send_burst`).
+    last_post: Cell<u64>,
+    /// A post waits for `send_burst`, which is queued to run when the task yields.
+    burst_waits: Cell<bool>,
+    /// `send_burst`'s scratch: the queue pairs it sends for, and the completions it reaps.
+    burst_keys: RefCell<Vec<usize>>,
+    burst_reaped: RefCell<Vec<Completion>>,
     /// The buffers a pass's first polled receive of each queue pair reads into (see `arm`),
     /// handed out in order from the start of each pass, and the next one to hand out.
     looks: RefCell<Vec<Box<[u8]>>>,
@@ -144,6 +157,10 @@ impl Ring {
             pending: RefCell::new(Vec::new()),
             polling: RefCell::new(Vec::new()),
             backlog: RefCell::new(Vec::new()),
+            last_post: Cell::new(u64::MAX),
+            burst_waits: Cell::new(false),
+            burst_keys: RefCell::new(Vec::new()),
+            burst_reaped: RefCell::new(Vec::new()),
             looks: RefCell::new(Vec::new()),
             next_look: Cell::new(0),
             copy: !raw.completes_in_submit(),
@@ -575,7 +592,13 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>
     }
 }
 
-/// A task posted on `i`: on a core in polling mode, out now (see `send_now`).
+/// A task posted on `i`: on a core in polling mode, out now (see `send_now`), if it is the
+/// first post of the task's current poll. The posts after it in the same poll (a burst: a
+/// bandwidth loop's batch, a request and its fence) wait in their streams and go when the task
+/// yields, every queue pair's in one submission (`send_burst`), unless one leaves
+/// [`BURST_FULL`] bytes queued: a stream of 64 KiB WRITEs went one `SENDMSG` and one
+/// `io_uring_enter` per WRITE, where a batch of sixteen can take one. False if the post waits
+/// (the caller queues the queue pair for the pass).
 pub(super) fn post_now(i: &mut QpInner) -> bool {
     // Outside the runtime (a handle dropped after `block_on` returned) there is no ring to
     // submit on: the post waits in the stream, as any other.
@@ -598,6 +621,15 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
         let Some(r) = ring.as_ref() else {
             return false;
         };
+        let now = barewire_engine::poll_count();
+        if r.last_post.replace(now) == now && i.stream.tx_unsent() < BURST_FULL {
+            // Not the poll's first post: queued by the caller, and taken by `send_burst` when
+            // the task yields.
+            if !r.burst_waits.replace(true) {
+                barewire_engine::at_yield(send_burst);
+            }
+            return false;
+        }
         let (fd, send) = (target(i), token(i, Kind::Send));
         let QpInner { stream, ring, .. } = i;
         let Some(ops) = ring.as_mut() else {
@@ -619,6 +651,24 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
         }
         sent
     })
+}
+
+/// A task that posted more than once in one poll yielded: what waited (see `post_now`) goes
+/// out now, in one submission for every queue pair waiting for the pass, as `poll` sends what
+/// received bytes produced.
+fn send_burst() {
+    let _ = PROVIDER.try_with(|p| {
+        let ring = p.ring.borrow();
+        let Some(r) = ring.as_ref() else { return };
+        r.burst_waits.set(false);
+        if !polling_mode(p) {
+            return;
+        }
+        let mut keys = r.burst_keys.borrow_mut();
+        keys.clear();
+        keys.extend_from_slice(&r.pending.borrow());
+        send_now(p, r, &keys, &mut r.burst_reaped.borrow_mut());
+    });
 }
 
 /// A send's completion: `res` bytes went out (or why none did).

@@ -439,6 +439,11 @@ impl Stream {
         !self.tx.is_empty()
     }
 
+    /// How many bytes wait to be sent.
+    pub fn tx_unsent(&self) -> u64 {
+        self.tx_queued - self.tx_sent
+    }
+
     /// True while the Read Response source `(stag, to)` of `len` bytes is still registered
     /// where it was.
     fn source_live(&self, (stag, to): (u32, u64), len: usize, src: *const u8) -> bool {
@@ -584,7 +589,7 @@ impl Stream {
     /// assert_eq!(u64::from_le_bytes(dst), 42);
     /// ```
     pub fn tx_copy(&mut self, out: &mut [u8]) -> Option<usize> {
-        let queued = self.tx_queued - self.tx_sent;
+        let queued = self.tx_unsent();
         if queued > out.len() as u64 {
             return None;
         }

@@ -26,7 +26,9 @@
 //!   keeps a zero-copy send's pages until the peer has acknowledged them and reads them again
 //!   to retransmit, so a Read Response could carry bytes its owner wrote after revoking the
 //!   region. Where a NIC makes zero copy pay, it fits a requester's own WRITE or SEND payload
-//!   only, with the completion held until the notification.
+//!   only, with the completion held until the notification. On a core with few queue pairs, a
+//!   task's first post of a poll is sent at once, in a submission of its own, and the posts it
+//!   makes after that go together when it yields (`post_now`).
 //!
 //! Operations name a queue pair's socket by its slot in the core's registered file table where
 //! it got one (`RawQueue::register_file`; given back when the queue pair is dropped), so the

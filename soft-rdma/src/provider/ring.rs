@@ -123,9 +123,10 @@ pub(super) struct Ring {
     last_post: Cell<u64>,
     /// A post waits for `send_burst`, which is queued to run when the task yields.
     burst_waits: Cell<bool>,
-    /// `send_burst`'s scratch: the queue pairs it sends for, and the completions it reaps.
-    burst_keys: RefCell<Vec<usize>>,
-    burst_reaped: RefCell<Vec<Completion>>,
+    /// `send_now`'s scratch (kept, so no send allocates): the queue pairs it sends for, and
+    /// the completions it reaps.
+    send_keys: RefCell<Vec<usize>>,
+    send_reaped: RefCell<Vec<Completion>>,
     /// The buffers a pass's first polled receive of each queue pair reads into (see `arm`),
     /// handed out in order from the start of each pass, and the next one to hand out.
     looks: RefCell<Vec<Box<[u8]>>>,
@@ -161,8 +162,8 @@ impl Ring {
             backlog: RefCell::new(Vec::new()),
             last_post: Cell::new(u64::MAX),
             burst_waits: Cell::new(false),
-            burst_keys: RefCell::new(Vec::new()),
-            burst_reaped: RefCell::new(Vec::new()),
+            send_keys: RefCell::new(Vec::new()),
+            send_reaped: RefCell::new(Vec::new()),
             looks: RefCell::new(Vec::new()),
             next_look: Cell::new(0),
             copy: !raw.completes_in_submit(),
@@ -561,15 +562,18 @@ fn gather<const N: usize>(stream: &mut Stream, iov: &mut [libc::iovec]) -> (usiz
 }
 
 /// On a core with few queue pairs (where latency matters more than batching: see
-/// `polling_mode`), sends what `keys` have queued at once, through the ring, in one
-/// `io_uring_enter` of its own, instead of at the next pass: a Read Response, an atomic's
-/// answer or an acknowledgement then leaves as soon as its request is processed, and a
-/// task's post before the task yields. With more queue pairs everything waits for the pass
-/// and shares its one submission. Nothing runs between the pushes and this submission.
-/// `reaped` is the caller's scratch (empty, and left empty), kept so that no send allocates.
-fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>) {
+/// `polling_mode`), sends what the queue pairs waiting for the pass (`Ring::pending`) have
+/// queued at once, through the ring, in one `io_uring_enter` of its own, instead of at the
+/// next pass: a Read Response, an atomic's answer or an acknowledgement then leaves as soon as
+/// its request is processed, and the rest of a task's burst of posts when the task yields
+/// (`send_burst`). With more queue pairs everything waits for the pass and shares its one
+/// submission. Nothing runs between the pushes and this submission.
+fn send_now(p: &Provider, r: &Ring) {
+    let mut keys = r.send_keys.borrow_mut();
+    keys.clear();
+    keys.extend_from_slice(&r.pending.borrow());
     let mut any = false;
-    for &key in keys {
+    for &key in keys.iter() {
         let Some(qp) = p.get(key) else { continue };
         let mut guard = qp.borrow_mut();
         let i = &mut *guard;
@@ -582,10 +586,12 @@ fn send_now(p: &Provider, r: &Ring, keys: &[usize], reaped: &mut Vec<Completion>
             any |= arm_send(fd, send, stream, ops, r);
         }
     }
+    drop(keys);
     if any {
         r.raw.submit();
         // The sends are done (MSG_DONTWAIT, inside that call): apply them now, before any
         // task runs, so no stream ever has bytes on the wire that it still counts as queued.
+        let reaped = &mut *r.send_reaped.borrow_mut();
         reaped.append(&mut r.backlog.borrow_mut());
         r.raw.drain(reaped);
         for c in reaped.drain(..) {
@@ -666,10 +672,7 @@ fn send_burst() {
         if !polling_mode(p) {
             return;
         }
-        let mut keys = r.burst_keys.borrow_mut();
-        keys.clear();
-        keys.extend_from_slice(&r.pending.borrow());
-        send_now(p, r, &keys, &mut r.burst_reaped.borrow_mut());
+        send_now(p, r);
     });
 }
 
@@ -1016,10 +1019,8 @@ fn after(i: &mut QpInner) {
 /// their completions after it.
 pub(super) struct RingPoller {
     completions: Vec<Completion>,
-    /// Scratch: the queue pairs an immediate send looks at (kept, so no pass allocates).
-    keys: Vec<usize>,
-    /// Scratch: the queue pairs `prepare_submit` (or a core going to sleep) arms, kept as
-    /// `keys` is: taking the ring's list instead left it without capacity, and every pass
+    /// Scratch: the queue pairs `prepare_submit` (or a core going to sleep) arms, kept (as
+    /// `Ring::send_keys` is): taking the ring's list instead left it without capacity, and every pass
     /// allocated it again.
     arming: Vec<usize>,
     last_timeout_check: Instant,
@@ -1030,7 +1031,6 @@ impl RingPoller {
     pub(super) fn new() -> RingPoller {
         RingPoller {
             completions: Vec::with_capacity(64),
-            keys: Vec::new(),
             arming: Vec::new(),
             last_timeout_check: Instant::now(),
             gone: Vec::new(),
@@ -1073,9 +1073,7 @@ impl Poller for RingPoller {
                 if polling_mode(p) && moved {
                     // What the bytes just received produced (responses, acknowledgements)
                     // goes out now; the rest of each queue pair's needs wait for the pass.
-                    self.keys.clear();
-                    self.keys.extend_from_slice(&r.pending.borrow());
-                    send_now(p, r, &self.keys, &mut self.completions);
+                    send_now(p, r);
                 }
             }
             moved |= sweep_active(

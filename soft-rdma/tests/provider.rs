@@ -7,7 +7,9 @@ use barewire_test_support::rt;
 use std::time::{Duration, Instant};
 
 use barewire_engine::{spawn_local, time::timeout};
-use barewire_soft_rdma::provider::{connect, CmError, ConnectOptions, Listener, QueuePair};
+use barewire_soft_rdma::provider::{
+    connect, send_stats, CmError, ConnectOptions, Listener, QueuePair,
+};
 use barewire_soft_rdma::stream::{RecvWr, SendOp, SendWr, Sge};
 use barewire_soft_rdma::verbs::{
     Access, CompletionQueue, Device, MemoryRegion, ProtectionDomain, QpState, WcOpcode, WcStatus,
@@ -567,8 +569,10 @@ fn a_batched_send_posted_just_before_disconnect_is_delivered() {
 /// Sixteen 16 KiB WRITEs posted in one poll of a task, as a bandwidth loop posts its batch: on
 /// an io_uring core with few queue pairs the first goes at once, in a submission of its own,
 /// and the fifteen after it wait for the task to yield and go together (they were one
-/// `io_uring_enter` and one `SENDMSG` each); every byte lands and every WRITE completes. Under
-/// epoll, and under SQPOLL, the provider makes no ring calls.
+/// `io_uring_enter` and one `SENDMSG` each); on the epoll fallback likewise, with one `sendmsg`
+/// for the first and the rest when the task yields (they were a `sendmsg` each). Every byte
+/// lands and every WRITE completes. Under epoll, and under SQPOLL, the provider makes no ring
+/// calls.
 #[test]
 fn writes_posted_in_one_poll_go_out_together_when_the_task_yields() {
     const N: usize = 16;
@@ -581,11 +585,17 @@ fn writes_posted_in_one_poll_go_out_together_when_the_task_yields() {
         let smr = reg(&a.pd, &mut src, Access::LOCAL_WRITE);
         let dmr = reg(&b.pd, &mut dst, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
         // Under SQPOLL the kernel's thread submits (sends go from copies): no call either.
-        let ring = matches!(
+        let sqpoll = matches!(
             barewire_engine::reactor(),
-            barewire_engine::ReactorKind::IoUring(f) if f != barewire_engine::UringFlags::SqPoll
+            barewire_engine::ReactorKind::IoUring(barewire_engine::UringFlags::SqPoll)
         );
+        let ring = !sqpoll
+            && matches!(
+                barewire_engine::reactor(),
+                barewire_engine::ReactorKind::IoUring(_)
+            );
         let before = barewire_engine::stats().submit_calls;
+        let sends_before = send_stats().sends;
         for n in 0..N {
             let at = n * LEN;
             qa.post_send(wr(
@@ -598,6 +608,15 @@ fn writes_posted_in_one_poll_go_out_together_when_the_task_yields() {
         }
         let posting = barewire_engine::stats().submit_calls - before;
         assert_eq!(posting, u64::from(ring), "ring calls while the task posted");
+        if !sqpoll {
+            // The first WRITE went at once, in one send (one `sendmsg` on epoll); the rest
+            // wait for the yield, on either reactor.
+            assert_eq!(
+                send_stats().sends - sends_before,
+                1,
+                "sends while the task posted"
+            );
+        }
         for _ in 0..N {
             let wc = timeout(Duration::from_secs(5), a.scq.next()).await.unwrap();
             assert_eq!(wc.status, WcStatus::Success);

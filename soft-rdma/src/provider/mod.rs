@@ -17,6 +17,10 @@
 //!   [`DIRECT_PLACEMENT`] bytes straight into their region. While the core sleeps, a POLL_ADD on
 //!   the epoll fd wakes it.
 //!
+//! On both, a task's first post of a poll goes out at once, and the posts it makes after that
+//! before yielding go together when it yields (`progress::joins_burst`); [`send_stats`] counts
+//! what the core sent.
+//!
 //! Both run the same sans-I/O [`Stream`], and pass the same tests.
 //!
 //! A peer that dies, is cut off or stalls is detected two ways: the socket reports EOF or an
@@ -45,8 +49,8 @@ use crate::wire::{
     negotiate, MpaFrame, MpaKind, MpaSettings, Negotiated, Reject, Rev2Params, WireError,
     MPA_HEADER_LEN, MPA_MAX_PRIVATE_DATA,
 };
-pub use progress::DIRECT_POLL_MAX;
 use progress::{close, service, PROVIDER};
+pub use progress::{send_stats, SendStats, DIRECT_POLL_MAX};
 pub use ring::DIRECT_SWITCH;
 
 /// Payloads at least this long are received straight into their target region.
@@ -680,6 +684,9 @@ struct QpInner {
     /// A send failed: nothing more is sent, and the queue pair closes once its receive side
     /// has taken what the peer sent before its end (see `progress::send_failed`).
     tx_failed: bool,
+    /// On an epoll core: its posts wait for the task to yield, on the provider's burst list
+    /// (see `progress::joins_burst`).
+    in_burst: bool,
     /// For an accepted queue pair, until it closes: its place in its listener's limits, and
     /// where a protection violation it ends on is reported.
     admission: Option<Admission>,
@@ -696,6 +703,11 @@ impl Drop for QpInner {
             progress::flush(self);
             // An armed receive holds the socket open: cancel it so the socket really closes.
             ring::cancel_armed(self);
+        }
+        if self.in_burst && !self.closed {
+            // On an epoll core a burst of posts waits for the task to yield; what it queued goes
+            // to the socket before the socket closes, as a ring core's does just above.
+            progress::flush(self);
         }
         if self.ring.is_some() {
             // Under SQPOLL its wire sends what it still holds and goes after its operations.
@@ -771,6 +783,7 @@ impl QueuePair {
             rx_more: false,
             tx_more: false,
             tx_failed: false,
+            in_burst: false,
             admission: None,
             ring: None,
         }));
@@ -802,10 +815,13 @@ impl QueuePair {
         self.inner.borrow().stream.last_terminate()
     }
 
-    /// Posts a send work request. On a core with few queue pairs, transmission starts at once
-    /// for a task's first post in a poll; the posts it makes after that before yielding (a
-    /// burst) start when it yields, all in one system call. On a core with many, every post
-    /// goes with the core's next submission, which comes as soon as the task yields.
+    /// Posts a send work request. Transmission starts at once for a task's first post in a
+    /// poll; the posts it makes after that before yielding (a burst) start when it yields, all
+    /// in one system call (on the epoll fallback, one `sendmsg` per queue pair), unless one
+    /// leaves 1 MiB or more queued: that one goes at once too. On an io_uring core with many
+    /// queue pairs, every post goes with the core's next submission, which comes as soon as
+    /// the task yields. So a task that posts twice and then computes for long before yielding
+    /// delays its second post until it yields.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         barewire_engine::trace::event(barewire_engine::trace::Kind::POSTED, wr.wr_id);
         let mut i = self.inner.borrow_mut();
@@ -818,7 +834,11 @@ impl QueuePair {
                 ring::queue(&mut i);
             }
             mark_active(&mut i);
-        } else {
+        } else if !(barewire_engine::in_runtime()
+            && PROVIDER.with(|p| {
+                p.core.get() == barewire_engine::core_token() && progress::joins_burst(p, &mut i)
+            }))
+        {
             service(&mut i, false);
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! Progress: the per-core poller that moves every queue pair's bytes (epoll, or direct
-//! receives for a few queue pairs), the staging buffer small pieces are read through, and the
-//! stall timeout.
+//! receives for a few queue pairs), the staging buffer small pieces are read through, the
+//! stall timeout, and the burst rule both reactors' posts follow (`joins_burst`).
 
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -128,6 +128,7 @@ pub(super) fn flush(i: &mut QpInner) -> bool {
             msg.msg_iovlen = count;
             libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL)
         };
+        let _ = PROVIDER.try_with(|p| p.count_send(n));
         if n > 0 {
             i.stream.tx_advance(n as usize);
             sent += n as usize;
@@ -148,6 +149,61 @@ pub(super) fn flush(i: &mut QpInner) -> bool {
         }
     }
     moved
+}
+
+/// A post in a burst (see `joins_burst`) that leaves this many bytes queued on its queue pair
+/// goes at once all the same: a send that large gains nothing from waiting for more, and a
+/// stream of 1 MiB WRITEs keeps sending each as it is posted.
+const BURST_FULL: u64 = 1 << 20;
+
+/// The burst rule, for a post on a core that would send it at once: true if it is not the
+/// first post of the task's current poll (and leaves less than [`BURST_FULL`] queued). Then it
+/// waits in its stream, and goes when the task yields, with the rest of the burst
+/// (`send_burst`, queued here): a bandwidth loop's batch, or a request and its fence, leaves
+/// in one system call (on a ring core, every queue pair's in one submission; on an epoll core,
+/// one `sendmsg` per queue pair) rather than one each. A stream of 64 KiB WRITEs went one
+/// system call per WRITE, where a batch of sixteen can take one. A latency loop, which posts
+/// once per poll, never waits.
+pub(super) fn joins_burst(p: &Provider, i: &mut QpInner) -> bool {
+    let now = barewire_engine::poll_count();
+    if p.last_post.replace(now) != now || i.stream.tx_unsent() >= BURST_FULL {
+        return false;
+    }
+    if !p.burst_waits.get() {
+        if !barewire_engine::at_yield(send_burst) {
+            return false; // outside the runtime nothing would send it later
+        }
+        p.burst_waits.set(true);
+    }
+    if i.ring.is_none() && !std::mem::replace(&mut i.in_burst, true) {
+        p.burst.borrow_mut().push(i.key);
+    }
+    true
+}
+
+/// A task that posted more than once in one poll yielded: what waited (see `joins_burst`) goes
+/// out now.
+fn send_burst() {
+    let _ = PROVIDER.try_with(|p| {
+        p.burst_waits.set(false);
+        if super::ring::send_burst(p) {
+            return;
+        }
+        let mut keys = std::mem::take(&mut *p.burst.borrow_mut());
+        for &key in &keys {
+            if let Some(qp) = p.get(key) {
+                let mut i = qp.borrow_mut();
+                i.in_burst = false;
+                service(&mut i, false);
+            }
+        }
+        // The list's allocation is kept for the next burst.
+        keys.clear();
+        let mut burst = p.burst.borrow_mut();
+        if burst.is_empty() {
+            *burst = keys;
+        }
+    });
 }
 
 /// Bytes one queue pair may move in each direction per service call; past it the poller
@@ -259,6 +315,17 @@ pub(super) struct Provider {
     /// On an io_uring core: the ring's raw queue and provided buffers (see `ring.rs`); `None`
     /// on epoll cores, which use the epoll set above.
     pub(super) ring: RefCell<Option<super::ring::Ring>>,
+    /// The engine's poll count at the last post (see `joins_burst`): a post in the same poll
+    /// as another waits for the task to yield (`send_burst`).
+    pub(super) last_post: Cell<u64>,
+    /// `send_burst` is queued to run when the task yields.
+    pub(super) burst_waits: Cell<bool>,
+    /// On an epoll core: the queue pairs whose posts wait for `send_burst` (each once: see
+    /// `QpInner::in_burst`). A ring core keeps them on its pending list.
+    pub(super) burst: RefCell<Vec<usize>>,
+    /// What the core has sent (see [`send_stats`]).
+    pub(super) sends: Cell<u64>,
+    pub(super) sent_bytes: Cell<u64>,
 }
 
 thread_local! {
@@ -276,6 +343,11 @@ thread_local! {
             irq: RefCell::new(None),
             irq_armed: Cell::new(false),
             ring: RefCell::new(None),
+            last_post: Cell::new(u64::MAX),
+            burst_waits: Cell::new(false),
+            burst: RefCell::new(Vec::new()),
+            sends: Cell::new(0),
+            sent_bytes: Cell::new(0),
         }
     };
 }
@@ -317,6 +389,9 @@ impl Provider {
             self.registered.set(false);
             self.timer_armed.set(false);
             self.irq_armed.set(false);
+            self.last_post.set(u64::MAX);
+            self.burst_waits.set(false);
+            self.burst.take();
         }
     }
 
@@ -371,6 +446,13 @@ impl Provider {
         self.qps.borrow().get(key)?.as_ref()?.upgrade()
     }
 
+    /// Counts one send operation that moved `res` bytes (or failed: `res` ≤ 0).
+    pub(super) fn count_send(&self, res: isize) {
+        self.sends.set(self.sends.get() + 1);
+        self.sent_bytes
+            .set(self.sent_bytes.get() + res.max(0) as u64);
+    }
+
     /// Queue pairs alive on this core.
     pub(super) fn live(&self) -> usize {
         self.qps.borrow().len() - self.free.borrow().len()
@@ -421,6 +503,77 @@ impl Provider {
         }
         true
     }
+}
+
+/// What the soft provider on this thread's core has handed the kernel to send, since the
+/// thread first used it: a way to see how well posts are batched (bytes per send).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// Send operations: `sendmsg` calls on the epoll fallback; `SEND`/`SENDMSG` operations
+    /// completed on an io_uring core (under SQPOLL, sends of the queue pairs' copies). One
+    /// that found the socket full or broken counts too.
+    pub sends: u64,
+    /// The bytes they carried.
+    pub bytes: u64,
+}
+
+/// This core's [`SendStats`]. Here four WRITEs posted in one poll leave in two sends: the
+/// first at once, the other three together when the task yields. (Each signaled WRITE is
+/// acknowledged by the peer: see `ConnectOptions::remote_completion`.)
+///
+/// ```
+/// use barewire_soft_rdma::provider::*;
+/// use barewire_soft_rdma::stream::{SendOp, SendWr, Sge};
+/// use barewire_soft_rdma::verbs::*;
+///
+/// let rt = barewire_engine::Runtime::builder().cores(1).pin(false).build().unwrap();
+/// rt.block_on(async {
+///     let pd = Device::new().alloc_pd();
+///     let (scq, rcq) = (CompletionQueue::new(64), CompletionQueue::new(64));
+///     let opts = ConnectOptions::default();
+///     let l = Listener::bind("127.0.0.1:0".parse().unwrap(), opts.clone()).unwrap();
+///     let addr = l.local_addr().unwrap();
+///     let (pd2, scq2, rcq2) = (pd.clone_handle(), scq.clone(), rcq.clone());
+///     let server = barewire_engine::spawn_local(async move {
+///         l.accept(&pd2, &scq2, &rcq2).await
+///     });
+///     let (qp, _) = connect(addr, &pd, &scq, &rcq, opts).await.unwrap();
+///     let _peer = server.await.unwrap().unwrap();
+///
+///     let (mut src, mut dst) = (vec![7u8; 4096], vec![0u8; 4096]);
+///     // SAFETY: both buffers outlive their regions.
+///     let smr = unsafe { pd.register(src.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
+///     let remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+///     let dmr = unsafe { pd.register(dst.as_mut_ptr(), 4096, remote) }.unwrap();
+///     let before = send_stats();
+///     for k in 0..4u64 {
+///         let at = k * 1024;
+///         qp.post_send(SendWr {
+///             wr_id: k,
+///             op: SendOp::Write { remote_addr: dmr.addr() as u64 + at, rkey: dmr.stag() },
+///             sges: [Sge { addr: smr.addr() as u64 + at, len: 1024, lkey: smr.stag() }].into(),
+///             signaled: true,
+///             fence: false,
+///         })
+///         .unwrap();
+///     }
+///     for _ in 0..4 {
+///         assert_eq!(scq.next().await.status, WcStatus::Success);
+///     }
+///     let after = send_stats();
+///     let (sends, bytes) = (after.sends - before.sends, after.bytes - before.bytes);
+///     // The first WRITE at once, the other three together when the task yielded, and the
+///     // peer's four acknowledgements in one send (both ends run on this core).
+///     assert!(sends <= 3, "{sends} sends, {bytes} bytes");
+///     drop((smr, dmr));
+///     assert_eq!(dst, src);
+/// });
+/// ```
+pub fn send_stats() -> SendStats {
+    PROVIDER.with(|p| SendStats {
+        sends: p.sends.get(),
+        bytes: p.sent_bytes.get(),
+    })
 }
 
 /// One pass over the active list: queue pairs owed bytes (served by `serve`, which says

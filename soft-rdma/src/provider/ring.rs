@@ -65,7 +65,7 @@ use barewire_engine::uring::{buffer_id, opcode, squeue, types, Completion, RawQu
 use barewire_engine::Poller;
 
 use super::progress::{
-    close, send_failed, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER, STAGE_LEN,
+    close, joins_burst, send_failed, sweep_active, Provider, DIRECT_POLL_MAX, PROVIDER, STAGE_LEN,
 };
 use super::sqpoll::Wires;
 use super::*;
@@ -99,11 +99,6 @@ const MAX_LOOKS: u8 = 4;
 /// behind in the sense of `RingOps::bulk`, however full its buffers came back.
 const LONG_WRITE: u64 = 128 * 1024;
 
-/// A post in a burst (see `post_now`) that leaves this many bytes queued on its queue pair
-/// goes at once all the same: a send that large gains nothing from waiting for more, and a
-/// stream of 1 MiB WRITEs keeps sending each as it is posted.
-const BURST_FULL: u64 = 1 << 20;
-
 /// Bytes one queue pair may receive directly per pass (its sends are bounded by the socket).
 const BUDGET: usize = 1 << 20;
 
@@ -118,11 +113,6 @@ pub(super) struct Ring {
     polling: RefCell<Vec<usize>>,
     /// Completions reaped by an immediate send (see `post_now`) for the next `poll`.
     backlog: RefCell<Vec<Completion>>,
-    /// The engine's poll count at the last post (`post_now`): a post in the same poll as
-    /// another waits for the task to yield (`send_burst`).
-    last_post: Cell<u64>,
-    /// A post waits for `send_burst`, which is queued to run when the task yields.
-    burst_waits: Cell<bool>,
     /// `send_now`'s scratch (kept, so no send allocates): the queue pairs it sends for, and
     /// the completions it reaps.
     send_keys: RefCell<Vec<usize>>,
@@ -160,8 +150,6 @@ impl Ring {
             pending: RefCell::new(Vec::new()),
             polling: RefCell::new(Vec::new()),
             backlog: RefCell::new(Vec::new()),
-            last_post: Cell::new(u64::MAX),
-            burst_waits: Cell::new(false),
             send_keys: RefCell::new(Vec::new()),
             send_reaped: RefCell::new(Vec::new()),
             looks: RefCell::new(Vec::new()),
@@ -600,13 +588,10 @@ fn send_now(p: &Provider, r: &Ring) {
     }
 }
 
-/// A task posted on `i`: on a core in polling mode, out now (see `send_now`), if it is the
-/// first post of the task's current poll. The posts after it in the same poll (a burst: a
-/// bandwidth loop's batch, a request and its fence) wait in their streams and go when the task
-/// yields, every queue pair's in one submission (`send_burst`), unless one leaves
-/// [`BURST_FULL`] bytes queued: a stream of 64 KiB WRITEs went one `SENDMSG` and one
-/// `io_uring_enter` per WRITE, where a batch of sixteen can take one. False if the post waits
-/// (the caller queues the queue pair for the pass).
+/// A task posted on `i`: on a core in polling mode, out now (see `send_now`), unless it joins
+/// a burst (`progress::joins_burst`): then it waits, and goes with the rest of the burst when
+/// the task yields, every queue pair's in one submission (`send_burst`). False if the post
+/// waits (the caller queues the queue pair for the pass).
 pub(super) fn post_now(i: &mut QpInner) -> bool {
     // Outside the runtime (a handle dropped after `block_on` returned) there is no ring to
     // submit on: the post waits in the stream, as any other.
@@ -622,22 +607,13 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
             copy_out(i, r);
             return true;
         }
-        if !polling_mode(p) {
+        if !polling_mode(p) || joins_burst(p, i) {
             return false;
         }
         let ring = p.ring.borrow();
         let Some(r) = ring.as_ref() else {
             return false;
         };
-        let now = barewire_engine::poll_count();
-        if r.last_post.replace(now) == now && i.stream.tx_unsent() < BURST_FULL {
-            // Not the poll's first post: queued by the caller, and taken by `send_burst` when
-            // the task yields.
-            if !r.burst_waits.replace(true) {
-                barewire_engine::at_yield(send_burst);
-            }
-            return false;
-        }
         let (fd, send) = (target(i), token(i, Kind::Send));
         let QpInner { stream, ring, .. } = i;
         let Some(ops) = ring.as_mut() else {
@@ -661,23 +637,23 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
     })
 }
 
-/// A task that posted more than once in one poll yielded: what waited (see `post_now`) goes
-/// out now, in one submission for every queue pair waiting for the pass, as `poll` sends what
-/// received bytes produced.
-fn send_burst() {
-    let _ = PROVIDER.try_with(|p| {
-        let ring = p.ring.borrow();
-        let Some(r) = ring.as_ref() else { return };
-        r.burst_waits.set(false);
-        if !polling_mode(p) {
-            return;
-        }
+/// A task that posted more than once in one poll yielded (see `progress::joins_burst`): on a
+/// ring core, what waited goes out now, in one submission for every queue pair waiting for the
+/// pass, as `poll` sends what received bytes produced. False on a core without a ring.
+pub(super) fn send_burst(p: &Provider) -> bool {
+    let ring = p.ring.borrow();
+    let Some(r) = ring.as_ref() else {
+        return false;
+    };
+    if polling_mode(p) {
         send_now(p, r);
-    });
+    }
+    true
 }
 
 /// A send's completion: `res` bytes went out (or why none did).
 fn sent_done(i: &mut QpInner, r: &Ring, res: i32) -> bool {
+    let _ = PROVIDER.try_with(|p| p.count_send(res as isize));
     let ops = i.ring.as_mut().expect("a ring queue pair");
     ops.tx = TxOp::Idle;
     i.stream.tx_settle(res.max(0) as usize);
@@ -831,6 +807,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
         let id = c.token & !0xF;
         match kind {
             Some(Kind::Send) => {
+                p.count_send(c.result as isize);
                 let whole = r.wires.borrow_mut().sent(id, c.result, r, c.token);
                 if let Some(qp) = qp {
                     let mut guard = qp.borrow_mut();

@@ -178,22 +178,22 @@ mod spare {
         len.max(SMALLEST)
     }
 
-    /// A copy of `bytes`, in a kept buffer where there is one, and the CRC32c of `crc`'s
-    /// message followed by them, taken in the same pass ([`crate::wire::crc32c_copy`]).
+    /// A copy of `bytes`, in a kept buffer where one is large enough (the most recently kept
+    /// of those; smaller ones stay kept, for queue pairs with a smaller MULPDU on this thread),
+    /// and the CRC32c of `crc`'s message followed by them, taken in the same pass
+    /// ([`crate::wire::crc32c_copy`]).
     pub(super) fn snapshot(crc: u32, bytes: &[u8]) -> (Vec<u8>, u32) {
         let mut buf = SPARE
             .try_with(|s| {
                 let (kept, sum) = &mut *s.borrow_mut();
-                let b = kept.pop()?;
+                let at = kept.iter().rposition(|b| b.capacity() >= bytes.len())?;
+                let b = kept.swap_remove(at);
                 *sum -= b.capacity();
                 Some(b)
             })
             .ok()
             .flatten()
-            .unwrap_or_default();
-        if buf.capacity() < bytes.len() {
-            buf = Vec::with_capacity(charge(bytes.len()));
-        }
+            .unwrap_or_else(|| Vec::with_capacity(charge(bytes.len())));
         buf.clear();
         let crc =
             crate::wire::crc32c_copy(crc, bytes, &mut buf.spare_capacity_mut()[..bytes.len()]);
@@ -264,7 +264,8 @@ mod spare {
                 (fit - 1, BUDGET - SMALLEST),
                 "the oversized one was freed"
             );
-            // A segment larger than the kept buffer on top gets a buffer of its own size.
+            // A segment larger than every kept buffer gets a buffer of its own size, and the
+            // kept ones stay kept.
             let big = vec![5u8; 40_000];
             let (copy, crc) = snapshot(0, &big);
             assert_eq!(
@@ -272,14 +273,27 @@ mod spare {
                 (&big[..], crate::wire::crc32c_append(0, &big))
             );
             assert_eq!(copy.capacity(), 40_000);
+            assert_eq!(kept(), (fit - 1, BUDGET - SMALLEST), "none was freed");
             give_back(copy);
             assert_eq!(
                 kept(),
-                (fit - 2, BUDGET - 2 * SMALLEST),
+                (fit - 1, BUDGET - SMALLEST),
                 "it is over the budget"
             );
             give_back(again);
-            assert_eq!(kept(), (fit - 1, BUDGET - SMALLEST));
+            assert_eq!(kept(), (fit, BUDGET));
+            // With room, a large buffer is kept, and a large segment finds it below small ones.
+            let smalls: Vec<_> = (0..4).map(|_| snapshot(0, b"x").0).collect();
+            let (large, _) = snapshot(0, &big);
+            give_back(large);
+            smalls.into_iter().for_each(give_back);
+            // (The fourth small one was over the budget.)
+            assert_eq!(kept(), (fit - 2, BUDGET - 3 * SMALLEST + 40_000));
+            let (copy, _) = snapshot(0, &big);
+            assert_eq!(copy.capacity(), 40_000, "the kept large buffer");
+            assert_eq!(kept(), (fit - 3, BUDGET - 3 * SMALLEST));
+            let (small, _) = snapshot(0, b"y");
+            assert_eq!(small.capacity(), SMALLEST, "a kept small buffer");
         }
     }
 }

@@ -629,7 +629,7 @@ pub(super) fn post_now(i: &mut QpInner) -> bool {
             if let Some(at) = backlog.iter().position(|c| c.token == send) {
                 let c = backlog.remove(at);
                 drop(backlog);
-                sent_done(i, r, c.result);
+                sent_done(i, r, p, c.result);
                 after(i);
             }
         }
@@ -652,8 +652,8 @@ pub(super) fn send_burst(p: &Provider) -> bool {
 }
 
 /// A send's completion: `res` bytes went out (or why none did).
-fn sent_done(i: &mut QpInner, r: &Ring, res: i32) -> bool {
-    let _ = PROVIDER.try_with(|p| p.count_send(res as isize));
+fn sent_done(i: &mut QpInner, r: &Ring, p: &Provider, res: i32) -> bool {
+    p.count_send(res as isize);
     let ops = i.ring.as_mut().expect("a ring queue pair");
     ops.tx = TxOp::Idle;
     i.stream.tx_settle(res.max(0) as usize);
@@ -956,7 +956,7 @@ fn complete(c: Completion, r: &Ring, p: &Provider) -> bool {
         Some(Kind::PollIn) => {
             i.ring.as_mut().expect("a ring queue pair").rx = RxOp::Idle;
         }
-        Some(Kind::Send) => moved |= sent_done(i, r, res),
+        Some(Kind::Send) => moved |= sent_done(i, r, p, res),
         Some(Kind::PollOut) => {
             i.ring.as_mut().expect("a ring queue pair").tx = TxOp::Idle;
         }
@@ -997,8 +997,8 @@ fn after(i: &mut QpInner) {
 pub(super) struct RingPoller {
     completions: Vec<Completion>,
     /// Scratch: the queue pairs `prepare_submit` (or a core going to sleep) arms, kept (as
-    /// `Ring::send_keys` is): taking the ring's list instead left it without capacity, and every pass
-    /// allocated it again.
+    /// `Ring::send_keys` is): taking the ring's list instead left it without capacity, and
+    /// every pass allocated it again.
     arming: Vec<usize>,
     last_timeout_check: Instant,
     gone: Vec<usize>,

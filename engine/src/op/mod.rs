@@ -338,7 +338,7 @@ impl SharedFd {
     /// Gives up the fd (and its epoll registration, if any).
     pub(crate) fn into_owned(self) -> OwnedFd {
         self.release_fixed();
-        let this = std::mem::ManuallyDrop::new(self);
+        let mut this = std::mem::ManuallyDrop::new(self);
         if let Some(key) = this.epoll_key.get() {
             let fd = this.raw();
             try_with_core(|c| {
@@ -347,6 +347,9 @@ impl SharedFd {
                 }
             });
         }
+        // The one field besides `fd` that owns something: its weak reference, left in `this`,
+        // would keep the home core's shared half allocated for good.
+        drop(std::mem::take(&mut this.fixed_home));
         // SAFETY: `this` is never dropped, so the fd is moved out exactly once.
         unsafe { std::ptr::read(&this.fd) }
     }
@@ -363,6 +366,45 @@ impl Drop for SharedFd {
                     e.deregister(fd, key);
                 }
             });
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A socket taken out of the reactor (`TcpStream::into_fd`) leaves nothing of its
+    /// `SharedFd` behind. It used to keep its weak reference to the core that holds its
+    /// registered slot, and with it that core's shared half allocated for the life of the
+    /// process.
+    #[test]
+    fn a_socket_taken_out_of_the_reactor_keeps_no_reference_to_its_core() {
+        let rt = crate::Runtime::builder()
+            .cores(1)
+            .pin(false)
+            .build()
+            .unwrap();
+        let (slotted, held, left) = rt.block_on(async {
+            let weak_refs = || with_core(|c| std::sync::Arc::weak_count(&c.shared));
+            let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+            let fd = SharedFd::new(OwnedFd::from(a));
+            // An io_uring operation names it by a slot of the core's file table where it can.
+            let _ = fd.uring_target();
+            let slotted = matches!(fd.fixed.get(), Fixed::Slot(_));
+            let held = weak_refs();
+            drop(fd.into_owned());
+            (slotted, held, weak_refs())
+        });
+        if slotted {
+            assert_eq!(
+                held - left,
+                1,
+                "the slot's reference to its core goes with it"
+            );
+        } else {
+            // The epoll reactor, or a core without a file table: no slot, no reference.
+            assert_eq!(held, left);
         }
     }
 }

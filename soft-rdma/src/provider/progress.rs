@@ -370,29 +370,49 @@ impl Provider {
     pub(super) fn bind_to_current_core(&self) {
         let token = barewire_engine::core_token();
         if self.core.replace(token) != token {
-            // The earlier core's ring went with it: its queue pairs close without it.
-            self.ring.take();
-            for qp in self
-                .qps
-                .take()
-                .into_iter()
-                .flatten()
-                .filter_map(|w| w.upgrade())
-            {
-                close(&mut qp.borrow_mut(), WcStatus::WrFlushErr);
-            }
-            self.free.take();
-            self.active.take();
-            self.late.take();
-            self.irq.take();
-            self.epfd.set(None);
-            self.registered.set(false);
-            self.timer_armed.set(false);
-            self.irq_armed.set(false);
-            self.last_post.set(u64::MAX);
-            self.burst_waits.set(false);
-            self.burst.take();
+            self.reset();
         }
+    }
+
+    /// The core's poller is being dropped, which happens when the core shuts down: the state
+    /// kept for that core goes now, while the core still runs, rather than when the thread
+    /// ends or the next runtime on it binds. Its provided buffers are unregistered from the
+    /// core's own ring and freed; dropped with no core, or under another core, they could only
+    /// be leaked, since the kernel might still pick them (4 MiB a core for every runtime that
+    /// had a soft queue pair on io_uring). Queue pairs still held close, as the next runtime
+    /// would close them.
+    pub(super) fn release(&self) {
+        if barewire_engine::in_runtime() && self.core.get() == barewire_engine::core_token() {
+            self.reset();
+            self.core.set(0);
+        }
+    }
+
+    /// Drops the state of the core this provider was bound to.
+    fn reset(&self) {
+        // The core's ring goes first (closed, or about to close with its core), so the
+        // queue pairs close without it.
+        self.ring.take();
+        for qp in self
+            .qps
+            .take()
+            .into_iter()
+            .flatten()
+            .filter_map(|w| w.upgrade())
+        {
+            close(&mut qp.borrow_mut(), WcStatus::WrFlushErr);
+        }
+        self.free.take();
+        self.active.take();
+        self.late.take();
+        self.irq.take();
+        self.epfd.set(None);
+        self.registered.set(false);
+        self.timer_armed.set(false);
+        self.irq_armed.set(false);
+        self.last_post.set(u64::MAX);
+        self.burst_waits.set(false);
+        self.burst.take();
     }
 
     pub(super) fn add(&self, qp: &QueuePair) {
@@ -674,6 +694,13 @@ impl ProgressPoller {
                 return moved;
             }
         }
+    }
+}
+
+impl Drop for ProgressPoller {
+    /// The core is shutting down: its epoll set and queue pairs go with it.
+    fn drop(&mut self) {
+        let _ = PROVIDER.try_with(Provider::release);
     }
 }
 

@@ -1113,21 +1113,25 @@ impl Drop for RingPoller {
     /// The core is shutting down: under SQPOLL, copies the queue pairs handed over (their
     /// requests completed) may still wait for the kernel thread; they go out before the ring
     /// does, within a bound, as the raw-syscall path's last sends do when a queue pair drops.
+    /// Then the provider lets go of the core's ring state (`Provider::release`): its provided
+    /// buffers leave the core's ring and are freed while the core still runs.
     fn drop(&mut self) {
         let _ = PROVIDER.try_with(|p| {
-            let ring = p.ring.borrow();
-            let Some(r) = ring.as_ref().filter(|r| r.copy) else {
-                return;
-            };
-            let deadline = Instant::now() + SHUTDOWN_DRAIN;
-            while r.wires.borrow().sending() && Instant::now() < deadline {
-                r.raw.submit();
-                r.raw.drain(&mut self.completions);
-                for c in self.completions.drain(..) {
-                    complete(c, r, p);
+            {
+                let ring = p.ring.borrow();
+                if let Some(r) = ring.as_ref().filter(|r| r.copy) {
+                    let deadline = Instant::now() + SHUTDOWN_DRAIN;
+                    while r.wires.borrow().sending() && Instant::now() < deadline {
+                        r.raw.submit();
+                        r.raw.drain(&mut self.completions);
+                        for c in self.completions.drain(..) {
+                            complete(c, r, p);
+                        }
+                        std::thread::yield_now();
+                    }
                 }
-                std::thread::yield_now();
             }
+            p.release();
         });
     }
 }

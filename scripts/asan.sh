@@ -3,12 +3,12 @@
 # (scripts/miri.sh): the unsafe code that only runs against the kernel. That is the io_uring
 # operations and the buffers they park, the registered pool, the provided-buffer rings, the soft
 # provider on real sockets under both reactors and SQPOLL, the shm backend's memfd mappings and
-# rings, and the facade's channels, DSM, actors and cluster across processes. It fails on any
-# report: an access out of bounds or after free, a double free, or memory still allocated and
-# unreachable when a process exits (a leak).
+# rings, the facade's channels, DSM, actors and cluster across processes, and the soak's fault
+# paths (peers killed and stopped). It fails on any report: an access out of bounds or after
+# free, a double free, or memory still allocated and unreachable when a process exits (a leak).
 #
 # Manual, like the fuzz targets: it needs the nightly toolchain, and no component beyond it (its
-# standard library ships the sanitizer runtime). It takes about 12 minutes here, its build
+# standard library ships the sanitizer runtime). It takes about 15 minutes here, its build
 # included.
 #
 #   bash scripts/asan.sh
@@ -63,5 +63,20 @@ BAREWIRE_REACTOR=io_uring BAREWIRE_DRIVER=shm test_asan -p barewire-drivers --te
 
 echo "== the facade: channels, DSM, actors, cluster (io_uring reactor)"
 BAREWIRE_REACTOR=io_uring test_asan -p barewire --lib --tests
+
+echo "== the soak: three processes under kills and stops, soft then shm (30 s each)"
+cargo +nightly build --target "$TARGET" -p barewire-bench --bin barewire-soak
+soak="$CARGO_TARGET_DIR/$TARGET/debug/barewire-soak"
+for driver in soft shm; do
+    log=$(mktemp)
+    # A worker's report goes to its standard error, which the soak passes on: look for it too.
+    "$soak" --seconds 30 --seed "$(date +%s)" --fault-every-ms 3000 --net loopback \
+        --driver $driver --faults kill,stop 2>&1 | tee "$log"
+    if grep -q "Sanitizer" "$log"; then
+        echo "scripts/asan.sh: a sanitizer report in the $driver soak (above)" >&2
+        exit 1
+    fi
+    rm -f "$log"
+done
 
 echo "scripts/asan.sh: no report"

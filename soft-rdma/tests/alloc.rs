@@ -192,8 +192,8 @@ fn a_warm_connection_moves_small_writes_without_allocating() {
     });
 }
 
-/// One runtime on the test's thread: a queue pair each way, one WRITE through it, then the
-/// runtime shuts down.
+/// One runtime on the test's thread: a connection with both its queue pairs on this core, one
+/// WRITE through it (from a region into itself), then the runtime shuts down.
 fn one_runtime_with_a_connection() {
     rt().block_on(async {
         let Connected { pd, scq, qa, _far } = connected(8).await;

@@ -33,12 +33,12 @@ thread_local! {
 /// The system allocator, counting each thread's allocations and the bytes they hold.
 struct Counting;
 
-fn count(grown: usize, shrunk: usize) {
+/// Counts `calls` allocator calls that allocate, and the bytes they take (`grown`) and give
+/// back (`shrunk`).
+fn count(calls: u64, grown: usize, shrunk: usize) {
     // (A constant-initialised `Cell` has no destructor: reading it never allocates, and
     // `try_with` covers a thread that is exiting.)
-    if grown > 0 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-    }
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + calls));
     let _ = LIVE.try_with(|c| {
         c.set(
             c.get()
@@ -52,22 +52,22 @@ fn count(grown: usize, shrunk: usize) {
 // integers.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size(), 0);
+        count(1, layout.size(), 0);
         // SAFETY: the caller's contract, passed on.
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size(), 0);
+        count(1, layout.size(), 0);
         // SAFETY: as `alloc`.
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size.max(1), layout.size());
+        count(1, new_size, layout.size());
         // SAFETY: as `alloc`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(0, layout.size());
+        count(0, 0, layout.size());
         // SAFETY: as `alloc`.
         unsafe { System.dealloc(ptr, layout) }
     }

@@ -1117,22 +1117,28 @@ impl Drop for RingPoller {
     /// buffers leave the core's ring and are freed while the core still runs.
     fn drop(&mut self) {
         let _ = PROVIDER.try_with(|p| {
-            {
-                let ring = p.ring.borrow();
-                if let Some(r) = ring.as_ref().filter(|r| r.copy) {
-                    let deadline = Instant::now() + SHUTDOWN_DRAIN;
-                    while r.wires.borrow().sending() && Instant::now() < deadline {
-                        r.raw.submit();
-                        r.raw.drain(&mut self.completions);
-                        for c in self.completions.drain(..) {
-                            complete(c, r, p);
-                        }
-                        std::thread::yield_now();
-                    }
-                }
-            }
+            self.send_last_copies(p);
             p.release();
         });
+    }
+}
+
+impl RingPoller {
+    /// Under SQPOLL, waits (bounded) until the wires have sent what they hold.
+    fn send_last_copies(&mut self, p: &Provider) {
+        let ring = p.ring.borrow();
+        let Some(r) = ring.as_ref().filter(|r| r.copy) else {
+            return;
+        };
+        let deadline = Instant::now() + SHUTDOWN_DRAIN;
+        while r.wires.borrow().sending() && Instant::now() < deadline {
+            r.raw.submit();
+            r.raw.drain(&mut self.completions);
+            for c in self.completions.drain(..) {
+                complete(c, r, p);
+            }
+            std::thread::yield_now();
+        }
     }
 }
 

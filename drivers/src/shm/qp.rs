@@ -1347,26 +1347,36 @@ thread_local! {
     };
 }
 
+impl CoreShm {
+    /// Forgets the core this state was made for: its queue pairs, its wake-up eventfd (closed
+    /// here unless a queue pair still holds it), its registration with the reactor and its
+    /// waiter.
+    fn reset(&self) {
+        self.qps.borrow_mut().clear();
+        self.registered.set(false);
+        self.irq.take();
+        self.wake.take();
+        self.waiter.take();
+        self.watching.set(false);
+        self.watch_timer.set(false);
+        self.passes.set(0);
+        self.next_look.set(None);
+    }
+}
+
 /// This core's wake-up eventfd (made, and the poller registered, on first use).
 fn core_wake() -> Result<Rc<OwnedFd>, DriverError> {
     CORE.with(|c| {
         let token = barewire_engine::core_token();
         if c.core.replace(token) != token {
-            c.qps.borrow_mut().clear();
-            c.registered.set(false);
-            c.irq.take();
-            *c.wake.borrow_mut() = None;
-            c.waiter.borrow_mut().take();
-            c.watching.set(false);
-            c.watch_timer.set(false);
-            c.next_look.set(None);
+            c.reset();
         }
         if c.wake.borrow().is_none() {
             let fd = sock::eventfd().map_err(|e| connect_error(format!("eventfd: {e}")))?;
             *c.wake.borrow_mut() = Some(Rc::new(fd));
         }
         if !c.registered.replace(true) {
-            barewire_engine::register_poller(Box::new(ShmPoller));
+            barewire_engine::register_poller(Box::new(ShmPoller { registered: true }));
         }
         Ok(c.wake.borrow().clone().expect("made above"))
     })
@@ -2084,7 +2094,27 @@ impl QpInner {
 /// Delivers incoming records to posted receives and resumes send queues that waited for ring
 /// room, on every pass; before the core sleeps, marks each inbound ring "reader asleep" so a
 /// writer wakes the core through its eventfd.
-struct ShmPoller;
+struct ShmPoller {
+    /// The one registered with the core's reactor, which drops it as the core shuts down: it
+    /// then lets go of the core's state (the eventfd, its registration), which would otherwise
+    /// stay until the thread's next runtime or its end. (Tests make unregistered ones.)
+    registered: bool,
+}
+
+impl Drop for ShmPoller {
+    fn drop(&mut self) {
+        if !self.registered || !barewire_engine::in_runtime() {
+            return;
+        }
+        let token = barewire_engine::core_token();
+        let _ = CORE.try_with(|c| {
+            if c.core.get() == token {
+                c.reset();
+                c.core.set(0);
+            }
+        });
+    }
+}
 
 impl ShmPoller {
     /// Runs `f` on every live queue pair of this core, then forgets the ones that are gone or
@@ -2399,7 +2429,7 @@ mod tests {
             // SAFETY: `push` hands over the record's payload area of 8 bytes.
             let fill = |p| unsafe { std::ptr::write_bytes(p, 0x55, 8) };
             assert!(w.push(ring::SEND, ring::LAST, 8, 8, 0, fill));
-            let mut poller = ShmPoller;
+            let mut poller = ShmPoller { registered: false };
             assert!(!poller.try_enter_interrupt_mode(), "a record waits");
             assert!(!w.reader_asleep(), "the ring is left marked asleep");
             drop(a);
@@ -2432,7 +2462,7 @@ mod tests {
                 signaled,
                 fence: false,
             };
-            let mut poller = ShmPoller;
+            let mut poller = ShmPoller { registered: false };
             qp.post_send(send(false)).unwrap();
             poller.try_enter_interrupt_mode();
             assert!(
@@ -2444,6 +2474,41 @@ mod tests {
             assert!(reader.writer_waits(), "a signaled Send did not ask for one");
             drop((qp, mr));
         });
+    }
+
+    /// A core's shm state goes with the core: once its runtime has ended, the thread holds no
+    /// wake-up eventfd, reactor registration or queue pair of it (they stayed until the
+    /// thread's next runtime before).
+    #[test]
+    fn a_core_that_ends_lets_go_of_its_wake_up_eventfd() {
+        std::thread::spawn(|| {
+            let wake = barewire_test_support::rt().block_on(async {
+                let a = accepted().await;
+                // The core sleeps here, so its eventfd is armed with the reactor.
+                barewire_engine::time::sleep(Duration::from_millis(20)).await;
+                let wake = CORE.with(|c| {
+                    assert!(
+                        c.irq.borrow().is_some(),
+                        "the core slept without its eventfd"
+                    );
+                    assert_eq!(c.qps.borrow().len(), 1);
+                    Rc::downgrade(c.wake.borrow().as_ref().expect("made at setup"))
+                });
+                drop(a);
+                wake
+            });
+            assert!(wake.upgrade().is_none(), "the eventfd outlived its core");
+            CORE.with(|c| {
+                assert!(
+                    c.irq.borrow().is_none(),
+                    "still registered with the ended core"
+                );
+                assert!(c.qps.borrow().is_empty());
+                assert!(!c.registered.get());
+            });
+        })
+        .join()
+        .unwrap();
     }
 
     /// A peer that asks for one key a thousand times (on one connection), and then on ten

@@ -727,7 +727,16 @@ impl Core {
             }
         }
         self.deferred.borrow_mut().clear();
-        self.pollers.borrow_mut().clear();
+        // Dropped outside the borrow, with the core still current: a poller's `Drop` may use
+        // the core as a task could (cancel a `WakeSource`, register another poller). Those it
+        // registers are dropped in turn, for a few rounds; any left go with the core.
+        for _ in 0..4 {
+            let pollers = std::mem::take(&mut *self.pollers.borrow_mut());
+            if pollers.is_empty() {
+                break;
+            }
+            drop(pollers);
+        }
         self.driver.drain(&self.stats);
         self.mesh.flush();
     }

@@ -17,6 +17,13 @@
 //! `false` if work is already pending and sleeping would miss it. If every poller agreed the core
 //! sleeps in the reactor until an fd, a timer or a cross-core wake; then every poller that entered
 //! interrupt mode gets [`Poller::exit_interrupt_mode`], whether or not the core slept.
+//!
+//! A registered poller lives as long as its core. When the core shuts down, after it has
+//! dropped every task, it drops its pollers while it is still the current core: a poller's
+//! `Drop` can let go of what it holds on the core (a [`WakeSource`](crate::WakeSource), buffers
+//! registered with the ring, per-core state in a thread-local) before the reactor drains what
+//! is still in flight. The software provider and the shm driver release their per-core state
+//! that way.
 
 /// A completion source polled by a core's loop. Runs on that core only.
 ///

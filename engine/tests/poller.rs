@@ -401,3 +401,67 @@ fn a_core_watching_no_memory_makes_no_looks() {
     assert_eq!((polls, looks), (2_000, 0));
     assert_eq!(passes, polls, "the watch was polled once per pass");
 }
+
+/// Records, as it is dropped, whether its core was still current and whether the core's tasks
+/// were already gone; then registers another poller, as a poller's teardown may.
+struct DroppedAtShutdown {
+    core: u64,
+    task: std::rc::Weak<()>,
+    seen: Rc<Cell<Option<(bool, bool)>>>,
+}
+
+impl Poller for DroppedAtShutdown {
+    fn poll(&mut self) -> bool {
+        false
+    }
+    fn pure_poll(&mut self) -> bool {
+        false
+    }
+}
+
+impl Drop for DroppedAtShutdown {
+    fn drop(&mut self) {
+        let on_core = barewire_engine::in_runtime() && barewire_engine::core_token() == self.core;
+        self.seen
+            .set(Some((on_core, self.task.upgrade().is_none())));
+        struct Idle;
+        impl Poller for Idle {
+            fn poll(&mut self) -> bool {
+                false
+            }
+            fn pure_poll(&mut self) -> bool {
+                false
+            }
+        }
+        register_poller(Box::new(Idle));
+    }
+}
+
+/// The contract the providers' teardown relies on: a registered poller is dropped when its
+/// core shuts down, after the core's tasks, while the core is still current (so its `Drop`
+/// may cancel what it registered with the reactor), and its `Drop` may use the core as a task
+/// could, registering included.
+#[test]
+fn a_poller_is_dropped_on_its_core_after_its_tasks_when_the_core_shuts_down() {
+    let seen = Rc::new(Cell::new(None));
+    let s = seen.clone();
+    rt(1).block_on(async move {
+        let held = Rc::new(());
+        register_poller(Box::new(DroppedAtShutdown {
+            core: barewire_engine::core_token(),
+            task: Rc::downgrade(&held),
+            seen: s,
+        }));
+        // A task that never ends: it holds `held` until the core drops it.
+        spawn_local(async move {
+            let _held = held;
+            std::future::pending::<()>().await
+        });
+        barewire_engine::yield_now().await;
+    });
+    assert_eq!(
+        seen.get(),
+        Some((true, true)),
+        "(on its core, after the tasks)"
+    );
+}

@@ -41,13 +41,13 @@ pub(crate) struct Listener {
 /// A listener's setups in progress (by the peer's process) and its counts, shared with the
 /// tasks that hear peers.
 pub(super) struct Intake {
-    pub(super) setups: barewire_engine::net::Handshakes<libc::pid_t>,
-    pub(super) open: barewire_engine::net::Connections<libc::pid_t>,
+    setups: barewire_engine::net::Handshakes<libc::pid_t>,
+    open: barewire_engine::net::Connections<libc::pid_t>,
     /// Processes whose peers asked for keys they may not use, and their bans.
     pub(super) strikes: barewire_engine::net::Strikes<libc::pid_t>,
     /// Complete setups that may wait for `accept`.
-    pub(super) max_waiting: usize,
-    pub(super) counters: Cell<barewire_rdma_types::ListenerCounters>,
+    max_waiting: usize,
+    counters: Cell<barewire_rdma_types::ListenerCounters>,
 }
 
 impl Intake {

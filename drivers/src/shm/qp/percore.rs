@@ -5,7 +5,7 @@ use super::*;
 
 /// This core's wake-up eventfd, its waiter, and its queue pairs.
 pub(super) struct CoreShm {
-    pub(super) core: Cell<u64>,
+    core: Cell<u64>,
     /// The wake-up eventfd, registered with the engine's reactor for the core's life: a peer's
     /// poke ends the core's sleep. Made the first time the core goes to sleep. (Declared
     /// before `wake`, so dropped before the eventfd closes.)
@@ -14,14 +14,14 @@ pub(super) struct CoreShm {
     pub(super) qps: RefCell<Vec<Weak<QpInner>>>,
     pub(super) registered: Cell<bool>,
     /// Where `irq` cannot be made or armed: a task waiting on the eventfd for this sleep alone.
-    pub(super) waiter: RefCell<Option<JoinHandle<()>>>,
+    waiter: RefCell<Option<JoinHandle<()>>>,
     /// The stall watch is on ([`watch_for_stalls`]).
-    pub(super) watching: Cell<bool>,
+    watching: Cell<bool>,
     /// Its timer for a sleeping core is pending.
-    pub(super) watch_timer: Cell<bool>,
+    watch_timer: Cell<bool>,
     /// Passes of the poller since the watch last read the clock, and when it looks next.
-    pub(super) passes: Cell<u32>,
-    pub(super) next_look: Cell<Option<Instant>>,
+    passes: Cell<u32>,
+    next_look: Cell<Option<Instant>>,
 }
 
 thread_local! {

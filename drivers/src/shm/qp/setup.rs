@@ -6,11 +6,11 @@ use super::*;
 /// What one side says at setup.
 pub(super) struct Hello {
     pub(super) kind: u8,
-    pub(super) qp_num: u32,
+    qp_num: u32,
     pub(super) ring_cap: u32,
-    pub(super) netns: u64,
-    pub(super) boot: [u8; 36],
-    pub(super) private: Vec<u8>,
+    netns: u64,
+    boot: [u8; 36],
+    private: Vec<u8>,
 }
 
 impl Hello {
@@ -160,8 +160,8 @@ fn closed_by_listener() -> DriverError {
 /// This side's half of the setup: its ring, queue pair number and core wake-up descriptor.
 pub(super) struct Ours {
     pub(super) ring: Ring,
-    pub(super) num: u32,
-    pub(super) wake: Rc<OwnedFd>,
+    num: u32,
+    wake: Rc<OwnedFd>,
 }
 
 impl Ours {

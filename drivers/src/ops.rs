@@ -30,7 +30,7 @@ mod copy;
 
 pub(crate) use buffer::{BackendMemory, SharedMemory};
 pub use buffer::{Buffer, MappedRemote, MappedSpan, Span};
-pub(crate) use copy::{copy_ascending, copy_chunks, copy_small};
+pub(crate) use copy::{copy_ascending, copy_chunks, copy_small, prefetch_lines};
 
 /// Where a one-sided operation lands: a peer's region and an offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

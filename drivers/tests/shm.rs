@@ -1045,3 +1045,46 @@ fn signaled_writes_posted_without_waiting_never_overflow_the_completion_queue() 
     });
     t.join().unwrap();
 }
+
+/// A peer's region mapped for stores: the prefetch hints (for writing, in range, past the end,
+/// and with a length that overflows) change nothing and panic on nothing; the stores made
+/// through the mapping land where they were made, and nowhere else.
+#[test]
+fn prefetch_hints_on_a_mapped_region_change_no_byte() {
+    let (port, t) = region_server(|ep, region, msg, first| async move {
+        first.await.unwrap(); // the client's stores are in
+        let mut got = vec![0u8; 4096];
+        region.read_at(0, &mut got);
+        let mut want = vec![0u8; 4096];
+        want[..8].copy_from_slice(&[7; 8]);
+        want[1024..1032].copy_from_slice(b"prefetch");
+        assert!(
+            got == want,
+            "the region holds what was stored and nothing else"
+        );
+        ep.send(&msg, 0, 4).await.unwrap();
+    });
+    rt().block_on(async {
+        let (ep, buf, region, _dev) = told_region(port).await;
+        // A Write asks for the grant; the mapping comes with its answer.
+        buf.write_at(4096, &[7; 8]);
+        ep.write(&buf, 4096, 8, Remote::at(region, 0))
+            .await
+            .unwrap();
+        let m = ep
+            .qp()
+            .map_remote(&region)
+            .expect("a granted, writable region maps");
+        m.prefetch_for_write(1024, 128);
+        m.prefetch_for_write(2048, 256);
+        m.prefetch_for_write(4000, 4096); // past the end: ignored
+        m.prefetch_for_write(usize::MAX - 8, 64); // overflows: ignored
+        buf.prefetch(0, 64);
+        buf.prefetch(usize::MAX, 1);
+        m.span(1024, 8).write(0, b"prefetch");
+        let done = ep.recv(&buf, 0, 64);
+        ep.send(&buf, 100, 1).await.unwrap();
+        done.await.unwrap();
+    });
+    t.join().unwrap();
+}

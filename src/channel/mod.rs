@@ -74,7 +74,10 @@ pub use sender::Sending;
 use crate::control::imm;
 use crate::endpoint::{Inner, Link, Retired};
 use crate::error::{Error, Result};
-use ring::{extent, length, watch, Look, LEN_SET, MARK, MARK_LEN, PREFIX};
+use ring::{
+    ahead, extent, length, watch, Look, LEN_SET, MARK, MARK_LEN, PREFETCH_BYTES, PREFETCH_SLOTS,
+    PREFIX,
+};
 use send::schedule;
 
 /// A channel's shape.
@@ -302,5 +305,7 @@ pub struct Receiver<T, C: Codec<T> = Raw> {
     /// Credits go back every this many messages.
     step: u64,
     returns: Cell<u64>,
+    /// The last look found no message and the receiver waited (see `PREFETCH_SLOTS`).
+    waited: Cell<bool>,
     _t: PhantomData<(fn() -> T, C)>,
 }

@@ -274,6 +274,7 @@ impl Endpoint {
                 credited: Cell::new(0),
                 step: credit_step(pcap as u64, pslot as usize),
                 returns: Cell::new(0),
+                waited: Cell::new(false),
                 _t: PhantomData,
             },
         ))

@@ -153,6 +153,7 @@ impl<T, C: Codec<T>> Receiver<T, C> {
         if self.st.polled {
             watch(&self.st, self.tail.get() * self.st.slot);
         }
+        self.waited.set(true);
         Poll::Pending
     }
 
@@ -186,6 +187,13 @@ impl<T, C: Codec<T>> Receiver<T, C> {
                 Look::Landing => return None,
                 Look::Oversized => return Some(Err(self.malformed_length(at))),
             };
+            // In a stream (this message was here without a wait), over shm: the slot a few
+            // ahead, for reading (see `PREFETCH_SLOTS`).
+            if !self.waited.replace(false) && self.st.peer_stores {
+                self.st
+                    .ring
+                    .prefetch(ahead(at, self.st.slot, self.st.capacity), PREFETCH_BYTES);
+            }
             decode(len, slot);
             self.st
                 .clear_taken(&slot, at, len, C::FIXED_LEN == Some(len));

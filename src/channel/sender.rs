@@ -174,6 +174,11 @@ impl<T, C: Codec<T>> Sender<T, C> {
                 return Ok(true);
             }
             slot.store_u32_le(0, len as u32);
+            // In a burst: the slot a few ahead, for writing, once the receiver has consumed it
+            // (see `PREFETCH_SLOTS`), not one it may still be reading.
+            if seq + (PREFETCH_SLOTS as u64) < st.room_until.get() {
+                m.prefetch_for_write(ahead(at, st.slot, st.capacity), PREFETCH_BYTES);
+            }
             if wrapped || seq + 1 - st.posted.get() >= st.run_limit {
                 st.post_run().map_err(Box::new)?;
             } else {

@@ -225,6 +225,33 @@ impl Buffer {
         self.span(offset, 4).load_u32_le(0)
     }
 
+    /// A hint that the `len` bytes at `offset` will be read soon: asks the CPU to bring their
+    /// cache lines in now, so that the read does not wait for them (a ring's later slots,
+    /// which the peer's CPU stores into, while this one takes an earlier slot). It changes no
+    /// byte; a range outside the buffer is ignored rather than checked (nothing is fetched,
+    /// nothing panics).
+    ///
+    /// ```
+    /// use barewire_drivers::{Access, Buffer, Device, DriverConfig};
+    /// let dev = Device::open(&DriverConfig::parse("soft", None).unwrap()).unwrap();
+    /// let pd = dev.alloc_pd().unwrap();
+    /// let buf = Buffer::new(&pd, 4096, 64, Access::LOCAL_WRITE).unwrap();
+    /// buf.write_at(1024, b"next");
+    /// buf.prefetch(1024, 128);
+    /// buf.prefetch(4000, 1 << 20); // past the end: ignored
+    /// let mut out = [0u8; 4];
+    /// buf.read_at(1024, &mut out);
+    /// assert_eq!(&out, b"next");
+    /// ```
+    #[inline(always)]
+    pub fn prefetch(&self, offset: usize, len: usize) {
+        if offset.checked_add(len).is_some_and(|end| end <= self.len) {
+            // SAFETY: `offset` is within the buffer (checked), so the pointer stays inside
+            // its allocation.
+            prefetch_lines(unsafe { self.ptr.add(offset) }, len, false);
+        }
+    }
+
     /// The `len` bytes at `offset`, checked once here, for a run of accesses to one record
     /// (a channel's slot: its length word, its message, its mark). Panics if the range is
     /// outside the buffer.
@@ -390,6 +417,19 @@ impl MappedRemote {
             len,
             at: offset,
             _of: std::marker::PhantomData,
+        }
+    }
+
+    /// A hint that this process will store into the `len` bytes at `offset` soon: asks the
+    /// CPU to take their cache lines for writing now, so that taking them over from the peer's
+    /// cache (where the peer last read or cleared them) overlaps with other work rather than
+    /// holding up the stores when they come. It changes no byte; a range outside the region is
+    /// ignored rather than checked (nothing is fetched, nothing panics).
+    #[inline(always)]
+    pub fn prefetch_for_write(&self, offset: usize, len: usize) {
+        if offset.checked_add(len).is_some_and(|end| end <= self.len) {
+            // SAFETY: `offset` is within the mapping (checked), so the pointer stays inside it.
+            prefetch_lines(unsafe { self.ptr.add(offset) }, len, true);
         }
     }
 

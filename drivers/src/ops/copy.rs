@@ -131,3 +131,39 @@ pub(crate) unsafe fn copy_small(src: *const u8, dst: *mut u8, len: usize) {
         }
     }
 }
+
+/// Asks the CPU to bring the cache lines of `len` bytes from `p` into this core's cache now,
+/// for reading, or for writing (`write`: fetched exclusive, as a store would take them), so
+/// that a later access that would have missed finds them there. A hint only: it reads and
+/// writes nothing a program can see, and cannot fault, whatever the address. A no-op where the
+/// CPU has no such hint.
+#[inline(always)]
+pub(crate) fn prefetch_lines(p: *const u8, len: usize, write: bool) {
+    let mut line = p as usize & !63;
+    let end = (p as usize).saturating_add(len);
+    while line < end {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: PREFETCHT0 and PREFETCHW are hints: they access no memory architecturally,
+        // never fault, and leave registers and flags alone (PREFETCHW is a no-op on the few
+        // x86-64 CPUs without it).
+        unsafe {
+            if write {
+                std::arch::asm!("prefetchw [{0}]", in(reg) line, options(nostack, preserves_flags, readonly));
+            } else {
+                std::arch::asm!("prefetcht0 [{0}]", in(reg) line, options(nostack, preserves_flags, readonly));
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: PRFM is a hint: it accesses no memory architecturally and never faults.
+        unsafe {
+            if write {
+                std::arch::asm!("prfm pstl1keep, [{0}]", in(reg) line, options(nostack, preserves_flags, readonly));
+            } else {
+                std::arch::asm!("prfm pldl1keep, [{0}]", in(reg) line, options(nostack, preserves_flags, readonly));
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        let _ = write;
+        line += 64;
+    }
+}

@@ -30,7 +30,7 @@ pub(super) const MARK: u32 = 0x5ab1_7e0d;
 /// stores the next. Each side otherwise takes each line when it first touches it, one cache
 /// miss after another. With the receiver fetching the slot 8 ahead for reading, and the sender
 /// the slot 8 ahead for writing (`MappedRemote::prefetch_for_write`), those transfers
-/// overlap: `Channel<[u8; 64]>` at 1,024 slots went from 26–30 to 64–71 M msg/s on an Intel
+/// overlap: `Channel<[u8; 64]>` at 1,024 slots went from 27–30 to 60–73 M msg/s on an Intel
 /// Xeon host (KVM, 2 vCPUs) whose cross-core transfers are slow (a store seen by the other CPU
 /// after about 150 ns); either fetch alone gained a fifth at most (`bench/RESULTS.md`,
 /// sixty-second session). Neither side fetches ahead when it is not in a stream: not the
@@ -158,10 +158,6 @@ impl RxState {
         }
         if slot.load_u32_le(extent(len) - MARK_LEN) != MARK {
             return Look::Landing;
-        }
-        if self.peer_stores {
-            self.ring
-                .prefetch(ahead(at, self.slot, self.capacity), PREFETCH_BYTES);
         }
         Look::Landed(len, slot)
     }

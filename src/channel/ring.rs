@@ -32,10 +32,10 @@ pub(super) const MARK: u32 = 0x5ab1_7e0d;
 /// the slot 8 ahead for writing (`MappedRemote::prefetch_for_write`), those transfers
 /// overlap: `Channel<[u8; 64]>` at 1,024 slots went from 27–30 to 60–73 M msg/s on an Intel
 /// Xeon host (KVM, 2 vCPUs) whose cross-core transfers are slow (a store seen by the other CPU
-/// after about 150 ns); either fetch alone gained a fifth at most (`bench/RESULTS.md`,
-/// sixty-second session). Neither side fetches ahead when it is not in a stream: not the
-/// sender's first message since its task last yielded (one a ping-pong sends), nor the
-/// receiver's first message after it waited for one. There the fetch would move a line the
+/// after about 150 ns); the sender's fetch alone gained nothing there, the receiver's alone
+/// a fifth to a half (`bench/RESULTS.md`, sixty-second session). Neither side fetches ahead
+/// when it is not in a stream: not the sender's first message since its task last yielded
+/// (one a ping-pong sends), nor the receiver's first message after it waited for one. There the fetch would move a line the
 /// other side is about to store into, for nothing.
 pub(super) const PREFETCH_SLOTS: usize = 8;
 pub(super) const PREFETCH_BYTES: usize = 128;

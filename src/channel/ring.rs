@@ -35,8 +35,8 @@ pub(super) const MARK: u32 = 0x5ab1_7e0d;
 /// after about 150 ns); the sender's fetch alone gained nothing there, the receiver's alone
 /// a fifth to a half (`bench/RESULTS.md`, sixty-second session). Neither side fetches ahead
 /// when it is not in a stream: not the sender's first message since its task last yielded
-/// (one a ping-pong sends), nor the receiver's first message after it waited for one. There the fetch would move a line the
-/// other side is about to store into, for nothing.
+/// (one a ping-pong sends), nor the receiver's first message after it waited for one. There
+/// the fetch would move a line the other side is about to store into, for nothing.
 pub(super) const PREFETCH_SLOTS: usize = 8;
 pub(super) const PREFETCH_BYTES: usize = 128;
 

@@ -22,6 +22,12 @@
 //!
 //! See io_uring_setup(2), io_uring_enter(2) and io_uring_register(2).
 
+mod fixed;
+mod register;
+#[cfg(test)]
+mod tests;
+mod watch;
+
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::io;
@@ -34,6 +40,8 @@ use slab::Slab;
 use super::lifecycle::{Lifecycle, OpState, OrphanFn};
 use crate::stats::Stats;
 use crate::trace;
+use register::{register_ring_fd, ring_fds_update, RsrcUpdate, IORING_UNREGISTER_RING_FDS};
+use watch::Watch;
 
 /// user_data of the always-armed read on the core's wake eventfd.
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -47,17 +55,6 @@ pub(crate) const RAW_TOKEN_BITS: u32 = 48;
 /// user_data bit of a wake watch's multishot poll (see `Uring::watch`); the low bits are its
 /// slot in `watches`.
 const WATCH_BIT: u64 = 1 << 61;
-
-/// A foreign fd whose readiness wakes a sleeping core (`op::poll_fd::WakeSource`).
-struct Watch {
-    fd: RawFd,
-    /// Its multishot poll is in the kernel (or queued to go there).
-    armed: bool,
-    /// Its owner dropped it: the slot goes when the poll's last completion comes.
-    dropped: bool,
-    /// The poll ended with this error; it is not armed again.
-    failed: Option<i32>,
-}
 
 /// Which setup flags the kernel accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -595,85 +592,6 @@ impl Uring {
     pub(crate) fn push_ignored(&self, entry: squeue::Entry) {
         self.push(entry.user_data(IGNORE_TOKEN));
     }
-
-    /// Starts a multishot poll for `fd`'s readability whose completions end the core's wait
-    /// and wake no task (see `op::poll_fd::WakeSource`). Returns its slot.
-    pub(crate) fn watch(&self, fd: RawFd) -> usize {
-        let key = self.watches.borrow_mut().insert(Watch {
-            fd,
-            armed: false,
-            dropped: false,
-            failed: None,
-        });
-        self.arm_watch(key)
-            .expect("a new watch has not failed, so it arms");
-        key
-    }
-
-    /// Makes sure the watch's poll is in the kernel (the kernel ends a multishot poll now and
-    /// then, for one when its completion queue overflows): the poll goes out with the next
-    /// submission, the park's included. An error where the kernel ended it with one.
-    pub(crate) fn arm_watch(&self, key: usize) -> io::Result<()> {
-        let fd = {
-            let mut watches = self.watches.borrow_mut();
-            let w = &mut watches[key];
-            if let Some(e) = w.failed {
-                return Err(io::Error::from_raw_os_error(e));
-            }
-            if w.armed {
-                return Ok(());
-            }
-            w.armed = true;
-            w.fd
-        };
-        self.push(
-            opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
-                .multi(true)
-                .build()
-                .user_data(WATCH_BIT | key as u64),
-        );
-        Ok(())
-    }
-
-    /// The owner dropped the watch: cancel its poll, and free the slot once the kernel is done.
-    pub(crate) fn unwatch(&self, key: usize) {
-        let armed = {
-            let mut watches = self.watches.borrow_mut();
-            let Some(w) = watches.get_mut(key) else {
-                return;
-            };
-            if !w.armed {
-                watches.remove(key);
-                return;
-            }
-            w.dropped = true;
-            true
-        };
-        if armed {
-            self.push(
-                opcode::PollRemove::new(WATCH_BIT | key as u64)
-                    .build()
-                    .user_data(IGNORE_TOKEN),
-            );
-        }
-    }
-
-    fn watch_completed(&self, key: usize, res: i32, flags: u32) {
-        if io_uring::cqueue::more(flags) {
-            return; // still armed
-        }
-        let mut watches = self.watches.borrow_mut();
-        let Some(w) = watches.get_mut(key) else {
-            return;
-        };
-        w.armed = false;
-        if w.dropped {
-            watches.remove(key);
-        } else if res < 0 {
-            w.failed = Some(-res);
-        }
-    }
-
     /// A new raw completion queue; its index.
     pub(crate) fn new_raw_queue(&self) -> usize {
         let mut raw = self.raw.borrow_mut();
@@ -687,88 +605,12 @@ impl Uring {
             out.append(q);
         }
     }
-
-    /// Puts `fd` in a free slot of the registered file table: operations on it may then name
-    /// the slot (`IOSQE_FIXED_FILE`) and the kernel skips looking the file up and counting a
-    /// reference on it for each one. `None` when the table is full or absent. The table holds
-    /// the file open until [`unregister_fixed`](Self::unregister_fixed).
-    pub(crate) fn register_fixed(&self, fd: RawFd) -> Option<u32> {
-        let slot = self.fixed_free.borrow_mut().pop()?;
-        let ring = self.ring.borrow();
-        match ring.submitter().register_files_update(slot, &[fd]) {
-            Ok(1) => Some(slot),
-            _ => {
-                self.fixed_free.borrow_mut().push(slot);
-                None
-            }
-        }
-    }
-
-    /// Slots of the registered file table in use.
-    pub(crate) fn fixed_in_use(&self) -> u64 {
-        (self.fixed_total.get() as usize - self.fixed_free.borrow().len()) as u64
-    }
-
-    /// Empties a slot of the registered file table (operations in flight keep their own
-    /// reference to the file, so the slot is free at once).
-    pub(crate) fn unregister_fixed(&self, slot: u32) {
-        let ring = self.ring.borrow();
-        if let Ok(1) = ring.submitter().register_files_update(slot, &[-1]) {
-            self.fixed_free.borrow_mut().push(slot);
-        }
-    }
-
-    /// Raw access for registration calls (buffers, buffer rings).
-    pub(crate) fn with_submitter<R>(&self, f: impl FnOnce(&io_uring::Submitter<'_>) -> R) -> R {
-        let ring = self.ring.borrow();
-        f(&ring.submitter())
-    }
 }
 
 /// io_uring_enter(2) flags used by [`Uring::enter`].
 const IORING_ENTER_GETEVENTS: u32 = 1 << 0;
 const IORING_ENTER_EXT_ARG: u32 = 1 << 3;
 const IORING_ENTER_REGISTERED_RING: u32 = 1 << 4;
-/// io_uring_register(2) opcodes that register and unregister ring descriptors (5.18).
-const IORING_REGISTER_RING_FDS: libc::c_uint = 20;
-const IORING_UNREGISTER_RING_FDS: libc::c_uint = 21;
-
-/// `struct io_uring_rsrc_update`.
-#[repr(C)]
-struct RsrcUpdate {
-    offset: u32,
-    resv: u32,
-    data: u64,
-}
-
-/// Registers `ring`'s descriptor among the calling thread's registered rings; its index, or
-/// `None` where the kernel refuses (before 5.18, or a table full of them).
-fn register_ring_fd(ring: &IoUring) -> Option<u32> {
-    let fd = std::os::fd::AsRawFd::as_raw_fd(ring);
-    // Any free index (`offset` u32::MAX); the kernel writes the one it took back.
-    let mut up = RsrcUpdate {
-        offset: u32::MAX,
-        resv: 0,
-        data: fd as u64,
-    };
-    (ring_fds_update(fd, IORING_REGISTER_RING_FDS, &mut up) == 1).then_some(up.offset)
-}
-
-/// One `io_uring_register` call of `opcode` (registering or unregistering ring descriptors)
-/// with the single update `up`, which the kernel may write back; its result.
-fn ring_fds_update(fd: RawFd, opcode: libc::c_uint, up: &mut RsrcUpdate) -> libc::c_long {
-    // SAFETY: io_uring_register on a live ring descriptor with one valid, writable update.
-    // (Every argument widened to a full register: the call reads each as a `long`.)
-    unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            fd as libc::c_long,
-            opcode as libc::c_long,
-            up as *mut RsrcUpdate,
-            1 as libc::c_long,
-        )
-    }
-}
 
 impl Drop for Uring {
     fn drop(&mut self) {
@@ -793,177 +635,5 @@ impl Drop for Uring {
                 Box::new(Cell::new(0)),
             ));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn wake_fd() -> RawFd {
-        // SAFETY: eventfd with valid flags.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        assert!(fd >= 0, "eventfd");
-        fd
-    }
-
-    /// Kernel release as (major, minor).
-    fn kernel() -> (u32, u32) {
-        let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let mut it = r.trim().split(|c: char| !c.is_ascii_digit());
-        let major = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        let minor = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-        (major, minor)
-    }
-
-    /// Pushes a NOP and parks until its completion is reaped.
-    fn nop_round_trip(u: &Uring, stats: &Stats) {
-        u.push(opcode::Nop::new().build().user_data(IGNORE_TOKEN));
-        let before = stats.ops_completed.get();
-        u.poll(stats);
-        if stats.ops_completed.get() == before {
-            u.park(Some(Duration::from_millis(100)));
-            u.poll(stats);
-        }
-        assert!(stats.ops_completed.get() > before, "the NOP completed");
-    }
-
-    /// Polls and parks (bounded) until `done` holds.
-    fn until(u: &Uring, stats: &Stats, done: impl Fn(&Uring) -> bool) -> bool {
-        for _ in 0..100 {
-            u.poll(stats);
-            if done(u) {
-                return true;
-            }
-            u.park(Some(Duration::from_millis(10)));
-        }
-        done(u)
-    }
-
-    /// A core's shutdown takes back the wake eventfd's read along with every other operation,
-    /// so the buffer it reads into is freed with the ring. It was left armed, and the buffer
-    /// leaked (8 bytes a core for every runtime on io_uring).
-    #[test]
-    fn the_drain_takes_back_the_wake_read() {
-        let fd = wake_fd();
-        let stats = Stats::default();
-        let u = Uring::new(64, fd, None, 0).expect("an io_uring");
-        nop_round_trip(&u, &stats);
-        u.park(Some(Duration::from_millis(1)));
-        assert!(u.wake_armed.get(), "a park arms the read");
-        u.drain(&stats);
-        assert!(
-            !u.wake_armed.get(),
-            "the drain cancelled it and reaped its completion"
-        );
-        drop(u);
-        // SAFETY: our own eventfd, closed once.
-        unsafe { libc::close(fd) };
-    }
-
-    /// A watch's multishot poll stays armed across events (each write to the eventfd is a
-    /// completion with `F_MORE`, and none is a task's work); dropping it removes the poll and
-    /// frees its slot once the kernel's last completion comes; a poll the kernel ends with an
-    /// error is not armed again, and `arm_watch` says why.
-    #[test]
-    fn a_watch_stays_armed_across_events_and_goes_when_dropped_or_failed() {
-        let fd = wake_fd();
-        let stats = Stats::default();
-        let u = Uring::new(64, fd, None, 0).expect("an io_uring");
-        let target = wake_fd();
-        let key = u.watch(target);
-        let writes = |n: u64| {
-            for _ in 0..n {
-                let one = 1u64;
-                // SAFETY: 8-byte write to our own eventfd.
-                unsafe { libc::write(target, (&one as *const u64).cast(), 8) };
-            }
-        };
-        let completed = || stats.ops_completed.get();
-        for round in 1..=3 {
-            let before = completed();
-            writes(1);
-            assert!(
-                until(&u, &stats, |_| completed() > before),
-                "write {round} was seen"
-            );
-            assert!(
-                u.watches.borrow()[key].armed,
-                "still armed after event {round}"
-            );
-            assert!(u.arm_watch(key).is_ok());
-        }
-        assert!(
-            !u.poll(&stats),
-            "a watch's completions are nobody's work, and none is left"
-        );
-
-        u.unwatch(key);
-        assert!(
-            until(&u, &stats, |u| u.watches.borrow().is_empty()),
-            "the dropped watch's slot was freed"
-        );
-
-        // Ended by the kernel with an error: a cancel stands in for one here.
-        let key = u.watch(target);
-        u.push(
-            opcode::AsyncCancel::new(WATCH_BIT | key as u64)
-                .build()
-                .user_data(IGNORE_TOKEN),
-        );
-        assert!(
-            until(&u, &stats, |u| !u.watches.borrow()[key].armed),
-            "the cancelled poll ended"
-        );
-        let e = u
-            .arm_watch(key)
-            .expect_err("a failed watch is not armed again");
-        assert_eq!(e.raw_os_error(), Some(libc::ECANCELED));
-        u.unwatch(key);
-        assert!(
-            u.watches.borrow().is_empty(),
-            "a disarmed watch goes at once"
-        );
-        // As a core's shutdown does: the wake read goes too (else its buffer is leaked).
-        u.drain(&stats);
-        // SAFETY: closing the eventfds made above.
-        unsafe {
-            libc::close(target);
-            libc::close(fd);
-        }
-    }
-
-    #[test]
-    fn a_ring_is_entered_by_its_registered_index_and_gives_it_back() {
-        let fd = wake_fd();
-        let stats = Stats::default();
-        let registered = {
-            let u = Uring::new(64, fd, None, 0).expect("an io_uring");
-            if kernel() >= (5, 18) {
-                assert!(
-                    u.registered(),
-                    "a 5.18+ kernel registers the ring's descriptor"
-                );
-            }
-            // Submissions, completions, and waits with and without a timeout all go through
-            // the index.
-            nop_round_trip(&u, &stats);
-            u.park(Some(Duration::from_millis(1)));
-            nop_round_trip(&u, &stats);
-            u.drain(&stats);
-            u.registered()
-        };
-        if registered {
-            // Each dropped ring gives its slot back: far more rings than a thread may register
-            // at once (16) are all registered in turn.
-            for _ in 0..40 {
-                let u = Uring::new(8, fd, None, 0).expect("an io_uring");
-                assert!(u.registered(), "the slots of dropped rings were given back");
-                nop_round_trip(&u, &stats);
-                u.drain(&stats);
-            }
-        }
-        // SAFETY: closing the eventfd made above.
-        unsafe { libc::close(fd) };
     }
 }

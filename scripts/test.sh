@@ -29,7 +29,7 @@ echo "== the engine's timeline (--features trace): its log, and barewire-perf's 
 cargo test -p barewire-engine --features trace --lib trace
 cargo test -p barewire-bench --features trace --test perf_cli --test bench_cli trace
 
-echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak.rs)"
+echo "== soak: three processes, channels and one-sided writes, random kills, stops and link cuts (network namespaces), two minutes (bench/src/bin/soak/main.rs)"
 cargo run -q -p barewire-bench --bin barewire-soak -- --seconds 120 --seed "$(date +%s)"
 
 echo "== soak over shm: the same workload through shared memory, with kills and stops (no link cuts: shm stays within one namespace), one minute"

@@ -33,15 +33,15 @@ pub(super) const MARK: u32 = 0x5ab1_7e0d;
 /// `Channel<[u8; 64]>` at 1,024 slots went from 27–30 to 60–73 M msg/s, fetching 8 slots
 /// ahead, on an Intel Xeon host (KVM, 2 vCPUs) whose cross-core transfers are slow (a store
 /// seen by the other CPU after about 150 ns); the sender's fetch alone gained nothing there,
-/// the receiver's alone a fifth to a half (`bench/RESULTS.md`, sixty-second session). At 13 ns
-/// a message that covers less than one transfer: 16 slots ahead went 1.10x as fast as 8 (`recv`
-/// 78.5 against 71.7 M msg/s, ahead in 8 of 8 alternated rounds), and 24 or 32 no faster than
-/// 16 (sixty-third session). Neither side fetches ahead when it is not in a stream: not the
-/// sender's first message since its task last yielded (one a ping-pong sends), nor the
-/// receiver's first message after it waited for one. There the fetch would move a line the
-/// other side is about to store into, for nothing. (In a ring of fewer than 16 slots the
-/// offset [`ahead`] names may lie past the ring's end: the receiver's hint then does nothing,
-/// and the sender never fetches, having never room for 16 more.)
+/// the receiver's alone a fifth to a half (`bench/RESULTS.md`, sixty-second session). But 8
+/// slots at about 13 ns a message are about 100 ns, less than one such transfer: 16 slots ahead
+/// went 1.10x as fast as 8 (`recv` 78.5 against 71.7 M msg/s, ahead in 8 of 8 alternated
+/// rounds), and 24 or 32 no faster than 16 (sixty-third session). Neither side fetches ahead
+/// when it is not in a stream: not the sender's first message since its task last yielded (one
+/// a ping-pong sends), nor the receiver's first message after it waited for one. There the
+/// fetch would move a line the other side is about to store into, for nothing. (In a ring of
+/// fewer than 16 slots the offset [`ahead`] names may lie past the ring's end: the receiver's
+/// hint then does nothing, and the sender never fetches, having never room for 16 more.)
 pub(super) const PREFETCH_SLOTS: usize = 16;
 pub(super) const PREFETCH_BYTES: usize = 128;
 
